@@ -14,10 +14,10 @@
 # same small model in-process; REINFORCE, 16 questions x 5 rollouts, 2 search turns, 256 new tokens
 # per turn, bf16, gradient checkpointing.
 #
-# The policy generates with the in-process transformers engine (policy.kind=hf): `simsearch train`
-# does not accept policy.kind=vllm yet (it refuses with a clear error). When it does, run with
-# POLICY_KIND=vllm to time vLLM rollouts. Nothing in this script has been run on a GPU yet: it is
-# the check that GPU runs still have to pass (docs/scaling.md).
+# The policy generates with the in-process transformers engine by default (policy.kind=hf); run
+# with POLICY_KIND=vllm to time vLLM rollouts with weight sync after every update (vLLM must be
+# installed). Nothing in this script has been run on a GPU yet: it is the check that GPU runs
+# still have to pass (docs/scaling.md).
 set -euo pipefail
 
 MODEL=${1:-Qwen/Qwen2.5-0.5B-Instruct}

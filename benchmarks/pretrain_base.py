@@ -30,7 +30,7 @@ from simsearch.data.tinyworld import build_world
 from simsearch.engines.hf import HFEngine
 from simsearch.eval.metrics import exact_match
 from simsearch.models import build_tiny_model, train_tokenizer
-from simsearch.policy.pretrain import make_traces, pretrain
+from simsearch.policy.pretrain import make_copy_drills, make_traces, pretrain
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.types import QAExample, SamplingParams, Trajectory
@@ -45,9 +45,14 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--copy-loss-weight", type=float, default=1.0)
     parser.add_argument("--traces", type=int, default=16000)
+    parser.add_argument("--drill-steps", type=int, default=0, help="copy-drill steps (batch 64) before the traces")
+    parser.add_argument("--drill-lr", type=float, default=2e-3)
+    parser.add_argument("--top-k", type=int, nargs="+", default=[3], help="documents per trace search, split evenly")
+    parser.add_argument("--worlds", type=int, default=10, help="pretraining worlds (seeds 1..N), never the RL world")
     parser.add_argument("--query-mix", type=float, nargs=3, default=(1 / 3, 1 / 3, 1 / 3), metavar=("NAME", "WORDS", "MIXED"))
     parser.add_argument("--sample-questions", type=int, default=150, help="held-out questions sampled 16 times each")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--template-copies", type=int, default=TEMPLATE_COPIES, help="prompt copies in the tokenizer texts")
     parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 keeps torch's default")
     parser.add_argument("--save", default="", help="directory to save the pretrained model in")
     args = parser.parse_args()
@@ -58,7 +63,7 @@ def main() -> None:
     # 1. World, tokenizer, retriever, model.
     began = time.perf_counter()
     world = build_world(seed=0)
-    texts = world.texts_for_tokenizer() + [SEARCH_R1_TEMPLATE.format(question="")] * TEMPLATE_COPIES
+    texts = world.texts_for_tokenizer() + [SEARCH_R1_TEMPLATE.format(question="")] * args.template_copies
     tokenizer = train_tokenizer(texts, vocab_size=1000)
     search = BM25SearchEngine.build(world.passages, show_progress=False)
     model = build_tiny_model(tokenizer, hidden=128, layers=4, heads=4, kv_heads=2, ffn=384, seed=args.seed)
@@ -66,10 +71,26 @@ def main() -> None:
 
     # 2. Traces and pretraining.
     began = time.perf_counter()
-    traces = make_traces(world, search, tokenizer, n=args.traces, seed=args.seed, top_k=3, query_mix=tuple(args.query_mix))
+    traces = []
+    per_call = args.traces // (args.worlds * len(args.top_k))
+    for k in range(1, args.worlds + 1):
+        other = build_world(seed=k)
+        other_search = BM25SearchEngine.build(other.passages, show_progress=False)
+        for top_k in args.top_k:
+            traces += make_traces(
+                other, other_search, tokenizer, n=per_call, seed=1000 * args.seed + 10 * k + top_k, top_k=top_k,
+                query_mix=tuple(args.query_mix), examples=other.train + other.test,
+            )  # fmt: skip
     traces_s = time.perf_counter() - began
     lengths = [len(t.input_ids) for t in traces]
     began, cpu_began = time.perf_counter(), time.process_time()
+    if args.drill_steps:
+        drills = make_copy_drills(tokenizer, n=64 * args.drill_steps, seed=args.seed)
+        drill_history = pretrain(
+            model, drills, steps=args.drill_steps, batch_size=64, lr=args.drill_lr, copy_loss_weight=0.0,
+            seed=args.seed,
+        )  # fmt: skip
+        print(f"drill loss: first {drill_history['losses/policy'][0]:.3f}, last {_tail(drill_history['losses/policy']):.3f}")
     history = pretrain(
         model, traces, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
         copy_loss_weight=args.copy_loss_weight, seed=args.seed,

@@ -207,7 +207,7 @@ class CurriculumConfig:
 class RolloutConfig:
     """The multi-turn agent loop."""
 
-    template: str = "search-r1"  # policy prompt: search-r1 | search-r1-chat | self-search
+    template: str = "search-r1"  # policy prompt: search-r1 | search-r1-chat | search-r1-brief | self-search
     max_turns: int = 2  # search turns before the final answer turn (ZeroSearch paper: 2)
     max_obs_tokens: int = 512  # tokens of one <information> block before truncation
     max_context_tokens: int = 4096  # prompt + response tokens per trajectory
@@ -215,7 +215,7 @@ class RolloutConfig:
     self_search_real_share: float = 0.0  # self-search: share of questions whose searches `search` answers
 
     def check(self, key: str) -> None:
-        _check_choice(f"{key}.template", self.template, ("search-r1", "search-r1-chat", "self-search"))
+        _check_choice(f"{key}.template", self.template, ("search-r1", "search-r1-chat", "search-r1-brief", "self-search"))
         _check_positive(f"{key}.group_size", self.group_size)
         if self.max_turns < 0:
             raise RecipeError(f"{key}.max_turns={self.max_turns} must be >= 0")
@@ -259,6 +259,9 @@ class AlgorithmConfig:
     stratified_alpha: float = 0.5  # stratified GRPO: weight of the within-stratum advantage
     ppo_epochs: int = 1  # passes over each batch
     minibatch_size: int = 0  # trajectories per optimizer step; 0 = the whole batch
+    # truncated importance sampling: weight each token by min(p_trainer / p_rollout, tis_cap),
+    # correcting for a rollout engine (vLLM) that samples slightly off the trainer; 0 = off, else >= 1
+    tis_cap: float = 0.0
 
     def check(self, key: str) -> None:
         _check_choice(
@@ -274,6 +277,11 @@ class AlgorithmConfig:
             ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"),
         )
         _check_positive(f"{key}.ppo_epochs", self.ppo_epochs)
+        if self.tis_cap != 0 and not self.tis_cap >= 1:  # `not >=` also refuses NaN
+            raise RecipeError(
+                f"{key}.tis_cap={self.tis_cap} must be 0 (no correction) or >= 1 (a token the rollout "
+                "and the trainer agree on keeps weight 1); the usual cap is 2"
+            )
 
 
 @dataclass
@@ -385,6 +393,14 @@ class TrainRecipe:
             )
         if self.search.kind == "self" and self.rollout.template != "self-search":
             raise RecipeError("search.kind=self needs rollout.template=self-search")
+        context = self.rollout.max_context_tokens
+        if self.policy.kind == "vllm" and 0 < self.policy.max_model_len < context:
+            # A later turn's prompt is the whole trajectory so far: up to max_context_tokens.
+            raise RecipeError(
+                f"policy.max_model_len={self.policy.max_model_len} is below rollout.max_context_tokens={context}: "
+                f"vLLM would refuse the later turns of long trajectories; set policy.max_model_len >= {context} "
+                "(or 0 for the model's own)"
+            )
         if self.algorithm.estimator in ("grpo", "dr_grpo", "rloo", "stratified_grpo") and self.rollout.group_size < 2:
             raise RecipeError(
                 f"algorithm.estimator={self.algorithm.estimator} compares rollouts of one prompt: "
@@ -563,20 +579,25 @@ class QuickstartRecipe:
     run_dir: str = "runs/quickstart"
     smoke: bool = False  # every stage for a step or two (a pipeline check, not a result)
     recipes_dir: str = ""  # stage recipes ("" = recipes/quickstart beside the package)
-    n_entities: int = 300  # people in the tiny world
+    n_entities: int = 300  # people in the tiny world RL and evaluation ask about
     n_train_entities: int = 200  # of them, those training questions ask about
+    n_background_entities: int = 900  # more people, in the corpus, for pretraining and simulator data
     vocab_size: int = 1000  # byte-level BPE of the tiny models
-    pretrain_steps: int = 1000  # base-model pretraining on random-query traces
+    drill_steps: int = 150  # copy drills (batch 64) before the traces: they form induction heads
+    pretrain_steps: int = 600  # base-model pretraining on random-query traces
     pretrain_batch_size: int = 32
     pretrain_lr: float = 2e-3
     pretrain_traces: int = 16000
     copy_loss_weight: float = 1.0  # auxiliary loss on copyable tokens inside <information>
-    threads: int = 1  # torch threads: tiny models run fastest on one (0 = torch's default)
+    threads: int = 0  # torch threads (0 = torch's default: every core)
 
     def check(self, key: str) -> None:
         for name in ("n_entities", "n_train_entities", "vocab_size", "pretrain_steps",
                      "pretrain_batch_size", "pretrain_lr", "pretrain_traces"):
             _check_positive(name, getattr(self, name))
+        for name in ("n_background_entities", "drill_steps"):
+            if getattr(self, name) < 0:
+                raise RecipeError(f"{name}={getattr(self, name)} must be >= 0")
         if self.n_train_entities >= self.n_entities:
             raise RecipeError(
                 f"n_train_entities={self.n_train_entities} must be below n_entities={self.n_entities}: "

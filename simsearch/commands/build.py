@@ -18,9 +18,16 @@ from simsearch.retrieval.base import SearchEngine
 
 
 def build_generation_engine(
-    cfg: GenerationConfig, *, tokenizer=None, seed: int = 0
+    cfg: GenerationConfig, *, tokenizer=None, seed: int = 0, distributed_executor_backend: str | None = None
 ) -> tuple[GenerationEngine, object, object]:
     """Build the engine a `GenerationConfig` names.
+
+    Args:
+        cfg: The engine's section of a recipe.
+        tokenizer: `openai`: the tokenizer to use (default: the one at `cfg.model.path`).
+        seed: `vllm`: the engine's seed.
+        distributed_executor_backend: `vllm`: "external_launcher" when every process of a
+            multi-process launch runs its own engine (see `VLLMEngine`); None otherwise.
 
     Returns:
         (engine, tokenizer, model): `model` is the in-process transformers model for `hf` (the
@@ -62,6 +69,7 @@ def build_generation_engine(
         dtype=cfg.model.dtype,
         seed=seed,
         max_model_len=cfg.max_model_len or None,
+        distributed_executor_backend=distributed_executor_backend,
     )
     return engine, engine.tokenizer, None
 

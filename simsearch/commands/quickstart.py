@@ -41,13 +41,14 @@ from simsearch.config import (
     load_recipe,
     save_recipe,
 )
-from simsearch.data.templates import SEARCH_R1_TEMPLATE
+from simsearch.data.templates import TemplateName, render_prompt
 from simsearch.data.tinyworld import World, build_world
 from simsearch.eval import report
 from simsearch.models import build_tiny_model, save_tiny, train_tokenizer
-from simsearch.policy.pretrain import make_traces, pretrain
+from simsearch.policy.pretrain import make_copy_drills, make_traces, pretrain
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.runlog import read_metrics
+from simsearch.types import QAExample
 from simsearch.simulator.prompts import render as render_simulator_prompt
 
 POLICIES = ("base", "rl_search", "rl_nosearch")
@@ -72,8 +73,16 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     recipes = _recipes_dir(recipe)
 
     _banner("1/6 world")
-    world = build_world(seed=recipe.seed, n_entities=recipe.n_entities, n_train_entities=recipe.n_train_entities)
+    world = build_world(
+        seed=recipe.seed, n_entities=recipe.n_entities, n_train_entities=recipe.n_train_entities,
+        n_background_entities=recipe.n_background_entities,
+    )  # fmt: skip
     files = world.write(run / "world")
+    # The base LM and the simulator learn from questions about the background entities (and the
+    # simulator also from the training questions, as ZeroSearch's does); test entities stay unseen.
+    pretrain_questions = world.background or world.train
+    simulator_questions = [str(files["train"])] + ([str(files["background"])] if world.background else [])
+    template = load_recipe(TrainRecipe, recipes / "train.yaml").rollout.template
     paths = {
         "train": str(files["train"]),
         "test": str(files["test"]),
@@ -85,13 +94,14 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     _banner("2/6 base policy (pretraining on random-query traces)")
     base = run / "base"
     if not (base / "config.json").is_file():
-        _pretrain_base(recipe, world, base)
+        _pretrain_base(recipe, world, pretrain_questions, template, base)
 
     _banner("3/6 simulator SFT data (base policy x real BM25)")
     collect_dir = run / "collect"
     _stage(recipe, recipes, "collect", CollectRecipe, simulator_collect.main, [
         f"run_dir={collect_dir}", f"seed={recipe.seed}", f"policy.model.path={base}",
-        f"data.train=[{paths['train']}]", f"search.corpus={paths['corpus']}", f"search.index_dir={paths['bm25']}",
+        f"data.train=[{','.join(simulator_questions)}]", f"search.corpus={paths['corpus']}",
+        f"search.index_dir={paths['bm25']}",
     ])
 
     _banner("4/6 simulator fine-tuning")
@@ -155,22 +165,29 @@ def _final_model(train_run: Path) -> Path:
     return checkpoint / "model"
 
 
-def _pretrain_base(recipe: QuickstartRecipe, world: World, out: Path) -> None:
-    """Tokenizer + tiny Qwen2 + pretraining on random-query traces, saved like any HF model."""
+def _pretrain_base(
+    recipe: QuickstartRecipe, world: World, questions: list[QAExample], template: TemplateName, out: Path
+) -> None:
+    """Tokenizer + tiny Qwen2 + copy drills + pretraining on random-query traces, saved like any HF model."""
     # The tokenizer learns English from the prompts the tiny models read (a real LM's tokenizer
     # knows English words); world names stay unseen by it and split into pieces.
     simulator_prompt = render_simulator_prompt(
         "simsearch", query="", question="", golden_answers=[""], noisy=False, top_k=3
     )
-    texts = world.texts_for_tokenizer() + [SEARCH_R1_TEMPLATE.format(question=""), simulator_prompt] * 100
+    texts = world.texts_for_tokenizer() + [render_prompt("", template=template), simulator_prompt] * 100
     tokenizer = train_tokenizer(texts, vocab_size=recipe.vocab_size)
     engine = BM25SearchEngine.build(world.passages, show_progress=False)
     model = build_tiny_model(tokenizer, hidden=128, layers=4, heads=4, kv_heads=2, ffn=384, seed=recipe.seed)
     # Smoke: just enough (40 x 16 traces at a high rate) that the base emits searches.
-    steps, batch_size, lr = (40, 16, 5e-3) if recipe.smoke else (
-        recipe.pretrain_steps, recipe.pretrain_batch_size, recipe.pretrain_lr)
+    drill_steps, steps, batch_size, lr = (2, 40, 16, 5e-3) if recipe.smoke else (
+        recipe.drill_steps, recipe.pretrain_steps, recipe.pretrain_batch_size, recipe.pretrain_lr)
+    if drill_steps:
+        drills = make_copy_drills(tokenizer, n=64 * drill_steps, seed=recipe.seed)
+        pretrain(model, drills, steps=drill_steps, batch_size=64, lr=lr, copy_loss_weight=0.0, seed=recipe.seed)
     n_traces = steps * batch_size if recipe.smoke else recipe.pretrain_traces
-    traces = make_traces(world, engine, tokenizer, n=n_traces, seed=recipe.seed, top_k=3)
+    traces = make_traces(
+        world, engine, tokenizer, n=n_traces, seed=recipe.seed, top_k=3, template=template, examples=questions
+    )
     pretrain(model, traces, steps=steps, batch_size=batch_size, lr=lr,
              copy_loss_weight=recipe.copy_loss_weight, seed=recipe.seed)
     save_tiny(model, tokenizer, out)

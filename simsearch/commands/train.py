@@ -7,7 +7,9 @@ One step:
    checkpointed); each process rolls out its own share, whole groups per process;
 2. p_noise = curriculum(step); each search call gets num_noisy(p_noise, top_k) noisy documents;
 3. roll out `group_size` trajectories per question with the in-process `HFEngine`, which shares
-   the policy's weights (`sync_rollout_weights` is the hook for engines that do not);
+   the policy's weights, or with `policy.kind=vllm` an in-process vLLM engine, which is given the
+   updated weights after every update (`sync_rollout_weights`) and with
+   `policy.enable_sleep_mode` frees its GPU memory between rollouts;
 4. score them (`reward.weights`), compute reference log-probs (a frozen copy, or with LoRA the
    base model with the adapter disabled), old log-probs and critic values;
 5. advantages (`algorithm.estimator`), then `ppo_epochs` passes over minibatches of
@@ -47,6 +49,17 @@ Where this departs from the textbook and from ZeroSearch's verl trainer:
 - In one process with neither KL loss nor entropy bonus (and not PPO), rows whose advantages are
   all zero (GRPO groups with equal rewards) skip the forward/backward; the loss denominators still
   count them, so the gradient is the same.
+- With vLLM rollouts (GPU-only; nothing of this path has run on a GPU yet, docs/scaling.md) the
+  log-probs the update uses are the trainer's, as in Search-R1 and ZeroSearch: by default the
+  small gap between vLLM's sampling distribution and the trained module's is not corrected.
+  `algorithm.tis_cap` > 0 turns on truncated importance sampling (`policy.offpolicy`): the
+  rollout asks for log-probs, and each trained token's advantage is multiplied by
+  min(p_trainer / p_rollout, tis_cap), detached, with p_trainer the old log-probs (then always
+  computed: one more forward pass when the batch is not reused). Both sides are the raw
+  distribution, before temperature and top-p, so the weights measure the engines' disagreement.
+  Each process runs its own engine (vLLM's `external_launcher`), so tensor parallelism is
+  refused with several processes. Under ZeRO-3 no rollout copy is kept: the weights are gathered
+  a module at a time straight into vLLM.
 """
 
 from __future__ import annotations
@@ -65,7 +78,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from simsearch.checkpoint import checkpoint_dir, latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
-from simsearch.commands.build import build_search_engine
+from simsearch.commands.build import build_generation_engine, build_search_engine
 from simsearch.config import RecipeError, SearchConfig, TrainRecipe, save_recipe
 from simsearch.curriculum.schedules import build as build_schedule
 from simsearch.curriculum.schedules import num_noisy
@@ -82,6 +95,7 @@ from simsearch.distributed import (
     prune_deepspeed_dirs,
 )
 from simsearch.engines.hf import HFEngine
+from simsearch.engines.vllm import trained_params_for_vllm
 from simsearch.errors import ServiceError
 from simsearch.models import load_model
 from simsearch.optim import adamw_with_schedule
@@ -89,6 +103,7 @@ from simsearch.policy.batch import (
     ActorLossSettings,
     ValueModel,
     actor_micro_loss,
+    collate_rollout_logprobs,
     collate_trajectories,
     logprobs_in_micro_batches,
     loss_denominators,
@@ -103,6 +118,7 @@ from simsearch.policy.batch import (
     values_of,
 )
 from simsearch.policy.losses import value_loss
+from simsearch.policy.offpolicy import truncated_is_weights
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories, score_trajectories
 from simsearch.runlog import RunLogger, read_metrics
 from simsearch.types import SamplingParams
@@ -115,14 +131,22 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
     # ------------------------------------------------------------------ setup
     alg, optim = recipe.algorithm, recipe.optim
     use_ds, lora, ppo = recipe.deepspeed.stage > 0, recipe.lora.r > 0, alg.estimator == "ppo"
-    if recipe.policy.kind != "hf":
+    use_vllm = recipe.policy.kind == "vllm"
+    if recipe.policy.kind == "openai":
         raise RecipeError(
-            f"policy.kind={recipe.policy.kind!r}: the trainer updates an in-process transformers model; "
-            "set policy.kind=hf (vLLM rollouts come in a later release)"
+            "policy.kind='openai': the trainer loads its updated weights into the rollout engine after every "
+            "step, which a served model cannot take; set policy.kind=hf (in-process transformers) or "
+            "policy.kind=vllm (in-process vLLM, on GPU)"
         )
     if recipe.policy.model.adapter:
         raise RecipeError("policy.model.adapter: merge the adapter into the base model and point policy.model.path at it")
     rank, world = init_distributed(use_ds, task="training")
+    if use_vllm and world > 1 and recipe.policy.tensor_parallel_size > 1:
+        raise RecipeError(
+            f"policy.tensor_parallel_size={recipe.policy.tensor_parallel_size} with {world} processes: each "
+            "process runs its own vLLM engine on its own GPU and rolls out its own questions; set "
+            "policy.tensor_parallel_size=1 (or train in one process)"
+        )
     share = rank_share(recipe.prompts_per_step, rank, world)
     rows_per_rank = (share.stop - share.start) * recipe.rollout.group_size
     if alg.minibatch_size % world:
@@ -190,7 +214,7 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
             grad_clip=optim.grad_clip,
             bf16=recipe.bf16,
         )
-        if recipe.deepspeed.stage == 3:
+        if recipe.deepspeed.stage == 3 and not use_vllm:
             rollout_copy = copy.deepcopy(policy)  # taken before ZeRO-3 partitions the parameters
         # Our schedulers stay outside DeepSpeed: they advance once per training step.
         actor, optimizer, _, _ = deepspeed.initialize(model=policy, optimizer=optimizer, config=config)
@@ -232,16 +256,27 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
     def autocast() -> Any:
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if use_autocast else nullcontext()
 
-    generator = HFEngine(rollout_copy if rollout_copy is not None else actor_module, tokenizer, batch_size=recipe.policy.batch_size)
+    def generation_autocast() -> Any:  # vLLM runs in its own dtype, maybe in this very thread: leave it be
+        return nullcontext() if use_vllm else autocast()
+
+    if use_vllm:  # GPU-only, unverified on a GPU (docs/scaling.md)
+        backend = "external_launcher" if world > 1 else None  # one engine per process, on its GPU
+        generator, _, _ = build_generation_engine(recipe.policy, seed=recipe.seed + rank, distributed_executor_backend=backend)
+    else:
+        generator = HFEngine(rollout_copy if rollout_copy is not None else actor_module, tokenizer, batch_size=recipe.policy.batch_size)
 
     def sync_rollout_weights() -> None:
         """Makes the rollout engine generate with the latest policy weights.
 
-        The in-process HFEngine over the trained module shares its weights, but the KV caches it
+        vLLM holds its own copy: load the trained weights into it (LoRA merged; under ZeRO-3
+        gathered a module at a time, on every process), which also resets its prefix cache. The
+        in-process HFEngine over the trained module shares its weights, but the KV caches it
         keeps for prefix reuse were computed with the old ones: drop them. Under ZeRO-3 the
-        engine runs a copy: gather the trained parameters into it. (A vLLM engine loads the
-        weights here, in a later release.)
+        HFEngine runs a copy: gather the trained parameters into it.
         """
+        if use_vllm:
+            generator.sync_weights(trained_params_for_vllm(actor_module, lora=lora, zero3=recipe.deepspeed.stage == 3))
+            return
         generator.reset_prefix_cache()
         if rollout_copy is None:
             return
@@ -352,7 +387,7 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
         mine = val_data[rank::world]
         totals = torch.zeros(5, dtype=torch.float64)  # em, f1, substring_em, searches, count
         if mine:
-            with autocast():
+            with generation_autocast():
                 result = generate_trajectories(
                     mine, policy=generator, tokenizer=tokenizer, search=val_search, settings=val_settings,
                     sampling=SamplingParams(temperature=0.0, max_new_tokens=recipe.sampling.max_new_tokens),
@@ -431,14 +466,17 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
                 top_p=recipe.sampling.top_p,
                 max_new_tokens=recipe.sampling.max_new_tokens,
                 seed=_derived_seed(recipe.seed, "rollout", step, rank),
+                logprobs=alg.tis_cap > 0,
             )
-            with autocast():
+            with generation_autocast():
                 result = generate_trajectories(
                     examples, policy=generator, tokenizer=tokenizer, search=search, settings=settings,
                     sampling=sampling, group_size=recipe.rollout.group_size, noise=noise,
                     rng=random.Random(f"real:{recipe.seed}:{step}:{rank}"),
                 )  # fmt: skip
             rollout_s = time.perf_counter() - began
+            if use_vllm and recipe.policy.enable_sleep_mode:
+                generator.sleep()  # its GPU memory to the update; sync and the next rollout wake it
             # 4. rewards, reference and old log-probs, values
             scored = score_trajectories(result.trajectories, dict(recipe.reward.weights))
             rewards = torch.tensor(scored.total, dtype=torch.float32)
@@ -449,7 +487,7 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
                 if needs_reference:
                     with actor_module.disable_adapter() if lora else nullcontext():
                         ref_logp = logprobs_in_micro_batches(actor if lora else reference, batch, recipe.micro_batch_size)
-                if reused or (alg.kl_in_reward and needs_reference):
+                if reused or (alg.kl_in_reward and needs_reference) or alg.tis_cap > 0:
                     old_logp = logprobs_in_micro_batches(actor, batch, recipe.micro_batch_size)
                 if critic is not None:
                     old_values = values_in_micro_batches(critic, batch, recipe.micro_batch_size)
@@ -465,8 +503,15 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
             )  # fmt: skip
             advantages = advantages.to(device)
             returns = None if returns is None else returns.to(device)
+            trained_advantages, tis_stats = advantages, dict[str, torch.Tensor]()
+            if alg.tis_cap > 0:
+                # Weights >= 0 scale each token's clipped surrogate exactly (policy.offpolicy);
+                # the logged advantages stay the estimator's.
+                rollout_logp = collate_rollout_logprobs(result.trajectories).to(device)  # [B, L]
+                tis_weights, tis_stats = truncated_is_weights(old_logp, rollout_logp, alg.tis_cap, batch.loss_mask)
+                trained_advantages = advantages * tis_weights  # [B, L], 0 where not trained
             update_began = time.perf_counter()
-            losses = update(batch, advantages, None if not reused else old_logp, ref_logp, returns, old_values, step)
+            losses = update(batch, trained_advantages, None if not reused else old_logp, ref_logp, returns, old_values, step)
             sync_rollout_weights()
             update_s = time.perf_counter() - update_began
             # 6. metrics, curriculum feedback, validation, checkpoint
@@ -476,6 +521,7 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
                 **result.metrics,
                 **losses,
                 **{f"advantages/{k}": float(v) for k, v in adv_stats.items()},
+                **{f"offpolicy/{k}": float(v) for k, v in tis_stats.items()},
                 "advantages/mean": float((advantages * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1)),
                 "curriculum/p_noise": p_noise,
                 "time/rollout_s": rollout_s,

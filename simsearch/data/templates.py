@@ -5,6 +5,11 @@ trained on; it is reproduced byte for byte, including the original's "as your wa
 a released checkpoint answers best to the exact text it was trained on. Search-R1 sends the same
 text through the tokenizer's chat template for instruct models; `search-r1-chat` does that.
 
+`search-r1-brief` is our own one-sentence statement of the same protocol (tags, one query per
+`<search>`, results in `<information>`, the answer in `<answer>`), for tiny models trained from
+scratch (`simsearch quickstart`): they cannot read instructions, and the compat prompt's ~100
+tokens would make up half of every sequence they are trained on.
+
 The self-search (SSRL-style), direct-answer and RAG templates are our own wording. SSRL's prompt
 is not reproduced: ours asks for the same structure (`<think>`, `<search>`, the policy's own
 `<information>`, `<answer>`), which is what SSRL's format reward checks. Every template ends with
@@ -22,8 +27,8 @@ from simsearch.types import Document
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-TemplateName = Literal["search-r1", "search-r1-chat", "self-search", "direct", "rag"]
-TEMPLATE_NAMES: tuple[str, ...] = ("search-r1", "search-r1-chat", "self-search", "direct", "rag")
+TemplateName = Literal["search-r1", "search-r1-chat", "search-r1-brief", "self-search", "direct", "rag"]
+TEMPLATE_NAMES: tuple[str, ...] = ("search-r1", "search-r1-chat", "search-r1-brief", "self-search", "direct", "rag")
 
 # compat: Search-R1's prompt for base models (PeterGriffinJin/Search-R1), byte for byte.
 SEARCH_R1_TEMPLATE = (
@@ -37,6 +42,11 @@ SEARCH_R1_TEMPLATE = (
     "If you find no further external knowledge needed, you can directly provide the answer "
     "inside <answer> and </answer>, without detailed illustrations. "
     "For example, <answer> Beijing </answer>. Question: {question}\n"
+)
+
+SEARCH_R1_BRIEF_TEMPLATE = (
+    "Search with <search> query </search>, read the <information> results, answer inside "
+    "<answer> and </answer>. Question: {question}\n"
 )
 
 SELF_SEARCH_TEMPLATE = (
@@ -118,7 +128,8 @@ def render_prompt(
     Args:
         question: The question, inserted as is.
         template: `search-r1` (compat, base models), `search-r1-chat` (the same text through
-            the tokenizer's chat template), `self-search` (the policy writes its own search
+            the tokenizer's chat template), `search-r1-brief` (the same protocol in one
+            sentence, for tiny models), `self-search` (the policy writes its own search
             results), `direct` (answer without search) or `rag` (answer from `documents`).
         tokenizer: Required by `search-r1-chat` and only accepted there; to send another template
             through a chat template, pass its text to `apply_chat_template`.
@@ -150,6 +161,8 @@ def render_prompt(
     if template == "search-r1-chat":
         assert tokenizer is not None  # checked above; narrows the type
         return apply_chat_template(SEARCH_R1_TEMPLATE.format(question=question), tokenizer)
+    if template == "search-r1-brief":
+        return SEARCH_R1_BRIEF_TEMPLATE.format(question=question)
     if template == "self-search":
         return SELF_SEARCH_TEMPLATE.format(question=question)
     if template == "direct":

@@ -26,7 +26,7 @@ import json
 import os
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from simsearch.data.qa import write_qa_jsonl
@@ -137,24 +137,31 @@ class World:
     train: list[QAExample]
     test: list[QAExample]
     facts: dict[str, Fact]
+    # Questions about the background entities (`build_world(n_background_entities=...)`): for
+    # what is trained before RL (the base LM, the simulator), never for RL or evaluation.
+    background: list[QAExample] = field(default_factory=list)
 
     def write(self, directory: str | os.PathLike[str]) -> dict[str, Path]:
-        """Write `corpus.jsonl` (Search-R1 `{"id", "contents"}`) and FlashRAG `train.jsonl`, `test.jsonl`.
+        """Write `corpus.jsonl` (Search-R1 `{"id", "contents"}`) and FlashRAG `train.jsonl`, `test.jsonl`
+        (and `background.jsonl` when the world has background questions).
 
         Args:
             directory: Created if missing; existing files of these names are overwritten.
 
         Returns:
-            The written paths under the keys `corpus`, `train` and `test`.
+            The written paths under the keys `corpus`, `train`, `test` (and `background`).
         """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        paths = {name: directory / f"{name}.jsonl" for name in ("corpus", "train", "test")}
+        names = ("corpus", "train", "test", "background") if self.background else ("corpus", "train", "test")
+        paths = {name: directory / f"{name}.jsonl" for name in names}
         with paths["corpus"].open("w", encoding="utf-8") as f:
             for passage in self.passages:
                 f.write(json.dumps({"id": passage.id, "contents": passage.contents}, ensure_ascii=False) + "\n")
         write_qa_jsonl(self.train, paths["train"])
         write_qa_jsonl(self.test, paths["test"])
+        if self.background:
+            write_qa_jsonl(self.background, paths["background"])
         return paths
 
     def texts_for_tokenizer(self, n_texts: int = 2000, *, seed: int = 0) -> list[str]:
@@ -162,7 +169,8 @@ class World:
 
         Each text is a question followed, in random order, by the biography, founding and visit
         passages of its entity and a city description, written with the world's templates about
-        a fresh random person and fresh random cities; no name of this world occurs. So the
+        a fresh random person and fresh random cities and laid out as search results, one
+        `Doc i(Title: "name") text` line each; no name of this world occurs. So the
         tokenizer learns the templates' words whole but has to split the world's names into
         syllable pieces, as a real tokenizer does with unseen names.
 
@@ -191,11 +199,20 @@ class World:
                 _city_text(rng, rng.choice(cities)),
             ]
             rng.shuffle(passages)
-            texts.append(" ".join([question, *passages]))
+            # Laid out as search results are shown to the models (`Doc i(Title: "name") text`),
+            # so the tokenizer learns that scaffolding as a real LM's knows common markup.
+            lines = [f'Doc {i}(Title: "{name}") {text}' for i, text in enumerate(passages, 1)]
+            texts.append("\n".join([question, *lines]))
         return texts
 
 
-def build_world(seed: int = 0, n_entities: int = 300, n_train_entities: int = 200, n_cities: int = 40) -> World:
+def build_world(
+    seed: int = 0,
+    n_entities: int = 300,
+    n_train_entities: int = 200,
+    n_cities: int = 40,
+    n_background_entities: int = 0,
+) -> World:
     """Generate a world, deterministically for a seed.
 
     Args:
@@ -204,10 +221,15 @@ def build_world(seed: int = 0, n_entities: int = 300, n_train_entities: int = 20
             founding passage (year) and a visit passage (noise), and one question per relation.
         n_train_entities: People whose questions form `train`; the rest form `test`.
         n_cities: Cities, each with a description passage (noise).
+        n_background_entities: Further people, with passages in the corpus like everyone's,
+            whose questions form `background`: material for training the base LM and the
+            simulator on this corpus without touching the train or test entities. With 0 (the
+            default) the world is the same as before background entities existed.
 
     Returns:
-        The world: 2 * n_entities + n_entities + n_cities passages, 3 * n_train_entities train
-        and 3 * (n_entities - n_train_entities) test questions.
+        The world: 3 * (n_entities + n_background_entities) + n_cities passages,
+        3 * n_train_entities train, 3 * (n_entities - n_train_entities) test and
+        3 * n_background_entities background questions.
 
     Raises:
         ValueError: Sizes that leave a split empty or too few cities to tell apart.
@@ -217,11 +239,13 @@ def build_world(seed: int = 0, n_entities: int = 300, n_train_entities: int = 20
             f"n_train_entities={n_train_entities} must lie in [1, n_entities - 1] "
             f"(n_entities={n_entities}) so both train and test have questions"
         )
+    if n_background_entities < 0:
+        raise ValueError(f"n_background_entities={n_background_entities} must be >= 0")
     if n_cities < 2:
         raise ValueError(f"n_cities={n_cities} must be >= 2: a visit goes to a city other than the birth city")
     rng = random.Random(seed)
     cities = _unique_names(rng, n_cities, _city_name, set())
-    names = _unique_names(rng, n_entities, _person_name, set(cities))
+    names = _unique_names(rng, n_entities + n_background_entities, _person_name, set(cities))
     entities = [_random_entity(rng, name, cities) for name in names]
 
     # (entity, relation) -> index into `drafts` of the passage holding the answer
@@ -243,7 +267,11 @@ def build_world(seed: int = 0, n_entities: int = 300, n_train_entities: int = 20
     passage_id = {old: str(new) for new, old in enumerate(order)}
     passages = [Passage(id=str(new), title=f'"{drafts[old][0]}"', text=drafts[old][1]) for new, old in enumerate(order)]
 
-    splits = {"train": entities[:n_train_entities], "test": entities[n_train_entities:]}
+    splits = {
+        "train": entities[:n_train_entities],
+        "test": entities[n_train_entities:n_entities],
+        "background": entities[n_entities:],
+    }
     questions: dict[str, list[QAExample]] = {}
     facts: dict[str, Fact] = {}
     for split, members in splits.items():
@@ -256,7 +284,7 @@ def build_world(seed: int = 0, n_entities: int = 300, n_train_entities: int = 20
             text = rng.choice(QUESTIONS[relation]).format(name=entity.name, venture=entity.venture)
             questions[split].append(QAExample(id=qid, question=text, golden_answers=[answer], data_source=DATA_SOURCE))
             facts[qid] = Fact(entity.name, relation, answer, passage_id[holder[(entity.name, relation)]])
-    return World(seed, entities, cities, passages, questions["train"], questions["test"], facts)
+    return World(seed, entities, cities, passages, questions["train"], questions["test"], facts, questions["background"])
 
 
 # --------------------------------------------------------------------------- generation

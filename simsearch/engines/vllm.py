@@ -21,7 +21,8 @@ Weight sync: after each optimizer step a trainer calls `sync_weights(pairs)` wit
 `(name, tensor)` pairs in Hugging Face naming; the helpers below produce them from a plain model
 (`named_params_for_vllm`), a DeepSpeed ZeRO-3 model (`zero3_named_params_for_vllm`, gathering one
 module at a time) and a PEFT LoRA model (`peft_named_params_for_vllm`: merge, export with the
-base model's names, unmerge). Each pair is handed to the model's own `load_weights` inside the
+base model's names, unmerge); `trained_params_for_vllm` picks the one that fits (`simsearch
+train` calls it after every update). Each pair is handed to the model's own `load_weights` inside the
 vLLM worker through `LLM.apply_model`, the API current vLLM documents for running a function on
 the model in every worker (it replaced reaching into
 `llm.llm_engine.model_executor.driver_worker.model_runner.model`, which only ever worked with
@@ -356,6 +357,27 @@ def peft_named_params_for_vllm(
                     yield vllm_name, param.detach()
         finally:
             model.unmerge_adapter()
+
+
+def trained_params_for_vllm(
+    model: Any, *, lora: bool, zero3: bool
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The export helper that fits how the trainer holds its policy, for `sync_weights`.
+
+    Args:
+        model: The trained module (under DeepSpeed the engine's `.module`, not the engine).
+        lora: The module is a PEFT LoRA model: export merged weights under base names.
+        zero3: Its parameters are partitioned by DeepSpeed ZeRO-3: gather them (collective:
+            every rank must consume the iterator to the end).
+
+    Returns:
+        (name, tensor) pairs in Hugging Face naming; see the helper each case uses.
+    """
+    if lora:
+        return peft_named_params_for_vllm(model, zero3=zero3)
+    if zero3:
+        return zero3_named_params_for_vllm(model)
+    return named_params_for_vllm(model)
 
 
 @dataclass

@@ -228,6 +228,43 @@ def collate_trajectories(trajectories: Sequence[Trajectory], pad_id: int) -> Tra
     )
 
 
+def collate_rollout_logprobs(trajectories: Sequence[Trajectory]) -> torch.Tensor:
+    """`[B, L]` log-probs the rollout engine reported, in `collate_trajectories`' response columns.
+
+    A trajectory's `logprobs` already run along its `response_ids` (every generated span in
+    place, 0.0 at inserted tokens), so response token j lands in column j, as in `responses`.
+    Positions outside the loss mask are set to 0 too (self-search's own `<information>` blocks
+    carry real log-probs but are not trained on), matching `logprobs_in_micro_batches`.
+
+    Args:
+        trajectories: The batch's trajectories, in its row order, rolled out with
+            `SamplingParams(logprobs=True)`.
+
+    Returns:
+        `[B, L]` float32 on CPU, L the longest response; 0 at padding and untrained tokens.
+
+    Raises:
+        ValueError: A trajectory has no log-probs, or not one per response token.
+    """
+    if not trajectories:
+        raise ValueError("collate_rollout_logprobs got no trajectories")
+    length = max(len(t.response_ids) for t in trajectories)  # L, as collate_trajectories pads
+    out = torch.zeros((len(trajectories), length), dtype=torch.float32)  # [B, L]
+    for b, t in enumerate(trajectories):
+        if t.logprobs is None:
+            raise ValueError(
+                f"trajectory {b} has no rollout log-probs: roll out with SamplingParams(logprobs=True)"
+            )
+        if len(t.logprobs) != len(t.response_ids) or len(t.loss_mask) != len(t.response_ids):
+            raise ValueError(
+                f"trajectory {b}: {len(t.logprobs)} log-probs and {len(t.loss_mask)} loss-mask entries "
+                f"for {len(t.response_ids)} response tokens"
+            )
+        logp = torch.tensor(t.logprobs, dtype=torch.float32)
+        out[b, : len(t.logprobs)] = torch.where(torch.tensor(t.loss_mask).bool(), logp, 0.0)
+    return out
+
+
 def micro_batches(rows: torch.Tensor, lengths: torch.Tensor, size: int) -> list[torch.Tensor]:
     """Splits `rows` into chunks of at most `size`, rows of similar length together.
 

@@ -44,7 +44,7 @@ import math
 import random
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -81,12 +81,13 @@ class Trace:
     input_ids: list[int]
     loss_mask: list[int]
     copy_mask: list[int]
-    example: QAExample
-    query_kind: str  # one of QUERY_KINDS
-    query: str
-    documents: list[Document]
-    answer: str
-    candidates: list[str]  # the value-like spans of the documents the answer was drawn from
+    # How a search trace was made; None / empty for a copy drill (`make_copy_drills`).
+    example: QAExample | None = None
+    query_kind: str = ""  # one of QUERY_KINDS
+    query: str = ""
+    documents: list[Document] = field(default_factory=list)
+    answer: str = ""
+    candidates: list[str] = field(default_factory=list)  # the values the answer was drawn from
 
 
 def value_spans(text: str, cities: Sequence[str]) -> list[str]:
@@ -248,6 +249,46 @@ def make_traces(
             )
         )
     return traces
+
+
+def make_copy_drills(
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    n: int,
+    seed: int,
+    length: int = 32,
+    alphabet: tuple[int, int] = (8, 64),
+) -> list[Trace]:
+    """Copy drills: a random token sequence followed by itself, the LM loss on the repeat.
+
+    A few hundred steps on these form induction heads (attend to the earlier occurrence of the
+    current context, predict what followed it) far faster than the search traces alone, whose
+    copy targets are few and mostly ambiguous single-token matches. Each drill draws its tokens
+    from a random alphabet of 8-64 ordinary tokens, so in small alphabets single tokens repeat
+    and only the preceding tokens together say where to copy from, as when copying a name that
+    shares its first piece with another. Drills hold no text at all, let alone world facts.
+
+    Args:
+        tokenizer: The policy's tokenizer; its special tokens are never drawn.
+        n: Number of drills.
+        seed: Seeds the tokens.
+        length: Tokens per half; a drill has 2 * length tokens.
+        alphabet: Range (inclusive) of the number of distinct tokens per drill.
+
+    Returns:
+        Traces with `loss_mask` 1 on the second half except its first token (which cannot be
+        predicted), `copy_mask` all 0 and no search metadata.
+    """
+    rng = random.Random(seed)
+    special = set(tokenizer.all_special_ids)
+    ordinary = [i for i in range(len(tokenizer)) if i not in special]
+    drills = []
+    for _ in range(n):
+        letters = rng.sample(ordinary, rng.randint(*alphabet))
+        half = [rng.choice(letters) for _ in range(length)]
+        mask = [0] * (length + 1) + [1] * (length - 1)
+        drills.append(Trace(input_ids=half + half, loss_mask=mask, copy_mask=[0] * (2 * length)))
+    return drills
 
 
 def _encode(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[list[int]]:

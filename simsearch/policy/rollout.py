@@ -75,7 +75,7 @@ from simsearch.types import (
     Turn,
 )
 
-ROLLOUT_TEMPLATES: tuple[str, ...] = ("search-r1", "search-r1-chat", "self-search", "direct")
+ROLLOUT_TEMPLATES: tuple[str, ...] = ("search-r1", "search-r1-chat", "search-r1-brief", "self-search", "direct")
 """Templates a rollout can start from ("rag" needs documents in the prompt and is not one)."""
 
 SEARCH_STOPS: tuple[str, ...] = (SEARCH_STOP, ANSWER_STOP)

@@ -230,8 +230,8 @@ def noisy_documents(
     """The record's documents with every answer-bearing one replaced by one without the answer.
 
     Replacements come first from `same_question` (documents retrieved for other queries of the
-    same question: on topic), then from `pool`; a document already in the set is never reused.
-    With no candidate left, a padding document (`PAD_TEXT`) stands in.
+    same question: on topic), then from `pool` (drawn at random); a document already in the set
+    is never reused. With no candidate left, a padding document (`PAD_TEXT`) stands in.
 
     Returns:
         (documents, number replaced).
@@ -239,11 +239,10 @@ def noisy_documents(
     golds = record.golden_answers
     used = {(d.title, d.text) for d in record.documents}
 
-    def candidates(source: Sequence[Document]) -> list[Document]:
-        unique = {(d.title, d.text): d for d in source if (d.title, d.text) not in used}
-        return [d for d in unique.values() if not contains_answer([d], golds)]
+    def usable(doc: Document) -> bool:
+        return (doc.title, doc.text) not in used and not contains_answer([doc], golds)
 
-    local, fallback = candidates(same_question), None
+    local = [d for d in {(d.title, d.text): d for d in same_question}.values() if usable(d)]
     out: list[Document] = []
     replaced = 0
     for doc in record.documents:
@@ -251,16 +250,24 @@ def noisy_documents(
             out.append(doc)
             continue
         replaced += 1
-        if not local and fallback is None:
-            fallback = candidates(pool)
-        source = local if local else fallback
-        if source:
-            pick = source.pop(rng.randrange(len(source)))
+        pick = local.pop(rng.randrange(len(local))) if local else _draw_usable(pool, usable, rng)
+        if pick is None:
+            out.append(Document(title="", text=PAD_TEXT, source=doc.source))
+        else:
             used.add((pick.title, pick.text))
             out.append(pick)
-        else:
-            out.append(Document(title="", text=PAD_TEXT, source=doc.source))
     return out, replaced
+
+
+def _draw_usable(pool: Sequence[Document], usable: Callable[[Document], bool], rng: random.Random) -> Document | None:
+    # Random draws first: nearly every document of a large pool is usable, and scanning the whole
+    # pool for each of thousands of records was quadratic. The scan is the rare fallback.
+    for _ in range(min(64, len(pool))):
+        doc = pool[rng.randrange(len(pool))]
+        if usable(doc):
+            return doc
+    rest = [d for d in pool if usable(d)]
+    return rng.choice(rest) if rest else None
 
 
 def _pair(record: SearchRecord, documents: list[Document], *, noisy: bool, preset: Preset,

@@ -35,6 +35,7 @@ from simsearch.engines.vllm import (
     peft_named_params_for_vllm,
     prompt_seeds,
     sampling_kwargs,
+    trained_params_for_vllm,
     vllm_param_name,
     zero3_named_params_for_vllm,
 )
@@ -494,6 +495,28 @@ def test_abandoning_the_lora_export_still_unmerges(tokenizer):
     assert layer.merged
     pairs.close()
     assert not layer.merged
+
+
+def test_trained_params_for_vllm_picks_the_helper_for_how_the_policy_is_held(monkeypatch):
+    import simsearch.engines.vllm as vllm_module
+
+    seen: list[tuple[str, object, dict]] = []
+
+    def recorder(kind: str):
+        return lambda model, **kwargs: seen.append((kind, model, kwargs)) or iter(())
+
+    monkeypatch.setattr(vllm_module, "named_params_for_vllm", recorder("plain"))
+    monkeypatch.setattr(vllm_module, "zero3_named_params_for_vllm", recorder("zero3"))
+    monkeypatch.setattr(vllm_module, "peft_named_params_for_vllm", recorder("peft"))
+    model = object()
+    for lora, zero3 in ((False, False), (False, True), (True, False), (True, True)):
+        trained_params_for_vllm(model, lora=lora, zero3=zero3)
+    assert seen == [
+        ("plain", model, {}),
+        ("zero3", model, {}),
+        ("peft", model, {"zero3": False}),  # LoRA under ZeRO-3: the PEFT helper gathers
+        ("peft", model, {"zero3": True}),
+    ]
 
 
 # --------------------------------------------------------------------------- ZeRO-3, one gloo process
