@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from simsearch.checkpoint import latest_checkpoint
+from simsearch.config import QuickstartRecipe, load_recipe
 from simsearch.data.qa import load_qa
 from simsearch.data.tinyworld import build_world
 from simsearch.engines.hf import HFEngine
@@ -41,7 +42,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     run = args.run_dir
-    world = build_world(seed=0)
+    recipe = load_recipe(QuickstartRecipe, run / "recipe.yaml")  # the run's world, rebuilt
+    world = build_world(
+        seed=recipe.seed, n_entities=recipe.n_entities, n_train_entities=recipe.n_train_entities,
+        n_background_entities=recipe.n_background_entities,
+    )  # fmt: skip
     test = load_qa(run / "world" / "test.jsonl")[: args.questions]
     examples = [
         FidelityExample(e.question, e.golden_answers, f"{world.facts[e.id].entity} {e.question.rstrip('?')}")

@@ -37,6 +37,11 @@ def _check_range(name: str, value: float, low: float, high: float) -> None:
         raise RecipeError(f"{_key(name)}={value} must lie in [{low}, {high}]")
 
 
+def _check_shows_question(name: str, show_question: bool, preset: str) -> None:
+    if not show_question and preset.startswith("zerosearch"):
+        raise RecipeError(f"{name}=false: preset={preset} always shows the question; use preset=simsearch or custom")
+
+
 def _check_positive(name: str, value: float) -> None:
     if value <= 0:
         raise RecipeError(f"{_key(name)}={value} must be > 0")
@@ -116,9 +121,11 @@ class SimulatorConfig:
     chat: bool = False  # hf: send prompts through the simulator's chat template (openai: generation.chat)
     temperature: float = 0.8  # ZeroSearch samples the simulator at 0.8
     max_new_tokens: int = 600  # ZeroSearch's max_tokens for the simulator
+    show_question: bool = True  # false: told the answer, not the question (simsearch/custom presets)
 
     def check(self, key: str) -> None:
         _check_choice(f"{key}.preset", self.preset, ("simsearch", "zerosearch", "zerosearch-prompt", "custom"))
+        _check_shows_question(f"{key}.show_question", self.show_question, self.preset)
         if self.preset == "custom" and not (self.useful_template and self.noisy_template):
             raise RecipeError(f"{key}.preset=custom needs both {key}.useful_template and {key}.noisy_template")
         self.generation.check(f"{key}.generation")
@@ -490,6 +497,7 @@ class CollectRecipe:
     rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(group_size=1))
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     preset: str = "simsearch"  # prompt preset the SFT pairs are rendered with
+    show_question: bool = True  # false: prompts show the answer, not the question (as the simulator will run)
     target: str = "judged"  # judged: ZeroSearch's labelled sets | retrieved: keep query sensitivity
     balance: bool = True  # judged: equal numbers of useful and noisy pairs
     val_fraction: float = 0.1  # share of questions whose pairs go to validation
@@ -506,6 +514,7 @@ class CollectRecipe:
             raise RecipeError("data.train is empty: list at least one QA file")
         _check_range("val_fraction", self.val_fraction, 0.0, 0.9)
         _check_choice("preset", self.preset, ("simsearch", "zerosearch", "zerosearch-prompt"))
+        _check_shows_question("show_question", self.show_question, self.preset)
         _check_choice("target", self.target, ("judged", "retrieved"))
         _check_positive("batch_size", self.batch_size)
         if self.search.kind in ("simulator", "self"):
@@ -529,6 +538,7 @@ class FinetuneRecipe:
     batch_size: int = 2  # ZeroSearch: 2
     grad_accum: int = 1
     max_length: int = 1024
+    answer_loss_weight: float = 1.0  # loss weight of response tokens spelling a gold answer (1 = plain SFT)
     save_every: int = 0  # 0 = only at the end
     eval_every: int = 100
     gradient_checkpointing: bool = False
@@ -538,6 +548,8 @@ class FinetuneRecipe:
     def check(self, key: str) -> None:
         if not self.model.path:
             raise RecipeError("model.path is empty: give the model to fine-tune")
+        if not self.answer_loss_weight >= 1.0:  # also refuses NaN
+            raise RecipeError(f"answer_loss_weight={self.answer_loss_weight} must be >= 1 (1 = no weighting)")
         self.model.check("model")
         self.optim.check("optim")
         self.deepspeed.check("deepspeed")

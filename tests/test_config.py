@@ -120,3 +120,18 @@ def test_reward_weights_replace_the_default(train_yaml: Path) -> None:
     recipe = load_recipe(TrainRecipe, train_yaml, ["reward.weights={em: 0.9, format: 0.1}"])
     assert recipe.reward.weights == {"em": 0.9, "format": 0.1}  # no f1 merged in
     assert load_recipe(TrainRecipe, train_yaml).reward.weights == {"f1": 1.0}  # ZeroSearch's default
+
+
+def test_answer_weight_and_hidden_question_are_checked(train_yaml: Path, tmp_path: Path) -> None:
+    finetune = _write(tmp_path, {"run_dir": "r", "train_file": "pairs.jsonl", "model": {"path": "m"}})
+    assert load_recipe(FinetuneRecipe, finetune, ["answer_loss_weight=10"]).answer_loss_weight == 10.0
+    with pytest.raises(RecipeError, match=r"answer_loss_weight=0.5 must be >= 1"):
+        load_recipe(FinetuneRecipe, finetune, ["answer_loss_weight=0.5"])
+    simulator = [
+        "search.kind=simulator", "search.simulator.generation.model.path=m", "search.simulator.preset=zerosearch",
+        "search.simulator.chat=true", "search.simulator.show_question=false",
+    ]  # fmt: skip
+    with pytest.raises(RecipeError, match=r"search\.simulator\.show_question=false: preset=zerosearch always shows"):
+        load_recipe(TrainRecipe, train_yaml, simulator)
+    shown = load_recipe(TrainRecipe, train_yaml, simulator[:-1])
+    assert shown.search.simulator.show_question is True

@@ -89,8 +89,9 @@ def main(recipe: FinetuneRecipe) -> Path:
     model.train()
 
     train, dropped = tokenize_pairs(
-        read_pairs(recipe.train_file), tokenizer, chat_template=recipe.chat_template, max_length=recipe.max_length
-    )
+        read_pairs(recipe.train_file), tokenizer, chat_template=recipe.chat_template, max_length=recipe.max_length,
+        answer_weight=recipe.answer_loss_weight,
+    )  # fmt: skip
     if not train:
         raise DataError(
             f"{recipe.train_file}: every prompt is at least max_length={recipe.max_length} tokens; "
@@ -147,7 +148,7 @@ def main(recipe: FinetuneRecipe) -> Path:
     def forward_loss(batch: dict[str, torch.Tensor]) -> torch.Tensor:
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=recipe.bf16 and not use_ds):
             logits = forward(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        return response_loss(logits, batch["labels"])
+        return response_loss(logits, batch["labels"], batch["weights"])
 
     def validate() -> float:
         forward.eval()
@@ -157,7 +158,7 @@ def main(recipe: FinetuneRecipe) -> Path:
                 batch = batch_on_device(indices, val)
                 loss = forward_loss(batch)
                 if counted:
-                    total += torch.tensor([loss.item(), count_targets(batch["labels"])], dtype=torch.float64)
+                    total += torch.tensor([loss.item(), count_targets(batch["weights"])], dtype=torch.float64)
         forward.train()
         total = all_reduce_sum(total, world)
         return float(total[0] / max(total[1], 1))
@@ -195,7 +196,7 @@ def main(recipe: FinetuneRecipe) -> Path:
                 rank=rank, world_size=world, seed=recipe.seed,
             )
         ]
-        targets = max(1, sum(count_targets(b["labels"]) for b in micro))
+        targets = max(1.0, sum(count_targets(b["weights"]) for b in micro))
         loss_sum = 0.0
         for batch in micro:
             # Divided by the step's token count, so the accumulated gradient is the token mean.

@@ -34,6 +34,11 @@ position i of the answer takes the noisy set's document i when i is one of `num_
 positions drawn by `noisy_positions` from a generator seeded by a SHA-256 of the query: the same
 query and count always mix the same way (so caching and reruns agree), while the noisy
 positions differ across queries (the policy cannot learn "ignore the last document").
+
+`show_question=False` (ours, for the simsearch and custom presets) keeps the request's question
+out of the prompt: the simulator is told the answer but learns which entity a search is about
+from the query alone, so a query that does not name the entity cannot be answered from the
+question line. ZeroSearch always shows both.
 """
 
 from __future__ import annotations
@@ -182,6 +187,8 @@ class SimulatedSearchEngine:
         top_p: Nucleus sampling mass.
         seed: Base seed; call c is sampled with seed + c, so a run is reproducible. None: fresh.
         model_name: What the simulator model is (path or served name); part of `fingerprint`.
+        show_question: Show the request's question in the prompt; False keeps it out (module
+            docstring). The zerosearch presets need it.
     """
 
     def __init__(
@@ -197,9 +204,12 @@ class SimulatedSearchEngine:
         top_p: float = 1.0,
         seed: int | None = None,
         model_name: str = "",
+        show_question: bool = True,
     ) -> None:
         if preset not in PRESETS:
             raise ValueError(f"preset={preset!r} is not one of {', '.join(PRESETS)}")
+        if not show_question and preset.startswith("zerosearch"):
+            raise ValueError(f"show_question=False: preset={preset!r} always shows the question; use simsearch or custom")
         if templates is not None:
             check_templates(templates)
         if max_new_tokens < 1:
@@ -214,6 +224,7 @@ class SimulatedSearchEngine:
         self.top_p = top_p
         self.seed = seed
         self.model_name = model_name
+        self.show_question = show_question
         self.stats: Counter[str] = Counter()
         """Cumulative parse counts: `simulator/sets` parsed, `simulator/valid`, `/padded`,
         `/trimmed`, `/unparsed`, and `simulator/calls` (generate calls)."""
@@ -234,6 +245,7 @@ class SimulatedSearchEngine:
                 "top_p": self.top_p,
                 "max_new_tokens": self.max_new_tokens,
                 "seed": self.seed,
+                "show_question": self.show_question,
             },
             sort_keys=True,
         )
@@ -305,7 +317,7 @@ class SimulatedSearchEngine:
         return render(
             self.preset,
             query=request.query,
-            question=request.question,
+            question=request.question if self.show_question else None,
             golden_answers=list(request.golden_answers),
             noisy=noisy,
             top_k=request.top_k,

@@ -21,8 +21,9 @@ Presets:
 - `simsearch` (the default): our own short template. It asks for `top_k` documents in the exact
   response format, and its useful version says the answer belongs only in results a real search
   for this query would find, which is what SFT pairs with `target="retrieved"` teach (see
-  `sft_data`). Question and answer lines are left out when the request carries no such context
-  (e.g. a Search-R1 client of `simsearch serve`).
+  `sft_data`). The question and answer lines are each left out when the request does not carry
+  them (e.g. a Search-R1 client of `simsearch serve` sends neither; a simulator run with
+  `show_question=False` is shown the answer only, see `simsearch.simulator.engine`).
 - `custom`: two user templates with the fields `{query}`, `{question}`, `{answers}` (the gold
   answers joined by "; ") and `{top_k}`; literal braces are written `{{` and `}}`.
 """
@@ -61,7 +62,8 @@ _SIMSEARCH_HEAD = (
     "Act as a search engine. Write {top_k} search results for the query, one per line, each as "
     '"Doc i(Title: title) text" with about 30 words, numbered from Doc 1 to Doc {top_k}.\n'
 )
-_SIMSEARCH_CONTEXT = "Question: {question}\nAnswer: {answers}\n"
+_SIMSEARCH_QUESTION = "Question: {question}\n"
+_SIMSEARCH_ANSWER = "Answer: {answers}\n"
 _SIMSEARCH_USEFUL_RULE = (
     "Write what a real search for this query returns: state the answer only in results this "
     "query would find.\n"
@@ -207,7 +209,8 @@ def render(
         template = templates.noisy if noisy else templates.useful
         return template.format(query=query, question=question or "", answers=answers, top_k=top_k)
     head = _SIMSEARCH_HEAD.format(top_k=top_k)
-    context = _SIMSEARCH_CONTEXT.format(question=question, answers=answers) if question and answers else ""
+    context = _SIMSEARCH_QUESTION.format(question=question) if question else ""
+    context += _SIMSEARCH_ANSWER.format(answers=answers) if answers else ""
     rule = _SIMSEARCH_NOISY_RULE if noisy else _SIMSEARCH_USEFUL_RULE
     return head + context + rule + _SIMSEARCH_TAIL.format(query=query)
 

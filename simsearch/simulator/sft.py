@@ -16,6 +16,11 @@ Departures from ZeroSearch's SFT (which used an external trainer; lr 1e-6, batch
   the same whatever batch they land in. With several ranks the ranks' averages are averaged.
 - Batches are a pure function of (seed, step, rank): epoch e visits the pairs in a permutation
   seeded by (seed, e), and the stream runs on across epochs. Resuming needs only the step.
+- Optional answer weighting (`answer_weight`, ours): response tokens that spell a gold answer
+  (pairs from `simsearch simulator collect` carry `golden_answers`) weigh more in the loss. A
+  small simulator otherwise spends its capacity on the many tokens it can learn by heart (names,
+  templates) and never learns to copy the few answer tokens from its prompt into the results,
+  which is the one thing that makes a simulated search useful.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -41,12 +47,16 @@ if TYPE_CHECKING:
 IGNORE_INDEX = -100
 
 
-def read_pairs(path: str | Path) -> list[dict[str, str]]:
+def read_pairs(path: str | Path) -> list[dict]:
     """Reads SFT pairs: a JSONL file of objects with string `prompt` and `response` fields.
 
+    An optional `golden_answers` list of strings is kept (for `answer_weight`); other fields
+    are dropped.
+
     Raises:
-        DataError: The file is missing or empty, or a line is not JSON or lacks a string
-            `prompt` / `response`; the message names the file and line.
+        DataError: The file is missing or empty, or a line is not JSON, lacks a string
+            `prompt` / `response` or has a `golden_answers` that is not a list of strings; the
+            message names the file and line.
     """
     source = Path(path)
     if not source.is_file():
@@ -63,7 +73,10 @@ def read_pairs(path: str | Path) -> list[dict[str, str]]:
             for key in ("prompt", "response"):
                 if not isinstance(row, dict) or not isinstance(row.get(key), str):
                     raise DataError(f"{source}:{line_no}: needs a string {key!r} field")
-            pairs.append({"prompt": row["prompt"], "response": row["response"]})
+            answers = row.get("golden_answers", [])
+            if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
+                raise DataError(f"{source}:{line_no}: 'golden_answers' must be a list of strings")
+            pairs.append({"prompt": row["prompt"], "response": row["response"], "golden_answers": answers})
     if not pairs:
         raise DataError(f"{source}: no pairs in the file")
     return pairs
@@ -71,10 +84,15 @@ def read_pairs(path: str | Path) -> list[dict[str, str]]:
 
 @dataclass
 class TokenizedPair:
-    """One training sequence: prompt then response tokens, labels -100 on the prompt."""
+    """One training sequence: prompt then response tokens, labels -100 on the prompt.
+
+    `weights` is each position's weight in the loss: 0 on the prompt, 1 on the response, the
+    answer weight on response tokens that spell a gold answer.
+    """
 
     input_ids: list[int]
     labels: list[int]
+    weights: list[float]
 
 
 def tokenize_pair(
@@ -84,15 +102,20 @@ def tokenize_pair(
     *,
     chat_template: bool,
     max_length: int,
+    answers: Sequence[str] = (),
+    answer_weight: float = 1.0,
 ) -> TokenizedPair | None:
     """Tokenizes one pair the way the simulator engine sees it at inference.
 
     Args:
-        tokenizer: The simulator's tokenizer (needs an eos token).
+        tokenizer: The simulator's tokenizer (needs an eos token; a fast one for answers).
         prompt: The rendered simulator prompt.
         response: The documents the simulator should write.
         chat_template: Send the prompt through the chat template (`prompts.as_chat`).
         max_length: Longest sequence; the response is cut to fit.
+        answers: Gold answers; response tokens overlapping a whole-word occurrence of one
+            get `answer_weight`.
+        answer_weight: Loss weight of those tokens (1 = no weighting).
 
     Returns:
         The pair, or None when the prompt alone leaves no room for a response token.
@@ -101,13 +124,21 @@ def tokenize_pair(
         prompt_ids = tokenizer(as_chat(prompt, tokenizer), add_special_tokens=False)["input_ids"]
     else:
         prompt_ids = tokenizer(prompt)["input_ids"]
-    response_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    encoded = tokenizer(response, add_special_tokens=False, return_offsets_mapping=answer_weight != 1.0)
+    response_ids = encoded["input_ids"] + [tokenizer.eos_token_id]
+    weights = [1.0] * len(response_ids)
+    if answer_weight != 1.0:
+        spans = [m.span() for a in answers if a.strip() for m in re.finditer(rf"\b{re.escape(a)}\b", response)]
+        for i, (start, end) in enumerate(encoded["offset_mapping"]):
+            if any(start < span_end and end > span_start for span_start, span_end in spans):
+                weights[i] = answer_weight
     if len(prompt_ids) >= max_length:
         return None
-    response_ids = response_ids[: max_length - len(prompt_ids)]
+    kept = max_length - len(prompt_ids)
     return TokenizedPair(
-        input_ids=prompt_ids + response_ids,
-        labels=[IGNORE_INDEX] * len(prompt_ids) + response_ids,
+        input_ids=prompt_ids + response_ids[:kept],
+        labels=[IGNORE_INDEX] * len(prompt_ids) + response_ids[:kept],
+        weights=[0.0] * len(prompt_ids) + weights[:kept],
     )
 
 
@@ -117,10 +148,14 @@ def tokenize_pairs(
     *,
     chat_template: bool,
     max_length: int,
+    answer_weight: float = 1.0,
 ) -> tuple[list[TokenizedPair], int]:
-    """Tokenizes every pair; returns (kept pairs, number dropped for length)."""
+    """Tokenizes every pair (see `tokenize_pair`); returns (kept pairs, number dropped for length)."""
     out = [
-        tokenize_pair(tokenizer, p["prompt"], p["response"], chat_template=chat_template, max_length=max_length)
+        tokenize_pair(
+            tokenizer, p["prompt"], p["response"], chat_template=chat_template, max_length=max_length,
+            answers=p.get("golden_answers", ()), answer_weight=answer_weight,
+        )  # fmt: skip
         for p in pairs
     ]
     kept = [t for t in out if t is not None]
@@ -128,43 +163,48 @@ def tokenize_pairs(
 
 
 def collate(batch: Sequence[TokenizedPair], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pads a batch: input ids (pad_id), attention mask, labels (-100 on padding)."""
+    """Right-pads a batch: input ids (pad_id), attention mask, labels (-100 on padding), weights (0)."""
     width = max(len(item.input_ids) for item in batch)
     input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)  # [B, T]
     labels = torch.full((len(batch), width), IGNORE_INDEX, dtype=torch.long)  # [B, T]
     attention_mask = torch.zeros((len(batch), width), dtype=torch.long)  # [B, T]
+    weights = torch.zeros((len(batch), width), dtype=torch.float32)  # [B, T]
     for b, item in enumerate(batch):
         n = len(item.input_ids)
         input_ids[b, :n] = torch.tensor(item.input_ids)
         labels[b, :n] = torch.tensor(item.labels)
         attention_mask[b, :n] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+        weights[b, :n] = torch.tensor(item.weights)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "weights": weights}
 
 
-def count_targets(labels: torch.Tensor) -> int:
-    """Tokens a batch is trained on: labelled positions after the one-token shift."""
-    return int((labels[:, 1:] != IGNORE_INDEX).sum())
+def count_targets(weights: torch.Tensor) -> float:
+    """What a batch's loss is divided by: the summed weights of the positions after the one-token
+    shift (the number of response tokens when nothing is weighted)."""
+    return float(weights[:, 1:].sum())
 
 
-def response_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Summed next-token cross-entropy over labelled (response) positions.
+def response_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Weighted sum of next-token cross-entropies over labelled (response) positions.
 
     Args:
         logits: [B, T, V] model outputs.
         labels: [B, T] token ids, -100 where no loss is taken.
+        weights: [B, T] each position's weight (0 where labels are -100).
 
     Returns:
-        A scalar: the sum (not the mean) over the response tokens, so the caller can divide by
-        the token count of a whole accumulation step.
+        A scalar: the weighted sum (not the mean) over the response tokens, so the caller can
+        divide by `count_targets` of a whole accumulation step.
     """
     shifted_logits = logits[:, :-1, :].float()  # [B, T-1, V]
     shifted_labels = labels[:, 1:]  # [B, T-1]
-    return F.cross_entropy(
+    token_loss = F.cross_entropy(
         shifted_logits.reshape(-1, shifted_logits.size(-1)),
         shifted_labels.reshape(-1),
         ignore_index=IGNORE_INDEX,
-        reduction="sum",
-    )
+        reduction="none",
+    )  # [B * (T-1)], 0 where ignored
+    return (token_loss * weights[:, 1:].reshape(-1)).sum()
 
 
 @lru_cache(maxsize=4)

@@ -271,11 +271,11 @@ def _draw_usable(pool: Sequence[Document], usable: Callable[[Document], bool], r
 
 
 def _pair(record: SearchRecord, documents: list[Document], *, noisy: bool, preset: Preset,
-          templates: PromptTemplates | None) -> dict:
+          templates: PromptTemplates | None, show_question: bool) -> dict:
     prompt = render(
         preset,
         query=record.query,
-        question=record.question,
+        question=record.question if show_question else None,
         golden_answers=record.golden_answers,
         noisy=noisy,
         top_k=len(documents),
@@ -302,6 +302,7 @@ def build_sft_pairs(
     val_fraction: float = 0.1,
     seed: int = 0,
     templates: PromptTemplates | None = None,
+    show_question: bool = True,
 ) -> SFTData:
     """Labels, balances, renders and splits records into simulator SFT pairs.
 
@@ -315,6 +316,8 @@ def build_sft_pairs(
         val_fraction: Share of questions held out for validation.
         seed: Seeds balancing, replacement choice and the split.
         templates: The custom preset's templates.
+        show_question: Render the question into the prompts; False as for a simulator run with
+            `SimulatedSearchEngine(show_question=False)`. Pairs keep their `question` field.
 
     Returns:
         Train and validation pairs, plus counts under `collect/...`: records, duplicates, empty,
@@ -336,6 +339,7 @@ def build_sft_pairs(
             seen.add(key)
             kept.append(r)
     pairs: list[dict] = []
+    rendering = {"preset": preset, "templates": templates, "show_question": show_question}
     if target == "judged":
         labels = judge(kept) if kept else []
         decided = [(r, label) for r, label in zip(kept, labels) if label is not None]
@@ -347,7 +351,7 @@ def build_sft_pairs(
             stats["collect/dropped_for_balance"] = float(len(decided) - len(chosen))
             decided = [decided[i] for i in chosen]
         for r, label in decided:
-            pairs.append(_pair(r, r.documents, noisy=not label, preset=preset, templates=templates))
+            pairs.append(_pair(r, r.documents, noisy=not label, **rendering))
     else:
         rng = random.Random(seed)
         pool = list({(d.title, d.text): d for r in kept for d in r.documents}.values())
@@ -358,8 +362,8 @@ def build_sft_pairs(
         for r in kept:
             noisy_docs, replaced = noisy_documents(r, by_question[r.question], pool, rng)
             replaced_total += replaced
-            pairs.append(_pair(r, r.documents, noisy=False, preset=preset, templates=templates))
-            pairs.append(_pair(r, noisy_docs, noisy=True, preset=preset, templates=templates))
+            pairs.append(_pair(r, r.documents, noisy=False, **rendering))
+            pairs.append(_pair(r, noisy_docs, noisy=True, **rendering))
         stats["collect/noisy_replaced_docs"] = float(replaced_total)
     useful_pairs = [p for p in pairs if p["label"] == "useful"]
     stats["collect/useful_contains_answer"] = (

@@ -70,7 +70,7 @@ def test_apply_chat_template_works_for_any_rendered_text() -> None:
     assert apply_chat_template(direct, _tokenizer(CHAT_TEMPLATE)) == f"<|user|>{direct}<|end|>\n<|assistant|>"
 
 
-@pytest.mark.parametrize("template", ["search-r1", "self-search", "direct"])
+@pytest.mark.parametrize("template", ["search-r1", "search-r1-brief", "self-search", "direct"])
 def test_every_template_ends_with_the_question_line(template: str) -> None:
     # load_qa recovers a question from the text after the last "Question: ".
     prompt = render_prompt("where was Varo Tesk born?", template=template)  # type: ignore[arg-type]
@@ -85,6 +85,13 @@ def test_self_search_asks_for_the_whole_structure_in_order() -> None:
     positions = [prompt.index(tag) for tag in ("<think>", "<search>", "<information>", "<answer>")]
     assert positions == sorted(positions)
     assert "search engine by <search> query </search> and it will return" not in prompt
+
+
+def test_brief_prompt_states_the_search_r1_protocol_in_far_fewer_words() -> None:
+    brief = render_prompt("q?", template="search-r1-brief")
+    for tag in ("<search>", "</search>", "<information>", "<answer>", "</answer>"):
+        assert tag in brief
+    assert len(brief.split()) * 3 < len(render_prompt("q?", template="search-r1").split())
 
 
 def test_direct_prompt_does_not_offer_search() -> None:

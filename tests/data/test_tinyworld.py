@@ -166,9 +166,28 @@ def test_world_names_split_into_two_to_four_tokens(world: World) -> None:
     assert 2.5 <= statistics.mean(lengths) <= 3.5  # measured 3.11 at seed 0
 
 
+def test_background_entities_add_questions_and_passages_but_leave_the_splits_alone(tmp_path: Path) -> None:
+    plain = build_world(seed=4, n_entities=30, n_train_entities=20, n_cities=6)
+    world = build_world(seed=4, n_entities=30, n_train_entities=20, n_cities=6, n_background_entities=15)
+    assert build_world(seed=4, n_entities=30, n_train_entities=20, n_cities=6, n_background_entities=0) == plain
+    assert plain.background == []
+    assert (len(world.passages), len(world.train), len(world.test), len(world.background)) == (3 * 45 + 6, 60, 30, 45)
+    asked = {split: {world.facts[q.id].entity for q in getattr(world, split)} for split in ("train", "test", "background")}
+    assert len(asked["background"]) == 15
+    assert not asked["background"] & (asked["train"] | asked["test"])
+    by_id = {p.id: p for p in world.passages}
+    for question in world.background:  # answerable from the shared corpus, like every question
+        fact = world.facts[question.id]
+        assert fact.entity in question.question and fact.answer in by_id[fact.passage_id].text
+    files = world.write(tmp_path)
+    assert load_qa(files["background"]) == world.background
+    assert "background" not in plain.write(tmp_path / "plain")
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
+        ({"n_background_entities": -1}, "n_background_entities=-1"),
         ({"n_entities": 10, "n_train_entities": 10}, "n_train_entities=10"),
         ({"n_entities": 10, "n_train_entities": 0}, "n_train_entities=0"),
         ({"n_cities": 1}, "n_cities=1"),

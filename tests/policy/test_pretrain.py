@@ -16,6 +16,7 @@ from simsearch.models import build_tiny_model, train_tokenizer
 from simsearch.policy.pretrain import (
     QUERY_KINDS,
     copy_mask,
+    make_copy_drills,
     make_traces,
     pretrain,
     trace_loss,
@@ -268,3 +269,27 @@ def test_pretrain_batches_follow_the_seed(traces, tokenizer):
     random.seed(123)  # the batch order must come from `seed`, not the global RNG
     assert run(0) == first
     assert run(1) != first
+
+
+def test_copy_drills_repeat_a_random_run_and_train_only_on_the_repeat(tokenizer) -> None:
+    drills = make_copy_drills(tokenizer, n=50, seed=1, length=12, alphabet=(3, 5))
+    assert drills == make_copy_drills(tokenizer, n=50, seed=1, length=12, alphabet=(3, 5))
+    special = set(tokenizer.all_special_ids)
+    for drill in drills:
+        first, second = drill.input_ids[:12], drill.input_ids[12:]
+        assert first == second and len(drill.input_ids) == 24
+        assert 1 <= len(set(first)) <= 5 and not set(first) & special
+        # The repeat's first token cannot be known from what precedes it; the rest can.
+        assert drill.loss_mask == [0] * 13 + [1] * 11
+        assert drill.copy_mask == [0] * 24 and drill.example is None
+    assert len({tuple(d.input_ids) for d in drills}) == 50
+
+
+def test_copy_drills_teach_copying_fast(tokenizer) -> None:
+    # 150 steps on drills take the loss on the repeat far below what a model that does not copy
+    # can reach on random tokens from an alphabet of 8 (ln 8 = 2.08); measured 0.11.
+    torch.manual_seed(0)
+    model = build_tiny_model(tokenizer, hidden=64, layers=2, heads=2, kv_heads=1, ffn=128, seed=0)
+    drills = make_copy_drills(tokenizer, n=64 * 150, seed=0, length=16, alphabet=(8, 8))
+    history = pretrain(model, drills, steps=150, batch_size=64, lr=5e-3, copy_loss_weight=0.0, seed=0, progress=False)
+    assert sum(history["losses/policy"][-10:]) / 10 < 0.5

@@ -221,6 +221,18 @@ def test_chat_mode_sends_chat_templated_token_ids() -> None:
     assert "".join(map(chr, sent)) == "[S][U]U:q[A]"
 
 
+def test_show_question_false_keeps_the_question_out_of_the_prompt() -> None:
+    gen = FakeGenerator(_by_mode)
+    request = SearchRequest(query="q", top_k=3, question="Who wrote Hamlet?", golden_answers=["Shakespeare"])
+    SimulatedSearchEngine(gen, preset="simsearch", show_question=False).search([request])
+    SimulatedSearchEngine(gen, preset="simsearch").search([request])
+    hidden, shown = gen.calls[0][0][0], gen.calls[1][0][0]
+    assert "Who wrote Hamlet?" not in hidden and "Answer: Shakespeare\n" in hidden
+    assert "Question: Who wrote Hamlet?\n" in shown and "Answer: Shakespeare\n" in shown
+    with pytest.raises(ValueError, match="always shows the question"):
+        SimulatedSearchEngine(gen, preset="zerosearch", show_question=False)
+
+
 def test_fingerprint_is_stable_and_sensitive_to_config() -> None:
     def make(**kw: object) -> SimulatedSearchEngine:
         generator = FakeGenerator(_by_mode)
@@ -228,6 +240,7 @@ def test_fingerprint_is_stable_and_sensitive_to_config() -> None:
 
     assert make().fingerprint() == make().fingerprint()
     assert make().fingerprint() != make(temperature=0.5).fingerprint()
+    assert make().fingerprint() != make(show_question=False).fingerprint()
     assert '"model": "m"' in make().fingerprint()
 
 

@@ -80,6 +80,11 @@ def test_simsearch_without_context_omits_question_lines() -> None:
     assert "Question:" not in text and "Answer:" not in text
 
 
+def test_simsearch_shows_the_answer_without_the_question() -> None:
+    text = render("simsearch", query="q", question=None, golden_answers=["Paris"], noisy=False, top_k=3)
+    assert "Question:" not in text and "Answer: Paris\n" in text
+
+
 def test_zerosearch_prompt_noisy_omits_question_and_answer() -> None:
     useful = render("zerosearch-prompt", noisy=False, **ARGS)
     noisy = render("zerosearch-prompt", noisy=True, **ARGS)

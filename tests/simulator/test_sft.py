@@ -32,14 +32,22 @@ def tokenizer():  # noqa: ANN201
 
 def test_read_pairs_and_its_errors(tmp_path: Path) -> None:
     good = tmp_path / "good.jsonl"
-    good.write_text('{"prompt": "p", "response": "r", "label": "useful"}\n\n{"prompt": "p2", "response": "r2"}\n')
-    assert read_pairs(good) == [{"prompt": "p", "response": "r"}, {"prompt": "p2", "response": "r2"}]
+    good.write_text(
+        '{"prompt": "p", "response": "r", "label": "useful", "golden_answers": ["a"]}\n\n{"prompt": "p2", "response": "r2"}\n'
+    )
+    assert read_pairs(good) == [
+        {"prompt": "p", "response": "r", "golden_answers": ["a"]},
+        {"prompt": "p2", "response": "r2", "golden_answers": []},
+    ]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "p", "response": "r"}\n{"prompt": "p"}\n')
     with pytest.raises(DataError, match=r"bad.jsonl:2: needs a string 'response'"):
         read_pairs(bad)
     bad.write_text("{not json\n")
     with pytest.raises(DataError, match=r"bad.jsonl:1: not valid JSON"):
+        read_pairs(bad)
+    bad.write_text('{"prompt": "p", "response": "r", "golden_answers": "Paris"}\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:1: 'golden_answers' must be a list of strings"):
         read_pairs(bad)
     with pytest.raises(DataError, match="not found"):
         read_pairs(tmp_path / "missing.jsonl")
@@ -55,6 +63,22 @@ def test_prompt_tokens_are_masked_and_eos_is_learned(tokenizer) -> None:  # noqa
     response_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
     assert pair.input_ids == prompt_ids + response_ids + [tokenizer.eos_token_id]
     assert pair.labels == [IGNORE_INDEX] * len(prompt_ids) + response_ids + [tokenizer.eos_token_id]
+    assert pair.weights == [0.0] * len(prompt_ids) + [1.0] * (len(response_ids) + 1)
+
+
+def test_answer_tokens_get_the_answer_weight(tokenizer) -> None:  # noqa: ANN001
+    prompt, response = "Query: capital of france\nResults:\n", "Doc 1(Title: Paris) Paris is the capital."
+    pair = tokenize_pair(tokenizer, prompt, response, chat_template=False, max_length=100, answers=["Paris"], answer_weight=5.0)
+    n_prompt = len(tokenizer(prompt)["input_ids"])
+    weighted = [tokenizer.decode([t]) for t, w in zip(pair.input_ids, pair.weights) if w == 5.0]
+    # Both whole-word occurrences, every token of each, and nothing else.
+    assert "".join(weighted).replace(" ", "") == "ParisParis"
+    assert set(pair.weights[:n_prompt]) == {0.0} and set(pair.weights[n_prompt:]) == {1.0, 5.0}
+    # An answer inside a longer word is not an occurrence; weight 1 weights nothing.
+    assert 5.0 not in tokenize_pair(tokenizer, prompt, "Parisian", chat_template=False, max_length=100,
+                                    answers=["Paris"], answer_weight=5.0).weights  # fmt: skip
+    plain = tokenize_pair(tokenizer, prompt, response, chat_template=False, max_length=100, answers=["Paris"])
+    assert set(plain.weights[n_prompt:]) == {1.0}
 
 
 def test_chat_template_prompt_matches_the_engine(tokenizer) -> None:  # noqa: ANN001
@@ -78,12 +102,16 @@ def test_truncation_cuts_the_response_and_drops_overlong_prompts(tokenizer) -> N
 
 
 def test_collate_right_pads() -> None:
-    batch = collate([TokenizedPair([5, 6, 7], [-100, 6, 7]), TokenizedPair([8], [8])], pad_id=0)
+    batch = collate(
+        [TokenizedPair([5, 6, 7], [-100, 6, 7], [0.0, 1.0, 3.0]), TokenizedPair([8], [8], [1.0])], pad_id=0
+    )
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["labels"].tolist() == [[-100, 6, 7], [8, -100, -100]]
-    # After the shift, row 0 trains on 6 and 7, row 1 on nothing (its only label is position 0).
-    assert count_targets(batch["labels"]) == 2
+    assert batch["weights"].tolist() == [[0.0, 1.0, 3.0], [1.0, 0.0, 0.0]]
+    # After the shift, row 0 trains on 6 (weight 1) and 7 (weight 3), row 1 on nothing (its only
+    # label is position 0).
+    assert count_targets(batch["weights"]) == 4.0
 
 
 def test_response_loss_by_hand() -> None:
@@ -92,12 +120,16 @@ def test_response_loss_by_hand() -> None:
     # Position 2 has no next token. Sum: ln 2 + ln(4/3) = ln(8/3).
     logits = torch.tensor([[[0.0, 0.0], [0.0, math.log(3.0)], [9.0, -9.0]]])
     labels = torch.tensor([[IGNORE_INDEX, 0, 1]])
-    assert response_loss(logits, labels).item() == pytest.approx(math.log(8 / 3), abs=1e-6)
+    ones = torch.tensor([[0.0, 1.0, 1.0]])
+    assert response_loss(logits, labels, ones).item() == pytest.approx(math.log(8 / 3), abs=1e-6)
     # The prompt label is ignored: labelling position 0 changes nothing (it is never predicted).
-    assert response_loss(logits, torch.tensor([[1, 0, 1]])).item() == pytest.approx(math.log(8 / 3), abs=1e-6)
+    assert response_loss(logits, torch.tensor([[1, 0, 1]]), ones).item() == pytest.approx(math.log(8 / 3), abs=1e-6)
     # Masking position 2's label removes the ln(4/3) term.
     masked = torch.tensor([[IGNORE_INDEX, 0, IGNORE_INDEX]])
-    assert response_loss(logits, masked).item() == pytest.approx(math.log(2.0), abs=1e-6)
+    assert response_loss(logits, masked, torch.tensor([[0.0, 1.0, 0.0]])).item() == pytest.approx(math.log(2.0), abs=1e-6)
+    # Weight 3 on position 2: ln 2 + 3 ln(4/3).
+    weighted = torch.tensor([[0.0, 1.0, 3.0]])
+    assert response_loss(logits, labels, weighted).item() == pytest.approx(math.log(2.0) + 3 * math.log(4 / 3), abs=1e-6)
 
 
 def test_step_batches_cover_each_epoch_once_across_ranks() -> None:

@@ -151,6 +151,15 @@ def test_retrieved_target_keeps_bad_queries_and_strips_answers_from_noisy() -> N
     assert data.stats["collect/noisy_replaced_docs"] == 2
 
 
+def test_pairs_can_hide_the_question_from_the_prompt_but_keep_it_for_the_split() -> None:
+    good = _record("Capital of France?", "Paris", "capital france", [PARIS, LYON])
+    data = build_sft_pairs([good], preset="simsearch", target="retrieved", val_fraction=0.0, show_question=False)
+    assert {p["label"] for p in data.train} == {"useful", "noisy"}
+    for pair in data.train:
+        assert "Capital of France?" not in pair["prompt"] and "Answer: Paris\n" in pair["prompt"]
+        assert pair["question"] == "Capital of France?"
+
+
 def test_noisy_documents_falls_back_to_the_pool_then_padding() -> None:
     import random
 
