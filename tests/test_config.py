@@ -123,7 +123,8 @@ def test_reward_weights_replace_the_default(train_yaml: Path) -> None:
 
 
 def test_answer_weight_and_hidden_question_are_checked(train_yaml: Path, tmp_path: Path) -> None:
-    finetune = _write(tmp_path, {"run_dir": "r", "train_file": "pairs.jsonl", "model": {"path": "m"}})
+    (tmp_path / "ft").mkdir()
+    finetune = _write(tmp_path / "ft", {"run_dir": "r", "train_file": "pairs.jsonl", "model": {"path": "m"}})
     assert load_recipe(FinetuneRecipe, finetune, ["answer_loss_weight=10"]).answer_loss_weight == 10.0
     with pytest.raises(RecipeError, match=r"answer_loss_weight=0.5 must be >= 1"):
         load_recipe(FinetuneRecipe, finetune, ["answer_loss_weight=0.5"])
