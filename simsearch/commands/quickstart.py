@@ -1,10 +1,14 @@
 """`simsearch quickstart`: the ZeroSearch pipeline end to end on a tiny world, offline on CPU.
 
-1. build a fictional world (corpus + train / held-out questions about disjoint entities);
-2. pretrain a tiny base LM on traces with random queries and randomly copied answers: it knows
-   the tags and can copy from `<information>`, but not which query to issue nor any fact;
-3. collect simulator SFT data with that base policy and real BM25 (`simulator collect`);
-4. fine-tune a tiny simulator on it (`simulator finetune`);
+1. build a fictional world: a corpus about train, held-out (test) and background entities, and
+   questions about each group;
+2. pretrain a tiny base LM, first on copy drills (a random token run, then the same run again),
+   then on traces about background entities with random queries and randomly copied answers:
+   it knows the tags and can copy from `<information>`, but not which query to issue nor any
+   fact of the train or test entities;
+3. collect simulator SFT data with that base policy and real BM25 on the training and
+   background questions (`simulator collect`);
+4. fine-tune a tiny simulator on it (`simulator finetune`, the answer tokens weighted);
 5. RL the policy against the simulator only (`train`), and a no-search policy for contrast;
 6. evaluate the base and both RL policies on held-out questions against the simulator, BM25 and
    dense retrieval (`eval`), and write `report.json`, `report.md` and the plots.
@@ -13,17 +17,22 @@ Stages 3-6 run the recipes in `recipes/quickstart/` with their paths pointed int
 directory, so each is also a worked example of a command a user runs by hand.
 
 Where it departs from ZeroSearch: the simulator is trained on `target: retrieved` pairs — a
-"useful" response is what BM25 actually returned for the query — so a query that does not name
-the entity gets irrelevant documents, and RL against the simulator must learn good queries (a
-simulator told the answer would return it whatever the query; the fidelity section of each
-eval report shows the query sensitivity).
+"useful" response is what BM25 actually returned for the query — and is shown the answer but
+not the question (`show_question: false`), so it can only tell which entity a search is about
+from the query: a query that does not name the entity gets irrelevant documents, and RL against
+the simulator must learn good queries (a simulator told the question and answer learns to
+return the answer whatever the query; the fidelity section of each eval report shows the query
+sensitivity). The policy prompt is `search-r1-brief`, the Search-R1 protocol in one sentence:
+the compat prompt's ~100 tokens would double every sequence a tiny model trains on.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import resource
 import time
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -31,25 +40,28 @@ import torch
 
 from simsearch.checkpoint import latest_checkpoint
 from simsearch.commands import evaluate, simulator_collect, simulator_finetune, train
+from simsearch.commands.build import build_search_engine
 from simsearch.config import (
     CollectRecipe,
     EvalRecipe,
     FinetuneRecipe,
     QuickstartRecipe,
     RecipeError,
+    SearchConfig,
     TrainRecipe,
     load_recipe,
     save_recipe,
 )
 from simsearch.data.templates import TemplateName, render_prompt
 from simsearch.data.tinyworld import World, build_world
+from simsearch.errors import SimsearchError
 from simsearch.eval import report
 from simsearch.models import build_tiny_model, save_tiny, train_tokenizer
 from simsearch.policy.pretrain import make_copy_drills, make_traces, pretrain
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.runlog import read_metrics
-from simsearch.types import QAExample
 from simsearch.simulator.prompts import render as render_simulator_prompt
+from simsearch.types import QAExample
 
 POLICIES = ("base", "rl_search", "rl_nosearch")
 ENGINES = ("simulator", "bm25", "dense")
@@ -66,13 +78,14 @@ SMOKE = {
 def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     """Run every stage; returns what `report.json` holds."""
     began = time.perf_counter()
-    if recipe.threads:
-        torch.set_num_threads(recipe.threads)
+    clock = _StageClock()
+    threads = recipe.threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
     run = Path(recipe.run_dir)
     save_recipe(recipe, run)
     recipes = _recipes_dir(recipe)
 
-    _banner("1/6 world")
+    clock.start("world", "1/6 world and search indexes")
     world = build_world(
         seed=recipe.seed, n_entities=recipe.n_entities, n_train_entities=recipe.n_train_entities,
         n_background_entities=recipe.n_background_entities,
@@ -90,13 +103,28 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
         "bm25": str(run / "index" / "bm25"),
         "dense": str(run / "index" / "dense"),
     }
+    for kind in ("bm25", "dense"):  # built once here: later stages, in two processes, only load them
+        build_search_engine(SearchConfig(kind=kind, corpus=paths["corpus"], index_dir=paths[kind]))
 
-    _banner("2/6 base policy (pretraining on random-query traces)")
+    clock.start("pretrain", "2/6 base policy (copy drills, then random-query traces)")
     base = run / "base"
     if not (base / "config.json").is_file():
         _pretrain_base(recipe, world, pretrain_questions, template, base)
 
-    _banner("3/6 simulator SFT data (base policy x real BM25)")
+    # From here two processes share the cores: this one runs the simulator's stages and RL
+    # against it; a second one runs RL without search and, once the simulator exists, the
+    # evaluation of the base and no-search policies. One torch thread each while both run.
+    context = multiprocessing.get_context("spawn")
+    simulator_ready = context.Event()
+    side_log = run / "side.log"
+    side = context.Process(
+        target=_side_branch, args=(recipe, recipes, run, paths, simulator_ready, side_log), daemon=True
+    )
+    side.start()
+    print(f"RL without search and the evaluation of base and no-search policies run in a second process (log: {side_log})")
+
+    clock.start("collect", "3/6 simulator SFT data (base policy x real BM25)")
+    torch.set_num_threads(1 if side.is_alive() else threads)
     collect_dir = run / "collect"
     _stage(recipe, recipes, "collect", CollectRecipe, simulator_collect.main, [
         f"run_dir={collect_dir}", f"seed={recipe.seed}", f"policy.model.path={base}",
@@ -104,42 +132,65 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
         f"search.index_dir={paths['bm25']}",
     ])
 
-    _banner("4/6 simulator fine-tuning")
-    simulator_ckpt = _stage(recipe, recipes, "simulator", FinetuneRecipe, simulator_finetune.main, [
+    clock.start("simulator_sft", "4/6 simulator fine-tuning")
+    torch.set_num_threads(1 if side.is_alive() else threads)
+    _stage(recipe, recipes, "simulator", FinetuneRecipe, simulator_finetune.main, [
         f"run_dir={run / 'simulator'}", f"seed={recipe.seed}", f"model.path={base}",
         f"train_file={collect_dir / 'train.jsonl'}", f"val_file={collect_dir / 'val.jsonl'}",
     ])
-    simulator = simulator_ckpt / "model"
+    simulator_ready.set()
 
-    _banner("5/6 RL against the simulator, and RL without search")
-    common = [f"seed={recipe.seed}", f"policy.model.path={base}", f"data.train=[{paths['train']}]"]
+    clock.start("rl", "5/6 RL against the simulator (RL without search runs alongside)")
+    torch.set_num_threads(1 if side.is_alive() else threads)
     _stage(recipe, recipes, "train", TrainRecipe, train.main, [
-        *common, f"run_dir={run / 'train'}", f"search.simulator.generation.model.path={simulator}",
+        f"seed={recipe.seed}", f"policy.model.path={base}", f"data.train=[{paths['train']}]",
+        f"run_dir={run / 'train'}", f"search.simulator.generation.model.path={_simulator(run)}",
         f"search.cache={run / 'cache' / 'simulator.sqlite'}",
     ])
-    _stage(recipe, recipes, "train_nosearch", TrainRecipe, train.main, [*common, f"run_dir={run / 'train_nosearch'}"])
-    policies = {
-        "base": base,
-        "rl_search": _final_model(run / "train"),
-        "rl_nosearch": _final_model(run / "train_nosearch"),
-    }
 
-    _banner("6/6 held-out evaluation: simulator, BM25, dense")
-    summaries = {}
-    for name, path in policies.items():
-        summaries[name] = _stage(recipe, recipes, "eval", EvalRecipe, evaluate.main, [
-            f"run_dir={run / 'eval' / name}", f"seed={recipe.seed}", f"policy.model.path={path}",
-            f"datasets=[{{name: heldout, path: {paths['test']}, limit: {8 if recipe.smoke else 0}}}]",
-            f"engines.simulator.simulator.generation.model.path={simulator}",
-            f"engines.bm25.corpus={paths['corpus']}", f"engines.bm25.index_dir={paths['bm25']}",
-            f"engines.dense.corpus={paths['corpus']}", f"engines.dense.index_dir={paths['dense']}",
-            f"training_run={run / 'train'}",
-            *([] if name == "rl_search" else ["baselines=[]", "fidelity_size=0"]),
-        ])
+    clock.start("eval", "6/6 held-out evaluation: simulator, BM25, dense")
+    torch.set_num_threads(1 if side.is_alive() else threads)
+    _evaluate(recipe, recipes, run, paths, "rl_search", _final_model(run / "train"))
+    side.join()
+    if side.exitcode != 0:
+        raise SimsearchError(f"the second process (RL without search, evaluation) failed: see {side_log}")
+    summaries = {name: json.loads((run / "eval" / name / "summary.json").read_text()) for name in POLICIES}
 
-    result = _report(recipe, run, summaries, wall_s=time.perf_counter() - began)
+    result = _report(recipe, run, summaries, wall_s=time.perf_counter() - began, stage_s=clock.stop())
     print((run / "report.md").read_text())
     return result
+
+
+def _side_branch(
+    recipe: QuickstartRecipe, recipes: Path, run: Path, paths: dict[str, str], simulator_ready: Any, log: Path
+) -> None:
+    """The second process: RL without search, then (simulator ready) the base and no-search evaluations."""
+    with log.open("w", encoding="utf-8") as out, redirect_stdout(out), redirect_stderr(out):
+        torch.set_num_threads(1)
+        _stage(recipe, recipes, "train_nosearch", TrainRecipe, train.main, [
+            f"seed={recipe.seed}", f"policy.model.path={run / 'base'}", f"data.train=[{paths['train']}]",
+            f"run_dir={run / 'train_nosearch'}",
+        ])
+        simulator_ready.wait()  # set by the main process; if that one dies, this daemon dies with it
+        _evaluate(recipe, recipes, run, paths, "base", run / "base")
+        _evaluate(recipe, recipes, run, paths, "rl_nosearch", _final_model(run / "train_nosearch"))
+
+
+def _evaluate(recipe: QuickstartRecipe, recipes: Path, run: Path, paths: dict[str, str], name: str, policy: Path) -> None:
+    """The eval stage for one policy, into run/eval/{name} (its summary.json feeds the report)."""
+    _stage(recipe, recipes, "eval", EvalRecipe, evaluate.main, [
+        f"run_dir={run / 'eval' / name}", f"seed={recipe.seed}", f"policy.model.path={policy}",
+        f"datasets=[{{name: heldout, path: {paths['test']}, limit: {8 if recipe.smoke else 0}}}]",
+        f"engines.simulator.simulator.generation.model.path={_simulator(run)}",
+        f"engines.bm25.corpus={paths['corpus']}", f"engines.bm25.index_dir={paths['bm25']}",
+        f"engines.dense.corpus={paths['corpus']}", f"engines.dense.index_dir={paths['dense']}",
+        f"training_run={run / 'train'}",
+        *([] if name == "rl_search" else ["baselines=[]", "fidelity_size=0"]),
+    ])
+
+
+def _simulator(run: Path) -> Path:
+    return _final_model(run / "simulator")
 
 
 def _recipes_dir(recipe: QuickstartRecipe) -> Path:
@@ -161,7 +212,7 @@ def _stage(recipe: QuickstartRecipe, recipes: Path, name: str, schema: type, run
 def _final_model(train_run: Path) -> Path:
     checkpoint = latest_checkpoint(train_run)
     if checkpoint is None:
-        raise RecipeError(f"{train_run}: training wrote no checkpoint")
+        raise SimsearchError(f"{train_run}: training wrote no checkpoint")
     return checkpoint / "model"
 
 
@@ -193,7 +244,9 @@ def _pretrain_base(
     save_tiny(model, tokenizer, out)
 
 
-def _report(recipe: QuickstartRecipe, run: Path, summaries: dict[str, dict], *, wall_s: float) -> dict[str, Any]:
+def _report(
+    recipe: QuickstartRecipe, run: Path, summaries: dict[str, dict], *, wall_s: float, stage_s: dict[str, float]
+) -> dict[str, Any]:
     """`report.json` (figures), `report.md` (the table), `bars.png` and `curves.png`."""
     em = {
         policy: {engine: 100.0 * summaries[policy]["rows"][engine]["average"]["em"] for engine in ENGINES}
@@ -201,9 +254,12 @@ def _report(recipe: QuickstartRecipe, run: Path, summaries: dict[str, dict], *, 
     }
     rl = summaries["rl_search"]["rows"]
     baselines = {name: 100.0 * rl[name]["average"]["em"] for name in ("direct", "rag") if name in rl}
-    peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+    # Both processes' peaks added up (Linux reports KiB): an upper bound on what ran at once.
+    peak_kib = sum(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    peak_rss_gb = peak_kib / 2**20
     result = {
         "wall_s": round(wall_s, 1),
+        "stage_s": stage_s,
         "peak_rss_gb": round(peak_rss_gb, 3),
         "smoke": recipe.smoke,
         "em": em,
@@ -246,5 +302,21 @@ def _report(recipe: QuickstartRecipe, run: Path, summaries: dict[str, dict], *, 
     return result
 
 
-def _banner(text: str) -> None:
-    print(f"\n=== simsearch quickstart: {text} ===", flush=True)
+class _StageClock:
+    """Prints each stage's banner and keeps how long every stage took (seconds)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._current: tuple[str, float] | None = None
+
+    def start(self, key: str, banner: str) -> None:
+        self.stop()
+        print(f"\n=== simsearch quickstart: {banner} ===", flush=True)
+        self._current = (key, time.perf_counter())
+
+    def stop(self) -> dict[str, float]:
+        if self._current is not None:
+            key, began = self._current
+            self.seconds[key] = round(time.perf_counter() - began, 1)
+            self._current = None
+        return self.seconds

@@ -31,6 +31,9 @@ def test_smoke_runs_every_stage_and_writes_the_report(tmp_path: Path) -> None:
         rows = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(r)["step"] for r in rows] == [1, 2]
     assert "| rl_search |" in (tmp_path / "report.md").read_text()
+    assert set(report["stage_s"]) == {"world", "pretrain", "collect", "simulator_sft", "rl", "eval"}
+    # The second process (RL without search, two evaluations) logged to its own file.
+    assert (tmp_path / "eval" / "base" / "summary.json").is_file() and "train" in (tmp_path / "side.log").read_text()
     for plot in ("bars.png", "curves.png"):
         with Image.open(tmp_path / plot) as image:
             assert image.size[0] >= 800 and image.size[1] >= 400
