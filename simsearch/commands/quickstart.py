@@ -121,10 +121,14 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
         target=_side_branch, args=(recipe, recipes, run, paths, simulator_ready, side_log), daemon=True
     )
     side.start()
+
+    def share_cores() -> None:  # one thread while the second process runs, all of them after
+        torch.set_num_threads(1 if side.is_alive() else threads)
+
     print(f"RL without search and the evaluation of base and no-search policies run in a second process (log: {side_log})")
 
     clock.start("collect", "3/6 simulator SFT data (base policy x real BM25)")
-    torch.set_num_threads(1 if side.is_alive() else threads)
+    share_cores()
     collect_dir = run / "collect"
     _stage(recipe, recipes, "collect", CollectRecipe, simulator_collect.main, [
         f"run_dir={collect_dir}", f"seed={recipe.seed}", f"policy.model.path={base}",
@@ -133,7 +137,7 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     ])
 
     clock.start("simulator_sft", "4/6 simulator fine-tuning")
-    torch.set_num_threads(1 if side.is_alive() else threads)
+    share_cores()
     _stage(recipe, recipes, "simulator", FinetuneRecipe, simulator_finetune.main, [
         f"run_dir={run / 'simulator'}", f"seed={recipe.seed}", f"model.path={base}",
         f"train_file={collect_dir / 'train.jsonl'}", f"val_file={collect_dir / 'val.jsonl'}",
@@ -141,7 +145,7 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     simulator_ready.set()
 
     clock.start("rl", "5/6 RL against the simulator (RL without search runs alongside)")
-    torch.set_num_threads(1 if side.is_alive() else threads)
+    share_cores()
     _stage(recipe, recipes, "train", TrainRecipe, train.main, [
         f"seed={recipe.seed}", f"policy.model.path={base}", f"data.train=[{paths['train']}]",
         f"run_dir={run / 'train'}", f"search.simulator.generation.model.path={_simulator(run)}",
@@ -149,7 +153,7 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     ])
 
     clock.start("eval", "6/6 held-out evaluation: simulator, BM25, dense")
-    torch.set_num_threads(1 if side.is_alive() else threads)
+    share_cores()
     _evaluate(recipe, recipes, run, paths, "rl_search", _final_model(run / "train"))
     side.join()
     if side.exitcode != 0:
