@@ -32,6 +32,7 @@ import json
 import multiprocessing
 import resource
 import time
+import traceback
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
@@ -170,14 +171,18 @@ def _side_branch(
 ) -> None:
     """The second process: RL without search, then (simulator ready) the base and no-search evaluations."""
     with log.open("w", encoding="utf-8") as out, redirect_stdout(out), redirect_stderr(out):
-        torch.set_num_threads(1)
-        _stage(recipe, recipes, "train_nosearch", TrainRecipe, train.main, [
-            f"seed={recipe.seed}", f"policy.model.path={run / 'base'}", f"data.train=[{paths['train']}]",
-            f"run_dir={run / 'train_nosearch'}",
-        ])
-        simulator_ready.wait()  # set by the main process; if that one dies, this daemon dies with it
-        _evaluate(recipe, recipes, run, paths, "base", run / "base")
-        _evaluate(recipe, recipes, run, paths, "rl_nosearch", _final_model(run / "train_nosearch"))
+        try:
+            torch.set_num_threads(1)
+            _stage(recipe, recipes, "train_nosearch", TrainRecipe, train.main, [
+                f"seed={recipe.seed}", f"policy.model.path={run / 'base'}", f"data.train=[{paths['train']}]",
+                f"run_dir={run / 'train_nosearch'}",
+            ])
+            simulator_ready.wait()  # set by the main process; if that one dies, this daemon dies with it
+            _evaluate(recipe, recipes, run, paths, "base", run / "base")
+            _evaluate(recipe, recipes, run, paths, "rl_nosearch", _final_model(run / "train_nosearch"))
+        except BaseException:
+            traceback.print_exc()  # into the log the main process points to
+            raise
 
 
 def _evaluate(recipe: QuickstartRecipe, recipes: Path, run: Path, paths: dict[str, str], name: str, policy: Path) -> None:
@@ -188,8 +193,8 @@ def _evaluate(recipe: QuickstartRecipe, recipes: Path, run: Path, paths: dict[st
         f"engines.simulator.simulator.generation.model.path={_simulator(run)}",
         f"engines.bm25.corpus={paths['corpus']}", f"engines.bm25.index_dir={paths['bm25']}",
         f"engines.dense.corpus={paths['corpus']}", f"engines.dense.index_dir={paths['dense']}",
-        f"training_run={run / 'train'}",
-        *([] if name == "rl_search" else ["baselines=[]", "fidelity_size=0"]),
+        # Only the RL policy's report shows training curves and the baselines and fidelity.
+        *([f"training_run={run / 'train'}"] if name == "rl_search" else ["training_run=''", "baselines=[]", "fidelity_size=0"]),
     ])
 
 
