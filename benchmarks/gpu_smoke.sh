@@ -25,6 +25,9 @@ STEPS=${2:-3}
 PY=${PYTHON:-python}
 RUN=${RUN_DIR:-runs/gpu_smoke}
 POLICY_KIND=${POLICY_KIND:-hf}
+# vLLM's log-probabilities differ slightly from the trainer's: correct with truncated IS there.
+TIS_CAP=0.0
+if [ "$POLICY_KIND" = vllm ]; then TIS_CAP=2.0; fi
 
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
     echo "gpu_smoke: no NVIDIA GPU found (nvidia-smi is missing or fails); this benchmark needs one. Nothing was run." >&2
@@ -66,7 +69,7 @@ search:
 curriculum: {kind: exponential, p_start: 0.0, p_end: 0.5, base: 4.0}
 rollout: {template: search-r1-chat, max_turns: 2, group_size: 5, max_context_tokens: 2048, max_obs_tokens: 512}
 reward: {weights: {f1: 1.0}}
-algorithm: {estimator: reinforce, kl_coef: 0.001, kl_estimator: k3}
+algorithm: {estimator: reinforce, kl_coef: 0.001, kl_estimator: k3, tis_cap: $TIS_CAP}
 optim: {lr: 1.0e-6}
 steps: $STEPS
 prompts_per_step: 16
