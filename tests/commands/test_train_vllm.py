@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import sys
 import types
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,35 +29,12 @@ from simsearch.runlog import read_metrics
 from simsearch.types import Completion, SamplingParams
 from tests.commands import test_train
 from tests.commands.test_train import _finite_losses, _recipe, _weights
+from tests.engines.test_vllm import Logprob, Out, Req  # fakes of vLLM's output objects
 
 # The module-scoped fixture of test_train.py: QA files, a corpus, a tiny policy that searches.
 world = test_train.world
 
 VLLM = {"policy.kind": "vllm", "save_every": 1}
-
-
-@dataclass
-class Logprob:
-    logprob: float
-
-
-@dataclass
-class Out:
-    """Shaped like vLLM's CompletionOutput."""
-
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    stop_reason: str | None
-    logprobs: list[dict[int, Logprob]] | None
-
-
-@dataclass
-class Req:
-    """Shaped like vLLM's RequestOutput."""
-
-    outputs: list[Out]
 
 
 class FakeSamplingParams:
