@@ -123,7 +123,10 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     )
     side.start()
 
-    def share_cores() -> None:  # one thread while the second process runs, all of them after
+    def share_cores() -> None:
+        """Before each stage: stop if the second process failed; one thread while it runs, all after."""
+        if side.exitcode not in (None, 0):
+            raise SimsearchError(f"the second process (RL without search, evaluation) failed: see {side_log}")
         torch.set_num_threads(1 if side.is_alive() else threads)
 
     print(f"RL without search and the evaluation of base and no-search policies run in a second process (log: {side_log})")
@@ -157,8 +160,7 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     share_cores()
     _evaluate(recipe, recipes, run, paths, "rl_search", _final_model(run / "train"))
     side.join()
-    if side.exitcode != 0:
-        raise SimsearchError(f"the second process (RL without search, evaluation) failed: see {side_log}")
+    share_cores()  # raises if it failed
     summaries = {name: json.loads((run / "eval" / name / "summary.json").read_text()) for name in POLICIES}
 
     result = _report(recipe, run, summaries, wall_s=time.perf_counter() - began, stage_s=clock.stop())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from PIL import Image
 
 from simsearch.commands import quickstart
 from simsearch.config import QuickstartRecipe, RecipeError, load_recipe
+from simsearch.errors import SimsearchError
 
 
 @pytest.mark.slow
@@ -43,3 +45,16 @@ def test_missing_stage_recipes_are_a_clear_error(tmp_path: Path) -> None:
     recipe = load_recipe(QuickstartRecipe, None, [f"run_dir={tmp_path}", f"recipes_dir={tmp_path}"])
     with pytest.raises(RecipeError, match="no quickstart recipes in"):
         quickstart.main(recipe)
+
+
+@pytest.mark.slow
+def test_a_failure_in_the_second_process_is_reported_with_its_log(tmp_path: Path) -> None:
+    recipes = tmp_path / "recipes"
+    shutil.copytree(quickstart._recipes_dir(load_recipe(QuickstartRecipe, None, [])), recipes)
+    broken = recipes / "train_nosearch.yaml"
+    broken.write_text(broken.read_text() + "no_such_key: 1\n")  # fails in the second process only
+    run = tmp_path / "run"
+    recipe = load_recipe(QuickstartRecipe, None, [f"run_dir={run}", "smoke=true", f"recipes_dir={recipes}"])
+    with pytest.raises(SimsearchError, match=r"second process .* failed: see .*side\.log"):
+        quickstart.main(recipe)
+    assert "no_such_key" in (run / "side.log").read_text()  # the traceback is in the log named
