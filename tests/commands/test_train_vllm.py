@@ -12,8 +12,6 @@ needs a GPU (docs/scaling.md).
 
 from __future__ import annotations
 
-import sys
-import types
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -29,7 +27,7 @@ from simsearch.runlog import read_metrics
 from simsearch.types import Completion, SamplingParams
 from tests.commands import test_train
 from tests.commands.test_train import _finite_losses, _recipe, _weights
-from tests.engines.test_vllm import Logprob, Out, Req  # fakes of vLLM's output objects
+from tests.engines.test_vllm import Logprob, Out, Req, install_fake_vllm  # fakes of vLLM's objects
 
 # The module-scoped fixture of test_train.py: QA files, a corpus, a tiny policy that searches.
 world = test_train.world
@@ -133,16 +131,7 @@ class FakeLLM:
 @pytest.fixture
 def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> list[FakeLLM]:
     """Installs the fake `vllm`; returns the list of engines built while it is in place."""
-    vllm = types.ModuleType("vllm")
-    vllm.LLM = FakeLLM
-    vllm.SamplingParams = FakeSamplingParams
-    inputs = types.ModuleType("vllm.inputs")
-    inputs.TokensPrompt = lambda **kwargs: dict(kwargs)  # a TypedDict in vLLM
-    vllm.inputs = inputs
-    monkeypatch.setitem(sys.modules, "vllm", vllm)
-    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
-    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
-    monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
+    install_fake_vllm(monkeypatch, FakeLLM, FakeSamplingParams)
     monkeypatch.setattr(FakeLLM, "built", [])
     return FakeLLM.built
 

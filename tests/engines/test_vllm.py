@@ -257,11 +257,11 @@ class FakeLLM:
         return self.reset_result
 
 
-@pytest.fixture
-def fake_vllm(monkeypatch):
+def install_fake_vllm(monkeypatch: pytest.MonkeyPatch, llm: type, sampling_params: type) -> types.ModuleType:
+    """Puts a `vllm` module with the given `LLM` and `SamplingParams` classes in sys.modules."""
     vllm = types.ModuleType("vllm")
-    vllm.LLM = FakeLLM
-    vllm.SamplingParams = FakeSamplingParams
+    vllm.LLM = llm
+    vllm.SamplingParams = sampling_params
     inputs = types.ModuleType("vllm.inputs")
     inputs.TokensPrompt = lambda **kwargs: dict(kwargs)  # a TypedDict in vLLM
     vllm.inputs = inputs
@@ -271,6 +271,11 @@ def fake_vllm(monkeypatch):
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
     return vllm
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    return install_fake_vllm(monkeypatch, FakeLLM, FakeSamplingParams)
 
 
 def make_engine(**kwargs: Any) -> VLLMEngine:

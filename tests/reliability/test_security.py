@@ -12,19 +12,15 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import http.server
 import logging
 import os
-import threading
 import traceback
 import typing
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-import httpx
 import pytest
 import torch
 from fastapi.testclient import TestClient
@@ -39,6 +35,7 @@ from simsearch.retrieval.http import HTTPSearchEngine
 from simsearch.retrieval.server import create_app
 from simsearch.retrieval.web import SerpAPISearchEngine, SerperSearchEngine
 from simsearch.types import Document, SamplingParams, SearchRequest
+from tests.servers import FakeServer, Seen
 
 PACKAGE = Path(__file__).resolve().parents[2] / "simsearch"
 SECRET = "sk-live-0123456789abcdef-SECRET"
@@ -114,36 +111,17 @@ def test_serve_token_variable_unset_is_a_recipe_error_naming_the_variable(served
 # --------------------------------------------------------------------------- secrets
 
 
-class EchoServer:
-    """Answers every request with whatever `reply(credentials)` says, where `credentials` is every
-    place a client could have put its key (Authorization, X-API-KEY, the query string)."""
+def echo_server(reply: Callable[[str], tuple[int, bytes]]) -> FakeServer:
+    """A local server answering every request with `reply(credentials)`, where `credentials` is
+    every place a client could have put its key (Authorization, X-API-KEY, the query string)."""
 
-    def __init__(self, reply: Callable[[str], tuple[int, bytes]]) -> None:
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def _handle(self) -> None:
-                self.rfile.read(int(self.headers.get("content-length") or 0))
-                credentials = " ".join([self.headers.get("authorization", ""), self.headers.get("x-api-key", ""),
-                                        urlsplit(self.path).query])
-                status, body = reply(credentials)
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+    def answer(seen: Seen) -> tuple[int, bytes, dict[str, str]]:
+        query = "&".join(f"{k}={v}" for k, values in seen.query.items() for v in values)
+        credentials = " ".join([seen.headers.get("authorization", ""), seen.headers.get("x-api-key", ""), query])
+        status, body = reply(credentials)
+        return status, body, {"Content-Type": "application/json"}
 
-            do_GET = do_POST = _handle
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    return FakeServer(answer)
 
 
 REPLIES: dict[str, Callable[[str], tuple[int, bytes]]] = {
@@ -185,7 +163,7 @@ def everything_said_about(err: BaseException, client: Any, caplog) -> str:
 def test_api_keys_never_reach_errors_reprs_or_logs_whatever_the_server_says(kind: str, reply: str, monkeypatch, caplog) -> None:
     monkeypatch.setenv(KEY_ENV, SECRET)
     caplog.set_level(logging.DEBUG)  # httpx and httpcore log every request at INFO / DEBUG
-    server = EchoServer(REPLIES[reply])
+    server = echo_server(REPLIES[reply])
     try:
         client = CLIENTS[kind](server.url)
         with pytest.raises(ServiceError) as info:
@@ -202,7 +180,7 @@ def test_api_keys_never_reach_errors_reprs_or_logs_whatever_the_server_says(kind
 def test_api_keys_never_reach_the_error_of_a_dead_server(kind: str, monkeypatch, caplog) -> None:
     monkeypatch.setenv(KEY_ENV, SECRET)
     caplog.set_level(logging.DEBUG)
-    server = EchoServer(REPLIES["500 echo"])
+    server = echo_server(REPLIES["500 echo"])
     url = server.url
     server.stop()  # nothing listens there now
     client = CLIENTS[kind](url)
