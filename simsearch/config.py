@@ -499,6 +499,7 @@ class CollectRecipe:
     preset: str = "simsearch"  # prompt preset the SFT pairs are rendered with
     show_question: bool = True  # false: prompts show the answer, not the question (as the simulator will run)
     target: str = "judged"  # judged: ZeroSearch's labelled sets | retrieved: keep query sensitivity
+    contrast_queries: int = 0  # per search, perturbed queries also sent to the retriever (word dropped/cut/swapped)
     balance: bool = True  # judged: equal numbers of useful and noisy pairs
     val_fraction: float = 0.1  # share of questions whose pairs go to validation
     batch_size: int = 64  # questions per rollout call
@@ -517,6 +518,8 @@ class CollectRecipe:
         _check_shows_question("show_question", self.show_question, self.preset)
         _check_choice("target", self.target, ("judged", "retrieved"))
         _check_positive("batch_size", self.batch_size)
+        if self.contrast_queries < 0:
+            raise RecipeError(f"contrast_queries={self.contrast_queries} must be 0 (off) or more")
         if self.search.kind in ("simulator", "self"):
             raise RecipeError(f"search.kind={self.search.kind}: collect needs a real retriever")
 

@@ -25,6 +25,7 @@ from simsearch.simulator.sft_data import (
     LLMJudge,
     SearchRecord,
     build_sft_pairs,
+    contrast_records,
     records_from_trajectories,
     rule_judge,
     write_pairs,
@@ -77,10 +78,14 @@ def main(recipe: CollectRecipe) -> dict[str, float]:
             f"collect: the policy ran no search on {len(examples)} questions, so there is nothing to "
             "learn from; check that policy.model.path is a model that emits <search> ... </search>"
         )
+    if recipe.contrast_queries:
+        records += contrast_records(
+            records, search, n=recipe.contrast_queries, top_k=recipe.search.top_k, seed=recipe.seed
+        )
     data = build_sft_pairs(
         records, preset=recipe.preset, target=recipe.target, judge=judge,
         balance=recipe.balance, val_fraction=recipe.val_fraction, seed=recipe.seed,
-        show_question=recipe.show_question,
+        show_question=recipe.show_question, top_k=recipe.search.top_k,
     )
     write_pairs(data.train, run_dir / "train.jsonl")
     write_pairs(data.val, run_dir / "val.jsonl")

@@ -28,6 +28,14 @@ learns which queries find the answer, so it does not transfer to a real retrieve
 curriculum still controls noisy calls. This departs from ZeroSearch, whose "useful" simulator
 is conditioned to be helpful regardless of query quality.
 
+Contrast queries (`query_variants`, ours): the policy that collects the data issues mostly
+reasonable queries, but RL will push the policy toward whatever the simulator rewards. A
+simulator told the answer and shown few bad queries learns to write the answer for a query that
+has lost a word, or only part of a name, though the retriever would have found nothing. Each
+record can therefore bring variants of its query (a word dropped, a word cut short, a word
+swapped for one of another record's query) that go to the same retriever, and their records
+train the simulator on what such queries really retrieve.
+
 Other departures: the rule judge matches whole words of the normalized text (ZeroSearch used an
 LLM judge only; substring matching would find gold "5" in "1995"); exact duplicate records
 (same question, query and documents) are dropped; the train/validation split is by question, so
@@ -44,11 +52,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from tqdm import tqdm
+
 from simsearch.engines.base import GenerationEngine
 from simsearch.eval.metrics import normalize_answer
 from simsearch.simulator.engine import PAD_TEXT
 from simsearch.simulator.prompts import Preset, PromptTemplates, as_chat, format_response, render
-from simsearch.types import Document, SamplingParams, Trajectory
+from simsearch.retrieval.base import SearchEngine
+from simsearch.types import Document, SamplingParams, SearchRequest, Trajectory
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -270,15 +281,69 @@ def _draw_usable(pool: Sequence[Document], usable: Callable[[Document], bool], r
     return rng.choice(rest) if rest else None
 
 
+def query_variants(query: str, n: int, rng: random.Random, donors: Sequence[str]) -> list[str]:
+    """Up to `n` distinct perturbations of `query`, each different from it.
+
+    One edit per variant, chosen at random: drop a word (queries of two words or more), cut a
+    word of four letters or more to a prefix of at least two, or replace a word by a word of a
+    `donors` query. Draws that repeat a variant or the query itself are retried a bounded number
+    of times, so fewer than `n` come back when the query allows few edits.
+    """
+    words = query.split()
+    donor_words = [w for d in donors for w in d.split()]
+    out: list[str] = []
+    for _ in range(8 * n):
+        if len(out) == n or not words:
+            break
+        i = rng.randrange(len(words))
+        edit = rng.choice(("drop", "cut", "swap"))
+        edited = list(words)
+        if edit == "drop" and len(words) >= 2:
+            del edited[i]
+        elif edit == "cut" and len(words[i]) >= 4:
+            edited[i] = words[i][: rng.randrange(2, len(words[i]) - 1)]
+        elif edit == "swap" and donor_words:
+            edited[i] = rng.choice(donor_words)
+        else:
+            continue
+        variant = " ".join(edited)
+        if variant != query and variant not in out:
+            out.append(variant)
+    return out
+
+
+def contrast_records(
+    records: Sequence[SearchRecord], search: SearchEngine, *, n: int, top_k: int, seed: int,
+    chunk_size: int = 256,
+) -> list[SearchRecord]:
+    """`n` variants of each record's query (`query_variants`, words swapped in from another
+    record's query), searched with `search`, as records of the same question and answers."""
+    rng = random.Random(seed)
+    queries = [r.query for r in records]
+    sources: list[SearchRecord] = []
+    variants: list[str] = []
+    for r in records:
+        for variant in query_variants(r.query, n, rng, donors=[rng.choice(queries)]):
+            sources.append(r)
+            variants.append(variant)
+    out: list[SearchRecord] = []
+    for start in tqdm(range(0, len(variants), chunk_size), desc="contrast queries", unit="batch"):
+        chunk = variants[start : start + chunk_size]
+        results = search.search([SearchRequest(query=q, top_k=top_k) for q in chunk])
+        for source, query, documents in zip(sources[start:], chunk, results):
+            out.append(SearchRecord(source.question, list(source.golden_answers), query, list(documents)))
+    return out
+
+
 def _pair(record: SearchRecord, documents: list[Document], *, noisy: bool, preset: Preset,
-          templates: PromptTemplates | None, show_question: bool) -> dict:
+          templates: PromptTemplates | None, show_question: bool, top_k: int | None) -> dict:
     prompt = render(
         preset,
         query=record.query,
         question=record.question if show_question else None,
         golden_answers=record.golden_answers,
         noisy=noisy,
-        top_k=len(documents),
+        top_k=top_k or len(documents),
         templates=templates,
     )
     return {
@@ -303,12 +368,14 @@ def build_sft_pairs(
     seed: int = 0,
     templates: PromptTemplates | None = None,
     show_question: bool = True,
+    top_k: int | None = None,
 ) -> SFTData:
     """Labels, balances, renders and splits records into simulator SFT pairs.
 
     Args:
-        records: Searches from real-retriever rollouts; records with no documents are skipped,
-            exact duplicates dropped.
+        records: Searches from real-retriever rollouts; exact duplicates are dropped, and so are
+            records with no documents for "judged" ("retrieved" with `top_k` keeps them: an
+            empty response is what the retriever returned).
         preset: Prompt preset the pairs are rendered with (the simulator must be run with it).
         target: "judged" (ZeroSearch) or "retrieved" (ours); see the module docstring.
         judge: Labels sets for target="judged"; unused by "retrieved".
@@ -318,6 +385,9 @@ def build_sft_pairs(
         templates: The custom preset's templates.
         show_question: Render the question into the prompts; False as for a simulator run with
             `SimulatedSearchEngine(show_question=False)`. Pairs keep their `question` field.
+        top_k: The number of results every prompt asks for, as the simulator will be asked
+            (the collecting retriever's top_k). None: each record's own number of documents;
+            records with no documents are then dropped for any target.
 
     Returns:
         Train and validation pairs, plus counts under `collect/...`: records, duplicates, empty,
@@ -333,13 +403,15 @@ def build_sft_pairs(
         key = json.dumps([r.question, r.query, [[d.title, d.text] for d in r.documents]])
         if not r.documents:
             stats["collect/empty"] = stats.get("collect/empty", 0.0) + 1
-        elif key in seen:
+        if not r.documents and (target == "judged" or top_k is None):
+            continue
+        if key in seen:
             stats["collect/duplicates"] = stats.get("collect/duplicates", 0.0) + 1
         else:
             seen.add(key)
             kept.append(r)
     pairs: list[dict] = []
-    rendering = {"preset": preset, "templates": templates, "show_question": show_question}
+    rendering = {"preset": preset, "templates": templates, "show_question": show_question, "top_k": top_k}
     if target == "judged":
         labels = judge(kept) if kept else []
         decided = [(r, label) for r, label in zip(kept, labels) if label is not None]

@@ -76,9 +76,41 @@ def test_collect_writes_balanced_pairs_from_real_bm25_searches(tmp_path: Path, w
     assert (tmp_path / "collect" / "recipe.yaml").is_file()
 
 
+def test_contrast_queries_are_searched_with_the_real_retriever(tmp_path: Path, world_files, monkeypatch) -> None:
+    world, files = world_files
+    tokenizer = train_tokenizer(world.texts_for_tokenizer(300), vocab_size=600)
+    policy = ScriptedPolicy(tokenizer, world)
+    monkeypatch.setattr(simulator_collect, "build_generation_engine", lambda cfg: (policy, tokenizer, None))
+    recipe = load_recipe(CollectRecipe, None, [
+        f"run_dir={tmp_path / 'collect'}", "policy.model.path=scripted",
+        f"data.train=[{files['train']}]", f"search.corpus={files['corpus']}", "search.top_k=2",
+        "rollout.max_turns=1", "target=retrieved", "val_fraction=0.0", "contrast_queries=2",
+    ])
+    stats = simulator_collect.main(recipe)
+
+    n_questions = len(world.train)
+    assert n_questions < stats["collect/records"] <= 3 * n_questions
+    pairs = [json.loads(line) for line in (tmp_path / "collect" / "train.jsonl").read_text().splitlines()]
+    names = set(policy.names)
+    contrast = [p for p in pairs if p["query"] not in names and p["query"] != "who was born"]
+    assert contrast
+    # A name cut short retrieves nothing: its useful pair is an empty response.
+    cut = [p for p in contrast if len(p["query"].split()) == 1 and any(n.startswith(p["query"]) for n in names)]
+    assert cut and all(p["response"] == "" for p in cut)
+    assert stats["collect/empty"] >= len(cut) / 2
+
+
 def test_collect_refuses_a_simulator_as_its_retriever(tmp_path: Path) -> None:
     from simsearch.config import RecipeError
 
     with pytest.raises(RecipeError, match="collect needs a real retriever"):
         load_recipe(CollectRecipe, None, [f"run_dir={tmp_path}", "policy.model.path=m", "data.train=[t]",
                                           "search.kind=simulator", "search.simulator.generation.model.path=m"])
+
+
+def test_collect_refuses_negative_contrast_queries(tmp_path: Path) -> None:
+    from simsearch.config import RecipeError
+
+    with pytest.raises(RecipeError, match="contrast_queries=-1"):
+        load_recipe(CollectRecipe, None, [f"run_dir={tmp_path}", "policy.model.path=m", "data.train=[t]",
+                                          "search.corpus=c.jsonl", "contrast_queries=-1"])

@@ -14,9 +14,11 @@ from simsearch.simulator.sft_data import (
     balance_indices,
     build_sft_pairs,
     contains_answer,
+    contrast_records,
     judge_prompt,
     noisy_documents,
     parse_verdict,
+    query_variants,
     records_from_trajectories,
     rule_judge,
     split_by_question,
@@ -158,6 +160,58 @@ def test_pairs_can_hide_the_question_from_the_prompt_but_keep_it_for_the_split()
     for pair in data.train:
         assert "Capital of France?" not in pair["prompt"] and "Answer: Paris\n" in pair["prompt"]
         assert pair["question"] == "Capital of France?"
+
+
+def test_retrieved_target_with_top_k_keeps_empty_results_as_empty_responses() -> None:
+    empty = _record("Capital of France?", "Paris", "fra", [])
+    short = _record("Capital of France?", "Paris", "capital france", [PARIS])
+    data = build_sft_pairs([empty, short], preset="simsearch", target="retrieved", val_fraction=0.0, top_k=3)
+    assert data.stats["collect/empty"] == 1 and len(data.train) == 4
+    for pair in data.train:  # every prompt asks for 3 results, as the simulator will be asked
+        assert "Write 3 search results" in pair["prompt"]
+    assert {p["response"] for p in data.train if p["query"] == "fra"} == {""}
+    # Without top_k a record's own count would have to set the prompt: empty ones are dropped.
+    assert {p["query"] for p in build_sft_pairs([empty, short], preset="simsearch", target="retrieved", val_fraction=0.0).train} == {"capital france"}
+
+
+def _edit_kind(query: str, variant: str, donors: set[str]) -> str:
+    words, edited = query.split(), variant.split()
+    if len(edited) == len(words) - 1 and any(words[:i] + words[i + 1 :] == edited for i in range(len(words))):
+        return "drop"
+    changed = [(a, b) for a, b in zip(words, edited) if a != b]
+    if len(edited) != len(words) or len(changed) != 1:
+        return "other"
+    old, new = changed[0]
+    if new in donors:
+        return "swap"
+    return "cut" if old.startswith(new) and 2 <= len(new) < len(old) else "other"
+
+
+def test_query_variants_make_one_edit_each() -> None:
+    import random
+
+    query = "Fisza birth city"
+    variants = query_variants(query, 12, random.Random(0), donors=["Gosgos occupation"])
+    assert len(set(variants)) == len(variants) and query not in variants
+    kinds = {_edit_kind(query, v, {"Gosgos", "occupation"}) for v in variants}
+    assert kinds == {"drop", "cut", "swap"}
+    assert query_variants("a", 3, random.Random(0), donors=[]) == []  # nothing to edit
+
+
+def test_contrast_records_search_each_variant_for_the_same_question() -> None:
+    seen: list[str] = []
+
+    class Engine:
+        def search(self, requests):
+            seen.extend(r.query for r in requests)
+            return [[PARIS] if "france" in r.query.split() else [] for r in requests]
+
+    record = _record("Capital of France?", "Paris", "capital france", [PARIS])
+    out = contrast_records([record], Engine(), n=2, top_k=3, seed=0, chunk_size=1)
+    assert [r.query for r in out] == seen and len(out) == 2
+    for r in out:
+        assert r.query != "capital france" and r.question == "Capital of France?" and r.golden_answers == ["Paris"]
+        assert r.documents == ([PARIS] if "france" in r.query.split() else [])
 
 
 def test_noisy_documents_falls_back_to_the_pool_then_padding() -> None:
