@@ -37,9 +37,11 @@ def _check_range(name: str, value: float, low: float, high: float) -> None:
         raise RecipeError(f"{_key(name)}={value} must lie in [{low}, {high}]")
 
 
-def _check_shows_question(name: str, show_question: bool, preset: str) -> None:
-    if not show_question and preset.startswith("zerosearch"):
-        raise RecipeError(f"{name}=false: preset={preset} always shows the question; use preset=simsearch or custom")
+def _check_shows(name: str, shown: bool, preset: str) -> None:
+    if not shown and preset.startswith("zerosearch"):
+        raise RecipeError(
+            f"{name}=false: preset={preset} always shows the question and the answer; use preset=simsearch or custom"
+        )
 
 
 def _check_positive(name: str, value: float) -> None:
@@ -121,11 +123,13 @@ class SimulatorConfig:
     chat: bool = False  # hf: send prompts through the simulator's chat template (openai: generation.chat)
     temperature: float = 0.8  # ZeroSearch samples the simulator at 0.8
     max_new_tokens: int = 600  # ZeroSearch's max_tokens for the simulator
-    show_question: bool = True  # false: told the answer, not the question (simsearch/custom presets)
+    show_question: bool = True  # false: the prompt leaves out the question (simsearch/custom presets)
+    show_answer: bool = True  # false: not told the answer, it writes what it learned of the world (idem)
 
     def check(self, key: str) -> None:
         _check_choice(f"{key}.preset", self.preset, ("simsearch", "zerosearch", "zerosearch-prompt", "custom"))
-        _check_shows_question(f"{key}.show_question", self.show_question, self.preset)
+        _check_shows(f"{key}.show_question", self.show_question, self.preset)
+        _check_shows(f"{key}.show_answer", self.show_answer, self.preset)
         if self.preset == "custom" and not (self.useful_template and self.noisy_template):
             raise RecipeError(f"{key}.preset=custom needs both {key}.useful_template and {key}.noisy_template")
         self.generation.check(f"{key}.generation")
@@ -497,7 +501,8 @@ class CollectRecipe:
     rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(group_size=1))
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     preset: str = "simsearch"  # prompt preset the SFT pairs are rendered with
-    show_question: bool = True  # false: prompts show the answer, not the question (as the simulator will run)
+    show_question: bool = True  # false: prompts leave out the question (as the simulator will run)
+    show_answer: bool = True  # false: prompts leave out the gold answer (as the simulator will run)
     target: str = "judged"  # judged: ZeroSearch's labelled sets | retrieved: keep query sensitivity
     contrast_queries: int = 0  # per search, perturbed queries also sent to the retriever (word dropped/cut/swapped)
     balance: bool = True  # judged: equal numbers of useful and noisy pairs
@@ -515,7 +520,8 @@ class CollectRecipe:
             raise RecipeError("data.train is empty: list at least one QA file")
         _check_range("val_fraction", self.val_fraction, 0.0, 0.9)
         _check_choice("preset", self.preset, ("simsearch", "zerosearch", "zerosearch-prompt"))
-        _check_shows_question("show_question", self.show_question, self.preset)
+        _check_shows("show_question", self.show_question, self.preset)
+        _check_shows("show_answer", self.show_answer, self.preset)
         _check_choice("target", self.target, ("judged", "retrieved"))
         _check_positive("batch_size", self.batch_size)
         if self.contrast_queries < 0:

@@ -191,4 +191,5 @@ def build_simulator(cfg: SearchConfig, *, seed: int = 0) -> SearchEngine:
         seed=seed,
         model_name=generation.served_model_name or generation.model.path,
         show_question=sim.show_question,
+        show_answer=sim.show_answer,
     )

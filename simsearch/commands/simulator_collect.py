@@ -85,7 +85,7 @@ def main(recipe: CollectRecipe) -> dict[str, float]:
     data = build_sft_pairs(
         records, preset=recipe.preset, target=recipe.target, judge=judge,
         balance=recipe.balance, val_fraction=recipe.val_fraction, seed=recipe.seed,
-        show_question=recipe.show_question, top_k=recipe.search.top_k,
+        show_question=recipe.show_question, show_answer=recipe.show_answer, top_k=recipe.search.top_k,
     )
     write_pairs(data.train, run_dir / "train.jsonl")
     write_pairs(data.val, run_dir / "val.jsonl")

@@ -35,10 +35,13 @@ positions drawn by `noisy_positions` from a generator seeded by a SHA-256 of the
 query and count always mix the same way (so caching and reruns agree), while the noisy
 positions differ across queries (the policy cannot learn "ignore the last document").
 
-`show_question=False` (ours, for the simsearch and custom presets) keeps the request's question
-out of the prompt: the simulator is told the answer but learns which entity a search is about
-from the query alone, so a query that does not name the entity cannot be answered from the
-question line. ZeroSearch always shows both.
+`show_question=False` and `show_answer=False` (ours, for the simsearch and custom presets) keep
+the request's question or gold answer out of the prompt. Without the question, the simulator
+learns which entity a search is about from the query alone, so a query that does not name the
+entity cannot be answered from the question line. Without the answer, it can only write what it
+learned of the world in fine-tuning, as a real engine can only return what it indexed: told the
+answer, a simulator can return it whatever the query, and RL against it need not learn to
+search. ZeroSearch always shows both.
 """
 
 from __future__ import annotations
@@ -189,6 +192,8 @@ class SimulatedSearchEngine:
         model_name: What the simulator model is (path or served name); part of `fingerprint`.
         show_question: Show the request's question in the prompt; False keeps it out (module
             docstring). The zerosearch presets need it.
+        show_answer: Show the request's gold answers in the prompt; False keeps them out
+            (module docstring). The zerosearch presets need them.
     """
 
     def __init__(
@@ -205,11 +210,15 @@ class SimulatedSearchEngine:
         seed: int | None = None,
         model_name: str = "",
         show_question: bool = True,
+        show_answer: bool = True,
     ) -> None:
         if preset not in PRESETS:
             raise ValueError(f"preset={preset!r} is not one of {', '.join(PRESETS)}")
-        if not show_question and preset.startswith("zerosearch"):
-            raise ValueError(f"show_question=False: preset={preset!r} always shows the question; use simsearch or custom")
+        for name, shown in (("show_question", show_question), ("show_answer", show_answer)):
+            if not shown and preset.startswith("zerosearch"):
+                raise ValueError(
+                    f"{name}=False: preset={preset!r} always shows the question and the answer; use simsearch or custom"
+                )
         if templates is not None:
             check_templates(templates)
         if max_new_tokens < 1:
@@ -225,6 +234,7 @@ class SimulatedSearchEngine:
         self.seed = seed
         self.model_name = model_name
         self.show_question = show_question
+        self.show_answer = show_answer
         self.stats: Counter[str] = Counter()
         """Cumulative parse counts: `simulator/sets` parsed, `simulator/valid`, `/padded`,
         `/trimmed`, `/unparsed`, and `simulator/calls` (generate calls)."""
@@ -246,6 +256,7 @@ class SimulatedSearchEngine:
                 "max_new_tokens": self.max_new_tokens,
                 "seed": self.seed,
                 "show_question": self.show_question,
+                "show_answer": self.show_answer,
             },
             sort_keys=True,
         )
@@ -318,7 +329,7 @@ class SimulatedSearchEngine:
             self.preset,
             query=request.query,
             question=request.question if self.show_question else None,
-            golden_answers=list(request.golden_answers),
+            golden_answers=list(request.golden_answers) if self.show_answer else [],
             noisy=noisy,
             top_k=request.top_k,
             templates=self.templates,

@@ -336,12 +336,12 @@ def contrast_records(
 
 
 def _pair(record: SearchRecord, documents: list[Document], *, noisy: bool, preset: Preset,
-          templates: PromptTemplates | None, show_question: bool, top_k: int | None) -> dict:
+          templates: PromptTemplates | None, show_question: bool, show_answer: bool, top_k: int | None) -> dict:
     prompt = render(
         preset,
         query=record.query,
         question=record.question if show_question else None,
-        golden_answers=record.golden_answers,
+        golden_answers=record.golden_answers if show_answer else [],
         noisy=noisy,
         top_k=top_k or len(documents),
         templates=templates,
@@ -368,6 +368,7 @@ def build_sft_pairs(
     seed: int = 0,
     templates: PromptTemplates | None = None,
     show_question: bool = True,
+    show_answer: bool = True,
     top_k: int | None = None,
 ) -> SFTData:
     """Labels, balances, renders and splits records into simulator SFT pairs.
@@ -385,6 +386,8 @@ def build_sft_pairs(
         templates: The custom preset's templates.
         show_question: Render the question into the prompts; False as for a simulator run with
             `SimulatedSearchEngine(show_question=False)`. Pairs keep their `question` field.
+        show_answer: Render the gold answers into the prompts; False as for
+            `SimulatedSearchEngine(show_answer=False)`. Pairs keep their `golden_answers`.
         top_k: The number of results every prompt asks for, as the simulator will be asked
             (the collecting retriever's top_k). None: each record's own number of documents;
             records with no documents are then dropped for any target.
@@ -411,7 +414,8 @@ def build_sft_pairs(
             seen.add(key)
             kept.append(r)
     pairs: list[dict] = []
-    rendering = {"preset": preset, "templates": templates, "show_question": show_question, "top_k": top_k}
+    rendering = {"preset": preset, "templates": templates, "show_question": show_question,
+                 "show_answer": show_answer, "top_k": top_k}
     if target == "judged":
         labels = judge(kept) if kept else []
         decided = [(r, label) for r, label in zip(kept, labels) if label is not None]

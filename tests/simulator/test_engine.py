@@ -233,6 +233,16 @@ def test_show_question_false_keeps_the_question_out_of_the_prompt() -> None:
         SimulatedSearchEngine(gen, preset="zerosearch", show_question=False)
 
 
+def test_show_answer_false_keeps_the_answer_out_of_the_prompt() -> None:
+    gen = FakeGenerator(_by_mode)
+    request = SearchRequest(query="q", top_k=3, question="Who wrote Hamlet?", golden_answers=["Shakespeare"])
+    SimulatedSearchEngine(gen, preset="simsearch", show_question=False, show_answer=False).search([request])
+    prompt = gen.calls[0][0][0]
+    assert "Shakespeare" not in prompt and "Hamlet" not in prompt and "Query: q\n" in prompt
+    with pytest.raises(ValueError, match="show_answer=False: preset='zerosearch-prompt'"):
+        SimulatedSearchEngine(gen, preset="zerosearch-prompt", show_answer=False)
+
+
 def test_fingerprint_is_stable_and_sensitive_to_config() -> None:
     def make(**kw: object) -> SimulatedSearchEngine:
         generator = FakeGenerator(_by_mode)
@@ -241,6 +251,7 @@ def test_fingerprint_is_stable_and_sensitive_to_config() -> None:
     assert make().fingerprint() == make().fingerprint()
     assert make().fingerprint() != make(temperature=0.5).fingerprint()
     assert make().fingerprint() != make(show_question=False).fingerprint()
+    assert make().fingerprint() != make(show_answer=False).fingerprint()
     assert '"model": "m"' in make().fingerprint()
 
 

@@ -162,6 +162,16 @@ def test_pairs_can_hide_the_question_from_the_prompt_but_keep_it_for_the_split()
         assert pair["question"] == "Capital of France?"
 
 
+def test_pairs_can_hide_the_answer_from_the_prompt_but_keep_it_for_the_labels() -> None:
+    good = _record("Capital of France?", "Paris", "capital france", [PARIS, LYON])
+    data = build_sft_pairs([good], preset="simsearch", target="retrieved", val_fraction=0.0,
+                           show_question=False, show_answer=False)
+    for pair in data.train:
+        assert "Paris" not in pair["prompt"] and "Capital of France?" not in pair["prompt"]
+        assert pair["golden_answers"] == ["Paris"]
+    assert {p["label"]: p["contains_answer"] for p in data.train} == {"useful": True, "noisy": False}
+
+
 def test_retrieved_target_with_top_k_keeps_empty_results_as_empty_responses() -> None:
     empty = _record("Capital of France?", "Paris", "fra", [])
     short = _record("Capital of France?", "Paris", "capital france", [PARIS])
