@@ -610,12 +610,14 @@ class QuickstartRecipe:
     pretrain_lr: float = 2e-3
     pretrain_traces: int = 16000
     copy_loss_weight: float = 1.0  # auxiliary loss on copyable tokens inside <information>
+    typed_answer_share: float = 0.5  # traces answering with a value of the asked kind (a city for a birthplace)
     threads: int = 0  # torch threads (0 = torch's default: every core)
 
     def check(self, key: str) -> None:
         for name in ("n_entities", "n_train_entities", "vocab_size", "pretrain_steps",
                      "pretrain_batch_size", "pretrain_lr", "pretrain_traces"):
             _check_positive(name, getattr(self, name))
+        _check_range("typed_answer_share", self.typed_answer_share, 0.0, 1.0)
         for name in ("n_background_entities", "drill_steps"):
             if getattr(self, name) < 0:
                 raise RecipeError(f"{name}={getattr(self, name)} must be >= 0")

@@ -248,7 +248,8 @@ def _pretrain_base(
         pretrain(model, drills, steps=drill_steps, batch_size=64, lr=lr, copy_loss_weight=0.0, seed=recipe.seed)
     n_traces = steps * batch_size if recipe.smoke else recipe.pretrain_traces
     traces = make_traces(
-        world, engine, tokenizer, n=n_traces, seed=recipe.seed, top_k=3, template=template, examples=questions
+        world, engine, tokenizer, n=n_traces, seed=recipe.seed, top_k=3, template=template, examples=questions,
+        typed_answer_share=recipe.typed_answer_share,
     )
     pretrain(model, traces, steps=steps, batch_size=batch_size, lr=lr,
              copy_loss_weight=recipe.copy_loss_weight, seed=recipe.seed)

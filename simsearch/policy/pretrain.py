@@ -17,7 +17,12 @@ that teach the format and the skill of copying, and nothing RL is meant to find:
 - the answer is a value drawn uniformly from all the value-like spans (city names, occupations,
   years) of the retrieved documents, whatever the question asks; so the trace never says which
   document or relation to trust, and a value is the gold answer only as often as chance makes
-  it (`make_traces` documents the rate);
+  it (`make_traces` documents the rate); with `typed_answer_share`, that share of the traces
+  draws only among the values of the kind the question asks for (a city for a birthplace): the
+  reading any pretrained LM brings, which still leaves open which query finds the entity and
+  which of its passages (its birth, or a visit that names another city) holds the answer.
+  Without it, RL tends to collapse onto the one kind of value the base copies best and answer
+  with it whatever the question;
 - the information tokens are out of the LM loss (as in RL), so the model never learns a fact of
   the world; an auxiliary **copy loss** trains, inside the information block, only the tokens
   whose bigram already occurred earlier in the sequence (a name repeated from the question, a
@@ -105,6 +110,17 @@ def value_spans(text: str, cities: Sequence[str]) -> list[str]:
     return _value_pattern(tuple(cities)).findall(text)
 
 
+RELATION_KINDS = {"birth_city": "city", "occupation": "occupation", "founding_year": "year"}
+"""The kind of value (`value_kind`) each tiny-world relation asks for."""
+
+
+def value_kind(value: str, cities: Sequence[str]) -> str:
+    """"city", "year" or "occupation": the kind of a span `value_spans` found."""
+    if value in cities:
+        return "city"
+    return "year" if value.isdigit() else "occupation"
+
+
 @functools.lru_cache(maxsize=8)
 def _value_pattern(cities: tuple[str, ...]) -> re.Pattern[str]:
     # One alternation, longest first, so "salt trader" is preferred over any shorter value.
@@ -148,6 +164,7 @@ def make_traces(
     template: TemplateName = "search-r1",
     query_mix: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3),
     examples: Sequence[QAExample] | None = None,
+    typed_answer_share: float = 0.0,
 ) -> list[Trace]:
     """Builds `n` pretraining traces with random queries and randomly copied answers.
 
@@ -170,12 +187,15 @@ def make_traces(
         query_mix: Probabilities of the query kinds `QUERY_KINDS` (name, words, mixed).
         examples: Questions to draw from; defaults to `world.train` (held-out questions must stay
             unseen).
+        typed_answer_share: Share of traces whose answer is drawn only from the candidates of
+            the kind the question asks for (a city for a birthplace, `value_kind`), when the
+            documents hold one; the rest draw from all candidates.
 
     Returns:
         The traces, in draw order.
 
     Raises:
-        ValueError: A bad `n`, `top_k`, `query_mix` or template, a question whose fact is not in
+        ValueError: A bad `n`, `top_k`, `query_mix`, `typed_answer_share` or template, a question whose fact is not in
             `world.facts`, or queries that still retrieve nothing after repeated redraws.
     """
     if n < 1 or top_k < 1:
@@ -186,6 +206,8 @@ def make_traces(
         )
     if template == "search-r1-chat":
         raise ValueError("template='search-r1-chat' is not supported for pretraining traces; use 'search-r1'")
+    if not 0.0 <= typed_answer_share <= 1.0:
+        raise ValueError(f"typed_answer_share={typed_answer_share} must lie in [0, 1]")
     pool = list(world.train if examples is None else examples)
     if not pool:
         raise ValueError("make_traces got no examples to draw questions from")
@@ -215,6 +237,9 @@ def make_traces(
                 f"the documents retrieved for query {queries[i]!r} hold no city, occupation or year; "
                 "make_traces expects a tiny-world corpus"
             )
+        if typed_answer_share and rng.random() < typed_answer_share:
+            kind = RELATION_KINDS[world.facts[chosen[i].id].relation]
+            values = [v for v in values if value_kind(v, cities) == kind] or values
         answers.append(rng.choice(values))
 
     # Tokenized piece by piece, in batches, as the rollout tokenizes them.

@@ -20,6 +20,7 @@ from simsearch.policy.pretrain import (
     make_traces,
     pretrain,
     trace_loss,
+    value_kind,
     value_spans,
 )
 from simsearch.retrieval.base import render_information
@@ -186,7 +187,33 @@ def test_answers_are_copied_values_not_the_gold_answer(world, traces):
         assert abs(sum(asked) / len(asked) - sum(other) / len(other)) < 0.08, relation
 
 
+def test_typed_answers_are_of_the_asked_kind_but_not_always_gold(world, engine, tokenizer):
+    typed = make_traces(world, engine, tokenizer, n=600, seed=7, typed_answer_share=1.0)
+    kinds = {"birth_city": "city", "occupation": "occupation", "founding_year": "year"}
+    with_kind = 0
+    for trace in typed:
+        asked = kinds[world.facts[trace.example.id].relation]
+        if any(value_kind(v, world.cities) == asked for v in trace.candidates):
+            with_kind += 1
+            assert value_kind(trace.answer, world.cities) == asked, (trace.example.question, trace.answer)
+        else:
+            assert trace.answer in trace.candidates  # no value of that kind: any value
+    assert with_kind > 400
+    # Which document holds the gold value stays untaught: visits name cities, occupations and
+    # years of their own, and queries without the name find other entities' passages.
+    hits = sum(t.answer == t.example.golden_answers[0] for t in typed) / len(typed)
+    untyped = [t for t in make_traces(world, engine, tokenizer, n=600, seed=7)]
+    base_rate = sum(t.answer == t.example.golden_answers[0] for t in untyped) / len(untyped)
+    assert base_rate < hits < 0.6, (base_rate, hits)
+
+
+def test_value_kind() -> None:
+    assert [value_kind(v, ["Lumere"]) for v in ("Lumere", "1695", "salt trader")] == ["city", "year", "occupation"]
+
+
 def test_make_traces_rejects_bad_arguments(world, engine, tokenizer):
+    with pytest.raises(ValueError, match="typed_answer_share"):
+        make_traces(world, engine, tokenizer, n=2, seed=0, typed_answer_share=1.5)
     with pytest.raises(ValueError, match="query_mix"):
         make_traces(world, engine, tokenizer, n=2, seed=0, query_mix=(0.5, 0.5, 0.5))
     with pytest.raises(ValueError, match="not a question of this world"):
