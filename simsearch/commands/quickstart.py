@@ -3,11 +3,12 @@
 1. build a fictional world: a corpus about train, held-out (test) and background entities, and
    questions about each group;
 2. pretrain a tiny base LM, first on copy drills (a random token run, then the same run again),
-   then on traces about background entities with random queries and randomly copied answers:
-   it knows the tags and can copy from `<information>`, but not which query to issue nor any
-   fact of the train or test entities;
-3. collect simulator SFT data with that base policy and real BM25 on the training and
-   background questions (`simulator collect`);
+   then on traces about background entities with random queries and answers copied from the
+   results (half of them a value of the asked kind): it knows the tags, can copy from
+   `<information>` and knows a birthplace is a city, but not which query to issue, which
+   passage holds the answer, nor any fact of the train or test entities;
+3. collect simulator SFT data with that base policy and real BM25 on the training questions,
+   plus contrast queries (a word dropped, cut short or swapped) (`simulator collect`);
 4. fine-tune a tiny simulator on it (`simulator finetune`, the answer tokens weighted);
 5. RL the policy against the simulator only (`train`), and a no-search policy for contrast;
 6. evaluate the base and both RL policies on held-out questions against the simulator, BM25 and
@@ -17,13 +18,16 @@ Stages 3-6 run the recipes in `recipes/quickstart/` with their paths pointed int
 directory, so each is also a worked example of a command a user runs by hand.
 
 Where it departs from ZeroSearch: the simulator is trained on `target: retrieved` pairs — a
-"useful" response is what BM25 actually returned for the query — and is shown the answer but
-not the question (`show_question: false`), so it can only tell which entity a search is about
-from the query: a query that does not name the entity gets irrelevant documents, and RL against
-the simulator must learn good queries (a simulator told the question and answer learns to
-return the answer whatever the query; the fidelity section of each eval report shows the query
-sensitivity). The policy prompt is `search-r1-brief`, the Search-R1 protocol in one sentence:
-the compat prompt's ~100 tokens would double every sequence a tiny model trains on.
+"useful" response is what BM25 actually returned for the query — and is shown neither the
+question nor the answer (`show_question: false`, `show_answer: false`). ZeroSearch's simulator
+knows the world from pretraining and is told the answer as a hint; ours learns the training
+world from the SFT data, and writes the right passages only when the query names the entity, as
+BM25 does. Told the answer, a tiny simulator wrote it whatever the query (a query without the
+name, or with half of it, still got it in 40-80% of cases), and RL against it learned queries
+that find nothing on BM25. The price: the simulator knows nothing of held-out entities, so the
+"simulator" column of the held-out table is not a measure of the policy. The policy prompt is
+`search-r1-brief`, the Search-R1 protocol in one sentence: the compat prompt's ~100 tokens would
+double every sequence a tiny model trains on.
 """
 
 from __future__ import annotations
@@ -92,10 +96,9 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
         n_background_entities=recipe.n_background_entities,
     )  # fmt: skip
     files = world.write(run / "world")
-    # The base LM and the simulator learn from questions about the background entities (and the
-    # simulator also from the training questions, as ZeroSearch's does); test entities stay unseen.
+    # The base LM learns from questions about the background entities, the simulator from the
+    # training questions (the world RL asks about); test entities stay unseen by both.
     pretrain_questions = world.background or world.train
-    simulator_questions = [str(files["train"])] + ([str(files["background"])] if world.background else [])
     template = load_recipe(TrainRecipe, recipes / "train.yaml").rollout.template
     paths = {
         "train": str(files["train"]),
@@ -136,7 +139,7 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     collect_dir = run / "collect"
     _stage(recipe, recipes, "collect", CollectRecipe, simulator_collect.main, [
         f"run_dir={collect_dir}", f"seed={recipe.seed}", f"policy.model.path={base}",
-        f"data.train=[{','.join(simulator_questions)}]", f"search.corpus={paths['corpus']}",
+        f"data.train=[{paths['train']}]", f"search.corpus={paths['corpus']}",
         f"search.index_dir={paths['bm25']}",
     ])
 
