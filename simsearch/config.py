@@ -602,7 +602,7 @@ class QuickstartRecipe:
     recipes_dir: str = ""  # stage recipes ("" = recipes/quickstart beside the package)
     n_entities: int = 300  # people in the tiny world RL and evaluation ask about
     n_train_entities: int = 200  # of them, those training questions ask about
-    n_background_entities: int = 900  # more people, in the corpus, for pretraining and simulator data
+    n_background_entities: int = 900  # more people, in the corpus, whose questions pretrain the base LM
     vocab_size: int = 1000  # byte-level BPE of the tiny models
     drill_steps: int = 300  # copy drills (batch 64) before the traces: they form induction heads
     pretrain_steps: int = 600  # base-model pretraining on random-query traces

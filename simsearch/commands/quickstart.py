@@ -33,11 +33,8 @@ double every sequence a tiny model trains on.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import resource
 import time
-import traceback
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +81,7 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     """Run every stage; returns what `report.json` holds."""
     began = time.perf_counter()
     clock = _StageClock()
-    threads = recipe.threads or torch.get_num_threads()
-    torch.set_num_threads(threads)
+    torch.set_num_threads(recipe.threads or torch.get_num_threads())
     run = Path(recipe.run_dir)
     save_recipe(recipe, run)
     recipes = _recipes_dir(recipe)
@@ -115,27 +111,7 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     if not (base / "config.json").is_file():
         _pretrain_base(recipe, world, pretrain_questions, template, base)
 
-    # From here two processes share the cores: this one runs the simulator's stages and RL
-    # against it; a second one runs RL without search and, once the simulator exists, the
-    # evaluation of the base and no-search policies. One torch thread each while both run.
-    context = multiprocessing.get_context("spawn")
-    simulator_ready = context.Event()
-    side_log = run / "side.log"
-    side = context.Process(
-        target=_side_branch, args=(recipe, recipes, run, paths, simulator_ready, side_log), daemon=True
-    )
-    side.start()
-
-    def share_cores() -> None:
-        """Before each stage: stop if the second process failed; one thread while it runs, all after."""
-        if side.exitcode not in (None, 0):
-            raise SimsearchError(f"the second process (RL without search, evaluation) failed: see {side_log}")
-        torch.set_num_threads(1 if side.is_alive() else threads)
-
-    print(f"RL without search and the evaluation of base and no-search policies run in a second process (log: {side_log})")
-
     clock.start("collect", "3/6 simulator SFT data (base policy x real BM25)")
-    share_cores()
     collect_dir = run / "collect"
     _stage(recipe, recipes, "collect", CollectRecipe, simulator_collect.main, [
         f"run_dir={collect_dir}", f"seed={recipe.seed}", f"policy.model.path={base}",
@@ -144,50 +120,31 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     ])
 
     clock.start("simulator_sft", "4/6 simulator fine-tuning")
-    share_cores()
     _stage(recipe, recipes, "simulator", FinetuneRecipe, simulator_finetune.main, [
         f"run_dir={run / 'simulator'}", f"seed={recipe.seed}", f"model.path={base}",
         f"train_file={collect_dir / 'train.jsonl'}", f"val_file={collect_dir / 'val.jsonl'}",
     ])
-    simulator_ready.set()
 
-    clock.start("rl", "5/6 RL against the simulator (RL without search runs alongside)")
-    share_cores()
-    _stage(recipe, recipes, "train", TrainRecipe, train.main, [
-        f"seed={recipe.seed}", f"policy.model.path={base}", f"data.train=[{paths['train']}]",
-        f"run_dir={run / 'train'}", f"search.simulator.generation.model.path={_simulator(run)}",
-        f"search.cache={run / 'cache' / 'simulator.sqlite'}",
-    ])
+    clock.start("rl", "5/6 RL against the simulator, then RL without search")
+    for name, overrides in (
+        ("train", [f"search.simulator.generation.model.path={_simulator(run)}",
+                   f"search.cache={run / 'cache' / 'simulator.sqlite'}"]),
+        ("train_nosearch", []),
+    ):
+        _stage(recipe, recipes, name, TrainRecipe, train.main, [
+            f"seed={recipe.seed}", f"policy.model.path={base}", f"data.train=[{paths['train']}]",
+            f"run_dir={run / name}", *overrides,
+        ])
 
     clock.start("eval", "6/6 held-out evaluation: simulator, BM25, dense")
-    share_cores()
-    _evaluate(recipe, recipes, run, paths, "rl_search", _final_model(run / "train"))
-    side.join()
-    share_cores()  # raises if it failed
+    policies = {"base": base, "rl_search": _final_model(run / "train"), "rl_nosearch": _final_model(run / "train_nosearch")}
+    for name, policy in policies.items():
+        _evaluate(recipe, recipes, run, paths, name, policy)
     summaries = {name: json.loads((run / "eval" / name / "summary.json").read_text()) for name in POLICIES}
 
     result = _report(recipe, run, summaries, wall_s=time.perf_counter() - began, stage_s=clock.stop())
     print((run / "report.md").read_text())
     return result
-
-
-def _side_branch(
-    recipe: QuickstartRecipe, recipes: Path, run: Path, paths: dict[str, str], simulator_ready: Any, log: Path
-) -> None:
-    """The second process: RL without search, then (simulator ready) the base and no-search evaluations."""
-    with log.open("w", encoding="utf-8") as out, redirect_stdout(out), redirect_stderr(out):
-        try:
-            torch.set_num_threads(1)
-            _stage(recipe, recipes, "train_nosearch", TrainRecipe, train.main, [
-                f"seed={recipe.seed}", f"policy.model.path={run / 'base'}", f"data.train=[{paths['train']}]",
-                f"run_dir={run / 'train_nosearch'}",
-            ])
-            simulator_ready.wait()  # set by the main process; if that one dies, this daemon dies with it
-            _evaluate(recipe, recipes, run, paths, "base", run / "base")
-            _evaluate(recipe, recipes, run, paths, "rl_nosearch", _final_model(run / "train_nosearch"))
-        except BaseException:
-            traceback.print_exc()  # into the log the main process points to
-            raise
 
 
 def _evaluate(recipe: QuickstartRecipe, recipes: Path, run: Path, paths: dict[str, str], name: str, policy: Path) -> None:
@@ -269,7 +226,7 @@ def _report(
     }
     rl = summaries["rl_search"]["rows"]
     baselines = {name: 100.0 * rl[name]["average"]["em"] for name in ("direct", "rag") if name in rl}
-    # Both processes' peaks added up (Linux reports KiB): an upper bound on what ran at once.
+    # This process's peak plus that of any child process (Linux reports KiB): an upper bound.
     peak_kib = sum(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
     peak_rss_gb = peak_kib / 2**20
     result = {
