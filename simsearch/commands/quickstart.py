@@ -103,7 +103,7 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
         "bm25": str(run / "index" / "bm25"),
         "dense": str(run / "index" / "dense"),
     }
-    for kind in ("bm25", "dense"):  # built once here: later stages, in two processes, only load them
+    for kind in ("bm25", "dense"):  # built once here: later stages only load them
         build_search_engine(SearchConfig(kind=kind, corpus=paths["corpus"], index_dir=paths[kind]))
 
     clock.start("pretrain", "2/6 base policy (copy drills, then random-query traces)")

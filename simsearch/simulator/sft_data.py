@@ -28,13 +28,14 @@ learns which queries find the answer, so it does not transfer to a real retrieve
 curriculum still controls noisy calls. This departs from ZeroSearch, whose "useful" simulator
 is conditioned to be helpful regardless of query quality.
 
-Contrast queries (`query_variants`, ours): the policy that collects the data issues mostly
-reasonable queries, but RL will push the policy toward whatever the simulator rewards. A
-simulator told the answer and shown few bad queries learns to write the answer for a query that
-has lost a word, or only part of a name, though the retriever would have found nothing. Each
-record can therefore bring variants of its query (a word dropped, a word cut short, a word
-swapped for one of another record's query) that go to the same retriever, and their records
-train the simulator on what such queries really retrieve.
+Contrast queries (`contrast_records`, ours): the policy that collects the data issues mostly
+reasonable queries, but RL pushes the policy toward whatever the simulator rewards. A simulator
+shown few bad queries treats a query that has lost a word, or half a name, like the full one:
+in the quickstart's tiny world, a query with the name cut short still got the answer from the
+simulator 34% of the time, where BM25 finds nothing. Each record can therefore bring variants
+of its query (a word dropped, a word cut short, a word swapped for one of another record's
+query) that go to the same retriever, and their records train the simulator on what such
+queries really retrieve (with one variant per query: 8%).
 
 Other departures: the rule judge matches whole words of the normalized text (ZeroSearch used an
 LLM judge only; substring matching would find gold "5" in "1995"); exact duplicate records
@@ -56,9 +57,9 @@ from tqdm import tqdm
 
 from simsearch.engines.base import GenerationEngine
 from simsearch.eval.metrics import normalize_answer
+from simsearch.retrieval.base import SearchEngine
 from simsearch.simulator.engine import PAD_TEXT
 from simsearch.simulator.prompts import Preset, PromptTemplates, as_chat, format_response, render
-from simsearch.retrieval.base import SearchEngine
 from simsearch.types import Document, SamplingParams, SearchRequest, Trajectory
 
 if TYPE_CHECKING:
