@@ -195,8 +195,9 @@ def make_traces(
         The traces, in draw order.
 
     Raises:
-        ValueError: A bad `n`, `top_k`, `query_mix`, `typed_answer_share` or template, a question whose fact is not in
-            `world.facts`, or queries that still retrieve nothing after repeated redraws.
+        ValueError: A bad `n`, `top_k`, `query_mix`, `typed_answer_share` or template, a
+            question whose fact is not in `world.facts`, or queries that still retrieve nothing
+            after repeated redraws.
     """
     if n < 1 or top_k < 1:
         raise ValueError(f"n={n} and top_k={top_k} must both be >= 1")

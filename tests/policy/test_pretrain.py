@@ -15,6 +15,7 @@ from simsearch.data.tinyworld import RELATIONS, build_world
 from simsearch.models import build_tiny_model, train_tokenizer
 from simsearch.policy.pretrain import (
     QUERY_KINDS,
+    RELATION_KINDS,
     copy_mask,
     make_copy_drills,
     make_traces,
@@ -189,10 +190,9 @@ def test_answers_are_copied_values_not_the_gold_answer(world, traces):
 
 def test_typed_answers_are_of_the_asked_kind_but_not_always_gold(world, engine, tokenizer):
     typed = make_traces(world, engine, tokenizer, n=600, seed=7, typed_answer_share=1.0)
-    kinds = {"birth_city": "city", "occupation": "occupation", "founding_year": "year"}
     with_kind = 0
     for trace in typed:
-        asked = kinds[world.facts[trace.example.id].relation]
+        asked = RELATION_KINDS[world.facts[trace.example.id].relation]
         if any(value_kind(v, world.cities) == asked for v in trace.candidates):
             with_kind += 1
             assert value_kind(trace.answer, world.cities) == asked, (trace.example.question, trace.answer)
@@ -202,7 +202,7 @@ def test_typed_answers_are_of_the_asked_kind_but_not_always_gold(world, engine, 
     # Which document holds the gold value stays untaught: visits name cities, occupations and
     # years of their own, and queries without the name find other entities' passages.
     hits = sum(t.answer == t.example.golden_answers[0] for t in typed) / len(typed)
-    untyped = [t for t in make_traces(world, engine, tokenizer, n=600, seed=7)]
+    untyped = make_traces(world, engine, tokenizer, n=600, seed=7)
     base_rate = sum(t.answer == t.example.golden_answers[0] for t in untyped) / len(untyped)
     assert base_rate < hits < 0.6, (base_rate, hits)
 
