@@ -45,7 +45,8 @@ def world_files(tmp_path: Path):
     return world, world.write(tmp_path / "world")
 
 
-def test_collect_writes_balanced_pairs_from_real_bm25_searches(tmp_path: Path, world_files, monkeypatch) -> None:
+def _collect(tmp_path: Path, world_files, monkeypatch, *overrides: str) -> tuple[dict, ScriptedPolicy]:
+    """Runs collect with the scripted policy and real BM25 (top 2) over the world's train questions."""
     world, files = world_files
     tokenizer = train_tokenizer(world.texts_for_tokenizer(300), vocab_size=600)
     policy = ScriptedPolicy(tokenizer, world)
@@ -53,9 +54,14 @@ def test_collect_writes_balanced_pairs_from_real_bm25_searches(tmp_path: Path, w
     recipe = load_recipe(CollectRecipe, None, [
         f"run_dir={tmp_path / 'collect'}", "policy.model.path=scripted",
         f"data.train=[{files['train']}]", f"search.corpus={files['corpus']}", "search.top_k=2",
-        "rollout.max_turns=1", "target=retrieved", "batch_size=16", "val_fraction=0.2",
+        "rollout.max_turns=1", "target=retrieved", *overrides,
     ])
-    stats = simulator_collect.main(recipe)
+    return simulator_collect.main(recipe), policy
+
+
+def test_collect_writes_balanced_pairs_from_real_bm25_searches(tmp_path: Path, world_files, monkeypatch) -> None:
+    world, _ = world_files
+    stats, policy = _collect(tmp_path, world_files, monkeypatch, "batch_size=16", "val_fraction=0.2")
 
     n_questions = len(world.train)
     assert policy.calls == 2 * -(-n_questions // 16)  # two turns per batch of 16 questions
@@ -77,16 +83,8 @@ def test_collect_writes_balanced_pairs_from_real_bm25_searches(tmp_path: Path, w
 
 
 def test_contrast_queries_are_searched_with_the_real_retriever(tmp_path: Path, world_files, monkeypatch) -> None:
-    world, files = world_files
-    tokenizer = train_tokenizer(world.texts_for_tokenizer(300), vocab_size=600)
-    policy = ScriptedPolicy(tokenizer, world)
-    monkeypatch.setattr(simulator_collect, "build_generation_engine", lambda cfg: (policy, tokenizer, None))
-    recipe = load_recipe(CollectRecipe, None, [
-        f"run_dir={tmp_path / 'collect'}", "policy.model.path=scripted",
-        f"data.train=[{files['train']}]", f"search.corpus={files['corpus']}", "search.top_k=2",
-        "rollout.max_turns=1", "target=retrieved", "val_fraction=0.0", "contrast_queries=2",
-    ])
-    stats = simulator_collect.main(recipe)
+    world, _ = world_files
+    stats, policy = _collect(tmp_path, world_files, monkeypatch, "val_fraction=0.0", "contrast_queries=2")
 
     n_questions = len(world.train)
     assert n_questions < stats["collect/records"] <= 3 * n_questions
