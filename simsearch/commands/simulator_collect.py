@@ -5,7 +5,9 @@ QA set in batches and keeps every executed search as a (question, answers, query
 record; cleanup labels, balances, renders and writes the pairs with their statistics.
 
 Where it departs from ZeroSearch: besides its judged pairs (`target: judged`), `target:
-retrieved` keeps the retriever's query sensitivity (see `simsearch.simulator.sft_data`).
+retrieved` keeps the retriever's query sensitivity, and `contrast_queries` sends variants of each
+query (a word dropped, cut short or swapped) to the retriever too (see
+`simsearch.simulator.sft_data`).
 """
 
 from __future__ import annotations
