@@ -22,9 +22,9 @@ Where it departs from ZeroSearch: the simulator is trained on `target: retrieved
 question nor the answer (`show_question: false`, `show_answer: false`). ZeroSearch's simulator
 knows the world from pretraining and is told the answer as a hint; ours learns the training
 world from the SFT data, and writes the right passages only when the query names the entity, as
-BM25 does. Told the answer, a tiny simulator wrote it whatever the query (a query without the
-name, or with half of it, still got it in 40-80% of cases), and RL against it learned queries
-that find nothing on BM25. The price: the simulator knows nothing of held-out entities, so the
+BM25 does. Told the answer, a tiny simulator wrote it whatever the query (on held-out
+questions, a query without the name still got it half the time, one with the name cut short 81%
+of the time), and RL against it learned queries that find nothing on BM25. The price: the simulator knows nothing of held-out entities, so the
 "simulator" column of the held-out table is not a measure of the policy. The policy prompt is
 `search-r1-brief`, the Search-R1 protocol in one sentence: the compat prompt's ~100 tokens would
 double every sequence a tiny model trains on.

@@ -331,7 +331,7 @@ def contrast_records(
     for start in tqdm(range(0, len(variants), chunk_size), desc="contrast queries", unit="batch"):
         chunk = variants[start : start + chunk_size]
         results = search.search([SearchRequest(query=q, top_k=top_k) for q in chunk])
-        for source, query, documents in zip(sources[start:], chunk, results):
+        for source, query, documents in zip(sources[start : start + chunk_size], chunk, results):
             out.append(SearchRecord(source.question, list(source.golden_answers), query, list(documents)))
     return out
 
