@@ -17,6 +17,8 @@ import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from simsearch.simulator.prompts import PRESETS
+
 
 class RecipeError(ValueError):
     """A recipe that cannot run: says which file and key, and what to do."""
@@ -116,7 +118,7 @@ class SamplingConfig:
 class SimulatorConfig:
     """An LLM that plays search engine (ZeroSearch)."""
 
-    preset: str = "simsearch"  # simsearch | zerosearch | zerosearch-prompt | custom
+    preset: str = "simsearch"  # simsearch | simsearch-brief | zerosearch | zerosearch-prompt | custom
     useful_template: str = ""  # preset=custom: template with {query} {question} {answers} {top_k}
     noisy_template: str = ""  # preset=custom: the noisy counterpart
     generation: GenerationConfig = field(default_factory=GenerationConfig)
@@ -127,7 +129,7 @@ class SimulatorConfig:
     show_answer: bool = True  # false: not told the answer, it writes what it learned of the world (idem)
 
     def check(self, key: str) -> None:
-        _check_choice(f"{key}.preset", self.preset, ("simsearch", "zerosearch", "zerosearch-prompt", "custom"))
+        _check_choice(f"{key}.preset", self.preset, PRESETS)
         _check_shows(f"{key}.show_question", self.show_question, self.preset)
         _check_shows(f"{key}.show_answer", self.show_answer, self.preset)
         if self.preset == "custom" and not (self.useful_template and self.noisy_template):
@@ -519,7 +521,7 @@ class CollectRecipe:
         if not self.data.train:
             raise RecipeError("data.train is empty: list at least one QA file")
         _check_range("val_fraction", self.val_fraction, 0.0, 0.9)
-        _check_choice("preset", self.preset, ("simsearch", "zerosearch", "zerosearch-prompt"))
+        _check_choice("preset", self.preset, tuple(p for p in PRESETS if p != "custom"))
         _check_shows("show_question", self.show_question, self.preset)
         _check_shows("show_answer", self.show_answer, self.preset)
         _check_choice("target", self.target, ("judged", "retrieved"))

@@ -22,12 +22,14 @@ Where it departs from ZeroSearch: the simulator is trained on `target: retrieved
 question nor the answer (`show_question: false`, `show_answer: false`). ZeroSearch's simulator
 knows the world from pretraining and is told the answer as a hint; ours learns the training
 world from the SFT data, and writes the right passages only when the query names the entity, as
-BM25 does. Told the answer, a tiny simulator wrote it whatever the query (on held-out
-questions, a query without the name still got it half the time, one with the name cut short 81%
-of the time), and RL against it learned queries that find nothing on BM25. The price: the simulator knows nothing of held-out entities, so the
-"simulator" column of the held-out table is not a measure of the policy. The policy prompt is
-`search-r1-brief`, the Search-R1 protocol in one sentence: the compat prompt's ~100 tokens would
-double every sequence a tiny model trains on.
+BM25 does. Told the answer, a tiny simulator wrote it whatever the query (on held-out questions,
+a query without the name still got it half the time, one with the name cut short 81% of the
+time), and RL against it learned queries that find nothing on BM25. The price: the simulator
+knows nothing of held-out entities, so the "simulator" column of the held-out table is not a
+measure of the policy. The simulator's prompt is `simsearch-brief`, the query without
+instructions, which halves every SFT sequence. The policy prompt is `search-r1-brief`, the
+Search-R1 protocol in one sentence: the compat prompt's ~100 tokens would double every sequence
+a tiny model trains on.
 """
 
 from __future__ import annotations
@@ -191,8 +193,8 @@ def _pretrain_base(
     recipe: QuickstartRecipe, world: World, questions: list[QAExample], template: TemplateName, out: Path
 ) -> None:
     """Tokenizer + tiny Qwen2 + copy drills + pretraining on random-query traces, saved like any HF model."""
-    # The tokenizer learns English from the prompts the tiny models read (a real LM's tokenizer
-    # knows English words); world names stay unseen by it and split into pieces.
+    # The tokenizer learns English from the policy prompt and the simulator's instructions (a
+    # real LM's tokenizer knows English words); world names stay unseen by it and split into pieces.
     simulator_prompt = render_simulator_prompt(
         "simsearch", query="", question="", golden_answers=[""], noisy=False, top_k=3
     )

@@ -1,4 +1,4 @@
-"""What the simulator LLM is asked: useful / noisy prompt templates, in four presets.
+"""What the simulator LLM is asked: useful / noisy prompt templates, in five presets.
 
 A preset turns one search request (query, the question behind it, its gold answers, how many
 documents, useful or noisy) into the text the simulator continues. The simulator answers with
@@ -24,6 +24,11 @@ Presets:
   `sft_data`). The question and answer lines are each left out when the request does not carry
   them (e.g. a Search-R1 client of `simsearch serve` sends neither; a simulator run with
   `show_question=False` is shown the answer only, see `simsearch.simulator.engine`).
+- `simsearch-brief`: the same fields without the instructions: `Query: {query}` then `Results:`
+  (useful) or `Noisy results:` (noisy), after the question and answer lines when shown. For a
+  simulator fine-tuned on pairs rendered with it (it learns the format and the number of
+  results from them): a tiny model gets nothing from the instructions, which would make up
+  more than half of every SFT sequence.
 - `custom`: two user templates with the fields `{query}`, `{question}`, `{answers}` (the gold
   answers joined by "; ") and `{top_k}`; literal braces are written `{{` and `}}`.
 """
@@ -40,8 +45,8 @@ from simsearch.types import Document
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-Preset = Literal["simsearch", "zerosearch", "zerosearch-prompt", "custom"]
-PRESETS: tuple[str, ...] = ("simsearch", "zerosearch", "zerosearch-prompt", "custom")
+Preset = Literal["simsearch", "simsearch-brief", "zerosearch", "zerosearch-prompt", "custom"]
+PRESETS: tuple[str, ...] = ("simsearch", "simsearch-brief", "zerosearch", "zerosearch-prompt", "custom")
 CUSTOM_FIELDS: tuple[str, ...] = ("query", "question", "answers", "top_k")
 
 # compat: ZeroSearch's SFT-mode simulator prompt (Alibaba-NLP/ZeroSearch), useful variant. The
@@ -72,6 +77,7 @@ _SIMSEARCH_NOISY_RULE = (
     "Write results that look related to the query but do not contain or imply the answer.\n"
 )
 _SIMSEARCH_TAIL = "Query: {query}\nResults:\n"
+_BRIEF_NOISY_TAIL = "Query: {query}\nNoisy results:\n"
 
 # zerosearch-prompt: our wording and our one-shot demonstration (a query about Vienna's river).
 _PROMPT_USEFUL_HEAD = (
@@ -176,7 +182,7 @@ def render(
     """Renders the simulator prompt for one request (plain text, before any chat template).
 
     Args:
-        preset: "simsearch", "zerosearch", "zerosearch-prompt" or "custom" (module docstring).
+        preset: One of `PRESETS` (module docstring).
         query: The policy's search query.
         question: The question the policy is answering, or None when unknown.
         golden_answers: Its gold answers (zerosearch shows the first only).
@@ -208,9 +214,11 @@ def render(
         check_templates(templates)
         template = templates.noisy if noisy else templates.useful
         return template.format(query=query, question=question or "", answers=answers, top_k=top_k)
-    head = _SIMSEARCH_HEAD.format(top_k=top_k)
     context = _SIMSEARCH_QUESTION.format(question=question) if question else ""
     context += _SIMSEARCH_ANSWER.format(answers=answers) if answers else ""
+    if preset == "simsearch-brief":
+        return context + (_BRIEF_NOISY_TAIL if noisy else _SIMSEARCH_TAIL).format(query=query)
+    head = _SIMSEARCH_HEAD.format(top_k=top_k)
     rule = _SIMSEARCH_NOISY_RULE if noisy else _SIMSEARCH_USEFUL_RULE
     return head + context + rule + _SIMSEARCH_TAIL.format(query=query)
 

@@ -112,3 +112,12 @@ def test_collect_refuses_negative_contrast_queries(tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match="contrast_queries=-1"):
         load_recipe(CollectRecipe, None, [f"run_dir={tmp_path}", "policy.model.path=m", "data.train=[t]",
                                           "search.corpus=c.jsonl", "contrast_queries=-1"])
+
+
+def test_collect_takes_every_preset_but_custom(tmp_path: Path) -> None:
+    from simsearch.config import RecipeError
+
+    base = [f"run_dir={tmp_path}", "policy.model.path=m", "data.train=[t]", "search.corpus=c.jsonl"]
+    assert load_recipe(CollectRecipe, None, [*base, "preset=simsearch-brief"]).preset == "simsearch-brief"
+    with pytest.raises(RecipeError, match="preset"):
+        load_recipe(CollectRecipe, None, [*base, "preset=custom"])

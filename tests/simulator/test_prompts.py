@@ -85,6 +85,15 @@ def test_simsearch_shows_the_answer_without_the_question() -> None:
     assert "Question:" not in text and "Answer: Paris\n" in text
 
 
+def test_simsearch_brief_is_the_context_and_query_only() -> None:
+    assert render("simsearch-brief", noisy=False, **ARGS) == (
+        "Question: who wrote hamlet?\nAnswer: William Shakespeare; Shakespeare\nQuery: hamlet author\nResults:\n"
+    )
+    hidden = dict(query="q", question=None, golden_answers=[], top_k=3)
+    assert render("simsearch-brief", noisy=False, **hidden) == "Query: q\nResults:\n"
+    assert render("simsearch-brief", noisy=True, **hidden) == "Query: q\nNoisy results:\n"
+
+
 def test_zerosearch_prompt_noisy_omits_question_and_answer() -> None:
     useful = render("zerosearch-prompt", noisy=False, **ARGS)
     noisy = render("zerosearch-prompt", noisy=True, **ARGS)
