@@ -125,7 +125,7 @@ class SimulatorConfig:
     chat: bool = False  # hf: send prompts through the simulator's chat template (openai: generation.chat)
     temperature: float = 0.8  # ZeroSearch samples the simulator at 0.8
     max_new_tokens: int = 600  # ZeroSearch's max_tokens for the simulator
-    show_question: bool = True  # false: the prompt leaves out the question (simsearch/custom presets)
+    show_question: bool = True  # false: the prompt leaves out the question (simsearch, simsearch-brief, custom)
     show_answer: bool = True  # false: not told the answer, it writes what it learned of the world (idem)
 
     def check(self, key: str) -> None:

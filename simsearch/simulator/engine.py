@@ -35,13 +35,13 @@ positions drawn by `noisy_positions` from a generator seeded by a SHA-256 of the
 query and count always mix the same way (so caching and reruns agree), while the noisy
 positions differ across queries (the policy cannot learn "ignore the last document").
 
-`show_question=False` and `show_answer=False` (ours, for the simsearch and custom presets) keep
-the request's question or gold answer out of the prompt. Without the question, the simulator
-learns which entity a search is about from the query alone, so a query that does not name the
-entity cannot be answered from the question line. Without the answer, it can only write what it
-learned of the world in fine-tuning, as a real engine can only return what it indexed: told the
-answer, a simulator can return it whatever the query, and RL against it need not learn to
-search. ZeroSearch always shows both.
+`show_question=False` and `show_answer=False` (ours, for the simsearch, simsearch-brief and
+custom presets) keep the request's question or gold answer out of the prompt. Without the
+question, the simulator learns which entity a search is about from the query alone, so a query
+that does not name the entity cannot be answered from the question line. Without the answer, it
+can only write what it learned of the world in fine-tuning, as a real engine can only return
+what it indexed: told the answer, a simulator can return it whatever the query, and RL against
+it need not learn to search. ZeroSearch always shows both.
 """
 
 from __future__ import annotations
