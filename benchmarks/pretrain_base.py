@@ -33,7 +33,7 @@ from simsearch.models import build_tiny_model, train_tokenizer
 from simsearch.policy.pretrain import make_copy_drills, make_traces, pretrain
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories
 from simsearch.retrieval.bm25 import BM25SearchEngine
-from simsearch.types import QAExample, SamplingParams, Trajectory
+from simsearch.types import SamplingParams, Trajectory
 
 TEMPLATE_COPIES = 100  # enough for every word of the prompt to become one token
 

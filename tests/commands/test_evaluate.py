@@ -27,7 +27,6 @@ from simsearch.errors import ServiceError
 from simsearch.eval.metrics import exact_match, f1_score, substring_exact_match
 from simsearch.models import build_tiny_model, save_tiny, train_tokenizer
 from simsearch.retrieval.bm25 import BM25SearchEngine
-from simsearch.retrieval.dense import DenseSearchEngine
 from simsearch.runlog import RunLogger
 from simsearch.simulator.engine import SimulatedSearchEngine
 from simsearch.types import Completion, SamplingParams, SearchRequest

@@ -14,7 +14,6 @@ from simsearch.data.templates import render_prompt
 from simsearch.data.tinyworld import RELATIONS, build_world
 from simsearch.models import build_tiny_model, train_tokenizer
 from simsearch.policy.pretrain import (
-    QUERY_KINDS,
     RELATION_KINDS,
     copy_mask,
     make_copy_drills,
