@@ -17,7 +17,7 @@ import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from simsearch.simulator.prompts import PRESETS
+from simsearch.simulator.prompts import ALWAYS_SHOWS_CONTEXT, PRESETS
 
 
 class RecipeError(ValueError):
@@ -40,7 +40,7 @@ def _check_range(name: str, value: float, low: float, high: float) -> None:
 
 
 def _check_shows(name: str, shown: bool, preset: str) -> None:
-    if not shown and preset.startswith("zerosearch"):
+    if not shown and preset in ALWAYS_SHOWS_CONTEXT:
         raise RecipeError(
             f"{name}=false: preset={preset} always shows the question and the answer; use preset=simsearch or custom"
         )

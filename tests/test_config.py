@@ -136,7 +136,9 @@ def test_answer_weight_and_hidden_question_are_checked(train_yaml: Path, tmp_pat
         load_recipe(TrainRecipe, train_yaml, simulator)
     with pytest.raises(RecipeError, match=r"search\.simulator\.show_answer=false: preset=zerosearch always shows"):
         load_recipe(TrainRecipe, train_yaml, [*simulator[:-1], "search.simulator.show_answer=false"])
-    brief = load_recipe(TrainRecipe, train_yaml, [*simulator[:2], "search.simulator.preset=simsearch-brief", simulator[-1]])
+    brief = load_recipe(TrainRecipe, train_yaml, [
+        *simulator[:2], "search.simulator.preset=simsearch-brief", "search.simulator.show_question=false",
+    ])
     assert brief.search.simulator.preset == "simsearch-brief" and brief.search.simulator.show_question is False
     shown = load_recipe(TrainRecipe, train_yaml, simulator[:-1])
     assert shown.search.simulator.show_question is True and shown.search.simulator.show_answer is True

@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Literal
 
 from simsearch.engines.base import GenerationEngine
 from simsearch.simulator.prompts import (
+    ALWAYS_SHOWS_CONTEXT,
     PRESETS,
     Preset,
     PromptTemplates,
@@ -215,7 +216,7 @@ class SimulatedSearchEngine:
         if preset not in PRESETS:
             raise ValueError(f"preset={preset!r} is not one of {', '.join(PRESETS)}")
         for name, shown in (("show_question", show_question), ("show_answer", show_answer)):
-            if not shown and preset.startswith("zerosearch"):
+            if not shown and preset in ALWAYS_SHOWS_CONTEXT:
                 raise ValueError(
                     f"{name}=False: preset={preset!r} always shows the question and the answer; use simsearch or custom"
                 )

@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 Preset = Literal["simsearch", "simsearch-brief", "zerosearch", "zerosearch-prompt", "custom"]
 PRESETS: tuple[str, ...] = ("simsearch", "simsearch-brief", "zerosearch", "zerosearch-prompt", "custom")
 CUSTOM_FIELDS: tuple[str, ...] = ("query", "question", "answers", "top_k")
+# Presets whose prompts always carry the question and the answer (show_question/show_answer
+# cannot be turned off): ZeroSearch was only ever trained and prompted with both.
+ALWAYS_SHOWS_CONTEXT: tuple[str, ...] = ("zerosearch", "zerosearch-prompt")
 
 # compat: ZeroSearch's SFT-mode simulator prompt (Alibaba-NLP/ZeroSearch), useful variant. The
 # noisy variant is derived by `_zerosearch` with the three substitutions, never retyped.
