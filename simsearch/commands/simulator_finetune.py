@@ -97,11 +97,14 @@ def main(recipe: FinetuneRecipe) -> Path:
             f"{recipe.train_file}: every prompt is at least max_length={recipe.max_length} tokens; "
             "raise max_length"
         )
+    train_lengths = [len(pair.input_ids) for pair in train]
     val: list[TokenizedPair] = []
     if recipe.val_file:
         val, _ = tokenize_pairs(
             read_pairs(recipe.val_file), tokenizer, chat_template=recipe.chat_template, max_length=recipe.max_length
         )
+        # The validation loss is a sum over pairs, so their order is free: by length, batches pad less.
+        val.sort(key=lambda pair: len(pair.input_ids))
 
     optim = recipe.optim
     optimizer, scheduler = adamw_with_schedule(
@@ -193,7 +196,7 @@ def main(recipe: FinetuneRecipe) -> Path:
             batch_on_device(indices, train)
             for indices in step_batches(
                 len(train), step=step, batch_size=recipe.batch_size, grad_accum=recipe.grad_accum,
-                rank=rank, world_size=world, seed=recipe.seed,
+                rank=rank, world_size=world, seed=recipe.seed, lengths=train_lengths,
             )
         ]
         targets = max(1.0, sum(count_targets(b["weights"]) for b in micro))

@@ -215,19 +215,34 @@ def _permutation(n: int, seed: int, epoch: int) -> tuple[int, ...]:
 
 
 def step_batches(
-    n: int, *, step: int, batch_size: int, grad_accum: int, rank: int, world_size: int, seed: int
+    n: int,
+    *,
+    step: int,
+    batch_size: int,
+    grad_accum: int,
+    rank: int,
+    world_size: int,
+    seed: int,
+    lengths: Sequence[int] | None = None,
 ) -> list[list[int]]:
     """The pair indices of optimizer step `step` for one rank: `grad_accum` micro-batches.
 
-    Step s consumes positions [s·A·W·B, (s+1)·A·W·B) of an endless stream of epochs; micro-batch
-    a of rank r takes the B positions starting at ((s·A + a)·W + r)·B. Position p is pair
-    `permutation(epoch = p // n)[p % n]`.
+    Step s consumes positions [s·A·W·B, (s+1)·A·W·B) of an endless stream of epochs; the rank's
+    A·B of them are those of micro-batches a = 0..A-1, each the B positions starting at
+    ((s·A + a)·W + r)·B. Position p is pair `permutation(epoch = p // n)[p % n]`.
+
+    With `lengths` (one per pair), the rank's A·B pairs are sorted longest first before being cut
+    into micro-batches, so each micro-batch is padded only to lengths like its own. The step
+    trains on the same pairs, and its gradient (summed over micro-batches, divided by the
+    step's target count) is the same; only the padding shrinks.
     """
-    out = []
+    chosen = []
     for a in range(grad_accum):
         start = ((step * grad_accum + a) * world_size + rank) * batch_size
-        out.append([_permutation(n, seed, p // n)[p % n] for p in range(start, start + batch_size)])
-    return out
+        chosen += [_permutation(n, seed, p // n)[p % n] for p in range(start, start + batch_size)]
+    if lengths is not None:
+        chosen.sort(key=lambda i: lengths[i], reverse=True)
+    return [chosen[i : i + batch_size] for i in range(0, len(chosen), batch_size)]
 
 
 def eval_batches(n: int, *, batch_size: int, rank: int, world_size: int) -> list[tuple[list[int], bool]]:

@@ -145,6 +145,24 @@ def test_step_batches_cover_each_epoch_once_across_ranks() -> None:
     assert again == [seen[14:16]]  # step 3, rank 1: positions 14, 15 (a pure function of the step)
 
 
+def test_step_batches_sorted_by_length_keep_each_step_s_pairs_and_pad_less() -> None:
+    lengths = [5, 90, 12, 70, 33, 8, 64, 21, 47, 100, 3, 55]
+    padded = {False: 0, True: 0}
+    for step in range(6):
+        for rank in range(2):
+            plain = step_batches(12, step=step, batch_size=2, grad_accum=3, rank=rank, world_size=2, seed=1)
+            grouped = step_batches(
+                12, step=step, batch_size=2, grad_accum=3, rank=rank, world_size=2, seed=1, lengths=lengths
+            )
+            assert sorted(sum(grouped, [])) == sorted(sum(plain, []))  # the same pairs in the step
+            assert [len(m) for m in grouped] == [2, 2, 2]
+            flat = [lengths[i] for i in sum(grouped, [])]
+            assert flat == sorted(flat, reverse=True)  # longest first across the micro-batches
+            for key, micro in ((False, plain), (True, grouped)):
+                padded[key] += sum(len(m) * max(lengths[i] for i in m) for m in micro)
+    assert padded[True] < padded[False]
+
+
 def test_eval_batches_give_every_rank_the_same_number_of_forwards() -> None:
     # 5 examples, batch 2 -> chunks [0,1] [2,3] [4]; rank 0 gets chunks 0 and 2, rank 1 chunk 1
     # plus a repeat of chunk 0 that is not counted.
