@@ -17,6 +17,7 @@ import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from simsearch.retrieval.base import RENDER_STYLES
 from simsearch.simulator.prompts import ALWAYS_SHOWS_CONTEXT, PRESETS
 
 
@@ -160,7 +161,7 @@ class SearchConfig:
     max_retries: int = 3  # http/web: bounded retries before a clear error
     backoff_s: float = 1.0  # http/web: first backoff, doubled each retry
     cache: str = ""  # SQLite file caching results across runs ("" = no cache)
-    rendering: str = "search-r1"  # how documents are shown to the policy: search-r1 | plain
+    rendering: str = "search-r1"  # how documents are shown to the policy: search-r1 | plain | brief
     simulator: SimulatorConfig = field(default_factory=SimulatorConfig)  # kind=simulator
 
     def check(self, key: str) -> None:
@@ -168,7 +169,7 @@ class SearchConfig:
             f"{key}.kind", self.kind, ("bm25", "dense", "http", "serper", "serpapi", "simulator", "self", "empty")
         )
         _check_positive(f"{key}.top_k", self.top_k)
-        _check_choice(f"{key}.rendering", self.rendering, ("search-r1", "plain"))
+        _check_choice(f"{key}.rendering", self.rendering, RENDER_STYLES)
         if self.kind in ("bm25", "dense") and not self.corpus:
             raise RecipeError(f"{key}.kind={self.kind} needs {key}.corpus (a JSONL file of passages)")
         if self.kind == "http" and not self.url:
@@ -525,6 +526,12 @@ class CollectRecipe:
         _check_shows("show_question", self.show_question, self.preset)
         _check_shows("show_answer", self.show_answer, self.preset)
         _check_choice("target", self.target, ("judged", "retrieved"))
+        if self.search.rendering != "search-r1" and self.preset != "simsearch-brief":
+            raise RecipeError(
+                f"search.rendering={self.search.rendering}: the pairs teach the simulator to write results as "
+                f"the policy reads them, but preset {self.preset} asks for `Doc i(Title: t)` lines; use "
+                "preset=simsearch-brief (no instructions) or search.rendering=search-r1"
+            )
         _check_positive("batch_size", self.batch_size)
         if self.contrast_queries < 0:
             raise RecipeError(f"contrast_queries={self.contrast_queries} must be 0 (off) or more")

@@ -56,7 +56,7 @@ from simsearch.config import (
     load_recipe,
     save_recipe,
 )
-from simsearch.data.templates import TemplateName, render_prompt
+from simsearch.data.templates import render_prompt
 from simsearch.data.tinyworld import World, build_world
 from simsearch.errors import SimsearchError
 from simsearch.eval import report
@@ -97,7 +97,8 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     # The base LM learns from questions about the background entities, the simulator from the
     # training questions (the world RL asks about); test entities stay unseen by both.
     pretrain_questions = world.background or world.train
-    template = load_recipe(TrainRecipe, recipes / "train.yaml").rollout.template
+    # The base LM is pretrained on prompts and results shown as RL will show them.
+    rl_recipe = load_recipe(TrainRecipe, recipes / "train.yaml")
     paths = {
         "train": str(files["train"]),
         "test": str(files["test"]),
@@ -111,7 +112,7 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     clock.start("pretrain", "2/6 base policy (copy drills, then random-query traces)")
     base = run / "base"
     if not (base / "config.json").is_file():
-        _pretrain_base(recipe, world, pretrain_questions, template, base)
+        _pretrain_base(recipe, world, pretrain_questions, rl_recipe, base)
 
     clock.start("collect", "3/6 simulator SFT data (base policy x real BM25)")
     collect_dir = run / "collect"
@@ -190,7 +191,7 @@ def _final_model(train_run: Path) -> Path:
 
 
 def _pretrain_base(
-    recipe: QuickstartRecipe, world: World, questions: list[QAExample], template: TemplateName, out: Path
+    recipe: QuickstartRecipe, world: World, questions: list[QAExample], rl: TrainRecipe, out: Path
 ) -> None:
     """Tokenizer + tiny Qwen2 + copy drills + pretraining on random-query traces, saved like any HF model."""
     # The tokenizer learns English from the policy prompt and the simulator's instructions (a
@@ -198,7 +199,7 @@ def _pretrain_base(
     simulator_prompt = render_simulator_prompt(
         "simsearch", query="", question="", golden_answers=[""], noisy=False, top_k=3
     )
-    texts = world.texts_for_tokenizer() + [render_prompt("", template=template), simulator_prompt] * 100
+    texts = world.texts_for_tokenizer() + [render_prompt("", template=rl.rollout.template), simulator_prompt] * 100
     tokenizer = train_tokenizer(texts, vocab_size=recipe.vocab_size)
     engine = BM25SearchEngine.build(world.passages, show_progress=False)
     model = build_tiny_model(tokenizer, hidden=128, layers=4, heads=4, kv_heads=2, ffn=384, seed=recipe.seed)
@@ -210,8 +211,8 @@ def _pretrain_base(
         pretrain(model, drills, steps=drill_steps, batch_size=64, lr=lr, copy_loss_weight=0.0, seed=recipe.seed)
     n_traces = steps * batch_size if recipe.smoke else recipe.pretrain_traces
     traces = make_traces(
-        world, engine, tokenizer, n=n_traces, seed=recipe.seed, top_k=3, template=template, examples=questions,
-        typed_answer_share=recipe.typed_answer_share,
+        world, engine, tokenizer, n=n_traces, seed=recipe.seed, top_k=rl.search.top_k, template=rl.rollout.template,
+        examples=questions, typed_answer_share=recipe.typed_answer_share, rendering=rl.search.rendering,
     )
     pretrain(model, traces, steps=steps, batch_size=batch_size, lr=lr,
              copy_loss_weight=recipe.copy_loss_weight, seed=recipe.seed)

@@ -88,6 +88,7 @@ def main(recipe: CollectRecipe) -> dict[str, float]:
         records, preset=recipe.preset, target=recipe.target, judge=judge,
         balance=recipe.balance, val_fraction=recipe.val_fraction, seed=recipe.seed,
         show_question=recipe.show_question, show_answer=recipe.show_answer, top_k=recipe.search.top_k,
+        style=recipe.search.rendering,  # the simulator writes results as the policy reads them
     )
     write_pairs(data.train, run_dir / "train.jsonl")
     write_pairs(data.val, run_dir / "val.jsonl")

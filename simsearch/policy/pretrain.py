@@ -58,7 +58,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from simsearch.data.templates import TemplateName, render_prompt
 from simsearch.data.tinyworld import OCCUPATIONS, World
-from simsearch.retrieval.base import SearchEngine, render_documents, wrap_information
+from simsearch.retrieval.base import RenderStyle, SearchEngine, render_documents, wrap_information
 from simsearch.types import Document, QAExample, SearchRequest
 
 QUERY_KINDS: tuple[str, ...] = ("name", "words", "mixed")
@@ -165,6 +165,7 @@ def make_traces(
     query_mix: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3),
     examples: Sequence[QAExample] | None = None,
     typed_answer_share: float = 0.0,
+    rendering: RenderStyle = "search-r1",
 ) -> list[Trace]:
     """Builds `n` pretraining traces with random queries and randomly copied answers.
 
@@ -190,6 +191,7 @@ def make_traces(
         typed_answer_share: Share of traces whose answer is drawn only from the candidates of
             the kind the question asks for (a city for a birthplace, `value_kind`), when the
             documents hold one; the rest draw from all candidates.
+        rendering: How the documents are shown, as in the rollout (`render_documents`).
 
     Returns:
         The traces, in draw order.
@@ -247,7 +249,7 @@ def make_traces(
     prompt_text = {example.id: render_prompt(example.question, template=template) for example in pool}
     prompt_ids = dict(zip(prompt_text, tokenizer(list(prompt_text.values()))["input_ids"]))
     search_ids = _encode(tokenizer, [f"<search> {q} </search>" for q in queries])
-    heads = [wrap_information(render_documents(docs))[: -len(_OBSERVATION_TAIL)] for docs in documents]
+    heads = [wrap_information(render_documents(docs, rendering))[: -len(_OBSERVATION_TAIL)] for docs in documents]
     head_ids = _encode(tokenizer, heads)
     tail_ids = _encode(tokenizer, [_OBSERVATION_TAIL])[0]
     answer_ids = _encode(tokenizer, [f"<answer> {a} </answer>" for a in answers])

@@ -20,7 +20,8 @@ import numpy as np
 
 from simsearch.types import Document, SearchRequest
 
-RenderStyle = Literal["search-r1", "plain"]
+RenderStyle = Literal["search-r1", "plain", "brief"]
+RENDER_STYLES: tuple[RenderStyle, ...] = ("search-r1", "plain", "brief")
 
 
 class SearchEngine(Protocol):
@@ -39,6 +40,10 @@ def render_documents(docs: list[Document], style: RenderStyle = "search-r1") -> 
             newline renders exactly as it would through a Search-R1 server.
         "plain": each document as its title line then its text, documents separated by a blank
             line; no numbering.
+        "brief": `Doc {i}: {text}\n`, the text on one line (whitespace runs become one space),
+            no title. About 7 fewer tokens a document than "search-r1" with a small vocabulary;
+            for corpora whose texts name their subject (the tiny world's do), where the title
+            repeats what the text says.
 
     Args:
         docs: the documents, best first.
@@ -58,7 +63,9 @@ def render_documents(docs: list[Document], style: RenderStyle = "search-r1") -> 
         return "".join(lines)
     if style == "plain":
         return "\n\n".join(f"{doc.title}\n{doc.text}" for doc in docs)
-    raise ValueError(f"unknown render style {style!r}; choose 'search-r1' or 'plain'")
+    if style == "brief":
+        return "".join(f"Doc {i}: {' '.join(doc.text.split())}\n" for i, doc in enumerate(docs, start=1))
+    raise ValueError(f"unknown render style {style!r}; choose one of {', '.join(RENDER_STYLES)}")
 
 
 def wrap_information(block: str) -> str:

@@ -2,8 +2,9 @@
 
 A preset turns one search request (query, the question behind it, its gold answers, how many
 documents, useful or noisy) into the text the simulator continues. The simulator answers with
-numbered documents, `Doc {i}(Title: {title}) {text}` one per line (`format_response`), which is
-what `simsearch.simulator.engine.parse_documents` reads back and what the SFT pairs of
+numbered documents, `Doc {i}(Title: {title}) {text}` one per line (`format_response`; pairs for
+`simsearch-brief` may use another rendering, see there), which is what
+`simsearch.simulator.engine.parse_documents` reads back and what the SFT pairs of
 `simsearch.simulator.sft_data` teach.
 
 Presets:
@@ -28,7 +29,9 @@ Presets:
   (useful) or `Noisy results:` (noisy), after the question and answer lines when shown. For a
   simulator fine-tuned on pairs rendered with it (it learns the format and the number of
   results from them): a tiny model gets nothing from the instructions, which would make up
-  more than half of every SFT sequence.
+  more than half of every SFT sequence. With no instructions to contradict, its pairs' responses
+  may take any `render_documents` style (`simulator collect` uses the policy's
+  `search.rendering`), so the simulator writes results exactly as the policy reads them.
 - `custom`: two user templates with the fields `{query}`, `{question}`, `{answers}` (the gold
   answers joined by "; ") and `{top_k}`; literal braces are written `{{` and `}}`.
 """
@@ -39,7 +42,7 @@ import string
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from simsearch.data.templates import render_documents
+from simsearch.retrieval.base import RenderStyle, render_documents
 from simsearch.types import Document
 
 if TYPE_CHECKING:
@@ -156,20 +159,24 @@ def check_templates(templates: PromptTemplates) -> None:
             )
 
 
-def format_response(documents: list[Document]) -> str:
-    """Writes documents the way the simulator is asked to answer: one `Doc i(Title: t) text` line each.
+def format_response(documents: list[Document], style: RenderStyle = "search-r1") -> str:
+    """Writes documents the way the simulator answers: by default one `Doc i(Title: t) text` line each.
 
     Whitespace runs inside titles and texts (newlines included) become single spaces, so every
-    document stays on one line and `parse_documents` reads the same documents back.
+    document stays on one line (or, for "plain", one title line and one text line) and
+    `parse_documents` reads the same documents back.
 
     Args:
         documents: The documents, best first; numbered from 1.
+        style: A `retrieval.base.render_documents` style. The presets with instructions ask for
+            "search-r1"; a simulator fine-tuned with `simsearch-brief` writes what its pairs
+            taught it, which is best what the policy reads (`search.rendering`).
 
     Returns:
-        The lines joined by newlines, without a trailing newline.
+        The rendered documents, without a trailing newline.
     """
     flat = [Document(" ".join(d.title.split()), " ".join(d.text.split())) for d in documents]
-    return render_documents(flat)
+    return render_documents(flat, style).rstrip("\n")
 
 
 def render(

@@ -57,7 +57,7 @@ from tqdm import tqdm
 
 from simsearch.engines.base import GenerationEngine
 from simsearch.eval.metrics import normalize_answer
-from simsearch.retrieval.base import SearchEngine
+from simsearch.retrieval.base import RenderStyle, SearchEngine
 from simsearch.simulator.engine import PAD_TEXT
 from simsearch.simulator.prompts import Preset, PromptTemplates, as_chat, format_response, render
 from simsearch.types import Document, SamplingParams, SearchRequest, Trajectory
@@ -337,7 +337,8 @@ def contrast_records(
 
 
 def _pair(record: SearchRecord, documents: list[Document], *, noisy: bool, preset: Preset,
-          templates: PromptTemplates | None, show_question: bool, show_answer: bool, top_k: int | None) -> dict:
+          templates: PromptTemplates | None, show_question: bool, show_answer: bool, top_k: int | None,
+          style: RenderStyle) -> dict:
     prompt = render(
         preset,
         query=record.query,
@@ -349,7 +350,7 @@ def _pair(record: SearchRecord, documents: list[Document], *, noisy: bool, prese
     )
     return {
         "prompt": prompt,
-        "response": format_response(documents),
+        "response": format_response(documents, style),
         "label": "noisy" if noisy else "useful",
         "query": record.query,
         "question": record.question,
@@ -371,6 +372,7 @@ def build_sft_pairs(
     show_question: bool = True,
     show_answer: bool = True,
     top_k: int | None = None,
+    style: RenderStyle = "search-r1",
 ) -> SFTData:
     """Labels, balances, renders and splits records into simulator SFT pairs.
 
@@ -392,6 +394,8 @@ def build_sft_pairs(
         top_k: The number of results every prompt asks for, as the simulator will be asked
             (the collecting retriever's top_k). None: each record's own number of documents;
             records with no documents are then dropped for any target.
+        style: How responses write the documents (`format_response`); anything but "search-r1"
+            only with `simsearch-brief`, whose prompts ask for no format.
 
     Returns:
         Train and validation pairs, plus counts under `collect/...`: records, duplicates, empty,
@@ -415,8 +419,10 @@ def build_sft_pairs(
             seen.add(key)
             kept.append(r)
     pairs: list[dict] = []
+    if style != "search-r1" and preset != "simsearch-brief":
+        raise ValueError(f"style={style!r} needs preset='simsearch-brief': preset {preset!r} asks for Doc i(Title: t) lines")
     rendering = {"preset": preset, "templates": templates, "show_question": show_question,
-                 "show_answer": show_answer, "top_k": top_k}
+                 "show_answer": show_answer, "top_k": top_k, "style": style}
     if target == "judged":
         labels = judge(kept) if kept else []
         decided = [(r, label) for r, label in zip(kept, labels) if label is not None]

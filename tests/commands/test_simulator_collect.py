@@ -121,3 +121,17 @@ def test_collect_takes_every_preset_but_custom(tmp_path: Path) -> None:
     assert load_recipe(CollectRecipe, None, [*base, "preset=simsearch-brief"]).preset == "simsearch-brief"
     with pytest.raises(RecipeError, match="preset"):
         load_recipe(CollectRecipe, None, [*base, "preset=custom"])
+
+
+def test_collect_renders_responses_as_the_policy_reads_them_only_with_the_brief_preset(
+    tmp_path: Path, world_files, monkeypatch
+) -> None:
+    from simsearch.config import RecipeError
+
+    _collect(tmp_path, world_files, monkeypatch, "val_fraction=0.0", "preset=simsearch-brief", "search.rendering=brief")
+    pairs = [json.loads(line) for line in (tmp_path / "collect" / "train.jsonl").read_text().splitlines()]
+    written = [p["response"] for p in pairs if p["response"]]
+    assert written and all(r.startswith("Doc 1: ") and "(Title:" not in r for r in written)
+    base = [f"run_dir={tmp_path}", "policy.model.path=m", "data.train=[t]", "search.corpus=c.jsonl"]
+    with pytest.raises(RecipeError, match=r"search\.rendering=brief.*preset simsearch asks for"):
+        load_recipe(CollectRecipe, None, [*base, "search.rendering=brief"])

@@ -112,6 +112,20 @@ def test_trace_is_prompt_search_information_answer_with_masks(world, tokenizer):
     )
 
 
+def test_traces_show_results_in_the_rollout_s_rendering(world, tokenizer):
+    example = world.train[0]
+    name = world.facts[example.id].entity
+    docs = [Document(title=f'"{name}"', text=f"{name} was born in {world.cities[0]}.")]
+    (trace,) = make_traces(
+        world, RecordingEngine(docs), tokenizer, n=1, seed=0, top_k=1, query_mix=(1.0, 0.0, 0.0),
+        examples=[example], rendering="brief",
+    )
+    information = tokenizer.encode(render_information(docs, "brief"), add_special_tokens=False)
+    start = trace.loss_mask.index(0, trace.loss_mask.index(1))  # after the search call
+    assert trace.input_ids[start : start + len(information)] == information
+    assert f"<information>Doc 1: {docs[0].text}</information>" in tokenizer.decode(trace.input_ids)
+
+
 def test_masks_split_policy_and_information_tokens_on_real_traces(traces, tokenizer):
     open_id, close_id = tokenizer.convert_tokens_to_ids(["<information>", "</information>"])
     for trace in traces[:200]:

@@ -93,6 +93,12 @@ def test_plain_style():
     assert render_information(docs, style="plain") == "\n\n<information>A\nalpha\n\nB\nbeta\ngamma</information>\n\n"
 
 
+def test_brief_style_drops_titles_and_keeps_each_text_on_one_line():
+    docs = [Document(title='"Roru"', text="Roru is a  glassblower.\nBorn in Gesmere."), Document(title="B", text="beta")]
+    assert render_documents(docs, style="brief") == "Doc 1: Roru is a glassblower. Born in Gesmere.\nDoc 2: beta\n"
+    assert render_information(docs[1:], style="brief") == "\n\n<information>Doc 1: beta</information>\n\n"
+
+
 def test_unknown_style_is_an_error():
     with pytest.raises(ValueError, match="unknown render style 'markdown'"):
         render_documents([], style="markdown")  # type: ignore[arg-type]

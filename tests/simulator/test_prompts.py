@@ -139,6 +139,17 @@ def test_format_response_round_trips_through_the_parser() -> None:
     ]
 
 
+def test_format_response_in_the_brief_style_round_trips_texts_through_the_parser() -> None:
+    docs = [Document('"Roru"', "Roru is a glassblower\nfrom Gesmere."), Document("Lyon", "Lyon is a city.")]
+    text = format_response(docs, "brief")
+    assert text == "Doc 1: Roru is a glassblower from Gesmere.\nDoc 2: Lyon is a city."
+    result = parse_documents(text, 2)
+    assert result.valid  # numbered blocks, exactly top_k
+    assert [d.text for d in result.documents] == ["Roru is a glassblower from Gesmere.", "Lyon is a city."]
+    # Shown to the policy in the same style, the parsed documents read exactly as written.
+    assert format_response(result.documents, "brief") == text
+
+
 def _tokenizer() -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()

@@ -134,6 +134,16 @@ def test_response_is_parsed_back_to_the_retrieved_documents() -> None:
     assert pair["prompt"].endswith("Query: capital france 0\nUseful Output:\n")
 
 
+def test_brief_pairs_write_responses_in_the_policy_s_rendering() -> None:
+    data = build_sft_pairs(
+        _records()[:1], preset="simsearch-brief", target="retrieved", val_fraction=0.0, style="brief"
+    )
+    useful = next(p for p in data.train if p["label"] == "useful")
+    assert useful["response"] == f"Doc 1: {PARIS.text}\nDoc 2: {LYON.text}"
+    with pytest.raises(ValueError, match="simsearch-brief"):
+        build_sft_pairs(_records()[:1], preset="simsearch", target="retrieved", style="brief")
+
+
 def test_retrieved_target_keeps_bad_queries_and_strips_answers_from_noisy() -> None:
     good = _record("Capital of France?", "Paris", "capital france", [PARIS, LYON])
     bad = _record("Capital of France?", "Paris", "city river", [LYON, NICE])
