@@ -444,6 +444,28 @@ def _save(figure: Any, path: str | os.PathLike, dpi: int) -> Path:
     return out
 
 
+def bar_layout(summary: Mapping[str, Any], metric: str) -> tuple[list[str], list[tuple[str, list[float], bool]]]:
+    """What `plot_bars` draws: the groups, and per method its legend label, values and hatching.
+
+    The groups are the datasets, plus "Avg." when there are several datasets and some method has
+    an average. A missing cell (or a partial average) is NaN: drawn as no bar and no label, never
+    as 0. A method's label carries its search in parentheses when it has one.
+    """
+    datasets = list(summary["datasets"])
+    rows = summary["rows"]
+    with_average = len(datasets) > 1 and any(row["average"] for row in rows.values())
+    groups = datasets + (["Avg."] if with_average else [])
+    methods = []
+    for name, row in rows.items():
+        values = [100.0 * row["results"][d][metric] if d in row["results"] else math.nan for d in datasets]
+        if with_average:
+            complete = all(d in row["results"] for d in datasets)
+            values.append(100.0 * row["average"][metric] if complete and row["average"] else math.nan)
+        label = f"{name} ({row['search']})" if row["search"] else name
+        methods.append((label, values, row["kind"] == "simulator"))
+    return groups, methods
+
+
 def plot_bars(
     summary: Mapping[str, Any],
     path: str | os.PathLike,
@@ -452,7 +474,7 @@ def plot_bars(
     size_px: tuple[int, int] = (1200, 600),
     dpi: int = 100,
 ) -> Path:
-    """Grouped bars: one group per dataset (and "Avg."), one bar per method.
+    """Grouped bars: one group per dataset (and "Avg.", see `bar_layout`), one bar per method.
 
     Simulator rows are hatched, so simulated and real search stand apart at a glance.
 
@@ -466,31 +488,18 @@ def plot_bars(
     Returns:
         The written path.
     """
-    datasets = list(summary["datasets"])
-    groups = datasets + ["Avg."]
-    methods = list(summary["rows"].items())
+    groups, bars_by_method = bar_layout(summary, metric)
     figure, axes = _figure(size_px, dpi)
     ax = axes[0][0]
-    width = 0.8 / max(1, len(methods))
+    width = 0.8 / max(1, len(bars_by_method))
     highest = 0.0
-    for i, (name, row) in enumerate(methods):
-        # A missing cell (or a partial average) is drawn as no bar and no label, never as 0.
-        values = [100.0 * row["results"][d][metric] if d in row["results"] else math.nan for d in datasets]
-        complete = all(d in row["results"] for d in datasets)
-        values.append(100.0 * row["average"][metric] if complete and row["average"] else math.nan)
+    for i, (label, values, simulated) in enumerate(bars_by_method):
         highest = max([highest, *(v for v in values if not math.isnan(v))])
         offsets = [g - 0.4 + width * (i + 0.5) for g in range(len(groups))]
         bars = ax.bar(
-            offsets,
-            values,
-            width,
-            label=f"{name} ({row['search']})",
-            hatch="//" if row["kind"] == "simulator" else None,
-            edgecolor="black",
-            linewidth=0.5,
+            offsets, values, width, label=label, hatch="//" if simulated else None, edgecolor="black", linewidth=0.5
         )
-        labels = ["" if math.isnan(v) else f"{v:.1f}" for v in values]
-        ax.bar_label(bars, labels=labels, fontsize="x-small", padding=1)
+        ax.bar_label(bars, labels=["" if math.isnan(v) else f"{v:.1f}" for v in values], fontsize="x-small", padding=1)
     # Room above the bars for their labels and the legend; an all-zero table still gets an axis.
     ax.set_ylim(0.0, max(10.0, 1.25 * highest))
     ax.set_xticks(range(len(groups)), groups)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import csv
 import json
 
@@ -174,6 +176,18 @@ def test_csv_and_json_round_trip(tmp_path) -> None:
 def _png(path) -> Image.Image:
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     return Image.open(path).convert("RGB")
+
+
+def test_bar_layout_averages_only_several_datasets_and_labels_a_search_only_when_there_is_one() -> None:
+    groups, methods = report.bar_layout(_summary(), "substring_em")
+    assert groups == ["nq", "popqa", "Avg."]
+    (bm25_label, bm25_values, bm25_hatched), (sim_label, sim_values, sim_hatched) = methods
+    assert (bm25_label, bm25_values, bm25_hatched) == ("bm25 (bm25 top-3)", [50.0, 25.0, 37.5], False)
+    assert sim_label == "sim (simulator top-3, p_noise 0)" and sim_hatched
+    assert sim_values[0] == pytest.approx(12.3456) and math.isnan(sim_values[1]) and math.isnan(sim_values[2])
+    # The quickstart's shape: engines as the groups, no averages, policies without a search label.
+    one = {"datasets": ["bm25"], "rows": {"base": {"kind": "policy", "search": "", "results": {"bm25": _metrics(0.2)}, "average": {}}}}
+    assert report.bar_layout(one, "substring_em") == (["bm25"], [("base", [20.0], False)])
 
 
 def test_plot_bars_png_of_the_requested_size(tmp_path) -> None:
