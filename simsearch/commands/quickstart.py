@@ -31,8 +31,8 @@ instructions, which halves every SFT sequence. The policy prompt is `search-r1-b
 Search-R1 protocol in one sentence: the compat prompt's ~100 tokens would double every sequence
 a tiny model trains on. Results are rendered `brief` (`Doc i: text`, no title: the world's
 texts name their person) for the policy, its pretraining traces and the simulator's responses
-alike: a third fewer tokens per result set than Search-R1's `Doc i(Title: t) text`, which
-every stage after the world pays for.
+alike: 65 tokens per result set instead of 84 with Search-R1's `Doc i(Title: t) text`, a
+saving every stage after the world gets.
 """
 
 from __future__ import annotations
