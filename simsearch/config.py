@@ -18,7 +18,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from simsearch.retrieval.base import RENDER_STYLES
-from simsearch.simulator.prompts import ALWAYS_SHOWS_CONTEXT, PRESETS
+from simsearch.simulator.prompts import ALWAYS_SHOWS_CONTEXT, ANY_RESPONSE_STYLE, PRESETS
 
 
 class RecipeError(ValueError):
@@ -526,7 +526,7 @@ class CollectRecipe:
         _check_shows("show_question", self.show_question, self.preset)
         _check_shows("show_answer", self.show_answer, self.preset)
         _check_choice("target", self.target, ("judged", "retrieved"))
-        if self.search.rendering != "search-r1" and self.preset != "simsearch-brief":
+        if self.search.rendering != "search-r1" and self.preset not in ANY_RESPONSE_STYLE:
             raise RecipeError(
                 f"search.rendering={self.search.rendering}: the pairs teach the simulator to write results as "
                 f"the policy reads them, but preset {self.preset} asks for `Doc i(Title: t)` lines; use "

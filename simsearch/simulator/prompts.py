@@ -54,6 +54,9 @@ CUSTOM_FIELDS: tuple[str, ...] = ("query", "question", "answers", "top_k")
 # Presets whose prompts always carry the question and the answer (show_question/show_answer
 # cannot be turned off): ZeroSearch was only ever trained and prompted with both.
 ALWAYS_SHOWS_CONTEXT: tuple[str, ...] = ("zerosearch", "zerosearch-prompt")
+# Presets whose prompts ask for no response format, so their SFT responses may take any
+# rendering; the others' instructions ask for `Doc i(Title: t) text` lines.
+ANY_RESPONSE_STYLE: tuple[str, ...] = ("simsearch-brief",)
 
 # compat: ZeroSearch's SFT-mode simulator prompt (Alibaba-NLP/ZeroSearch), useful variant. The
 # noisy variant is derived by `_zerosearch` with the three substitutions, never retyped.

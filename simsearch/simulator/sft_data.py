@@ -59,7 +59,14 @@ from simsearch.engines.base import GenerationEngine
 from simsearch.eval.metrics import normalize_answer
 from simsearch.retrieval.base import RenderStyle, SearchEngine
 from simsearch.simulator.engine import PAD_TEXT
-from simsearch.simulator.prompts import Preset, PromptTemplates, as_chat, format_response, render
+from simsearch.simulator.prompts import (
+    ANY_RESPONSE_STYLE,
+    Preset,
+    PromptTemplates,
+    as_chat,
+    format_response,
+    render,
+)
 from simsearch.types import Document, SamplingParams, SearchRequest, Trajectory
 
 if TYPE_CHECKING:
@@ -419,8 +426,10 @@ def build_sft_pairs(
             seen.add(key)
             kept.append(r)
     pairs: list[dict] = []
-    if style != "search-r1" and preset != "simsearch-brief":
-        raise ValueError(f"style={style!r} needs preset='simsearch-brief': preset {preset!r} asks for Doc i(Title: t) lines")
+    if style != "search-r1" and preset not in ANY_RESPONSE_STYLE:
+        raise ValueError(
+            f"style={style!r} needs preset='simsearch-brief': preset {preset!r} asks for Doc i(Title: t) lines"
+        )
     rendering = {"preset": preset, "templates": templates, "show_question": show_question,
                  "show_answer": show_answer, "top_k": top_k, "style": style}
     if target == "judged":

@@ -95,7 +95,8 @@ def test_accumulated_length_sorted_micro_batches_train_like_one_batch(base: Path
     for batch_size, grad_accum in ((6, 1), (2, 3), (1, 6)):
         run = tmp_path / f"b{batch_size}a{grad_accum}"
         recipe = _recipe(base, run, batch_size=batch_size, grad_accum=grad_accum, train_file=str(varied), val_file="")
-        runs[batch_size] = (_weights(main(recipe) / "model"), [r["losses/train"] for r in read_metrics(run) if "losses/train" in r])
+        weights = _weights(main(recipe) / "model")
+        runs[batch_size] = (weights, [r["losses/train"] for r in read_metrics(run) if "losses/train" in r])
     one_batch, one_losses = runs[6]
     for batch_size in (2, 1):
         weights, losses = runs[batch_size]

@@ -186,7 +186,8 @@ def test_bar_layout_averages_only_several_datasets_and_labels_a_search_only_when
     assert sim_label == "sim (simulator top-3, p_noise 0)" and sim_hatched
     assert sim_values[0] == pytest.approx(12.3456) and math.isnan(sim_values[1]) and math.isnan(sim_values[2])
     # The quickstart's shape: engines as the groups, no averages, policies without a search label.
-    one = {"datasets": ["bm25"], "rows": {"base": {"kind": "policy", "search": "", "results": {"bm25": _metrics(0.2)}, "average": {}}}}
+    base = {"kind": "policy", "search": "", "results": {"bm25": _metrics(0.2)}, "average": {}}
+    one = {"datasets": ["bm25"], "rows": {"base": base}}
     assert report.bar_layout(one, "substring_em") == (["bm25"], [("base", [20.0], False)])
 
 

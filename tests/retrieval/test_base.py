@@ -94,7 +94,7 @@ def test_plain_style():
 
 
 def test_brief_style_drops_titles_and_keeps_each_text_on_one_line():
-    docs = [Document(title='"Roru"', text="Roru is a  glassblower.\nBorn in Gesmere."), Document(title="B", text="beta")]
+    docs = [Document(title='"Roru"', text="Roru is a  glassblower.\nBorn in Gesmere."), Document("B", "beta")]
     assert render_documents(docs, style="brief") == "Doc 1: Roru is a glassblower. Born in Gesmere.\nDoc 2: beta\n"
     assert render_information(docs[1:], style="brief") == "\n\n<information>Doc 1: beta</information>\n\n"
 
