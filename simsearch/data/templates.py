@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
+from simsearch.retrieval.base import render_documents
 from simsearch.types import Document
 
 if TYPE_CHECKING:
@@ -74,19 +75,6 @@ RAG_TEMPLATE = (
     "Documents:\n{documents}\n\n"
     "Question: {question}\n"
 )
-
-
-def render_documents(documents: list[Document]) -> str:
-    """Render documents as Search-R1 shows search results: `Doc {i}(Title: {title}) {text}` lines.
-
-    Args:
-        documents: The documents, best first; numbered from 1.
-
-    Returns:
-        One line per document, without the `<information>` wrapper and without a trailing
-        newline.
-    """
-    return "\n".join(f"Doc {i}(Title: {doc.title}) {doc.text}" for i, doc in enumerate(documents, 1))
 
 
 def apply_chat_template(text: str, tokenizer: PreTrainedTokenizerBase) -> str:
@@ -168,4 +156,4 @@ def render_prompt(
     if template == "direct":
         return DIRECT_TEMPLATE.format(question=question)
     assert documents is not None  # template == "rag", checked above
-    return RAG_TEMPLATE.format(question=question, documents=render_documents(documents))
+    return RAG_TEMPLATE.format(question=question, documents=render_documents(documents).rstrip("\n"))
