@@ -411,6 +411,10 @@ def build_sft_pairs(
     """
     if target not in ("judged", "retrieved"):
         raise ValueError(f"target={target!r} is not one of judged, retrieved")
+    if style != "search-r1" and preset not in ANY_RESPONSE_STYLE:
+        raise ValueError(
+            f"style={style!r} needs preset='simsearch-brief': preset {preset!r} asks for Doc i(Title: t) lines"
+        )
     stats: dict[str, float] = {"collect/records": float(len(records))}
     seen: set[str] = set()
     kept: list[SearchRecord] = []
@@ -426,10 +430,6 @@ def build_sft_pairs(
             seen.add(key)
             kept.append(r)
     pairs: list[dict] = []
-    if style != "search-r1" and preset not in ANY_RESPONSE_STYLE:
-        raise ValueError(
-            f"style={style!r} needs preset='simsearch-brief': preset {preset!r} asks for Doc i(Title: t) lines"
-        )
     rendering = {"preset": preset, "templates": templates, "show_question": show_question,
                  "show_answer": show_answer, "top_k": top_k, "style": style}
     if target == "judged":
