@@ -491,6 +491,33 @@ def test_score_trajectories_uses_the_response_answer(tokenizer):
 # --------------------------------------------------------------------------- a real tiny model
 
 
+def _overfit(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor, margin: float, max_steps: int) -> int:
+    """Trains until every labelled token beats every other by `margin` logits; returns the steps.
+
+    A condition, not a step count: float results of training differ between CPUs, so a fixed
+    number of steps can leave a near-tie that greedy decoding breaks differently on another
+    machine. With the margin reached, greedy decoding is the trace on any CPU.
+    """
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2)
+    targets = labels[0, 1:]
+    trained = targets.ne(-100)
+    for step in range(max_steps):
+        model.train()
+        loss = model(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % 10 == 9:
+            model.eval()
+            with torch.no_grad():
+                logits = model(input_ids=ids).logits[0, :-1][trained]  # [T, V]
+            gold = logits.gather(-1, targets[trained].unsqueeze(-1)).squeeze(-1)
+            others = logits.scatter(-1, targets[trained].unsqueeze(-1), float("-inf")).max(dim=-1).values
+            if bool((gold - others).min() > margin):
+                return step + 1
+    raise AssertionError(f"the tiny model did not fit the trace within {max_steps} steps")
+
+
 def test_two_turns_end_to_end_with_a_tiny_model(tokenizer):
     """A tiny Qwen2, overfit on one trace's two turns, searches then answers through HFEngine."""
     prompt = tokenizer.encode(SEARCH_R1_TEMPLATE.format(question=QUESTIONS[0]))
@@ -503,13 +530,7 @@ def test_two_turns_end_to_end_with_a_tiny_model(tokenizer):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a 1-layer model trains faster on one thread than on a busy CPU
     try:
-        model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2)
-        for _ in range(80):
-            loss = model(input_ids=ids, labels=labels).loss
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+        _overfit(model, ids, labels, margin=1.0, max_steps=600)
         model.eval()
 
         search = RecordingSearch()
