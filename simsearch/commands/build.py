@@ -7,13 +7,12 @@ fails before any work starts.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict
 from pathlib import Path
 
 from simsearch.config import GenerationConfig, RecipeError, SearchConfig
 from simsearch.engines.base import GenerationEngine
+from simsearch.fingerprints import digest, path_identity
 from simsearch.retrieval.base import SearchEngine
 
 
@@ -77,18 +76,22 @@ def build_generation_engine(
 def search_fingerprint(cfg: SearchConfig) -> str:
     """A stable identity of what shapes an engine's answers, used as the cache namespace.
 
-    Timeouts, retries and the cache path do not change answers and are left out.
+    Timeouts, retries and the cache path do not change answers and are left out. Local files
+    enter by identity (`fingerprints.path_identity`): a corpus or a simulator model rewritten at
+    the same path (another world, a retrained simulator) gets a new namespace, so its cached
+    results are never read back as this one's.
     """
     fields = asdict(cfg)
     for volatile in ("cache", "timeout_s", "max_retries", "backoff_s", "api_key_env"):
         fields.pop(volatile)
     if cfg.kind != "simulator":
         fields.pop("simulator")
-    if cfg.kind in ("bm25", "dense") and cfg.corpus and Path(cfg.corpus).is_file():
-        stat = Path(cfg.corpus).stat()
-        fields["corpus_stat"] = [stat.st_size, int(stat.st_mtime)]
-    blob = json.dumps(fields, sort_keys=True)
-    return f"{cfg.kind}:{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
+    if cfg.kind in ("bm25", "dense"):
+        fields["corpus_files"] = path_identity(cfg.corpus)
+    if cfg.kind == "simulator":
+        model = cfg.simulator.generation.model
+        fields["simulator_files"] = [path_identity(model.path), path_identity(model.adapter)]
+    return f"{cfg.kind}:{digest(fields)}"
 
 
 def build_search_engine(cfg: SearchConfig, *, seed: int = 0) -> SearchEngine | None:

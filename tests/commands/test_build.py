@@ -49,6 +49,26 @@ def test_cache_wraps_the_engine_and_namespaces_by_configuration(world_files, tmp
         search_fingerprint(_config(kind="bm25", corpus=str(files["corpus"]), top_k=2, timeout_s=9))
 
 
+def test_a_corpus_or_simulator_rewritten_in_place_gets_a_new_cache_namespace(tmp_path: Path) -> None:
+    """Another world or a retrained simulator at the same path must never hit the old cache."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "0", "contents": "a"}\n')
+    bm25 = _config(kind="bm25", corpus=str(corpus))
+    before = search_fingerprint(bm25)
+    assert search_fingerprint(bm25) == before  # stable while nothing changes
+    corpus.write_text('{"id": "0", "contents": "b"}\n')  # same size, another world
+    assert search_fingerprint(bm25) != before
+
+    model = tmp_path / "simulator"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights one")
+    simulator = SearchConfig(kind="simulator")
+    simulator.simulator.generation.model.path = str(model)
+    before = search_fingerprint(simulator)
+    (model / "model.safetensors").write_bytes(b"weights two")
+    assert search_fingerprint(simulator) != before
+
+
 def test_missing_corpus_is_a_recipe_error(tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match=r"corpus .*nope\.jsonl.* not found"):
         build_search_engine(_config(kind="bm25", corpus=str(tmp_path / "nope.jsonl")))

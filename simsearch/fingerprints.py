@@ -1,0 +1,42 @@
+"""Fingerprints: short, stable digests of what a result was built from.
+
+A run directory is reused across invocations (resume), so every piece of stored work carries
+the fingerprint of its inputs and is read back only under the same fingerprint: a cache entry,
+an evaluation row, a quickstart stage. Local files enter a fingerprint by identity (size and
+modification time in nanoseconds of every file, not their bytes: hashing a 14B model's weights
+on every start would take minutes), so a model or corpus rewritten in place gets a new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def digest(parts: Any) -> str:
+    """A 16-hex-digit SHA-256 of `parts` (JSON; dict keys sorted; other objects by `str`)."""
+    blob = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def path_identity(path: str | os.PathLike[str] | None) -> list[Any] | None:
+    """What a local file or directory is now: `[[relative name, size, mtime_ns], ...]`.
+
+    A directory lists every regular file below it (sorted), so a model directory changes
+    identity when any of its weights, config or tokenizer files is rewritten. None for a path
+    that does not exist locally (a hub name, a URL, an empty setting): its name alone must
+    identify it.
+    """
+    if not path:
+        return None
+    root = Path(path)
+    if root.is_file():
+        stat = root.stat()
+        return [[root.name, stat.st_size, stat.st_mtime_ns]]
+    if not root.is_dir():
+        return None
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    return [[p.relative_to(root).as_posix(), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
