@@ -11,6 +11,12 @@ Hugging Face Hub when online:
   without `question`, it is recovered from the text after the prompt's last `Question: ` (where
   Search-R1's template puts it). Note that Search-R1's data preparation appends `?` to questions
   lacking one, so a recovered question may differ from the source dataset's by that mark.
+- verl-style with a bare question, as IGPO ships its test split: the chat list's user message
+  is the question itself (no `Question: `; the instructions come from elsewhere), and
+  `reward_model.ground_truth` is one string joining the answers with `<|answer_split|>`, which
+  IGPO's scorer splits (GuoqingWang1/IGPO verl/utils/reward_score/info_gain.py, `compute_f1`).
+  A user message that names a protocol tag (`<answer>`, `<search>`, ...) is a templated prompt,
+  not a question, and is still refused without the marker, as is a plain-string prompt.
 
 Local files are read with the standard library (JSON, JSONL) and pyarrow (Parquet), not through
 `datasets`, which only loads hub datasets here. `datasets` 5.x stores a JSON column holding mixed
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +41,12 @@ from simsearch.errors import DataError
 from simsearch.types import QAExample
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+ANSWER_SPLIT = "<|answer_split|>"
+"""Joins several gold answers in one `reward_model.ground_truth` string (IGPO's verl files)."""
+QUESTION_MARKER = "Question: "
+"""Where Search-R1's template (and all of ours) put the question: the prompt ends with it."""
+# Instructions name the protocol's tags; a bare question does not.
+_TEMPLATE_TAG = re.compile(r"</?(?:answer|search|think|information)>")
 # FlashRAG names files by split; the directory above names the dataset (`nq/test.jsonl` -> nq).
 SPLIT_NAMES = ("train", "dev", "val", "valid", "validation", "test")
 
@@ -263,9 +276,9 @@ def _to_example(row: Any, *, where: str, index: int, data_source: str) -> QAExam
         if prompt is None:
             raise QADataError(
                 f"{where}: key 'question' is missing; FlashRAG rows need 'question', verl rows a "
-                "'prompt' whose user message ends with 'Question: ...'"
+                "'prompt' whose user message ends with 'Question: ...' or is the bare question"
             )
-        question = _question_from_prompt(prompt, where)
+        question = _question_from_prompt(prompt, chat=isinstance(row["prompt"], list), where=where)
     elif not isinstance(question, str):
         raise QADataError(f"{where}: key 'question' must be a string, got {type(question).__name__}")
     if not question.strip():
@@ -323,16 +336,17 @@ def _prompt_text(row: dict[str, Any], where: str) -> str | None:
     )
 
 
-def _question_from_prompt(prompt: str, where: str) -> str:
-    # Search-R1's template (and all of ours) end with "Question: {question}\n".
-    marker = "Question: "
-    cut = prompt.rfind(marker)
-    if cut < 0:
-        raise QADataError(
-            f"{where}: key 'question' is missing and the prompt has no 'Question: ' to recover it "
-            "from; add a 'question' column"
-        )
-    return prompt[cut + len(marker) :].strip()
+def _question_from_prompt(prompt: str, *, chat: bool, where: str) -> str:
+    """The text after the last `Question: `, else a chat user message that is a bare question."""
+    cut = prompt.rfind(QUESTION_MARKER)
+    if cut >= 0:
+        return prompt[cut + len(QUESTION_MARKER) :].strip()
+    if chat and not _TEMPLATE_TAG.search(prompt):
+        return prompt.strip()
+    raise QADataError(
+        f"{where}: key 'question' is missing and the prompt has no 'Question: ' to recover it "
+        "from (and is not a chat user message holding only the question); add a 'question' column"
+    )
 
 
 def _answers_from_reward_model(row: dict[str, Any], where: str) -> list[str]:
@@ -347,9 +361,14 @@ def _answers_from_reward_model(row: dict[str, Any], where: str) -> list[str]:
             f"{where}: key 'reward_model' must be an object with 'ground_truth', got {reward_model!r:.200}"
         )
     truth = reward_model["ground_truth"]
-    # verl datasets store either {"target": [...]} (Search-R1, ZeroSearch, SSRL) or the answers.
+    # verl datasets store either {"target": [...]} (Search-R1, ZeroSearch, SSRL) or the answers,
+    # possibly as one string joined by ANSWER_SPLIT (IGPO).
     if isinstance(truth, dict):
         if truth.get("target") is None:
             raise QADataError(f"{where}: key 'reward_model.ground_truth.target' is missing")
-        return as_answer_list(truth["target"], where=f"{where}: key 'reward_model.ground_truth.target'")
-    return as_answer_list(truth, where=f"{where}: key 'reward_model.ground_truth'")
+        key, truth = "reward_model.ground_truth.target", truth["target"]
+    else:
+        key = "reward_model.ground_truth"
+    if isinstance(truth, str):
+        truth = truth.split(ANSWER_SPLIT)
+    return as_answer_list(truth, where=f"{where}: key {key!r}")

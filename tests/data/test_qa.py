@@ -147,6 +147,38 @@ def test_ground_truth_given_directly_without_target(tmp_path: Path) -> None:
     assert (ex.question, ex.golden_answers, ex.prompt) == ("q?", ["a", "b"], "Question: q?\n")
 
 
+def test_verl_parquet_with_bare_question_and_split_answers(tmp_path: Path) -> None:
+    # IGPO's test split: the user message is the question itself, the answers one string.
+    rows = [
+        {
+            "data_source": "nq",
+            "prompt": [{"role": "user", "content": "who wrote hamlet?"}],
+            "reward_model": {"ground_truth": "Shakespeare<|answer_split|>William Shakespeare", "style": "rule"},
+            "extra_info": {"index": 7, "split": "test"},
+        },
+        {
+            "data_source": "popqa",
+            "prompt": [{"role": "system", "content": "Use <search> and <answer>."},
+                       {"role": "user", "content": " capital of peru? \n"}],
+            "reward_model": {"ground_truth": "Lima", "style": "rule"},
+            "extra_info": {"index": 8, "split": "test"},
+        },
+    ]
+    path = tmp_path / "igpo_test.parquet"
+    pd.DataFrame(rows).to_parquet(path)
+    examples = load_qa(path)
+    assert [(ex.id, ex.question, ex.golden_answers) for ex in examples] == [
+        ("nq_7", "who wrote hamlet?", ["Shakespeare", "William Shakespeare"]),
+        ("popqa_8", "capital of peru?", ["Lima"]),
+    ]
+
+
+def test_answer_split_marker_in_target_and_empty_parts(tmp_path: Path) -> None:
+    row = {"question": "q", "reward_model": {"ground_truth": {"target": "a<|answer_split|><|answer_split|>b"}}}
+    (ex,) = load_qa(_write_jsonl(tmp_path / "v.jsonl", [row]))
+    assert ex.golden_answers == ["a", "b"]  # an empty part is no answer
+
+
 def test_as_answer_list_accepts_numpy_arrays() -> None:
     assert as_answer_list(np.array(["a", "b"], dtype=object), where="f") == ["a", "b"]
     assert as_answer_list("a", where="f") == ["a"]
@@ -170,6 +202,9 @@ def test_as_answer_list_accepts_numpy_arrays() -> None:
         ({"id": ["x"], "question": "q", "golden_answers": ["a"]}, r"line 3: key 'id' must be"),
         (["not", "an", "object"], r"line 3: a row must be a JSON object"),
         ({"prompt": "no marker here", "reward_model": {"ground_truth": {"target": ["a"]}}}, r"line 3: .*no 'Question: '"),
+        # a templated user message (it names the tags) without the marker is not a bare question
+        ({"prompt": [{"role": "user", "content": "Answer in <answer> tags: q"}], "reward_model": {"ground_truth": "a"}},
+         r"line 3: .*no 'Question: '"),
         ({"question": "q", "reward_model": {"ground_truth": {"style": "rule"}}}, r"line 3: key 'reward_model.ground_truth.target' is missing"),
         ({"question": "q", "prompt": [{"role": "system", "content": "x"}], "golden_answers": ["a"]}, r"line 3: key 'prompt'"),
     ],
