@@ -396,6 +396,12 @@ class TrainRecipe:
         _check_positive("steps", self.steps)
         _check_positive("prompts_per_step", self.prompts_per_step)
         _check_positive("micro_batch_size", self.micro_batch_size)
+        if self.sampling.temperature == 0:
+            # The trainer's log-probs are those of softmax(logits / temperature), the sampled distribution.
+            raise RecipeError(
+                "sampling.temperature=0 samples greedily: a group's rollouts would all be the same and there is "
+                "no sampling distribution to train; set sampling.temperature > 0 (the papers use 1.0)"
+            )
         if not self.data.train:
             raise RecipeError("data.train is empty: list at least one QA file")
         batch = self.prompts_per_step * self.rollout.group_size

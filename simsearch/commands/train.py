@@ -28,6 +28,11 @@ optimizer, scheduler, curriculum, data position, RNG, critic), and with DeepSpee
 
 Where this departs from the textbook and from ZeroSearch's verl trainer:
 
+- Every trainer log-prob (old, current, reference) and the entropy are those of softmax(logits /
+  `sampling.temperature`), the distribution the rollout sampled from, as verl's actor computes
+  them (ZeroSearch's `verl/workers/actor/dp_actor.py:100,136`, temperature set for old and
+  reference log-probs in `verl/workers/fsdp_workers.py:461,492`); top-p is not applied, as in
+  verl. A temperature of 0 (greedy) is refused for training: it has no distribution to train.
 - Old log-probs are recomputed only when a batch is reused (`ppo_epochs` > 1, several
   minibatches, or KL folded into the reward); otherwise the update is on-policy and old = the
   current log-probs detached (ratio 1, nothing clipped), which is exact and saves a forward pass.
@@ -56,7 +61,9 @@ Where this departs from the textbook and from ZeroSearch's verl trainer:
   rollout asks for log-probs, and each trained token's advantage is multiplied by
   min(p_trainer / p_rollout, tis_cap), detached, with p_trainer the old log-probs (then always
   computed: one more forward pass when the batch is not reused). Both sides are the raw
-  distribution, before temperature and top-p, so the weights measure the engines' disagreement.
+  distribution, before temperature and top-p, so the weights measure the engines' disagreement
+  (our engines report raw log-probs; verl asks vLLM for tempered ones): at a temperature other
+  than 1 that takes one more forward pass.
   Each process runs its own engine (vLLM's `external_launcher`), so tensor parallelism is
   refused with several processes. Under ZeRO-3 no rollout copy is kept: the weights are gathered
   a module at a time straight into vLLM.
@@ -129,7 +136,7 @@ VAL_REWARDS = {"em": 1.0, "f1": 1.0, "substring_em": 1.0}
 def main(recipe: TrainRecipe) -> dict[str, float]:
     """Trains the policy the recipe describes; returns the last step's metrics."""
     # ------------------------------------------------------------------ setup
-    alg, optim = recipe.algorithm, recipe.optim
+    alg, optim, temp = recipe.algorithm, recipe.optim, recipe.sampling.temperature
     use_ds, lora, ppo = recipe.deepspeed.stage > 0, recipe.lora.r > 0, alg.estimator == "ppo"
     use_vllm = recipe.policy.kind == "vllm"
     if recipe.policy.kind == "openai":
@@ -311,6 +318,7 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
         kl_coef=0.0 if alg.kl_in_reward else alg.kl_coef,
         kl_estimator=alg.kl_estimator,
         entropy_coef=alg.entropy_coef,
+        temperature=temp,
     )
     # Rows without signal may skip the forward/backward only where nothing else acts on them.
     skip_flat_rows = world == 1 and not ppo and loss_settings.kl_coef == 0 and alg.entropy_coef == 0
@@ -482,13 +490,16 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
             rewards = torch.tensor(scored.total, dtype=torch.float32)
             batch = collate_trajectories(result.trajectories, tokenizer.pad_token_id).to(device)
             reused = alg.ppo_epochs > 1 or bool(minibatch_rows and minibatch_rows < batch.size)
-            ref_logp = old_logp = old_values = None
+            ref_logp = old_logp = raw_logp = old_values = None
+            mbs = recipe.micro_batch_size
             with autocast():
                 if needs_reference:
                     with actor_module.disable_adapter() if lora else nullcontext():
-                        ref_logp = logprobs_in_micro_batches(actor if lora else reference, batch, recipe.micro_batch_size)
+                        ref_logp = logprobs_in_micro_batches(actor if lora else reference, batch, mbs, temp)
                 if reused or (alg.kl_in_reward and needs_reference) or alg.tis_cap > 0:
-                    old_logp = logprobs_in_micro_batches(actor, batch, recipe.micro_batch_size)
+                    old_logp = logprobs_in_micro_batches(actor, batch, mbs, temp)
+                if alg.tis_cap > 0:  # the engines report raw log-probs: compare like with like
+                    raw_logp = old_logp if temp == 1 else logprobs_in_micro_batches(actor, batch, mbs)
                 if critic is not None:
                     old_values = values_in_micro_batches(critic, batch, recipe.micro_batch_size)
             # 5. advantages and the update
@@ -508,7 +519,7 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
                 # Weights >= 0 scale each token's clipped surrogate exactly (policy.offpolicy);
                 # the logged advantages stay the estimator's.
                 rollout_logp = collate_rollout_logprobs(result.trajectories).to(device)  # [B, L]
-                tis_weights, tis_stats = truncated_is_weights(old_logp, rollout_logp, alg.tis_cap, batch.loss_mask)
+                tis_weights, tis_stats = truncated_is_weights(raw_logp, rollout_logp, alg.tis_cap, batch.loss_mask)
                 trained_advantages = advantages * tis_weights  # [B, L], 0 where not trained
             update_began = time.perf_counter()
             losses = update(batch, trained_advantages, None if not reused else old_logp, ref_logp, returns, old_values, step)

@@ -337,17 +337,20 @@ def response_logits(model: nn.Module, batch: TrainBatch) -> torch.Tensor:
 
 
 @torch.no_grad()
-def logprobs_in_micro_batches(model: nn.Module, batch: TrainBatch, micro_batch_size: int) -> torch.Tensor:
+def logprobs_in_micro_batches(
+    model: nn.Module, batch: TrainBatch, micro_batch_size: int, temperature: float = 1.0
+) -> torch.Tensor:
     """`[B, L]` log-probs of the response tokens under `model`, without gradient, 0 at padding.
 
-    Used for the old policy (before an update) and the frozen reference. Runs the rows in
-    length-sorted micro-batches of at most `micro_batch_size`.
+    Used for the old policy (before an update) and the frozen reference, at the rollout's
+    sampling `temperature` (as the update's current log-probs, `ActorLossSettings.temperature`).
+    Runs the rows in length-sorted micro-batches of at most `micro_batch_size`.
     """
     out = torch.zeros(batch.loss_mask.shape, dtype=torch.float32, device=batch.input_ids.device)
     lengths = batch.prompt_lens + batch.response_lens
     for rows in micro_batches(torch.arange(batch.size, device=lengths.device), lengths, micro_batch_size):
         micro = batch.select(rows)
-        logp = token_logprobs(response_logits(model, micro), micro.responses)  # [b, L']
+        logp = token_logprobs(response_logits(model, micro), micro.responses, temperature=temperature)  # [b, L']
         out[rows, : micro.response_width] = torch.where(micro.loss_mask.bool(), logp.float(), 0.0)
     return out
 
@@ -489,6 +492,8 @@ class ActorLossSettings:
         kl_coef: Weight of the KL loss term (0 when KL is off or folded into the reward).
         kl_estimator: "k1" or "k3".
         entropy_coef: Weight of the entropy bonus (the entropy is computed for logging anyway).
+        temperature: The rollout's sampling temperature: log-probs and entropy are those of
+            softmax(logits / temperature), the distribution the tokens were drawn from (verl).
     """
 
     clip_low: float = 0.2
@@ -498,6 +503,7 @@ class ActorLossSettings:
     kl_coef: float = 0.0
     kl_estimator: KLEstimator = "k3"
     entropy_coef: float = 0.0
+    temperature: float = 1.0
 
 
 def actor_micro_loss(
@@ -528,7 +534,7 @@ def actor_micro_loss(
         minibatch's counts, so they sum over micro-batches; the rest are micro-batch means).
     """
     mask = micro.loss_mask
-    logp = token_logprobs(logits, micro.responses)  # [b, L']
+    logp = token_logprobs(logits, micro.responses, temperature=settings.temperature)  # [b, L']
     old = logp.detach() if old_logp is None else old_logp
     tokens, sequences = denominators
     denominator = tokens if settings.aggregation == "token-mean" else sequences
@@ -554,12 +560,13 @@ def actor_micro_loss(
         raise ValueError(f"actor_micro_loss: kl_coef={settings.kl_coef} needs ref_logp")
     valid = mask.bool()
     if settings.entropy_coef > 0:
-        entropy = masked_sum(entropy_from_logits(logits), valid) / tokens
+        entropy = masked_sum(entropy_from_logits(logits, temperature=settings.temperature), valid) / tokens
         loss = loss - settings.entropy_coef * entropy
         stats["entropy"] = float(entropy.detach())
     else:
         with torch.no_grad():
-            stats["entropy"] = float(masked_sum(entropy_from_logits(logits.detach()), valid) / tokens)
+            entropy = entropy_from_logits(logits.detach(), temperature=settings.temperature)
+            stats["entropy"] = float(masked_sum(entropy, valid) / tokens)
     return loss, stats
 
 

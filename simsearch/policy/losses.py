@@ -369,24 +369,31 @@ def actor_loss(
 
 
 def token_logprobs(
-    logits: torch.Tensor, labels: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
-    """log softmax(logits)[label] for every position, without a `[B, L, V]` float copy.
+    """log softmax(logits / temperature)[label] for every position, without a `[B, L, V]` float copy.
 
-    Computed as logits[label] - logsumexp(logits) in float32 (float64 for float64 logits), over
-    `chunk_size` positions at a time; backward recomputes the softmax chunk by chunk from the
-    saved logits. For logits of a causal LM, pass `logits[:, :-1]` and `input_ids[:, 1:]`.
+    Computed as z[label] - logsumexp(z), z = logits / temperature, in float32 (float64 for
+    float64 logits), over `chunk_size` positions at a time; backward recomputes the softmax chunk
+    by chunk from the saved logits. For logits of a causal LM, pass `logits[:, :-1]` and
+    `input_ids[:, 1:]`. The temperature is the rollout's sampling temperature, so the log-probs
+    are those of the distribution the tokens were drawn from (verl's actor divides its logits by
+    it, `verl/workers/actor/dp_actor.py`); top-p is not applied, as in verl.
 
     Args:
         logits: `[B, L, V]` (any float dtype; a non-contiguous slice is fine, it is not copied).
         labels: `[B, L]` token ids in [0, V); mask positions you do not want with the loss mask,
             not with -100.
         chunk_size: positions per chunk (bounds the float32 workspace to chunk_size x V).
+        temperature: > 0; 1 gives the model's raw distribution.
 
     Returns:
         `[B, L]` log-probs, float32 (float64 for float64 logits).
     """
-    _check_logits(logits, "token_logprobs", chunk_size)
+    _check_logits(logits, "token_logprobs", chunk_size, temperature)
     if labels.shape != logits.shape[:2] or labels.dtype != torch.long:
         raise ValueError(
             f"token_logprobs: labels must be a long tensor of shape {tuple(logits.shape[:2])}, "
@@ -399,90 +406,97 @@ def token_logprobs(
             f"[{int(labels.min())}, {int(labels.max())}]; replace ignore-index values (-100) by "
             "any valid id and exclude those positions with the loss mask"
         )
-    return _TokenLogProbs.apply(logits, labels, chunk_size)
+    return _TokenLogProbs.apply(logits, labels, chunk_size, temperature)
 
 
-def entropy_from_logits(logits: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
-    """Entropy of softmax(logits) at every position, in float32, chunked like `token_logprobs`.
+def entropy_from_logits(
+    logits: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE, temperature: float = 1.0
+) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) at every position, chunked like `token_logprobs`.
 
     Args:
         logits: `[B, L, V]`.
         chunk_size: positions per chunk.
+        temperature: > 0, the sampling temperature (see `token_logprobs`).
 
     Returns:
         `[B, L]` entropies in nats, float32 (float64 for float64 logits).
     """
-    _check_logits(logits, "entropy_from_logits", chunk_size)
-    return _Entropy.apply(logits, chunk_size)
+    _check_logits(logits, "entropy_from_logits", chunk_size, temperature)
+    return _Entropy.apply(logits, chunk_size, temperature)
 
 
 class _TokenLogProbs(torch.autograd.Function):
-    """logp = z[label] - lse(z); d logp / dz = onehot(label) - softmax(z)."""
+    """With z = logits / T: logp = z[label] - lse(z); d logp / d logits = (onehot(label) - softmax(z)) / T."""
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: FunctionCtx, logits: torch.Tensor, labels: torch.Tensor, chunk_size: int
+        ctx: FunctionCtx, logits: torch.Tensor, labels: torch.Tensor, chunk_size: int, temperature: float
     ) -> torch.Tensor:
         dtype = _accumulate_dtype(logits)
         lse = torch.empty(logits.shape[:2], dtype=dtype, device=logits.device)  # [B, L]
         for rows, cols in _chunks(logits, chunk_size):
-            lse[rows, cols] = torch.logsumexp(logits[rows, cols].to(dtype), dim=-1)
-        picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1).to(dtype)  # [B, L]
+            lse[rows, cols] = torch.logsumexp(logits[rows, cols].to(dtype) / temperature, dim=-1)
+        picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1).to(dtype) / temperature  # [B, L]
         ctx.save_for_backward(logits, labels, lse)
         ctx.chunk_size = chunk_size  # type: ignore[attr-defined]
+        ctx.temperature = temperature  # type: ignore[attr-defined]
         return picked - lse
 
     @staticmethod
     @once_differentiable
     def backward(  # type: ignore[override]
         ctx: FunctionCtx, grad_out: torch.Tensor
-    ) -> tuple[torch.Tensor, None, None]:
+    ) -> tuple[torch.Tensor, None, None, None]:
         logits, labels, lse = ctx.saved_tensors  # type: ignore[attr-defined]
+        temperature = ctx.temperature  # type: ignore[attr-defined]
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)  # [B, L, V]
         for rows, cols in _chunks(logits, ctx.chunk_size):  # type: ignore[attr-defined]
-            g = grad_out[rows, cols].unsqueeze(-1)  # [r, c, 1]
-            z = logits[rows, cols].to(lse.dtype)  # [r, c, V]
+            g = grad_out[rows, cols].unsqueeze(-1) / temperature  # [r, c, 1]
+            z = logits[rows, cols].to(lse.dtype) / temperature  # [r, c, V]
             probs = torch.exp(z - lse[rows, cols].unsqueeze(-1))
             chunk = -g * probs
             chunk.scatter_add_(-1, labels[rows, cols].unsqueeze(-1), g)
             grad[rows, cols] = chunk
-        return grad, None, None
+        return grad, None, None, None
 
 
 class _Entropy(torch.autograd.Function):
-    """H = lse(z) - sum p z; dH/dz_j = -p_j * (log p_j + H)."""
+    """With z = logits / T: H = lse(z) - sum p z; dH/d logits_j = -p_j * (log p_j + H) / T."""
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: FunctionCtx, logits: torch.Tensor, chunk_size: int
+        ctx: FunctionCtx, logits: torch.Tensor, chunk_size: int, temperature: float
     ) -> torch.Tensor:
         dtype = _accumulate_dtype(logits)
         lse = torch.empty(logits.shape[:2], dtype=dtype, device=logits.device)  # [B, L]
         entropy = torch.empty_like(lse)  # [B, L]
         for rows, cols in _chunks(logits, chunk_size):
-            z = logits[rows, cols].to(dtype)  # [r, c, V]
+            z = logits[rows, cols].to(dtype) / temperature  # [r, c, V]
             chunk_lse = torch.logsumexp(z, dim=-1)  # [r, c]
             probs = torch.exp(z - chunk_lse.unsqueeze(-1))
             lse[rows, cols] = chunk_lse
             entropy[rows, cols] = chunk_lse - torch.einsum("rcv,rcv->rc", probs, z)
         ctx.save_for_backward(logits, lse, entropy)
         ctx.chunk_size = chunk_size  # type: ignore[attr-defined]
+        ctx.temperature = temperature  # type: ignore[attr-defined]
         return entropy
 
     @staticmethod
     @once_differentiable
     def backward(  # type: ignore[override]
         ctx: FunctionCtx, grad_out: torch.Tensor
-    ) -> tuple[torch.Tensor, None]:
+    ) -> tuple[torch.Tensor, None, None]:
         logits, lse, entropy = ctx.saved_tensors  # type: ignore[attr-defined]
+        temperature = ctx.temperature  # type: ignore[attr-defined]
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)  # [B, L, V]
         for rows, cols in _chunks(logits, ctx.chunk_size):  # type: ignore[attr-defined]
-            z = logits[rows, cols].to(lse.dtype)  # [r, c, V]
+            z = logits[rows, cols].to(lse.dtype) / temperature  # [r, c, V]
             log_probs = z - lse[rows, cols].unsqueeze(-1)
-            scale = -grad_out[rows, cols].unsqueeze(-1)  # [r, c, 1]
+            scale = -grad_out[rows, cols].unsqueeze(-1) / temperature  # [r, c, 1]
             spread = log_probs + entropy[rows, cols].unsqueeze(-1)
             grad[rows, cols] = scale * torch.exp(log_probs) * spread
-        return grad, None
+        return grad, None, None
 
 
 def _chunks(logits: torch.Tensor, chunk_size: int) -> list[tuple[slice, slice]]:
@@ -508,7 +522,7 @@ def _accumulate_dtype(logits: torch.Tensor) -> torch.dtype:
     return torch.float64 if logits.dtype == torch.float64 else torch.float32
 
 
-def _check_logits(logits: torch.Tensor, fn: str, chunk_size: int) -> None:
+def _check_logits(logits: torch.Tensor, fn: str, chunk_size: int, temperature: float) -> None:
     if logits.dim() != 3 or not logits.is_floating_point():
         raise ValueError(
             f"{fn}: logits must be a float tensor [B, L, V], got {logits.dtype} "
@@ -516,6 +530,8 @@ def _check_logits(logits: torch.Tensor, fn: str, chunk_size: int) -> None:
         )
     if chunk_size < 1:
         raise ValueError(f"{fn}: chunk_size must be >= 1, got {chunk_size}")
+    if not temperature > 0:  # `not >` also refuses NaN
+        raise ValueError(f"{fn}: temperature must be > 0 (0 is greedy: no distribution), got {temperature}")
 
 
 def _check_same_shape(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str, fn: str) -> None:

@@ -213,6 +213,28 @@ def test_on_policy_actor_loss_is_the_negative_mean_advantage_and_its_gradient() 
     torch.testing.assert_close(logits.grad[0], torch.tensor([[-0.25, 0.25], [0.0, 0.0], [-0.75, 0.75]]))
 
 
+def test_actor_loss_and_old_logprobs_use_the_sampling_temperature() -> None:
+    # Logits (0, ln 9) at T = 2 are (0, ln 3): p(label 1) = 3/4, entropy H(1/4, 3/4).
+    micro = collate_trajectories([trajectory([1], [1], [1])], PAD)
+    logits = torch.tensor([[[0.0, math.log(9.0)]]], requires_grad=True)
+    settings = ActorLossSettings(temperature=2.0)
+    loss, stats = actor_micro_loss(logits, micro, torch.tensor([[1.0]]), None, None, settings, (1.0, 1.0))
+    assert stats["entropy"] == pytest.approx(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)))
+    loss.backward()
+    # d(-A logp)/dz = -(onehot - p) / T = -((0, 1) - (1/4, 3/4)) / 2
+    torch.testing.assert_close(logits.grad[0, 0], torch.tensor([0.125, -0.125]))
+
+    model = tiny_lm()
+    batch = collate_trajectories(ROWS, PAD)
+    tempered = logprobs_in_micro_batches(model, batch, micro_batch_size=2, temperature=0.6)
+    with torch.no_grad():
+        row0 = model(input_ids=torch.tensor([[5, 6, 7, 8, 9]])).logits[:, 1:4]
+    expected = torch.log_softmax(row0 / 0.6, dim=-1)[0, [0, 2], [7, 9]]
+    torch.testing.assert_close(tempered[0, [0, 2]], expected, rtol=1e-5, atol=1e-5)
+    raw = logprobs_in_micro_batches(model, batch, micro_batch_size=2)
+    assert float((raw[0, [0, 2]] - tempered[0, [0, 2]]).abs().max()) > 1e-3
+
+
 def test_actor_loss_adds_the_kl_term_with_its_coefficient() -> None:
     micro = collate_trajectories([trajectory([1], [0], [1])], PAD)
     logits = torch.zeros(1, 1, 2)  # log p(0) = -ln 2

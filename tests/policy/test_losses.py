@@ -292,6 +292,37 @@ def test_token_logprobs_and_entropy_match_reference_and_gradcheck(chunk_size):
     assert torch.autograd.gradcheck(lambda x: entropy_from_logits(x, chunk_size), (logits,))
 
 
+def test_token_logprobs_and_entropy_at_a_sampling_temperature_by_hand():
+    # logits (0, ln 9) at T = 2 are (0, ln 3): p = 1/4, 3/4 (at T = 1 they would be 1/10, 9/10)
+    logits = torch.tensor([[[0.0, math.log(9.0)], [0.0, math.log(9.0)]]], dtype=torch.float64, requires_grad=True)
+    labels = torch.tensor([[1, 0]])
+    logp = token_logprobs(logits, labels, temperature=2.0)
+    assert close(logp.detach(), [[math.log(0.75), math.log(0.25)]])
+    assert not close(logp.detach(), [[math.log(0.9), math.log(0.1)]])
+    # H(1/4, 3/4) = -(1/4 ln 1/4 + 3/4 ln 3/4)
+    entropy = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    assert close(entropy_from_logits(logits.detach(), temperature=2.0), [[entropy, entropy]])
+    # d logp / d logits = (onehot - p) / T: row 0 (label 1): (-1/4, 1/4) / 2; row 1: (3/4, -3/4) / 2
+    logp.sum().backward()
+    assert close(logits.grad[0], [[-0.125, 0.125], [0.375, -0.375]])
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        token_logprobs(logits, labels, temperature=0.0)
+
+
+@pytest.mark.parametrize("temperature", [0.6, 1.7])
+def test_tempered_logprobs_and_entropy_match_reference_and_gradcheck(temperature):
+    generator = torch.Generator().manual_seed(2)
+    logits = torch.randn(2, 5, 7, dtype=torch.float64, generator=generator).requires_grad_(True)
+    labels = torch.randint(0, 7, (2, 5), generator=generator)
+    log_probs = torch.log_softmax(logits / temperature, dim=-1)
+    expected_logp = log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    expected_entropy = -(log_probs.exp() * log_probs).sum(-1)
+    assert torch.allclose(token_logprobs(logits, labels, 3, temperature), expected_logp, **TOL)
+    assert torch.allclose(entropy_from_logits(logits, 3, temperature), expected_entropy, **TOL)
+    assert torch.autograd.gradcheck(lambda x: token_logprobs(x, labels, 3, temperature), (logits,))
+    assert torch.autograd.gradcheck(lambda x: entropy_from_logits(x, 3, temperature), (logits,))
+
+
 def test_token_logprobs_accepts_a_non_contiguous_slice_without_copying_it():
     generator = torch.Generator().manual_seed(1)
     full = torch.randn(2, 5, 11, generator=generator).to(torch.bfloat16).requires_grad_(True)
