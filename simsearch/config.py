@@ -17,7 +17,7 @@ import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from simsearch.retrieval.base import RENDER_STYLES
+from simsearch.retrieval.base import RENDER_STYLES, VERBATIM_STYLE
 from simsearch.simulator.prompts import ALWAYS_SHOWS_CONTEXT, ANY_RESPONSE_STYLE, PRESETS
 
 
@@ -161,7 +161,7 @@ class SearchConfig:
     max_retries: int = 3  # http/web: bounded retries before a clear error
     backoff_s: float = 1.0  # http/web: first backoff, doubled each retry
     cache: str = ""  # SQLite file caching results across runs ("" = no cache)
-    rendering: str = "search-r1"  # how documents are shown to the policy: search-r1 | plain | brief
+    rendering: str = "search-r1"  # how the policy reads documents: retrieval.base.RENDER_STYLES (docs there)
     simulator: SimulatorConfig = field(default_factory=SimulatorConfig)  # kind=simulator
 
     def check(self, key: str) -> None:
@@ -170,6 +170,11 @@ class SearchConfig:
         )
         _check_positive(f"{key}.top_k", self.top_k)
         _check_choice(f"{key}.rendering", self.rendering, RENDER_STYLES)
+        if self.rendering == VERBATIM_STYLE and self.kind != "simulator":
+            raise RecipeError(
+                f"{key}.rendering={VERBATIM_STYLE} shows the simulator's own text and needs {key}.kind=simulator; "
+                f"for {self.kind} results use search-r1, or zerosearch-google for serpapi/serper"
+            )
         if self.kind in ("bm25", "dense") and not self.corpus:
             raise RecipeError(f"{key}.kind={self.kind} needs {key}.corpus (a JSONL file of passages)")
         if self.kind == "http" and not self.url:

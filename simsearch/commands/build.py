@@ -13,7 +13,7 @@ from pathlib import Path
 from simsearch.config import GenerationConfig, RecipeError, SearchConfig
 from simsearch.engines.base import GenerationEngine
 from simsearch.fingerprints import digest, path_identity
-from simsearch.retrieval.base import SearchEngine
+from simsearch.retrieval.base import VERBATIM_STYLE, SearchEngine
 
 
 def build_generation_engine(
@@ -195,4 +195,5 @@ def build_simulator(cfg: SearchConfig, *, seed: int = 0) -> SearchEngine:
         model_name=generation.served_model_name or generation.model.path,
         show_question=sim.show_question,
         show_answer=sim.show_answer,
+        verbatim=cfg.rendering == VERBATIM_STYLE,  # the policy reads the simulator's own text
     )

@@ -35,6 +35,14 @@ positions drawn by `noisy_positions` from a generator seeded by a SHA-256 of the
 query and count always mix the same way (so caching and reruns agree), while the noisy
 positions differ across queries (the policy cannot learn "ignore the last document").
 
+Verbatim documents (`verbatim=True`, for the **compat** "zerosearch-simulator" rendering): what
+ZeroSearch inserted into the policy's context is the simulator's text itself after its own
+post-processing (`zerosearch_postprocess`), not documents re-rendered from a parse. In verbatim
+mode the engine cuts that text into `top_k` consecutive pieces at the `Doc i` markers
+(`split_verbatim`), so the pieces concatenated are exactly that text, and the rendering
+concatenates them. The pieces carry no title; the first holds any text before `Doc 2`, the last
+any text after `Doc {top_k}`, and pieces missing from a short answer are empty.
+
 `show_question=False` and `show_answer=False` (ours, for the simsearch, simsearch-brief and
 custom presets) keep the request's question or gold answer out of the prompt. Without the
 question, the simulator learns which entity a search is about from the query alone, so a query
@@ -162,6 +170,43 @@ def _document(block: str) -> Document:
     return Document(title=" ".join(words[:TITLE_WORDS]), text=" ".join(words), source=SOURCE)
 
 
+def zerosearch_postprocess(text: str, top_k: int) -> str:
+    """ZeroSearch's post-processing of a simulator answer, byte for byte (**compat**).
+
+    ZeroSearch `llm_agent/generation.py:91` and `:137`: one left-to-right pass replaces each
+    `"\\n\\n"` by `"\\n"` (so three newlines become two), then everything from the first
+    `Doc {top_k+1}` on is dropped, as a plain substring (so `Doc 6` also cuts at `Doc 60` or in
+    mid-sentence with top_k=5). `parse_documents` cuts more carefully; this is the text as
+    ZeroSearch policies read it.
+    """
+    return text.replace("\n\n", "\n").split(f"Doc {top_k + 1}")[0]
+
+
+def split_verbatim(text: str, top_k: int) -> list[Document]:
+    """ZeroSearch's post-processed text as `top_k` documents whose texts concatenate to it.
+
+    Cuts fall where lines opening `Doc 2` ... `Doc {top_k}` markers start (the `_DOC_MARKER`
+    lines of `parse_documents`, in order); text before the second marker stays with the first
+    piece, and everything from the last cut on stays with the last. Missing pieces are empty.
+
+    Args:
+        text: What the simulator generated.
+        top_k: Documents wanted (>= 1).
+
+    Returns:
+        Exactly `top_k` documents, title "", source "simulator", whose texts joined with "" equal
+        `zerosearch_postprocess(text, top_k)`.
+    """
+    if top_k < 1:
+        raise ValueError(f"top_k={top_k} must be >= 1")
+    kept = zerosearch_postprocess(text, top_k)
+    cuts = [m.start() for m in _DOC_MARKER.finditer(kept)][1:top_k]
+    bounds = [0, *cuts, len(kept)]
+    pieces = [kept[a:b] for a, b in zip(bounds, bounds[1:])]
+    pieces += [""] * (top_k - len(pieces))
+    return [Document(title="", text=piece, source=SOURCE) for piece in pieces]
+
+
 def noisy_positions(query: str, top_k: int, num_noisy: int) -> list[int]:
     """The positions (0-based, ascending) that take noisy documents in a mixed answer.
 
@@ -195,6 +240,8 @@ class SimulatedSearchEngine:
             docstring). The zerosearch presets need it.
         show_answer: Show the request's gold answers in the prompt; False keeps them out
             (module docstring). The zerosearch presets need them.
+        verbatim: Return `split_verbatim` pieces instead of parsed documents, for the
+            "zerosearch-simulator" rendering (module docstring).
     """
 
     def __init__(
@@ -212,6 +259,7 @@ class SimulatedSearchEngine:
         model_name: str = "",
         show_question: bool = True,
         show_answer: bool = True,
+        verbatim: bool = False,
     ) -> None:
         if preset not in PRESETS:
             raise ValueError(f"preset={preset!r} is not one of {', '.join(PRESETS)}")
@@ -236,6 +284,7 @@ class SimulatedSearchEngine:
         self.model_name = model_name
         self.show_question = show_question
         self.show_answer = show_answer
+        self.verbatim = verbatim
         self.stats: Counter[str] = Counter()
         """Cumulative parse counts: `simulator/sets` parsed, `simulator/valid`, `/padded`,
         `/trimmed`, `/unparsed`, and `simulator/calls` (generate calls)."""
@@ -258,6 +307,7 @@ class SimulatedSearchEngine:
                 "seed": self.seed,
                 "show_question": self.show_question,
                 "show_answer": self.show_answer,
+                "verbatim": self.verbatim,
             },
             sort_keys=True,
         )
@@ -351,4 +401,5 @@ class SimulatedSearchEngine:
         self.stats["simulator/padded"] += int(result.padded > 0)
         self.stats["simulator/trimmed"] += int(result.trimmed > 0)
         self.stats["simulator/unparsed"] += int(result.method == "empty")
-        return result.documents
+        # The parse still feeds the format statistics in verbatim mode.
+        return split_verbatim(text, top_k) if self.verbatim else result.documents

@@ -1,4 +1,4 @@
-"""Document rendering (byte-identical to Search-R1), top-k selection and top_k validation."""
+"""Document rendering (byte-identical to Search-R1 and ZeroSearch), top-k selection and top_k validation."""
 
 from __future__ import annotations
 
@@ -8,7 +8,17 @@ import numpy as np
 import pytest
 
 from simsearch.data.corpus import load_passages
-from simsearch.retrieval.base import check_top_k, render_documents, render_information, select_top_k, wrap_information
+from simsearch.config import RecipeError, SearchConfig
+from simsearch.retrieval.base import (
+    RENDER_STYLES,
+    RENDERERS,
+    VERBATIM_STYLE,
+    check_top_k,
+    render_documents,
+    render_information,
+    select_top_k,
+    wrap_information,
+)
 from simsearch.types import Document, SearchRequest
 
 WIKI18 = Path(__file__).parents[1] / "data" / "fixtures" / "wiki18_sample.jsonl"
@@ -97,6 +107,41 @@ def test_brief_style_drops_titles_and_keeps_each_text_on_one_line():
     docs = [Document(title='"Roru"', text="Roru is a  glassblower.\nBorn in Gesmere."), Document("B", "beta")]
     assert render_documents(docs, style="brief") == "Doc 1: Roru is a glassblower. Born in Gesmere.\nDoc 2: beta\n"
     assert render_information(docs[1:], style="brief") == "\n\n<information>Doc 1: beta</information>\n\n"
+
+
+def test_zerosearch_google_style_is_byte_identical_to_retrieve_from_google():
+    # ZeroSearch llm_agent/generation.py:631-640: text_data = title + snippet (no separator, a missing
+    # snippet adds nothing), lines "Doc {i+1}: {text_data}" joined by "\n"; the block is stripped and
+    # wrapped at :524. Serper/SerpAPI documents carry the title in `title`, the snippet in `text`.
+    docs = [
+        Document(title="Eiffel Tower - Wikipedia", text="The tower is 330 metres tall.", source="serpapi"),
+        Document(title="Paris – Britannica", text="", source="serpapi"),
+    ]
+    block = "Doc 1: Eiffel Tower - WikipediaThe tower is 330 metres tall.\nDoc 2: Paris – Britannica"
+    assert render_documents(docs, style="zerosearch-google") == block
+    assert render_information(docs, style="zerosearch-google") == f"\n\n<information>{block}</information>\n\n"
+    assert render_documents([], style="zerosearch-google") == ""
+
+
+def test_zerosearch_simulator_style_concatenates_the_texts_as_they_are():
+    docs = [Document(title="", text=t) for t in ("Doc 1: a\n", "Doc 2: b\n\n", "")]
+    assert render_documents(docs, style="zerosearch-simulator") == "Doc 1: a\nDoc 2: b\n\n"
+    expected = "\n\n<information>Doc 1: a\nDoc 2: b</information>\n\n"
+    assert render_information(docs, style="zerosearch-simulator") == expected
+
+
+def test_every_style_is_a_recipe_choice():
+    names = ("search-r1", "plain", "brief", "zerosearch-simulator", "zerosearch-google")
+    assert RENDER_STYLES == tuple(RENDERERS) == names
+    assert VERBATIM_STYLE in RENDER_STYLES
+
+
+@pytest.mark.parametrize("kind", ["bm25", "serpapi", "http"])
+def test_recipe_refuses_the_simulator_rendering_for_a_real_engine(kind):
+    cfg = SearchConfig(kind=kind, corpus="c.jsonl", url="http://x/retrieve", rendering="zerosearch-simulator")
+    with pytest.raises(RecipeError, match=f"search.rendering=zerosearch-simulator .* needs search.kind=simulator"):
+        cfg.check("search")
+    SearchConfig(kind=kind, corpus="c.jsonl", url="http://x/retrieve", rendering="zerosearch-google").check("search")
 
 
 def test_unknown_style_is_an_error():

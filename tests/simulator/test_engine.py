@@ -13,7 +13,10 @@ from simsearch.simulator.engine import (
     SimulatedSearchEngine,
     noisy_positions,
     parse_documents,
+    split_verbatim,
+    zerosearch_postprocess,
 )
+from simsearch.retrieval.base import render_information
 from simsearch.simulator.prompts import PromptTemplates
 from simsearch.types import Completion, Document, SamplingParams, SearchRequest
 
@@ -266,3 +269,59 @@ def test_seeded_engine_passes_a_new_seed_per_call() -> None:
 def test_documents_are_plain_documents() -> None:
     docs = SimulatedSearchEngine(FakeGenerator(_by_mode), preset="simsearch").search([_request("q")])[0]
     assert docs[0] == Document(title="U1", text="U text 1", source="simulator")
+
+
+# ZeroSearch's post-processing (llm_agent/generation.py:91,137), derived by hand:
+# '\n'.join(s.replace('\n\n', '\n').split('\n')).split(f'Doc {topk+1}')[0]. One replace pass turns the
+# three newlines after "Paris." into two; "Doc 4" cuts the rest off.
+RAW = (
+    "Doc 1: Paris is the capital of France.\n\n"
+    "Doc 2: The Eiffel Tower\nis in Paris.\n\n\n"
+    "Doc 3: France borders Spain.\n"
+    "Doc 4: extra"
+)
+POSTPROCESSED = (
+    "Doc 1: Paris is the capital of France.\nDoc 2: The Eiffel Tower\nis in Paris.\n\nDoc 3: France borders Spain.\n"
+)
+
+
+def test_zerosearch_postprocess_is_byte_identical() -> None:
+    assert zerosearch_postprocess(RAW, 3) == POSTPROCESSED
+    # A plain substring cut: "Doc 4" inside "Doc 40" cuts too (parse_documents does not).
+    assert zerosearch_postprocess("Doc 1: a\nDoc 2: see Doc 40 items\nDoc 3: c", 3) == "Doc 1: a\nDoc 2: see "
+    assert zerosearch_postprocess("a\r\n\r\nb", 3) == "a\r\n\r\nb"  # no other normalisation
+
+
+def test_split_verbatim_pieces_concatenate_to_the_postprocessed_text() -> None:
+    assert [d.text for d in split_verbatim(RAW, 3)] == [
+        "Doc 1: Paris is the capital of France.\n",
+        "Doc 2: The Eiffel Tower\nis in Paris.\n\n",
+        "Doc 3: France borders Spain.\n",
+    ]
+    # A preamble stays with the first piece; missing pieces are empty; surplus stays with the last.
+    pieces = split_verbatim("Here you go:\nDoc 1: a\nDoc 2: b", 3)
+    assert [d.text for d in pieces] == ["Here you go:\nDoc 1: a\n", "Doc 2: b", ""]
+    assert [d.text for d in split_verbatim("no markers at all", 2)] == ["no markers at all", ""]
+    assert [d.text for d in split_verbatim("Doc 1: a\nDoc 2: b\nDoc 2: c", 2)] == ["Doc 1: a\n", "Doc 2: b\nDoc 2: c"]
+    assert all(d.title == "" and d.source == "simulator" for d in split_verbatim(RAW, 3))
+
+
+@given(st.text(alphabet="Doc 123:\n ab", max_size=80), st.integers(min_value=1, max_value=4))
+@settings(max_examples=200, deadline=None)
+def test_split_verbatim_never_loses_or_adds_a_byte(text: str, top_k: int) -> None:
+    docs = split_verbatim(text, top_k)
+    assert len(docs) == top_k
+    assert "".join(d.text for d in docs) == zerosearch_postprocess(text, top_k)
+
+
+def test_verbatim_engine_shows_the_policy_what_zerosearch_showed() -> None:
+    engine = SimulatedSearchEngine(FakeGenerator(lambda p: RAW), preset="simsearch", verbatim=True)
+    docs = engine.search([_request("capital of france", top_k=3)])[0]
+    # ZeroSearch wraps `search_results.pop(0).strip()` (generation.py:524).
+    expected = (
+        "\n\n<information>Doc 1: Paris is the capital of France.\nDoc 2: The Eiffel Tower\nis in Paris.\n\n"
+        "Doc 3: France borders Spain.</information>\n\n"
+    )
+    assert render_information(docs, style="zerosearch-simulator") == expected
+    assert engine.stats["simulator/sets"] == 1  # the parse statistics are still kept
+    assert SimulatedSearchEngine(FakeGenerator(_by_mode), preset="simsearch").fingerprint() != engine.fingerprint()
