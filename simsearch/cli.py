@@ -2,6 +2,13 @@
 
 Commands import their heavy dependencies (torch, transformers) only when they run, so
 `simsearch --help` answers at once.
+
+User errors end in one `simsearch: error: ...` line and exit status 2: `RecipeError`,
+`SimsearchError` (data, services), and a missing model, adapter, QA file, corpus or index, which
+the loaders report as a `FileNotFoundError` whose message names the path and the fix. A
+`FileNotFoundError` raised by the operating system itself (it carries an errno) means simsearch
+opened a path nothing checked first: that is a bug, and like every other exception it keeps its
+traceback (exit status 1).
 """
 
 from __future__ import annotations
@@ -143,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(args)
     except (RecipeError, SimsearchError) as err:
+        print(f"simsearch: error: {err}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as err:
+        if err.errno is not None:  # the OS's own error on a path nothing checked: a bug
+            traceback.print_exc()
+            return 1
         print(f"simsearch: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -2,9 +2,11 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from simsearch import cli
 from simsearch.cli import build_parser, main
 
 
@@ -32,3 +34,44 @@ def test_console_script_help_runs_without_heavy_imports() -> None:
     code = "import sys; from simsearch.cli import main; \ntry:\n main(['--help'])\nexcept SystemExit: pass\nprint('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().endswith("False")
+
+
+
+def _eval_recipe(tmp_path: Path, model: Path | str, data: Path) -> str:
+    recipe = tmp_path / "eval.yaml"
+    recipe.write_text(
+        f"run_dir: {tmp_path / 'run'}\npolicy: {{model: {{path: {model}}}}}\nbaselines: [direct]\n"
+        f"datasets: [{{name: qa, path: {data}}}]\n"
+    )
+    return str(recipe)
+
+
+def test_missing_model_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    data = tmp_path / "qa.jsonl"
+    data.write_text('{"id": "a", "question": "q?", "golden_answers": ["x"]}\n')
+    missing = tmp_path / "no_such_model"
+    code = main(["eval", _eval_recipe(tmp_path, missing, data)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.splitlines() == [
+        f"simsearch: error: model path {missing} does not exist; check the path (or use a hub name like "
+        "'Qwen/Qwen2.5-3B' when online)"
+    ]
+
+
+def test_missing_qa_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    missing = tmp_path / "nq" / "test.jsonl"
+    code = main(["eval", _eval_recipe(tmp_path, "unused", missing)])
+    assert code == 2
+    assert capsys.readouterr().err.splitlines() == [f"simsearch: error: {missing}: QA file not found"]
+
+
+def test_a_file_the_os_did_not_find_keeps_its_traceback(monkeypatch, capsys: pytest.CaptureFixture) -> None:
+    # No loader checked this path first (simsearch would have named it and the fix): a bug.
+    def run(args) -> None:
+        open("/no/such/dir/opened/by/a/bug")  # noqa: SIM115 - the error is the point
+
+    monkeypatch.setattr(cli, "run", run)
+    code = main(["eval", "any.yaml"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" in err and "No such file or directory" in err
