@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from simsearch.data.templates import (
     SEARCH_R1_TEMPLATE,
+    TEMPLATE_NAMES,
+    TEMPLATES,
     apply_chat_template,
+    encode_prompt,
     render_prompt,
+    uses_tokenizer,
 )
 from simsearch.types import Document
 
@@ -33,12 +37,25 @@ CHAT_TEMPLATE = (
 
 
 def _tokenizer(chat_template: str | None) -> PreTrainedTokenizerFast:
-    # A two-word tokenizer built in-process: only its chat template matters here.
-    backend = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    # A tiny word-level tokenizer built in-process that adds a BOS (id 2) when asked for special
+    # tokens, like Llama's: what matters here is its chat template and that BOS.
+    backend = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "<s>": 2}, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 2)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", bos_token="<s>")
     tokenizer.chat_template = chat_template
     return tokenizer
+
+
+def _reference_prompt_ids(tokenizer: PreTrainedTokenizerFast, content: str) -> list[int]:
+    # Search-R1 / ZeroSearch verl/utils/dataset/rl_dataset.py:126-131 on a row whose prompt is
+    # [{"role": "user", "content": content}], then verl/utils/torch_functional.py:236.
+    chat = [{"role": "user", "content": content}]
+    if tokenizer.chat_template:
+        prompt_with_chat_template = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    else:
+        prompt_with_chat_template = chat[0]["content"]
+    return tokenizer(prompt_with_chat_template, add_special_tokens=False)["input_ids"]
 
 
 def test_search_r1_prompt_is_byte_identical_to_the_original() -> None:
@@ -62,6 +79,43 @@ def test_chat_variant_needs_a_tokenizer_with_a_chat_template() -> None:
         render_prompt("q?", template="search-r1-chat")
     with pytest.raises(ValueError, match="no chat_template"):
         render_prompt("q?", template="search-r1-chat", tokenizer=_tokenizer(None))
+
+
+def test_auto_variant_applies_the_chat_template_exactly_when_the_tokenizer_has_one() -> None:
+    chat = render_prompt("who wrote hamlet?", template="search-r1-auto", tokenizer=_tokenizer(CHAT_TEMPLATE))
+    assert chat == f"<|user|>{EXPECTED_SEARCH_R1}<|end|>\n<|assistant|>"
+    for empty in (None, ""):
+        bare = render_prompt("who wrote hamlet?", template="search-r1-auto", tokenizer=_tokenizer(empty))
+        assert bare == EXPECTED_SEARCH_R1
+    with pytest.raises(ValueError, match="needs the policy's tokenizer"):
+        render_prompt("q?", template="search-r1-auto")
+
+
+@pytest.mark.parametrize("chat_template", [CHAT_TEMPLATE, None])
+def test_auto_variant_tokenizes_as_search_r1_and_zerosearch_do(chat_template: str | None) -> None:
+    tokenizer = _tokenizer(chat_template)
+    ids = encode_prompt("a a", template="search-r1-auto", tokenizer=tokenizer)
+    assert ids == _reference_prompt_ids(tokenizer, SEARCH_R1_TEMPLATE.format(question="a a"))
+    assert ids[0] == 0  # "Answer" or "<": no BOS added, chat-templated or not
+    assert _tokenizer(chat_template).encode("a a") == [2, 1, 1]  # which this tokenizer would add by default
+
+
+def test_encode_prompt_keeps_the_older_templates_tokenization() -> None:
+    tokenizer = _tokenizer(CHAT_TEMPLATE)
+    # search-r1: bare text, the tokenizer's BOS added (as before search-r1-auto existed).
+    ids = encode_prompt("a", template="search-r1", tokenizer=tokenizer)
+    assert ids == tokenizer.encode(EXPECTED_SEARCH_R1.replace("who wrote hamlet?", "a"), add_special_tokens=True)
+    assert ids[0] == 2 and ids[-1] == 1
+    # search-r1-chat: the chat text, no BOS added on top of what the template writes.
+    chat_ids = encode_prompt("a", template="search-r1-chat", tokenizer=tokenizer)
+    assert chat_ids == _reference_prompt_ids(tokenizer, SEARCH_R1_TEMPLATE.format(question="a"))
+    with pytest.raises(ValueError, match="needs documents"):
+        encode_prompt("a", template="rag", tokenizer=tokenizer)
+
+
+def test_one_table_names_every_template() -> None:
+    assert TEMPLATE_NAMES == tuple(TEMPLATES)
+    assert [t for t in TEMPLATE_NAMES if uses_tokenizer(t)] == ["search-r1-chat", "search-r1-auto"]
 
 
 def test_apply_chat_template_works_for_any_rendered_text() -> None:
