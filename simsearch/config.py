@@ -17,17 +17,14 @@ import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from simsearch.data.templates import TEMPLATE_NAMES
+from simsearch.eval.metrics import NORMALIZATIONS
+from simsearch.policy.rewards import REWARD_NAMES
 from simsearch.retrieval.base import RENDER_STYLES, VERBATIM_STYLE
 from simsearch.simulator.prompts import ALWAYS_SHOWS_CONTEXT, ANY_RESPONSE_STYLE, PRESETS
 
 
 class RecipeError(ValueError):
     """A recipe that cannot run: says which file and key, and what to do."""
-
-
-RECIPE_TEMPLATES = tuple(name for name in TEMPLATE_NAMES if name not in ("direct", "rag"))
-"""Policy templates a recipe may name; `simsearch eval` runs the direct and RAG baselines itself."""
 
 
 def _key(name: str) -> str:
@@ -231,10 +228,7 @@ class CurriculumConfig:
 class RolloutConfig:
     """The multi-turn agent loop."""
 
-    # Policy prompt, from simsearch.data.templates (docs there; "direct" and "rag" are evaluation baselines).
-    # search-r1-auto: Search-R1's text through the chat template exactly when the tokenizer has one, as
-    # Search-R1 and ZeroSearch do; search-r1: never (the quickstart's default); search-r1-chat: always.
-    template: str = "search-r1"
+    template: str = "search-r1"  # policy prompt: search-r1 | search-r1-chat | search-r1-brief | self-search
     max_turns: int = 2  # search turns before the final answer turn (ZeroSearch paper: 2)
     max_obs_tokens: int = 512  # tokens of one <information> block before truncation
     max_context_tokens: int = 4096  # prompt + response tokens per trajectory
@@ -242,7 +236,7 @@ class RolloutConfig:
     self_search_real_share: float = 0.0  # self-search: share of questions whose searches `search` answers
 
     def check(self, key: str) -> None:
-        _check_choice(f"{key}.template", self.template, RECIPE_TEMPLATES)
+        _check_choice(f"{key}.template", self.template, ("search-r1", "search-r1-chat", "search-r1-brief", "self-search"))
         _check_positive(f"{key}.group_size", self.group_size)
         if self.max_turns < 0:
             raise RecipeError(f"{key}.max_turns={self.max_turns} must be >= 0")
@@ -253,13 +247,20 @@ class RolloutConfig:
 class RewardConfig:
     """The reward: a weighted sum of named components."""
 
-    # f1 | em | substring_em | format; empty = {f1: 1.0}, ZeroSearch's reward. (A non-empty
+    # name -> weight, names from simsearch.policy.rewards.REWARD_NAMES (format is ours,
+    # ssrl_format SSRL's exact rule); empty = {f1: 1.0}, ZeroSearch's reward. (A non-empty
     # default would be merged into, not replaced by, a recipe's own weights.)
     weights: dict[str, float] = field(default_factory=dict)
+    # How answers are normalized before em / substring_em / f1 (simsearch.eval.metrics).
+    # squad by default: the SQuAD v1.1 rule Search-R1, ZeroSearch and SSRL train with, so a reward
+    # means what theirs means; unicode (ours) also deletes non-ASCII punctuation and never
+    # matches a gold answer that normalizes to "".
+    normalization: str = "squad"
 
     def check(self, key: str) -> None:
         for name in self.weights:
-            _check_choice(f"{key}.weights key", name, ("f1", "em", "substring_em", "format"))
+            _check_choice(f"{key}.weights key", name, REWARD_NAMES)
+        _check_choice(f"{key}.normalization", self.normalization, tuple(NORMALIZATIONS))
         if not self.weights:
             self.weights = {"f1": 1.0}
         if not any(self.weights.values()):
@@ -468,9 +469,15 @@ class EvalRecipe:
     training_run: str = ""  # a train run directory whose curves go in the report
     chunk_size: int = 64  # questions per rollout call; rows are appended after each chunk (the resume unit)
     fidelity_size: int = 100  # questions per dataset in the simulator-fidelity section (0 = skip it)
+    # How answers are normalized before em / substring_em / f1 (simsearch.eval.metrics), named
+    # under every table. squad by default: the SQuAD v1.1 rule Search-R1, ZeroSearch and SSRL
+    # score with, so a table compares with theirs; unicode (ours) also deletes non-ASCII
+    # punctuation and never matches a gold answer that normalizes to "".
+    normalization: str = "squad"
 
     def check(self, key: str) -> None:
         self.policy.check("policy")
+        _check_choice(f"{key}.normalization", self.normalization, tuple(NORMALIZATIONS))
         self.sampling.check("sampling")
         self.rollout.check("rollout")
         for name, engine in self.engines.items():

@@ -38,7 +38,8 @@ start, so a resumed run draws other simulated documents than an uninterrupted on
 Departures from the ZeroSearch / Search-R1 evaluations:
 - Every question of every set is evaluated; ZeroSearch's validation loader dropped the last
   incomplete batch (`drop_last=True`: Bamboogle 125 -> 72 questions).
-- Substring EM (the papers' "EM"), strict EM and F1 are reported side by side, under their names.
+- Substring EM (ZeroSearch's "EM"), strict EM (Search-R1's and SSRL's "EM") and F1 are reported
+  side by side, under their names, with the recipe's `normalization` (`squad` is the papers').
 - Each engine uses its own `top_k` (default 3, as Search-R1); ZeroSearch used Google top-5 for
   every method, which the Google recipes set explicitly.
 - The baselines use our own `direct` and `rag` templates as plain text, never through a chat
@@ -204,6 +205,7 @@ def plan_methods(recipe: EvalRecipe) -> list[Method]:
         "n": recipe.n,
         "seed": recipe.seed,
         "max_context_tokens": recipe.rollout.max_context_tokens,
+        "normalization": recipe.normalization,
     }
     rollout = {k: v for k, v in asdict(recipe.rollout).items() if k != "group_size"}
     methods = []
@@ -352,6 +354,7 @@ def _run_chunk(
             sampling=sampling,
             n=recipe.n,
             max_context_tokens=recipe.rollout.max_context_tokens,
+            normalization=recipe.normalization,
         )
     rollout = recipe.rollout
     if method.kind == "direct":
@@ -388,7 +391,11 @@ def _run_chunk(
     n = recipe.n
     trajectories = result.trajectories
     return [
-        report.example_row(example, [report.trajectory_sample(t) for t in trajectories[i * n : (i + 1) * n]])
+        report.example_row(
+            example,
+            [report.trajectory_sample(t) for t in trajectories[i * n : (i + 1) * n]],
+            normalization=recipe.normalization,
+        )
         for i, example in enumerate(examples)
     ]
 
@@ -408,6 +415,7 @@ def rag_rows(
     sampling: SamplingParams,
     n: int,
     max_context_tokens: int,
+    normalization: str,
 ) -> list[dict[str, Any]]:
     """The RAG baseline on a chunk: one search call for all questions, one generate call.
 
@@ -456,7 +464,7 @@ def rag_rows(
             "num_noisy": request.num_noisy,
             "documents": [report.document_record(d) for d in docs],
         }
-        rows.append(report.example_row(ex, samples, retrieval=retrieval))
+        rows.append(report.example_row(ex, samples, normalization=normalization, retrieval=retrieval))
     return rows
 
 
@@ -589,6 +597,7 @@ def build_summary(
         "datasets": list(datasets),
         "n": recipe.n,
         "header": header,
+        "normalization": recipe.normalization,
         "rows": rows,
         "fidelity": [{k: v for k, v in entry.items() if k != "key"} for entry in fidelity],
     }

@@ -13,6 +13,7 @@ A per-example row (one JSON line per question in `examples/{method}/{dataset}.js
 The summary dict (`summary.json`) is:
 
     {"datasets": [name, ...], "n": samples per question, "header": {label: value, ...},
+     "normalization": a name of `simsearch.eval.metrics.NORMALIZATIONS`,
      "rows": {row: {"kind": ..., "search": ..., "top_k": ..., "results": {dataset: metrics},
                     "average": metrics}},
      "fidelity": [{"simulator", "reference", "dataset", "fidelity/...": value, ...}, ...]}
@@ -22,8 +23,11 @@ per method (baseline or engine), the datasets as columns, then the average.
 
 Where the tables depart from the papers:
 
-- The papers' "EM" is substring match; here it is labelled `substring_em` ("Substring EM"), and
-  strict `em` and token `f1` get tables of their own, so nobody compares one with the other.
+- The papers' "EM" is two metrics: ZeroSearch's is substring match, labelled `substring_em`
+  ("Substring EM") here; Search-R1's and SSRL's is strict equality, labelled `em`. Each, and
+  token `f1`, gets a table of its own, so nobody compares one with the other.
+- Each score table opens with its protocol (`protocol_line`): the engine and top-k of every row,
+  the metric and the normalization the scores were computed with.
 - The average is the unweighted mean over datasets, as in the papers, but it is only printed
   when every dataset has results; a missing dataset shows "–" rather than a partial average.
 - With n > 1 samples per question the scores are pass@n (a question counts as solved when any
@@ -42,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from simsearch.errors import DataError
-from simsearch.eval.metrics import exact_match, f1_score, substring_exact_match
+from simsearch.eval.metrics import NORMALIZATIONS, exact_match, f1_score, substring_exact_match
 from simsearch.types import Document, QAExample, Trajectory, Turn
 
 SCORE_METRICS: tuple[str, ...] = ("substring_em", "em", "f1")
@@ -59,10 +63,16 @@ SUMMED_METRICS: tuple[str, ...] = ("questions", "samples", "wall_s")
 METRICS: tuple[str, ...] = SCORE_METRICS + BEHAVIOUR_METRICS + SUMMED_METRICS
 
 SCORE_TITLES = {
-    "substring_em": 'Substring EM (what ZeroSearch and Search-R1 report as "EM")',
-    "em": "Exact match (EM)",
+    "substring_em": 'Substring EM (what ZeroSearch reports as "EM")',
+    "em": 'Exact match (EM; what Search-R1 and SSRL report as "EM")',
     "f1": "Token F1",
 }
+SCORE_DEFINITIONS = {
+    "substring_em": "a normalized gold answer occurs in the normalized answer",
+    "em": "the normalized answer equals a normalized gold answer",
+    "f1": "token-overlap F1 with the best normalized gold answer",
+}
+"""What each score measures, for the protocol line under its title."""
 FIDELITY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("fidelity/useful_contains_answer", "useful ∋ answer"),
     ("fidelity/noisy_contains_answer", "noisy ∋ answer"),
@@ -80,12 +90,18 @@ MISSING = "–"
 # --------------------------------------------------------------------------- per-example rows
 
 
-def score_answer(answer: str | None, golds: Sequence[str]) -> dict[str, float]:
-    """EM, substring EM and F1 of one answer: the functions the training rewards use too."""
+def score_answer(answer: str | None, golds: Sequence[str], *, normalization: str) -> dict[str, float]:
+    """EM, substring EM and F1 of one answer: the functions the training rewards use too.
+
+    Args:
+        answer: The extracted answer, or None.
+        golds: The gold answers.
+        normalization: A name from `simsearch.eval.metrics.NORMALIZATIONS`.
+    """
     return {
-        "substring_em": substring_exact_match(answer, golds),
-        "em": exact_match(answer, golds),
-        "f1": f1_score(answer, golds),
+        "substring_em": substring_exact_match(answer, golds, normalization=normalization),
+        "em": exact_match(answer, golds, normalization=normalization),
+        "f1": f1_score(answer, golds, normalization=normalization),
     }
 
 
@@ -119,12 +135,15 @@ def trajectory_sample(trajectory: Trajectory) -> dict[str, Any]:
     }
 
 
-def example_row(example: QAExample, samples: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+def example_row(
+    example: QAExample, samples: list[dict[str, Any]], *, normalization: str, **extra: Any
+) -> dict[str, Any]:
     """The per-example row of one question: each sample scored, and the question's pass@n scores.
 
     Args:
         example: The question and its gold answers.
         samples: Its samples (`trajectory_sample` or the same keys); each gets `scores`.
+        normalization: How answers are normalized before scoring (`score_answer`).
         **extra: More keys for the row (the RAG baseline adds its `retrieval`).
 
     Returns:
@@ -133,7 +152,7 @@ def example_row(example: QAExample, samples: list[dict[str, Any]], **extra: Any)
     """
     golds = list(example.golden_answers)
     for sample in samples:
-        sample["scores"] = score_answer(sample["answer"], golds)
+        sample["scores"] = score_answer(sample["answer"], golds, normalization=normalization)
     best = {metric: max(s["scores"][metric] for s in samples) for metric in SCORE_METRICS}
     return {
         "id": example.id,
@@ -307,6 +326,32 @@ def score_table(summary: Mapping[str, Any], metric: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def protocol_line(summary: Mapping[str, Any], metric: str) -> str:
+    """The protocol of a score table: engine and top-k per row, the metric, the normalization.
+
+    Args:
+        summary: The summary dict (module docstring), with its `normalization`.
+        metric: One of `SCORE_METRICS`.
+
+    Returns:
+        One Markdown line, ending with a newline.
+
+    Raises:
+        ValueError: The summary names no known normalization.
+    """
+    normalization = summary.get("normalization")
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(
+            f"the summary's normalization={normalization!r} is not one of {', '.join(NORMALIZATIONS)}; "
+            "say how its scores were normalized"
+        )
+    engines = "; ".join(f"{row['search'] or 'none'} ({name})" for name, row in summary["rows"].items())
+    return (
+        f"Protocol. Engine, top-k: {engines}. Metric: {metric}, {SCORE_DEFINITIONS[metric]}. "
+        f"Normalization: {normalization} ({NORMALIZATIONS[normalization].summary}).\n"
+    )
+
+
 def behaviour_table(summary: Mapping[str, Any]) -> str:
     """Markdown table of behaviour and cost per method, over all datasets.
 
@@ -350,7 +395,7 @@ def fidelity_table(entries: Sequence[Mapping[str, Any]]) -> str:
 
 
 def markdown_report(summary: Mapping[str, Any]) -> str:
-    """The whole `table.md`: a header, one score table per metric, behaviour, fidelity."""
+    """The whole `table.md`: a header, one score table per metric with its protocol, behaviour, fidelity."""
     n = int(summary.get("n", 1))
     at = f", pass@{n}" if n > 1 else ""
     parts = ["# Evaluation\n"]
@@ -359,6 +404,7 @@ def markdown_report(summary: Mapping[str, Any]) -> str:
     parts.append("")
     for metric in SCORE_METRICS:
         parts.append(f"## {SCORE_TITLES[metric]}, %{at}\n")
+        parts.append(protocol_line(summary, metric))
         parts.append(score_table(summary, metric))
     parts.append("## Behaviour and cost (all datasets)\n")
     parts.append(behaviour_table(summary))

@@ -3,18 +3,18 @@
 Every reward takes a batch: `responses[i]` is the text the policy produced for example i (the
 response only, never the prompt, including the `<information>` blocks the rollout inserted or,
 in self-search, the policy wrote) and `golden_answers[i]` its gold answers. The answer is the
-last `<answer>…</answer>` of the response, scored with `simsearch.eval.metrics`, so training
-rewards and evaluation tables can never disagree.
+last `<answer>…</answer>` of the response, scored with `simsearch.eval.metrics` under the
+normalization the caller names, so training rewards and evaluation tables can never disagree.
 
-- `f1` (ZeroSearch's reward), `em` (SSRL's, strict) and `substring_em` (what ZeroSearch and
-  Search-R1 report as "EM").
-- `format`: SSRL's format reward; see `format_score` for the rules, applied in the order given.
-- `weighted_reward` combines them, e.g. SSRL's `{"em": 0.9, "format": 0.1}`, and returns the
+- Answer rewards (`ANSWER_METRICS`): `f1` (ZeroSearch's reward), `em` (strict; Search-R1's and
+  SSRL's) and `substring_em` (what ZeroSearch reports as "EM").
+- Format rewards (`FORMAT_SCORES`): `format`, ours, inspired by SSRL's (`format_score`), and
+  `ssrl_format`, SSRL's own rule reproduced exactly (`ssrl_format_score`, compat).
+- `weighted_reward` combines them, e.g. SSRL's `{"em": 0.9, "ssrl_format": 0.1}`, and returns the
   per-component values and their batch means for logging (`reward/f1`, `reward/format`, ...).
 
-Departures from the papers: the answer extractor skips `<information>` blocks (see
-`extract_answer`), and the format reward's placeholder list is explicit (`PLACEHOLDERS`) and
-compared on whole block contents, case-insensitively.
+Departure from the papers: the answer extractor skips `<information>` blocks (see
+`extract_answer`).
 """
 
 from __future__ import annotations
@@ -24,20 +24,33 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from simsearch.eval.metrics import exact_match, extract_answer, f1_score, substring_exact_match
+from simsearch.eval.metrics import (
+    NORMALIZATIONS,
+    exact_match,
+    extract_answer,
+    f1_score,
+    substring_exact_match,
+)
 from simsearch.policy.tags import TAG_NAMES
-
-REWARD_NAMES: tuple[str, ...] = ("f1", "em", "substring_em", "format")
 
 PLACEHOLDERS: dict[str, tuple[str, ...]] = {
     "search": ("query",),
     "answer": ("beijing",),
 }
-"""Template text copied from the Search-R1 prompt (`<search> query </search>`, `<answer> Beijing
-</answer>`): a block whose whole content, stripped and lowercased, is one of these scores 0."""
+"""`format`: template text copied from the Search-R1 prompt (`<search> query </search>`, `<answer>
+Beijing </answer>`): a block whose whole content, stripped and lowercased, is one of these scores 0."""
 
 MAX_THINK_BLOCKS = 8
-"""More `<think>` blocks than this and the format reward is 0 (SSRL)."""
+"""More `<think>` blocks than this and either format reward is 0 (SSRL)."""
+
+SSRL_PLACEHOLDERS: dict[str, str] = {
+    "think": "your thoughts",
+    "search": "your query",
+    "information": "your information",
+    "answer": "your answer",
+}
+"""`ssrl_format`: a block of this name whose lowercased content contains this phrase scores 0
+(SSRL, `verl/workers/reward_manager/naive.py`, lines 315-322)."""
 
 _ALLOWED_TAGS = frozenset(f"<{name}>" for name in TAG_NAMES) | frozenset(
     f"</{name}>" for name in TAG_NAMES
@@ -45,6 +58,13 @@ _ALLOWED_TAGS = frozenset(f"<{name}>" for name in TAG_NAMES) | frozenset(
 # Anything shaped like an XML/HTML tag, attributes and self-closing slash included, so
 # `<think id=1>` or `<br/>` is caught as a foreign tag rather than read as plain text.
 _ANY_TAG = re.compile(r"</?[A-Za-z][A-Za-z0-9_:-]*(?:\s[^<>]*)?/?>")
+
+# SSRL's notion of a tag: any text between "<" and the next ">", across lines too.
+_SSRL_ANY_TAG = re.compile(r"<([^>]+)>")
+_SSRL_ALLOWED = frozenset(TAG_NAMES) | frozenset(f"/{name}" for name in TAG_NAMES)
+_SSRL_KNOWN_TAG = re.compile(r"<(/?(?:think|search|information|answer))>")
+_SSRL_BLOCKS = {name: re.compile(rf"<{name}>(.*?)</{name}>", re.DOTALL) for name in TAG_NAMES}
+_SSRL_SEARCH_ROUND = ["search", "/search", "information", "/information"]
 
 
 @dataclass(frozen=True)
@@ -72,7 +92,7 @@ def _parse_blocks(text: str) -> list[_Block] | None:
 
 
 def format_score(response: str) -> float:
-    """SSRL's format reward for one response.
+    """Our format reward for one response (`format`), inspired by SSRL's (`ssrl_format_score`).
 
     The score is 0 unless every rule holds (leading and trailing whitespace of the response is
     ignored; plain text between blocks is allowed):
@@ -92,6 +112,13 @@ def format_score(response: str) -> float:
     Then, with T think blocks and S search blocks,
     score = min(0.5·T, 1) · min(T, S + 1) / max(T, S + 1): one think and no search scores 0.5,
     one think per search plus one before the answer scores 1.
+
+    Where it departs from SSRL's rule (the score formula is the same): a tag is XML-shaped text
+    only (SSRL: any `<…>`, so `a < b > c` fails there and passes here); tags must pair up in
+    order (SSRL checks the first two and last two tags and each search round, so an unclosed or
+    repeated tag in the middle can pass there); text between `</search>` and `<information>`
+    fails here; placeholders are whole block contents from the Search-R1 prompt (SSRL: the
+    phrases of `SSRL_PLACEHOLDERS` anywhere in a block); `\r` also breaks a search line.
 
     Args:
         response: The response text (not the prompt).
@@ -127,6 +154,69 @@ def format_score(response: str) -> float:
     return min(0.5 * num_think, 1.0) * balance
 
 
+def ssrl_format_score(response: str) -> float:
+    """SSRL's format reward for one response, reproduced exactly (compat; `ssrl_format`).
+
+    Compatible with `format_reward` in SSRL's `verl/workers/reward_manager/naive.py` (lines
+    268-373, commit 3009f21). The score is 0 when any of these holds (the response is stripped of
+    surrounding whitespace first):
+
+    1. Some text between `<` and the next `>` (across lines too) is not one of `think`,
+       `search`, `information`, `answer` or those with a leading `/`.
+    2. The response does not start with `<think>` or does not end with `</answer>`.
+    3. It has fewer than 4 of the eight known tags.
+    4. A block found by the non-greedy pattern `<name>(.*?)</name>` is empty or whitespace-only,
+       a search block holds a `\n`, or a block contains its `SSRL_PLACEHOLDERS` phrase
+       (case-insensitive).
+    5. The first two known tags are not `<think>`, `</think>`, or the last two not `<answer>`,
+       `</answer>`.
+    6. Between those, some `<search>` is not immediately followed by the tags `</search>`,
+       `<information>`, `</information>` (other tags and any text elsewhere are not checked).
+    7. The counts of the strings `<search>` and `<information>` differ.
+    8. The string `<think>` occurs more than `MAX_THINK_BLOCKS` (8) times.
+
+    Otherwise, with T occurrences of `<think>` and S of `<search>`,
+    score = min(0.5·T, 1) · min(T, S + 1) / max(T, S + 1).
+
+    Args:
+        response: The response text (not the prompt).
+
+    Returns:
+        The format score in [0, 1].
+    """
+    text = response.strip()
+    if any(tag not in _SSRL_ALLOWED for tag in _SSRL_ANY_TAG.findall(text)):
+        return 0.0
+    if not (text.startswith("<think>") and text.endswith("</answer>")):
+        return 0.0
+    tags = _SSRL_KNOWN_TAG.findall(text)
+    if len(tags) < 4:
+        return 0.0
+    for name, pattern in _SSRL_BLOCKS.items():
+        for content in pattern.findall(text):
+            if not content.strip() or SSRL_PLACEHOLDERS[name] in content.lower():
+                return 0.0
+            if name == "search" and "\n" in content:
+                return 0.0
+    if tags[:2] != ["think", "/think"] or tags[-2:] != ["answer", "/answer"]:
+        return 0.0
+    middle = tags[2:-2]
+    index = 0
+    while index < len(middle):
+        if middle[index] != "search":
+            index += 1
+            continue
+        if middle[index : index + 4] != _SSRL_SEARCH_ROUND:
+            return 0.0
+        index += 4
+    num_think = text.count("<think>")
+    num_search = text.count("<search>")
+    if num_search != text.count("<information>") or num_think > MAX_THINK_BLOCKS:
+        return 0.0
+    balance = min(num_think, num_search + 1) / max(num_think, num_search + 1)
+    return min(0.5 * num_think, 1.0) * balance
+
+
 def _check_batch(responses: Sequence[str], golden_answers: Sequence[Sequence[str]]) -> None:
     if len(responses) != len(golden_answers):
         raise ValueError(
@@ -136,57 +226,67 @@ def _check_batch(responses: Sequence[str], golden_answers: Sequence[Sequence[str
 
 
 def _answer_rewards(
-    metric: Callable[[str | None, Sequence[str]], float],
+    metric: Callable[..., float],
     responses: Sequence[str],
     golden_answers: Sequence[Sequence[str]],
+    normalization: str,
 ) -> list[float]:
     _check_batch(responses, golden_answers)
-    return [metric(extract_answer(r), golds) for r, golds in zip(responses, golden_answers)]
+    return [
+        metric(extract_answer(r), golds, normalization=normalization) for r, golds in zip(responses, golden_answers)
+    ]
 
 
-def f1_rewards(responses: Sequence[str], golden_answers: Sequence[Sequence[str]]) -> list[float]:
+def f1_rewards(
+    responses: Sequence[str], golden_answers: Sequence[Sequence[str]], *, normalization: str = "unicode"
+) -> list[float]:
     """Token F1 of each response's last answer against its gold answers (0 without an answer).
 
     Args:
         responses: Response texts, one per example.
         golden_answers: Gold answers, one list per example.
+        normalization: A name from `simsearch.eval.metrics.NORMALIZATIONS`.
 
     Returns:
         One reward in [0, 1] per response.
     """
-    return _answer_rewards(f1_score, responses, golden_answers)
+    return _answer_rewards(f1_score, responses, golden_answers, normalization)
 
 
-def em_rewards(responses: Sequence[str], golden_answers: Sequence[Sequence[str]]) -> list[float]:
+def em_rewards(
+    responses: Sequence[str], golden_answers: Sequence[Sequence[str]], *, normalization: str = "unicode"
+) -> list[float]:
     """Strict exact match of each response's last answer (0 without an answer).
 
     Args:
         responses: Response texts, one per example.
         golden_answers: Gold answers, one list per example.
+        normalization: A name from `simsearch.eval.metrics.NORMALIZATIONS`.
 
     Returns:
         One reward in {0, 1} per response.
     """
-    return _answer_rewards(exact_match, responses, golden_answers)
+    return _answer_rewards(exact_match, responses, golden_answers, normalization)
 
 
 def substring_em_rewards(
-    responses: Sequence[str], golden_answers: Sequence[Sequence[str]]
+    responses: Sequence[str], golden_answers: Sequence[Sequence[str]], *, normalization: str = "unicode"
 ) -> list[float]:
     """Substring exact match (gold inside prediction) of each response's last answer.
 
     Args:
         responses: Response texts, one per example.
         golden_answers: Gold answers, one list per example.
+        normalization: A name from `simsearch.eval.metrics.NORMALIZATIONS`.
 
     Returns:
         One reward in {0, 1} per response.
     """
-    return _answer_rewards(substring_exact_match, responses, golden_answers)
+    return _answer_rewards(substring_exact_match, responses, golden_answers, normalization)
 
 
 def format_rewards(responses: Sequence[str]) -> list[float]:
-    """`format_score` of each response.
+    """`format_score` (ours) of each response.
 
     Args:
         responses: Response texts.
@@ -195,6 +295,35 @@ def format_rewards(responses: Sequence[str]) -> list[float]:
         One reward in [0, 1] per response.
     """
     return [format_score(response) for response in responses]
+
+
+def ssrl_format_rewards(responses: Sequence[str]) -> list[float]:
+    """`ssrl_format_score` (SSRL's exact rule) of each response.
+
+    Args:
+        responses: Response texts.
+
+    Returns:
+        One reward in [0, 1] per response.
+    """
+    return [ssrl_format_score(response) for response in responses]
+
+
+ANSWER_METRICS: dict[str, Callable[..., float]] = {
+    "f1": f1_score,
+    "em": exact_match,
+    "substring_em": substring_exact_match,
+}
+"""Reward components scored on the extracted answer, by name: `metric(answer, golds, normalization=)`."""
+
+FORMAT_SCORES: dict[str, Callable[[str], float]] = {
+    "format": format_score,
+    "ssrl_format": ssrl_format_score,
+}
+"""Reward components scored on the response's tags alone, by name."""
+
+REWARD_NAMES: tuple[str, ...] = (*ANSWER_METRICS, *FORMAT_SCORES)
+"""Every reward component name: the keys `reward.weights` accepts."""
 
 
 @dataclass
@@ -213,16 +342,12 @@ class RewardOutput:
 
 
 def _component(
-    name: str, responses: Sequence[str], golden_answers: Sequence[Sequence[str]]
+    name: str, responses: Sequence[str], golden_answers: Sequence[Sequence[str]], normalization: str
 ) -> list[float]:
-    if name == "f1":
-        return f1_rewards(responses, golden_answers)
-    if name == "em":
-        return em_rewards(responses, golden_answers)
-    if name == "substring_em":
-        return substring_em_rewards(responses, golden_answers)
-    if name == "format":
-        return format_rewards(responses)
+    if name in ANSWER_METRICS:
+        return _answer_rewards(ANSWER_METRICS[name], responses, golden_answers, normalization)
+    if name in FORMAT_SCORES:
+        return [FORMAT_SCORES[name](response) for response in responses]
     raise ValueError(
         f"unknown reward {name!r} in the reward weights; use one of {list(REWARD_NAMES)}"
     )
@@ -232,21 +357,27 @@ def weighted_reward(
     weights: dict[str, float],
     responses: Sequence[str],
     golden_answers: Sequence[Sequence[str]],
+    *,
+    normalization: str = "unicode",
 ) -> RewardOutput:
-    """Weighted sum of reward components, e.g. SSRL's `{"em": 0.9, "format": 0.1}`.
+    """Weighted sum of reward components, e.g. SSRL's `{"em": 0.9, "ssrl_format": 0.1}`.
 
     Args:
         weights: Weight per component name, from `REWARD_NAMES`; at least one.
         responses: Response texts, one per example (non-empty batch).
         golden_answers: Gold answers, one list per example.
+        normalization: How answer components normalize answers, a name from
+            `simsearch.eval.metrics.NORMALIZATIONS`.
 
     Returns:
         The totals, the unweighted component values and their batch means.
 
     Raises:
-        ValueError: On an unknown component name, a non-finite weight, no weights, an empty
-            batch, or mismatched batch lengths.
+        ValueError: On an unknown component name or normalization, a non-finite weight, no
+            weights, an empty batch, or mismatched batch lengths.
     """
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization={normalization!r} is not one of {', '.join(NORMALIZATIONS)}")
     if not weights:
         raise ValueError(f"reward weights are empty; give at least one of {list(REWARD_NAMES)}")
     if not responses:
@@ -255,7 +386,7 @@ def weighted_reward(
     for name, weight in weights.items():
         if not math.isfinite(weight):
             raise ValueError(f"reward weight for {name!r} must be finite, got {weight}")
-    components = {name: _component(name, responses, golden_answers) for name in weights}
+    components = {name: _component(name, responses, golden_answers, normalization) for name in weights}
     total = [
         sum(weights[name] * values[i] for name, values in components.items())
         for i in range(len(responses))

@@ -1,10 +1,17 @@
-"""Answer normalization, EM, substring EM, F1 and answer extraction, on hand-worked strings."""
+"""Answer normalization, EM, substring EM, F1 and answer extraction, on hand-worked strings.
+
+Tests without a `normalization` argument exercise the library default, `unicode`; the `squad`
+cases follow the SQuAD v1.1 `normalize_answer` that Search-R1, ZeroSearch and SSRL copy
+(lowercase, delete `string.punctuation`, replace whole-word a/an/the by a space, collapse
+whitespace) and their `em_check` / `subem_check`, which keep golds that normalize to "".
+"""
 
 from __future__ import annotations
 
 import pytest
 
 from simsearch.eval.metrics import (
+    NORMALIZATIONS,
     exact_match,
     extract_answer,
     f1_score,
@@ -172,3 +179,73 @@ def test_response_without_answer_does_not_score_prompt_example() -> None:
     # Only the response is passed here, so a response without an answer scores 0.
     response = "<think>I should guess</think>"
     assert f1_score(extract_answer(response), ["Beijing"]) == 0.0
+
+
+# --- normalization: squad (the papers') vs unicode (ours) ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "squad", "unicode"),
+    [
+        # curly apostrophes are not in string.punctuation: squad keeps them
+        ("Rock \u2019n\u2019 roll", "rock \u2019n\u2019 roll", "rock n roll"),
+        ("O\u2019Neill", "o\u2019neill", "oneill"),
+        # inverted question mark kept by squad, the ASCII "?" deleted by both
+        ("\u00bfQu\u00e9?", "\u00bfqu\u00e9", "qu\u00e9"),
+        # em dash and curly quotes kept by squad
+        ("\u201cHi\u201d \u2014 yo", "\u201chi\u201d \u2014 yo", "hi yo"),
+        # no NFC under squad: e + combining acute stays two code points
+        ("Jose\u0301", "jose\u0301", "jos\u00e9"),
+        # punctuation goes before articles: "t.he" becomes the word "the", then goes
+        ("t.he cat", "cat", "cat"),
+        # ASCII punctuation and symbols: the same under both
+        ("$5 + 3 = 8", "5 3 8", "5 3 8"),
+        ("An apple, THE end!", "apple end", "apple end"),
+    ],
+)
+def test_squad_and_unicode_normalization(text: str, squad: str, unicode: str) -> None:
+    assert normalize_answer(text, normalization="squad") == squad
+    assert normalize_answer(text, normalization="unicode") == unicode
+
+
+def test_rock_n_roll_matches_only_under_unicode() -> None:
+    # squad: "rock n roll" != "rock \u2019n\u2019 roll"; unicode: both "rock n roll"
+    for metric in (exact_match, substring_exact_match):
+        assert metric("rock n roll", ["Rock \u2019n\u2019 roll"], normalization="squad") == 0.0
+        assert metric("rock n roll", ["Rock \u2019n\u2019 roll"], normalization="unicode") == 1.0
+    # F1: tokens {rock, n, roll} vs {rock, \u2019n\u2019, roll}: overlap 2, P = R = 2/3 -> 2/3
+    squad_f1 = f1_score("rock n roll", ["Rock \u2019n\u2019 roll"], normalization="squad")
+    assert squad_f1 == pytest.approx(2 / 3, abs=1e-12)
+    assert f1_score("rock n roll", ["Rock \u2019n\u2019 roll"], normalization="unicode") == 1.0
+
+
+@pytest.mark.parametrize("gold", ["!!!", "the", "", "A"])
+def test_empty_gold_matches_under_squad_only(gold: str) -> None:
+    # squad: the gold normalizes to "", which equals an empty prediction and is in every one
+    assert exact_match("", [gold], normalization="squad") == 1.0
+    assert exact_match("...", [gold], normalization="squad") == 1.0
+    assert exact_match("Paris", [gold], normalization="squad") == 0.0
+    assert substring_exact_match("Paris", [gold], normalization="squad") == 1.0
+    # F1 has no tokens to share: 0 under both, as ZeroSearch's f1_score_cal
+    assert f1_score("", [gold], normalization="squad") == 0.0
+    assert f1_score("Paris", [gold], normalization="squad") == 0.0
+    # unicode: such a gold never matches
+    for metric in (exact_match, substring_exact_match, f1_score):
+        assert metric("", [gold], normalization="unicode") == 0.0
+        assert metric("Paris", [gold], normalization="unicode") == 0.0
+
+
+@pytest.mark.parametrize("normalization", ["squad", "unicode"])
+@pytest.mark.parametrize("metric", [exact_match, substring_exact_match, f1_score])
+def test_missing_answer_scores_zero_under_both(metric, normalization: str) -> None:
+    assert metric(None, ["Paris"], normalization=normalization) == 0.0
+    assert metric(None, [""], normalization=normalization) == 0.0
+    assert metric("Paris", [], normalization=normalization) == 0.0
+
+
+def test_unknown_normalization_is_refused() -> None:
+    assert set(NORMALIZATIONS) == {"squad", "unicode"}
+    with pytest.raises(ValueError, match="normalization='ascii' is not one of squad, unicode"):
+        exact_match("Paris", ["Paris"], normalization="ascii")
+    with pytest.raises(ValueError, match="normalization='ascii'"):
+        normalize_answer("Paris", normalization="ascii")

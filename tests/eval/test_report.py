@@ -10,8 +10,10 @@ import json
 import pytest
 from PIL import Image
 
+from simsearch.config import EvalRecipe, RecipeError, load_recipe
 from simsearch.errors import DataError
 from simsearch.eval import report
+from simsearch.eval.metrics import NORMALIZATIONS
 from simsearch.types import Document, QAExample, Trajectory, Turn
 
 
@@ -64,14 +66,36 @@ def test_average_is_unweighted_over_datasets_and_sums_counts() -> None:
 
 def test_score_answer_and_pass_at_n_row() -> None:
     # "it is paris" vs "paris": precision 1/3, recall 1 -> F1 = 2 * (1/3) / (4/3) = 0.5
-    assert report.score_answer("it is Paris", ["Paris"]) == {"substring_em": 1.0, "em": 0.0, "f1": 0.5}
-    assert report.score_answer(None, ["Paris"]) == {"substring_em": 0.0, "em": 0.0, "f1": 0.0}
+    assert report.score_answer("it is Paris", ["Paris"], normalization="squad") == {
+        "substring_em": 1.0, "em": 0.0, "f1": 0.5
+    }
+    assert report.score_answer(None, ["Paris"], normalization="squad") == {"substring_em": 0.0, "em": 0.0, "f1": 0.0}
     example = QAExample(id="q1", question="Capital of France?", golden_answers=["Paris"])
     samples = [{"answer": "it is Paris"}, {"answer": "Paris"}, {"answer": None}]
-    row = report.example_row(example, samples, retrieval={"k": 1})
+    row = report.example_row(example, samples, normalization="squad", retrieval={"k": 1})
     assert row["scores"] == {"substring_em": 1.0, "em": 1.0, "f1": 1.0}  # best sample per metric
     assert [s["scores"]["em"] for s in row["samples"]] == [0.0, 1.0, 0.0]
     assert row["id"] == "q1" and row["golden_answers"] == ["Paris"] and row["retrieval"] == {"k": 1}
+
+
+@pytest.mark.parametrize(
+    ("normalization", "expected"),
+    [
+        # "Rock \u2019n\u2019 roll": squad keeps the curly apostrophes, tokens {rock, \u2019n\u2019, roll}
+        # vs {rock, n, roll}: overlap 2, F1 2/3; the empty gold "!!!" is in every answer
+        ("squad", {"substring_em": 1.0, "em": 0.0, "f1": 2 / 3}),
+        # unicode deletes them (a match) and drops the empty gold
+        ("unicode", {"substring_em": 1.0, "em": 1.0, "f1": 1.0}),
+    ],
+)
+def test_example_row_scores_with_the_given_normalization(normalization: str, expected: dict) -> None:
+    example = QAExample(id="q", question="Genre?", golden_answers=["Rock \u2019n\u2019 roll", "!!!"])
+    row = report.example_row(example, [{"answer": "rock n roll"}], normalization=normalization)
+    assert row["scores"] == pytest.approx(expected, abs=1e-12)
+    # only the empty gold left: squad matches an empty answer, unicode never
+    empty_gold = QAExample(id="e", question="?", golden_answers=["!!!"])
+    row = report.example_row(empty_gold, [{"answer": ""}], normalization=normalization)
+    assert row["scores"]["em"] == (1.0 if normalization == "squad" else 0.0)
 
 
 def test_trajectory_sample_keeps_turns_and_counts_policy_tokens() -> None:
@@ -126,6 +150,7 @@ def _summary(n=1, fidelity=()):
         "datasets": ["nq", "popqa"],
         "n": n,
         "header": {"policy": "/models/p"},
+        "normalization": "squad",
         "rows": {
             "bm25": {"kind": "bm25", "search": "bm25 top-3", "top_k": 3, "results": full,
                      "average": report.average(full)},
@@ -150,14 +175,41 @@ def test_score_table_is_paper_shaped() -> None:
 
 def test_markdown_report_sections() -> None:
     text = report.markdown_report(_summary())
-    assert "## Substring EM" in text and "## Exact match (EM), %" in text and "## Token F1, %" in text
+    assert "## Substring EM" in text and "## Exact match (EM" in text and "## Token F1, %" in text
     assert "pass@" not in text and "Simulator fidelity" not in text
     entry = {"simulator": "sim", "reference": "bm25", "dataset": "nq", "policy_queries": 3, "question_queries": 1,
              "fidelity/useful_contains_answer": 0.75, "fidelity/gap": 0.5}
     text = report.markdown_report(_summary(n=4, fidelity=[entry]))
-    assert "## Exact match (EM), %, pass@4" in text
+    assert '## Exact match (EM; what Search-R1 and SSRL report as "EM"), %, pass@4' in text
     fidelity_line = next(line for line in text.splitlines() if line.startswith("| sim | bm25 | nq"))
     assert fidelity_line.startswith("| sim | bm25 | nq | 3 / 1 | 75.00 | – | 50.00 |")
+
+
+def test_every_score_table_states_its_protocol() -> None:
+    summary = _summary()
+    summary["rows"]["direct"] = {"kind": "direct", "search": "", "top_k": 0, "results": {}, "average": {}}
+    lines = report.markdown_report(summary).splitlines()
+    engines = "Engine, top-k: bm25 top-3 (bm25); simulator top-3, p_noise 0 (sim); none (direct)."
+    for metric, title in report.SCORE_TITLES.items():
+        heading = lines.index(f"## {title}, %")
+        protocol = lines[heading + 2]  # the heading, a blank line, the protocol
+        assert protocol.startswith(f"Protocol. {engines} Metric: {metric}, ")
+        assert protocol.endswith("Normalization: squad (" + NORMALIZATIONS["squad"].summary + ").")
+    assert report.protocol_line({**summary, "normalization": "unicode"}, "em") == (
+        f"Protocol. {engines} Metric: em, the normalized answer equals a normalized gold answer. "
+        "Normalization: unicode (" + NORMALIZATIONS["unicode"].summary + ").\n"
+    )
+    # the titles name whose "EM" each metric is
+    substring_title = report.SCORE_TITLES["substring_em"]
+    assert "ZeroSearch" in substring_title and "Search-R1" not in substring_title
+    assert "Search-R1 and SSRL" in report.SCORE_TITLES["em"]
+
+
+def test_a_summary_without_normalization_has_no_protocol() -> None:
+    summary = _summary()
+    del summary["normalization"]
+    with pytest.raises(ValueError, match="normalization=None is not one of squad, unicode"):
+        report.markdown_report(summary)
 
 
 def test_csv_and_json_round_trip(tmp_path) -> None:
@@ -220,3 +272,11 @@ def test_plot_training_curves(tmp_path) -> None:
     assert len(image.getcolors(maxcolors=1 << 20)) > 10
     with pytest.raises(ValueError, match="none of the plotted keys"):
         report.plot_training_curves([{"step": 1, "losses/policy": 0.3}], tmp_path / "none.png")
+
+
+def test_eval_recipe_normalization_defaults_to_squad_and_is_checked() -> None:
+    datasets = ["datasets=[{name: nq, path: nq.jsonl}]", "run_dir=r", "policy.model.path=m"]
+    assert load_recipe(EvalRecipe, None, datasets).normalization == "squad"
+    assert load_recipe(EvalRecipe, None, [*datasets, "normalization=unicode"]).normalization == "unicode"
+    with pytest.raises(RecipeError, match="normalization='ascii' is not one of squad, unicode"):
+        load_recipe(EvalRecipe, None, [*datasets, "normalization=ascii"])

@@ -1,4 +1,4 @@
-"""Outcome rewards and SSRL's format reward, on hand-written responses."""
+"""Outcome rewards, our format reward and SSRL's exact one, on hand-written responses."""
 
 from __future__ import annotations
 
@@ -6,11 +6,15 @@ import math
 
 import pytest
 
+from simsearch.config import RecipeError, RewardConfig
 from simsearch.policy.rewards import (
+    REWARD_NAMES,
     em_rewards,
     f1_rewards,
     format_rewards,
     format_score,
+    ssrl_format_rewards,
+    ssrl_format_score,
     substring_em_rewards,
     weighted_reward,
 )
@@ -54,6 +58,8 @@ def _trajectory(num_think: int, num_search: int) -> str:
 )
 def test_format_score_formula(num_think: int, num_search: int, expected: float) -> None:
     assert format_score(_trajectory(num_think, num_search)) == pytest.approx(expected, abs=1e-12)
+    # SSRL's rule has the same formula and the same 8-think limit on well-formed responses
+    assert ssrl_format_score(_trajectory(num_think, num_search)) == pytest.approx(expected, abs=1e-12)
 
 
 def test_format_score_good_response() -> None:
@@ -124,6 +130,83 @@ def test_format_score_after_invalid_action_is_zero() -> None:
     assert format_score(bad_turn + INVALID_ACTION_MESSAGE + "<answer>Paris</answer>") == 0.0
 
 
+# --- ssrl_format: SSRL's format_reward (verl/workers/reward_manager/naive.py), rule by rule -------
+
+ROUND = "<search>q</search><information>d</information>"
+
+
+@pytest.mark.parametrize(
+    ("response", "ssrl", "ours"),
+    [
+        # the good cases agree: T = 1, S = 0 -> 0.5; T = 2, S = 1 -> 1
+        ("<think>a</think><answer>b</answer>", 0.5, 0.5),
+        (GOOD, 1.0, 1.0),
+        # no search, two thinks: min(1, 1) * min(2, 1) / max(2, 1) = 0.5
+        ("<think>a</think><think>b</think><answer>c</answer>", 0.5, 0.5),
+        # one search, no think after it: min(0.5, 1) * min(1, 2) / max(1, 2) = 0.25
+        ("<think>a</think>" + ROUND + "<answer>c</answer>", 0.25, 0.25),
+        # placeholders: SSRL's phrases anywhere in a block, any case
+        ("<think>a</think><search>Your Query here</search><information>d</information>"
+         "<think>b</think><answer>c</answer>", 0.0, 1.0),
+        ("<think>a</think><answer>your answer: Paris</answer>", 0.0, 0.5),
+        ("<think>Your thoughts</think><answer>x</answer>", 0.0, 0.5),
+        ("<think>a</think><search>q</search><information>see YOUR INFORMATION</information>"
+         "<think>b</think><answer>c</answer>", 0.0, 1.0),
+        # ... but not the Search-R1 template text that ours refuses
+        ("<think>a</think><search> query </search><information>d</information>"
+         "<think>b</think><answer>Beijing</answer>", 1.0, 0.0),
+        # any "<...>" is a tag, across lines too, and must be one of the eight
+        ("<think>x < y and z > w</think><answer>b</answer>", 0.0, 0.5),
+        ("<think>if a <\nb> c</think><answer>x</answer>", 0.0, 0.5),
+        # a lone "<" reaches the next ">": the tag " y</think" is foreign
+        ("<think>x < y</think><answer>b</answer>", 0.0, 0.5),
+        ("<think>a</think><answer>b<br></answer>", 0.0, 0.0),
+        # unmatched and repeated tags: only the first two, the last two and each search round
+        # are checked, and <think> is counted as a string (T = 2, S = 0 -> 0.5)
+        ("<think>a</think><think>b<answer>c</answer>", 0.5, 0.0),
+        ("<think>a</think></think><answer>b</answer>", 0.5, 0.0),  # T = 1
+        ("<think>a</think>" + ROUND + "<think>b<answer>c</answer>", 1.0, 0.0),  # T = 2, S = 1
+        ("<think>a</think><answer>x</answer><answer>y</answer>", 0.5, 0.5),
+        # nesting puts <think> second: fails the opening check
+        ("<think>a<think>b</think></think><answer>c</answer>", 0.0, 0.0),
+        # a search round must be exactly </search> <information> </information>; text between is fine
+        ("<think>a</think><search>q</search> so <information>d</information>"
+         "<think>b</think><answer>c</answer>", 1.0, 0.0),
+        ("<think>a</think><search>q<information>d</information><think>b</think><answer>c</answer>", 0.0, 0.0),
+        # information without search: 0 searches != 1 information
+        ("<think>a</think><information>d</information><answer>c</answer>", 0.0, 0.0),
+        # a search line: only "\n" breaks it for SSRL, "\r" too for ours
+        ("<think>a</think><search>q\nr</search><information>d</information><think>b</think><answer>c</answer>",
+         0.0, 0.0),
+        ("<think>a</think><search>q\rr</search><information>d</information><think>b</think><answer>c</answer>",
+         1.0, 0.0),
+        # empty block, fewer than four known tags, wrong start or end
+        ("<think> </think><answer>b</answer>", 0.0, 0.0),
+        ("<think>a</answer>", 0.0, 0.0),
+        ("Sure. <think>a</think><answer>b</answer>", 0.0, 0.0),
+        ("<think>a</think><answer>b</answer> Done.", 0.0, 0.0),
+    ],
+)
+def test_ssrl_format_score_follows_ssrl_rules(response: str, ssrl: float, ours: float) -> None:
+    assert ssrl_format_score(response) == pytest.approx(ssrl, abs=1e-12)
+    assert format_score(response) == pytest.approx(ours, abs=1e-12)
+
+
+def test_ssrl_format_think_limit_counts_the_string() -> None:
+    # 8 complete think blocks, 7 rounds: 1.0; a ninth, unclosed "<think>" makes 9 > 8 -> 0
+    eight = _trajectory(8, 7)
+    assert ssrl_format_score(eight) == 1.0
+    ninth = eight.replace("<answer>", "<think>unclosed<answer>")
+    assert ssrl_format_score(ninth) == 0.0
+    # 9 thinks and 9 rounds would be balanced (T = S) but is over the limit
+    assert ssrl_format_score(_trajectory(9, 9)) == 0.0
+
+
+def test_ssrl_format_rewards_batch_and_name() -> None:
+    assert ssrl_format_rewards([GOOD, "<think>a</think></think><answer>b</answer>", "nothing"]) == [1.0, 0.5, 0.0]
+    assert REWARD_NAMES == ("f1", "em", "substring_em", "format", "ssrl_format")
+
+
 # --- outcome rewards ---------------------------------------------------------------------------
 
 
@@ -142,6 +225,18 @@ def test_em_and_substring_em_rewards() -> None:
     golds = [["Eiffel Tower"], ["Eiffel Tower"]]
     assert em_rewards(responses, golds) == [0.0, 1.0]
     assert substring_em_rewards(responses, golds) == [1.0, 1.0]
+
+
+@pytest.mark.parametrize(("normalization", "expected"), [("squad", [0.0, 1.0]), ("unicode", [1.0, 0.0])])
+def test_outcome_rewards_use_the_given_normalization(normalization: str, expected: list[float]) -> None:
+    # "rock n roll" vs "Rock \u2019n\u2019 roll" matches only under unicode; an empty answer
+    # against the gold "the" (normalizes to "") matches only under squad
+    responses = ["<answer>rock n roll</answer>", "<answer></answer>"]
+    golds = [["Rock \u2019n\u2019 roll"], ["the"]]
+    assert em_rewards(responses, golds, normalization=normalization) == expected
+    out = weighted_reward({"em": 0.9, "ssrl_format": 0.1}, responses, golds, normalization=normalization)
+    assert out.components == {"em": expected, "ssrl_format": [0.0, 0.0]}  # no <think>: format 0
+    assert out.total == pytest.approx([0.9 * e for e in expected], abs=1e-12)
 
 
 def test_answer_inside_information_is_not_rewarded() -> None:
@@ -199,3 +294,22 @@ def test_weighted_reward_substring_em() -> None:
 def test_weighted_reward_errors(weights, responses, golds, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         weighted_reward(weights, responses, golds)
+
+
+def test_weighted_reward_refuses_unknown_normalization_even_for_format_only() -> None:
+    with pytest.raises(ValueError, match="normalization='ascii' is not one of squad, unicode"):
+        weighted_reward({"format": 1.0}, ["r"], [["g"]], normalization="ascii")
+
+
+# --- the recipe section ------------------------------------------------------------------------
+
+
+def test_reward_config_accepts_every_reward_name_and_a_normalization() -> None:
+    config = RewardConfig(weights={name: 1.0 for name in REWARD_NAMES})
+    config.check("reward")
+    assert config.normalization == "squad"  # the papers' rule unless a recipe opts out
+    RewardConfig(weights={"em": 0.9, "ssrl_format": 0.1}, normalization="unicode").check("reward")
+    with pytest.raises(RecipeError, match="reward.normalization='ascii' is not one of squad, unicode"):
+        RewardConfig(normalization="ascii").check("reward")
+    with pytest.raises(RecipeError, match="reward.weights key='ssrl'"):
+        RewardConfig(weights={"ssrl": 1.0}).check("reward")
