@@ -19,12 +19,17 @@ from omegaconf.errors import OmegaConfBaseException
 
 from simsearch.eval.metrics import NORMALIZATIONS
 from simsearch.policy.rewards import REWARD_NAMES
+from simsearch.data.templates import TEMPLATE_NAMES
 from simsearch.retrieval.base import RENDER_STYLES, VERBATIM_STYLE
 from simsearch.simulator.prompts import ALWAYS_SHOWS_CONTEXT, ANY_RESPONSE_STYLE, PRESETS
 
 
 class RecipeError(ValueError):
     """A recipe that cannot run: says which file and key, and what to do."""
+
+
+RECIPE_TEMPLATES = tuple(name for name in TEMPLATE_NAMES if name not in ("direct", "rag"))
+"""Policy templates a recipe may name; `simsearch eval` runs the direct and RAG baselines itself."""
 
 
 def _key(name: str) -> str:
@@ -228,7 +233,10 @@ class CurriculumConfig:
 class RolloutConfig:
     """The multi-turn agent loop."""
 
-    template: str = "search-r1"  # policy prompt: search-r1 | search-r1-chat | search-r1-brief | self-search
+    # Policy prompt, from simsearch.data.templates (docs there; "direct" and "rag" are evaluation baselines).
+    # search-r1-auto: Search-R1's text through the chat template exactly when the tokenizer has one, as
+    # Search-R1 and ZeroSearch do; search-r1: never (the quickstart's default); search-r1-chat: always.
+    template: str = "search-r1"
     max_turns: int = 2  # search turns before the final answer turn (ZeroSearch paper: 2)
     max_obs_tokens: int = 512  # tokens of one <information> block before truncation
     max_context_tokens: int = 4096  # prompt + response tokens per trajectory
@@ -236,7 +244,7 @@ class RolloutConfig:
     self_search_real_share: float = 0.0  # self-search: share of questions whose searches `search` answers
 
     def check(self, key: str) -> None:
-        _check_choice(f"{key}.template", self.template, ("search-r1", "search-r1-chat", "search-r1-brief", "self-search"))
+        _check_choice(f"{key}.template", self.template, RECIPE_TEMPLATES)
         _check_positive(f"{key}.group_size", self.group_size)
         if self.max_turns < 0:
             raise RecipeError(f"{key}.max_turns={self.max_turns} must be >= 0")

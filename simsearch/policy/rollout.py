@@ -33,7 +33,7 @@ Departures from Search-R1 / ZeroSearch / SSRL:
 - `max_turns` counts every non-final turn, invalid ones included (as Search-R1 does). In
   self-search mode a generation that ends without an answer is an invalid turn and gets the
   corrective message and another try; `max_turns=0` gives SSRL's single generation.
-- The prompt is rendered from `QAExample.question` with `data.templates.render_prompt`, never
+- The prompt is rendered from `QAExample.question` with `data.templates.encode_prompt`, never
   taken from `QAExample.prompt` (the verl rows' own templated text): the template stays a recipe
   choice, and training and evaluation prompts cannot drift apart.
 - The first turn asks the engine for `n=group_size` samples per question, so an engine that
@@ -52,7 +52,7 @@ from dataclasses import dataclass, field, replace
 
 from transformers import PreTrainedTokenizerBase
 
-from simsearch.data.templates import TemplateName, render_prompt
+from simsearch.data.templates import TEMPLATE_NAMES, TemplateName, encode_prompt
 from simsearch.engines.base import GenerationEngine
 from simsearch.eval.metrics import extract_answer
 from simsearch.policy.rewards import RewardOutput, weighted_reward
@@ -75,7 +75,7 @@ from simsearch.types import (
     Turn,
 )
 
-ROLLOUT_TEMPLATES: tuple[str, ...] = ("search-r1", "search-r1-chat", "search-r1-brief", "self-search", "direct")
+ROLLOUT_TEMPLATES: tuple[str, ...] = tuple(name for name in TEMPLATE_NAMES if name != "rag")
 """Templates a rollout can start from ("rag" needs documents in the prompt and is not one)."""
 
 SEARCH_STOPS: tuple[str, ...] = (SEARCH_STOP, ANSWER_STOP)
@@ -447,14 +447,10 @@ def _start(
     logprobs: bool,
 ) -> list[_Rollout]:
     """Tokenizes each prompt once and opens `group_size` rollouts per example."""
-    chat = settings.template == "search-r1-chat"
     rollouts = []
     for prompt_id, example in enumerate(examples):
-        text = render_prompt(
-            example.question, template=settings.template, tokenizer=tokens.tokenizer if chat else None
-        )
-        # A chat-rendered prompt already holds the template's special tokens (BOS included).
-        prompt_ids = tokens.tokenizer.encode(text, add_special_tokens=not chat)
+        # Rendered and tokenized as the template's reference does (chat template, special tokens).
+        prompt_ids = encode_prompt(example.question, template=settings.template, tokenizer=tokens.tokenizer)
         if len(prompt_ids) >= settings.max_context_tokens:
             raise ValueError(
                 f"example {prompt_id} (id {example.id!r}): the prompt has {len(prompt_ids)} tokens, "
