@@ -249,6 +249,11 @@ class RolloutConfig:
         if self.max_turns < 0:
             raise RecipeError(f"{key}.max_turns={self.max_turns} must be >= 0")
         _check_range(f"{key}.self_search_real_share", self.self_search_real_share, 0.0, 1.0)
+        if self.self_search_real_share > 0 and self.template != "self-search":
+            raise RecipeError(
+                f"{key}.self_search_real_share={self.self_search_real_share:g} only applies to "
+                f"{key}.template=self-search; set it to 0 or switch the template"
+            )
 
 
 @dataclass
@@ -488,6 +493,12 @@ class EvalRecipe:
         _check_choice(f"{key}.normalization", self.normalization, tuple(NORMALIZATIONS))
         self.sampling.check("sampling")
         self.rollout.check("rollout")
+        if self.rollout.self_search_real_share:  # eval: the engine decides (evaluate.real_search_share)
+            raise RecipeError(
+                f"rollout.self_search_real_share={self.rollout.self_search_real_share:g} is a training setting; "
+                "in eval a self-search policy writes its own information on an engine of kind=self and "
+                "searches any other engine for real (SSRL's sim-to-real): leave it at 0"
+            )
         for name, engine in self.engines.items():
             engine.check(f"engines.{name}")
         if not self.datasets:

@@ -7,11 +7,21 @@ method and dataset, chunks of questions: roll out, score, append the rows) → s
 Methods, the rows of the tables:
 - one per entry of `engines`: the multi-turn agent loop (`policy.rollout`) with that engine
   answering every search. A simulator is asked for noisy documents with probability
-  `noisy_share` per search call (ZeroSearch's one coin per call);
+  `noisy_share` per search call (ZeroSearch's one coin per call). A `self-search` policy writes
+  its own information only on an engine of kind `self`; on any other engine each generation is
+  cut at `</search>` and that engine's results are inserted, up to `rollout.max_turns` searches
+  (SSRL's sim-to-real evaluation: `trainer.sim2real` in TsinghuaC3I/SSRL
+  verl/trainer/ppo/ray_trainer.py:681-710, the loop in llm_agent/generation.py:441-560). A row
+  whose engine could never be called (`rollout.max_turns=0` on a real engine) is refused;
 - `direct`: the `direct` template with `max_turns=0`, one generation and no search;
 - `rag`: one retrieval with the question as the query from `rag_engine` (default: the first
   engine), the documents in the `rag` template, one generation. It is run here rather than by
-  the rollout, whose templates take no documents.
+  the rollout, whose templates take no documents. A prompt longer than
+  `rollout.max_context_tokens - sampling.max_new_tokens` has its documents' text cut from the
+  end until it fits (FlashRAG likewise cuts a prompt over `generator_max_input_len` in the
+  middle, where its documents are: RUC-NLPIR/FlashRAG flashrag/prompt/base_prompt.py:94-104);
+  the row's `retrieval.truncated_chars` says how much, and the summary counts such rows as
+  `rag/truncated`.
 
 Run directory: `recipe.yaml`; `command.txt` (each invocation's command line, appended);
 `examples/{method}/{dataset}.jsonl`, one row per question (id, question, golden answers, the
@@ -77,7 +87,7 @@ from simsearch.policy.tags import ANSWER_STOP, parse_action
 from simsearch.retrieval.base import SearchEngine
 from simsearch.runlog import METRICS_FILE, read_metrics
 from simsearch.simulator.fidelity import FidelityExample, measure_fidelity
-from simsearch.types import Completion, QAExample, SamplingParams, SearchRequest, Turn
+from simsearch.types import Completion, Document, QAExample, SamplingParams, SearchRequest, Turn
 
 BASELINES = ("direct", "rag")
 REAL_KINDS = ("bm25", "dense", "http", "serper", "serpapi")
@@ -164,8 +174,10 @@ def plan_methods(recipe: EvalRecipe) -> list[Method]:
 
     Raises:
         RecipeError: an engine named like a baseline or not usable as a directory name, a
-            dataset name used twice, `kind=self` without the self-search template, a RAG
-            baseline over a `kind=self` engine, or a served policy without a tokenizer.
+            dataset name used twice, `kind=self` without the self-search template, an engine
+            other than `kind=self` with `rollout.max_turns=0` (its row would never call it), a
+            RAG baseline over a `kind=self` engine or with no room left for its prompt, or a
+            served policy without a tokenizer.
     """
     if recipe.policy.kind == "openai" and not recipe.policy.model.path:
         raise RecipeError(
@@ -186,6 +198,12 @@ def plan_methods(recipe: EvalRecipe) -> list[Method]:
     for name, cfg in recipe.engines.items():
         if cfg.kind == "self" and recipe.rollout.template != "self-search":
             raise RecipeError(f"engines.{name}.kind=self needs rollout.template=self-search")
+        if cfg.kind != "self" and recipe.rollout.max_turns == 0:
+            raise RecipeError(
+                f"engines.{name}: rollout.max_turns=0 never runs a search, so row {name!r} would report "
+                f"kind={cfg.kind} without ever calling it; set rollout.max_turns >= 1 (SSRL evaluates "
+                "with real search over 3 turns), or evaluate a self-search policy on an engine of kind=self"
+            )
         if cfg.kind in ("serper", "serpapi") and not cfg.cache:
             warnings.warn(
                 f"engines.{name}: kind={cfg.kind} without a cache pays again for every query on a "
@@ -208,6 +226,12 @@ def plan_methods(recipe: EvalRecipe) -> list[Method]:
         "normalization": recipe.normalization,
     }
     rollout = {k: v for k, v in asdict(recipe.rollout).items() if k != "group_size"}
+    if "rag" in recipe.baselines and recipe.sampling.max_new_tokens >= recipe.rollout.max_context_tokens:
+        raise RecipeError(
+            f"baselines: rag: sampling.max_new_tokens={recipe.sampling.max_new_tokens} leaves no room for the "
+            f"RAG prompt under rollout.max_context_tokens={recipe.rollout.max_context_tokens}; raise "
+            "max_context_tokens or lower max_new_tokens"
+        )
     methods = []
     if "direct" in recipe.baselines:
         methods.append(Method("direct", "direct", "", 0, "none", _fingerprint({**shared, "method": "direct"})))
@@ -221,12 +245,30 @@ def plan_methods(recipe: EvalRecipe) -> list[Method]:
             Method("rag", "rag", name, cfg.top_k, f"{name} top-{cfg.top_k}, one retrieval", _fingerprint(parts))
         )
     for name, cfg in recipe.engines.items():
-        parts = {**shared, "rollout": rollout, "engine": _engine_identity(cfg, recipe.noisy_share)}
+        # The share the rollout really uses: rows written before the engine decided it carry
+        # another fingerprint, so a resume recomputes them instead of mixing the two.
+        real_share = real_search_share(recipe.rollout.template, cfg.kind)
+        parts = {
+            **shared,
+            "rollout": {**rollout, "self_search_real_share": real_share},
+            "engine": _engine_identity(cfg, recipe.noisy_share),
+        }
         search = f"{cfg.kind} top-{cfg.top_k}"
         if cfg.kind == "simulator":
             search += f", p_noise {recipe.noisy_share:g}"
         methods.append(Method(name, cfg.kind, name, cfg.top_k, search, _fingerprint(parts)))
     return methods
+
+
+def real_search_share(template: str, engine_kind: str) -> float:
+    """`RolloutSettings.self_search_real_share` for a row: the engine, not the recipe, decides.
+
+    A self-search policy on an engine of kind `self` writes its own information (SSRL's
+    self-search numbers); on any other engine every search goes to that engine (SSRL's
+    sim-to-real), so the row's engine is the one that answered. Other templates always search
+    the engine and take 0 (the rollout's "not self-search").
+    """
+    return 1.0 if template == "self-search" and engine_kind != "self" else 0.0
 
 
 def _engine_identity(cfg: SearchConfig, noisy_share: float) -> dict[str, Any]:
@@ -374,7 +416,7 @@ def _run_chunk(
             max_context_tokens=rollout.max_context_tokens,
             top_k=cfg.top_k,
             rendering=cfg.rendering,
-            self_search_real_share=rollout.self_search_real_share,
+            self_search_real_share=real_search_share(rollout.template, cfg.kind),
         )
         search = engines[method.engine]
     result = generate_trajectories(
@@ -419,12 +461,15 @@ def rag_rows(
 ) -> list[dict[str, Any]]:
     """The RAG baseline on a chunk: one search call for all questions, one generate call.
 
-    Each question is its own query; the `rag` template shows the documents; generation stops at
-    `</answer>`. `num_searches` is 1 per sample (the one retrieval).
+    Each question is its own query; the `rag` template shows the documents (cut to fit
+    `max_context_tokens - sampling.max_new_tokens` tokens, see `rag_prompt`), so every answer
+    gets the whole `max_new_tokens`; generation stops at `</answer>`. `num_searches` is 1 per
+    sample (the one retrieval). Each row's `retrieval` holds the documents as retrieved and
+    `truncated_chars`, the characters of their text left out of the prompt.
 
     Raises:
-        ValueError: The engine answered the wrong number of requests, or a prompt leaves no
-            room for an answer under `max_context_tokens` (naming the example).
+        ValueError: The engine answered the wrong number of requests.
+        DataError: A question too long for the prompt even without documents (naming it).
     """
     requests = [
         SearchRequest(
@@ -439,33 +484,75 @@ def rag_rows(
     results = engine.search(requests)
     if len(results) != len(requests):
         raise ValueError(f"the RAG engine returned {len(results)} result lists for {len(requests)} questions")
-    prompts = [
-        tokenizer.encode(render_prompt(ex.question, template="rag", documents=list(docs)))
-        for ex, docs in zip(examples, results)
-    ]
-    for ex, prompt in zip(examples, prompts):
-        if len(prompt) >= max_context_tokens:
-            raise ValueError(
-                f"RAG prompt of example {ex.id!r} has {len(prompt)} tokens, no room under "
-                f"rollout.max_context_tokens={max_context_tokens}; raise it or lower the RAG engine's top_k"
-            )
-    room = max_context_tokens - max(len(prompt) for prompt in prompts)
-    params = replace(sampling, stop=[ANSWER_STOP], n=n, max_new_tokens=min(sampling.max_new_tokens, room))
+    budget = max_context_tokens - sampling.max_new_tokens
+    built = [rag_prompt(ex, list(docs), tokenizer, budget) for ex, docs in zip(examples, results)]
+    prompts = [ids for ids, _ in built]
+    params = replace(sampling, stop=[ANSWER_STOP], n=n)
     completions = policy.generate(prompts, params)
     if len(completions) != len(prompts) * n:
         raise ValueError(
             f"the policy engine returned {len(completions)} completions for {len(prompts)} prompts x n={n}"
         )
     rows = []
-    for i, (ex, request, docs) in enumerate(zip(examples, requests, results)):
+    for i, (ex, request, docs, (_, cut)) in enumerate(zip(examples, requests, results, built)):
         samples = [_rag_sample(c) for c in completions[i * n : (i + 1) * n]]
         retrieval = {
             "query": request.query,
             "num_noisy": request.num_noisy,
             "documents": [report.document_record(d) for d in docs],
+            "truncated_chars": cut,
         }
         rows.append(report.example_row(ex, samples, normalization=normalization, retrieval=retrieval))
     return rows
+
+
+def rag_prompt(example: QAExample, documents: list[Document], tokenizer: Any, budget: int) -> tuple[list[int], int]:
+    """Token ids of the RAG prompt, at most `budget` of them, cutting the documents' text to fit.
+
+    When the whole prompt is too long, the documents' text is kept from the start (best
+    document first) up to the largest number of characters that fits, found by bisection; a
+    document left with no character is dropped. The instruction and the question are never cut.
+
+    Returns:
+        (ids, characters of document text left out; 0 when everything fit).
+
+    Raises:
+        DataError: The prompt exceeds `budget` even without any document text.
+    """
+    total = sum(len(doc.text) for doc in documents)
+
+    def encode(kept: int) -> list[int]:
+        shown = documents if kept >= total else _first_chars(documents, kept)
+        return tokenizer.encode(render_prompt(example.question, template="rag", documents=shown))
+
+    ids = encode(total)
+    if len(ids) <= budget:
+        return ids, 0
+    bare = len(encode(0))
+    if bare > budget:
+        raise DataError(
+            f"RAG prompt of example {example.id!r}: without any document text it takes {bare} tokens, over "
+            f"rollout.max_context_tokens - sampling.max_new_tokens = {budget}; raise max_context_tokens"
+        )
+    fits, fails = 0, total  # characters kept: `fits` fits, `fails` is known too long
+    while fails - fits > 1:
+        middle = (fits + fails) // 2
+        if len(encode(middle)) <= budget:
+            fits = middle
+        else:
+            fails = middle
+    return encode(fits), total - fits
+
+
+def _first_chars(documents: list[Document], kept: int) -> list[Document]:
+    """The documents holding only the first `kept` characters of their texts, in order."""
+    shown = []
+    for doc in documents:
+        if kept <= 0:
+            break
+        shown.append(replace(doc, text=doc.text[:kept]))
+        kept -= len(doc.text)
+    return shown
 
 
 def _rag_sample(completion: Completion) -> dict[str, Any]:
@@ -567,13 +654,23 @@ def build_summary(
     run_dir: Path,
     fidelity: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """The summary dict of `simsearch.eval.report`, computed from the per-example files."""
+    """The summary dict of `simsearch.eval.report`, computed from the per-example files.
+
+    The RAG row's results add `rag/truncated`, the number of questions whose documents were cut
+    to fit the prompt (`rag_prompt`); the header says how many there were in all.
+    """
     rows = {}
+    truncated = 0
     for method in methods:
-        results = {
-            dataset: report.summarize(report.rows_in_order(examples_file(run_dir, method.name, dataset), examples))
-            for dataset, examples in datasets.items()
-        }
+        results = {}
+        for dataset, examples in datasets.items():
+            written = report.rows_in_order(examples_file(run_dir, method.name, dataset), examples)
+            results[dataset] = report.summarize(written)
+            if method.kind == "rag":
+                # Rows written before truncation existed have no count: nothing was cut then.
+                count = sum(row["retrieval"].get("truncated_chars", 0) > 0 for row in written)
+                results[dataset]["rag/truncated"] = float(count)
+                truncated += count
         rows[method.name] = {
             "kind": method.kind,
             "search": method.search,
@@ -593,6 +690,9 @@ def build_summary(
         "max new tokens per turn": sampling.max_new_tokens,
         "seed": recipe.seed,
     }
+    if any(method.kind == "rag" for method in methods):
+        questions = sum(len(examples) for examples in datasets.values())
+        header["RAG prompts with documents cut to fit"] = f"{truncated} of {questions}"
     return {
         "datasets": list(datasets),
         "n": recipe.n,

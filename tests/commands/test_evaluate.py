@@ -20,16 +20,16 @@ from PIL import Image
 from simsearch.commands import build, evaluate
 from simsearch.config import EvalRecipe, RecipeError, load_recipe
 from simsearch.data.corpus import load_passages
-from simsearch.data.qa import QADataError
+from simsearch.data.qa import QADataError, load_qa
 from simsearch.data.templates import DIRECT_TEMPLATE, RAG_TEMPLATE, SEARCH_R1_TEMPLATE, render_prompt
 from simsearch.data.tinyworld import build_world
-from simsearch.errors import ServiceError
+from simsearch.errors import DataError, ServiceError
 from simsearch.eval.metrics import exact_match, f1_score, substring_exact_match
 from simsearch.models import build_tiny_model, save_tiny, train_tokenizer
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.runlog import RunLogger
 from simsearch.simulator.engine import SimulatedSearchEngine
-from simsearch.types import Completion, SamplingParams, SearchRequest
+from simsearch.types import Completion, QAExample, SamplingParams, SearchRequest
 
 from tests.servers import free_port
 
@@ -156,6 +156,33 @@ class ScriptedSimulatorLM:
         return out
 
 
+@dataclass
+class RecordingEngine:
+    """A SearchEngine that forwards to `inner` and keeps every query it was sent."""
+
+    inner: object
+    queries: list[str] = field(default_factory=list)
+
+    def search(self, requests):
+        self.queries.extend(request.query for request in requests)
+        return self.inner.search(requests)
+
+
+def _record_engines(monkeypatch) -> dict[str, RecordingEngine]:
+    """Builds engines through build.py, each real one wrapped in a RecordingEngine (by kind)."""
+    recorders: dict[str, RecordingEngine] = {}
+
+    def patched(cfg, *, seed=0):
+        engine = build.build_search_engine(cfg, seed=seed)
+        if engine is None:  # kind=self: no engine object at all
+            return None
+        recorders[cfg.kind] = RecordingEngine(engine)
+        return recorders[cfg.kind]
+
+    monkeypatch.setattr(evaluate, "build_search_engine", patched)
+    return recorders
+
+
 def _install_policy(monkeypatch, policy, tokenizer):
     monkeypatch.setattr(evaluate, "build_generation_engine", lambda cfg, **_: (policy, tokenizer, None))
 
@@ -169,8 +196,8 @@ def _golds(world_paths, *names) -> dict[str, tuple[int, str]]:
     return table
 
 
-def _recipe(tmp_path, world_paths, *extra: str) -> EvalRecipe:
-    overrides = [
+def _overrides(tmp_path, world_paths, *extra: str) -> list[str]:
+    return [
         f"run_dir={tmp_path / 'run'}",
         "policy.model.path=scripted",
         "sampling.max_new_tokens=64",
@@ -180,7 +207,15 @@ def _recipe(tmp_path, world_paths, *extra: str) -> EvalRecipe:
         f"engines.bm25.corpus={world_paths['corpus']}",
         *extra,
     ]
-    return load_recipe(EvalRecipe, None, overrides)
+
+
+def _recipe(tmp_path, world_paths, *extra: str) -> EvalRecipe:
+    return load_recipe(EvalRecipe, None, _overrides(tmp_path, world_paths, *extra))
+
+
+def _first_question(world_paths) -> QAExample:
+    """The first question of the tiny world's test set."""
+    return load_qa(world_paths["test"])[0]
 
 
 def _markdown_tables(text: str) -> dict[str, dict[str, list[str]]]:
@@ -335,6 +370,80 @@ def test_rag_prompt_holds_the_retrieved_documents(world, tokenizer, tmp_path, mo
         assert context == render_prompt(row["question"], template="rag", documents=docs)
 
 
+@dataclass
+class RecordingPolicy:
+    """A GenerationEngine that forwards to `inner` and keeps every prompt it was sent."""
+
+    inner: object
+    prompts: list[list[int]] = field(default_factory=list)
+
+    def generate(self, prompts, params):
+        self.prompts.extend(prompts)
+        return self.inner.generate(prompts, params)
+
+
+def test_rag_prompts_over_the_context_have_their_documents_cut(world, tokenizer, checkpoint, tmp_path, monkeypatch):
+    # Real lengths: the tiny checkpoint's tokenizer, BM25's documents, a context the full RAG
+    # prompts do not fit in. Each prompt keeps as much document text as fits, and is counted.
+    _, paths = world
+    bm25 = BM25SearchEngine.build(load_passages(paths["corpus"]))
+    examples = evaluate.load_dataset(load_recipe(EvalRecipe, None, _overrides(tmp_path, paths)).datasets[0])
+    docs = [bm25.search([SearchRequest(query=ex.question, top_k=3)])[0] for ex in examples]
+    full = [len(tokenizer.encode(render_prompt(ex.question, template="rag", documents=d))) for ex, d in zip(examples, docs)]
+    bare = [len(tokenizer.encode(render_prompt(ex.question, template="rag", documents=[]))) for ex in examples]
+    max_new_tokens, context = 4, min(full) - 1
+    budget = context - max_new_tokens
+    assert max(bare) < budget < context <= min(full)  # no full prompt fits; every question does
+
+    def recorded(cfg, **kwargs):
+        engine, tok, model = build.build_generation_engine(cfg, **kwargs)
+        recorder.inner = engine
+        return recorder, tok, model
+
+    recorder = RecordingPolicy(None)
+    monkeypatch.setattr(evaluate, "build_generation_engine", recorded)
+    recipe = _recipe(
+        tmp_path,
+        paths,
+        f"policy.model.path={checkpoint}",
+        f"sampling.max_new_tokens={max_new_tokens}",
+        f"rollout.max_context_tokens={context}",
+        "rollout.template=search-r1-brief",
+        "rollout.max_turns=1",
+        "baselines=[rag]",
+    )
+    summary = evaluate.main(recipe)
+
+    rag_prompts = [ids for ids in recorder.prompts if tokenizer.decode(ids).startswith(RAG_TEMPLATE[:40])]
+    assert len(rag_prompts) == 5 and all(len(ids) <= budget for ids in rag_prompts)
+    rows = _read(tmp_path / "run", "rag", "heldout")
+    for row, example, documents, ids in zip(rows, examples, docs, rag_prompts):
+        cut = row["retrieval"]["truncated_chars"]
+        kept = sum(len(d.text) for d in documents) - cut
+        assert cut > 0 and [d["id"] for d in row["retrieval"]["documents"]] == [d.id for d in documents]
+        assert ids == tokenizer.encode(
+            render_prompt(example.question, template="rag", documents=evaluate._first_chars(documents, kept))
+        )
+        # the most that fits: one more character of document text would not
+        one_more = render_prompt(example.question, template="rag", documents=evaluate._first_chars(documents, kept + 1))
+        assert len(tokenizer.encode(one_more)) > budget
+    assert summary["rows"]["rag"]["results"]["heldout"]["rag/truncated"] == 5.0
+    assert summary["header"]["RAG prompts with documents cut to fit"] == "5 of 5"
+    assert "- RAG prompts with documents cut to fit: 5 of 5" in (tmp_path / "run" / "table.md").read_text()
+
+
+def test_rag_prompt_keeps_every_document_when_it_fits(world, tokenizer):
+    _, paths = world
+    bm25 = BM25SearchEngine.build(load_passages(paths["corpus"]))
+    example = _first_question(paths)
+    docs = bm25.search([SearchRequest(query=example.question, top_k=3)])[0]
+    ids = tokenizer.encode(render_prompt(example.question, template="rag", documents=docs))
+    assert evaluate.rag_prompt(example, docs, tokenizer, len(ids)) == (ids, 0)
+    bare = len(tokenizer.encode(render_prompt(example.question, template="rag", documents=[])))
+    with pytest.raises(DataError, match=rf"example '{example.id}': without any document text it takes {bare} tokens"):
+        evaluate.rag_prompt(example, docs, tokenizer, bare - 1)
+
+
 def test_simulator_obeys_noisy_share_and_fidelity_uses_policy_queries(world, tokenizer, tmp_path, monkeypatch):
     _, paths = world
     policy = ScriptedPolicy(tokenizer, _golds(paths, "test"))
@@ -377,6 +486,78 @@ def test_pass_at_n_takes_the_best_sample(world, tokenizer, tmp_path, monkeypatch
     # pass@2 = sample 0's pattern: substring EM 4/5
     assert summary["rows"]["bm25"]["results"]["heldout"]["substring_em"] == pytest.approx(0.8)
     assert "pass@2" in (tmp_path / "run" / "table.md").read_text()
+
+
+# --------------------------------------------------------------------------- self-search: sim-to-real
+
+
+def test_self_search_policy_sends_its_searches_to_a_real_engine(world, tokenizer, tmp_path, monkeypatch):
+    # SSRL's sim-to-real: on a real engine each generation is cut at </search> and that engine's
+    # results are inserted; on kind=self the policy writes its own information.
+    _, paths = world
+    golds = _golds(paths, "test")
+    policy = ScriptedPolicy(tokenizer, golds)
+    _install_policy(monkeypatch, policy, tokenizer)
+    recorders = _record_engines(monkeypatch)
+    recipe = _recipe(tmp_path, paths, "rollout.template=self-search", "engines.own.kind=self")
+    summary = evaluate.main(recipe)
+
+    questions = [q for q, (i, _) in sorted(golds.items(), key=lambda item: item[1][0]) if i < 5]
+    assert recorders["bm25"].queries == questions  # one search per question, the scripted query
+    rows = _read(tmp_path / "run", "bm25", "heldout")
+    first_turns = [row["samples"][0]["turns"][0] for row in rows]
+    assert all(t["executed"] and t["query"] == q for t, q in zip(first_turns, questions))
+    assert all(d["source"] == "bm25" for t in first_turns for d in t["documents"])
+    # answered from the inserted results, in the script's pattern: substring EM 4/5, EM 2/5
+    bm25 = summary["rows"]["bm25"]["results"]["heldout"]
+    assert (bm25["substring_em"], bm25["em"], bm25["searches_per_question"]) == pytest.approx((0.8, 0.4, 1.0))
+    # kind=self ran no search anywhere: its turns never executed one
+    own = _read(tmp_path / "run", "own", "heldout")
+    assert not any(t["executed"] for row in own for t in row["samples"][0]["turns"])
+
+
+def test_row_whose_engine_could_never_be_called_is_refused(world, tokenizer, tmp_path, monkeypatch):
+    _, paths = world
+    builds = []
+    monkeypatch.setattr(evaluate, "build_generation_engine", lambda cfg, **_: builds.append(cfg))
+    recipe = _recipe(tmp_path, paths, "rollout.template=self-search", "rollout.max_turns=0")
+    with pytest.raises(RecipeError, match=r"engines.bm25: rollout.max_turns=0 never runs a search, so row 'bm25'"):
+        evaluate.main(recipe)
+    assert builds == [] and not (tmp_path / "run").exists()  # refused before any work
+    # max_turns=0 is SSRL's single generation when the policy is its own engine
+    own = load_recipe(
+        EvalRecipe,
+        None,
+        [
+            f"run_dir={tmp_path / 'run'}",
+            "policy.model.path=scripted",
+            f"datasets=[{{name: heldout, path: {paths['test']}}}]",
+            "engines.own.kind=self",
+            "rollout.template=self-search",
+            "rollout.max_turns=0",
+        ],
+    )
+    assert [method.name for method in evaluate.plan_methods(own)] == ["own"]
+
+
+def test_self_search_real_share_is_decided_by_the_engine_in_eval(world, tmp_path):
+    _, paths = world
+    with pytest.raises(RecipeError, match=r"rollout.self_search_real_share=0.5 is a training setting"):
+        _recipe(tmp_path, paths, "rollout.template=self-search", "rollout.self_search_real_share=0.5")
+    with pytest.raises(RecipeError, match=r"rollout.self_search_real_share=1 only applies to rollout.template=self"):
+        _recipe(tmp_path, paths, "rollout.self_search_real_share=1.0")
+
+
+def test_self_search_rows_of_the_old_protocol_are_not_resumed(world, tokenizer, tmp_path, monkeypatch):
+    # Rows written when a self-search policy never searched its engine (share 0) must not be
+    # taken for rows of the engine: their fingerprint differs, so the resume refuses them.
+    _, paths = world
+    _install_policy(monkeypatch, ScriptedPolicy(tokenizer, _golds(paths, "test")), tokenizer)
+    with monkeypatch.context() as old:
+        old.setattr(evaluate, "real_search_share", lambda template, kind: 0.0)
+        evaluate.main(_recipe(tmp_path, paths, "rollout.template=self-search"))
+    with pytest.raises(RecipeError, match=r"bm25/heldout.jsonl holds results of a different recipe"):
+        evaluate.main(_recipe(tmp_path, paths, "rollout.template=self-search"))
 
 
 # --------------------------------------------------------------------------- resume
