@@ -20,7 +20,9 @@ Self-search (SSRL): with template "self-search" the policy writes its query, its
 `<information>` and its answer in one generation (stop only at `</answer>`), and the
 information it wrote gets mask 0. With `self_search_real_share` > 0, that share of the questions
 (all rollouts of a question together) stop at `</search>` instead and get real results from
-`search`: the sim-to-real bridge during training.
+`search`: the sim-to-real bridge during training. At share 1 every search is real, which is
+how `simsearch eval` runs a self-search policy on a real engine (SSRL's sim-to-real evaluation:
+generation cut at `</search>`, real results inserted, up to `max_turns` searches).
 
 Departures from Search-R1 / ZeroSearch / SSRL:
 
@@ -102,7 +104,8 @@ class RolloutSettings:
         top_k: Documents per search.
         rendering: How documents are shown to the policy (`retrieval.base.render_documents`).
         self_search_real_share: Self-search only: share of questions whose searches are
-            answered by the real `search` engine instead of the policy itself.
+            answered by the real `search` engine instead of the policy itself (1 in evaluation
+            on a real engine).
     """
 
     template: TemplateName = "search-r1"
