@@ -245,8 +245,8 @@ def plan_methods(recipe: EvalRecipe) -> list[Method]:
             Method("rag", "rag", name, cfg.top_k, f"{name} top-{cfg.top_k}, one retrieval", _fingerprint(parts))
         )
     for name, cfg in recipe.engines.items():
-        # The share the rollout really uses: rows written before the engine decided it carry
-        # another fingerprint, so a resume recomputes them instead of mixing the two.
+        # Fingerprint the share the rollout really uses, so rows in which a self-search policy
+        # answered itself are never resumed as rows of a real engine.
         real_share = real_search_share(recipe.rollout.template, cfg.kind)
         parts = {
             **shared,

@@ -444,6 +444,13 @@ def test_rag_prompt_keeps_every_document_when_it_fits(world, tokenizer):
         evaluate.rag_prompt(example, docs, tokenizer, bare - 1)
 
 
+def test_rag_without_room_for_a_prompt_is_refused(world, tmp_path):
+    _, paths = world
+    recipe = _recipe(tmp_path, paths, "baselines=[rag]", "rollout.max_context_tokens=64")  # max_new_tokens=64
+    with pytest.raises(RecipeError, match=r"sampling.max_new_tokens=64 leaves no room for the RAG prompt"):
+        evaluate.plan_methods(recipe)
+
+
 def test_simulator_obeys_noisy_share_and_fidelity_uses_policy_queries(world, tokenizer, tmp_path, monkeypatch):
     _, paths = world
     policy = ScriptedPolicy(tokenizer, _golds(paths, "test"))
