@@ -22,6 +22,7 @@ from simsearch.policy.rewards import REWARD_NAMES
 from simsearch.data.templates import TEMPLATE_NAMES
 from simsearch.retrieval.base import RENDER_STYLES, VERBATIM_STYLE
 from simsearch.simulator.prompts import ALWAYS_SHOWS_CONTEXT, ANY_RESPONSE_STYLE, PRESETS
+from simsearch.simulator.sft_data import OUTCOME_METRICS, TARGETS
 
 
 class RecipeError(ValueError):
@@ -551,7 +552,11 @@ class CollectRecipe:
     preset: str = "simsearch"  # prompt preset the SFT pairs are rendered with
     show_question: bool = True  # false: prompts leave out the question (as the simulator will run)
     show_answer: bool = True  # false: prompts leave out the gold answer (as the simulator will run)
-    target: str = "judged"  # judged: ZeroSearch's labelled sets | retrieved: keep query sensitivity
+    # How pairs are labelled (simsearch.simulator.sft_data): trajectory = ZeroSearch's paper (all searches of a
+    # trajectory that answered correctly are useful, of one that did not noisy) | judged = ours, by content
+    # (judge: does the set hold the answer?) | retrieved = ours, keeps the retriever's query sensitivity.
+    target: str = "judged"
+    outcome_metric: str = "substring_em"  # trajectory: correct = this is 1 (substring_em: ZeroSearch's "EM" | em)
     contrast_queries: int = 0  # per search, perturbed queries also sent to the retriever (word dropped/cut/swapped)
     balance: bool = True  # judged: equal numbers of useful and noisy pairs
     val_fraction: float = 0.1  # share of questions whose pairs go to validation
@@ -570,7 +575,13 @@ class CollectRecipe:
         _check_choice("preset", self.preset, tuple(p for p in PRESETS if p != "custom"))
         _check_shows("show_question", self.show_question, self.preset)
         _check_shows("show_answer", self.show_answer, self.preset)
-        _check_choice("target", self.target, ("judged", "retrieved"))
+        _check_choice("target", self.target, TARGETS)
+        _check_choice("outcome_metric", self.outcome_metric, tuple(OUTCOME_METRICS))
+        if self.target == "trajectory" and self.contrast_queries:
+            raise RecipeError(
+                f"contrast_queries={self.contrast_queries} with target=trajectory: contrast queries belong to no "
+                "trajectory, so they have no outcome to label them by; set contrast_queries=0 or another target"
+            )
         if self.search.rendering != "search-r1" and self.preset not in ANY_RESPONSE_STYLE:
             raise RecipeError(
                 f"search.rendering={self.search.rendering}: the pairs teach the simulator to write results as "

@@ -2,11 +2,13 @@
 
 Setup builds the policy, the real retriever and the judge; the loop rolls the policy out on the
 QA set in batches and keeps every executed search as a (question, answers, query, documents)
-record; cleanup labels, balances, renders and writes the pairs with their statistics.
+record, with whether its trajectory reached the gold answer; cleanup labels, balances, renders
+and writes the pairs with their statistics.
 
-Where it departs from ZeroSearch: besides its judged pairs (`target: judged`), `target:
-retrieved` keeps the retriever's query sensitivity, and `contrast_queries` sends variants of each
-query (a word dropped, cut short or swapped) to the retriever too (see
+`target: trajectory` labels as the ZeroSearch paper does (by the trajectory's outcome). Our
+departures, each its own choice: `target: judged` labels by the documents' content (a rule or LLM
+judge), `target: retrieved` keeps the retriever's query sensitivity, and `contrast_queries` sends
+variants of each query (a word dropped, cut short or swapped) to the retriever too (see
 `simsearch.simulator.sft_data`).
 """
 
@@ -72,7 +74,7 @@ def main(recipe: CollectRecipe) -> dict[str, float]:
             batch, policy=policy, tokenizer=tokenizer, search=search, settings=settings,
             sampling=sampling, group_size=recipe.rollout.group_size, rng=rng,
         )
-        records += records_from_trajectories(result.trajectories)
+        records += records_from_trajectories(result.trajectories, outcome_metric=recipe.outcome_metric)
         progress.set_postfix(records=len(records))
 
     if not records:

@@ -5,21 +5,33 @@ a `SearchRecord` (question, gold answers, query, the documents the retriever ret
 module turns records into JSONL pairs `{prompt, response, label, query, question,
 golden_answers, contains_answer}` that `simsearch simulator finetune` trains on.
 
-Two targets:
+Three targets:
 
-- `target="judged"` (ZeroSearch): a judge labels each retrieved set useful or noisy; a useful set
-  becomes the response to the useful prompt, a noisy set the response to the noisy prompt, and
-  the classes are balanced by seeded downsampling of the majority. The judge is `rule_judge`
-  (a normalized gold answer occurs, as whole words, in the documents) or `LLMJudge` (a model
-  asked our own wording of ZeroSearch's question: do these results hold enough information to
-  answer the question?).
+- `target="trajectory"` (ZeroSearch's paper, Search Simulation Tuning): a search's documents are
+  labelled by the outcome of the trajectory that made it. Every search of a trajectory whose final
+  answer is correct gives a useful pair (its documents as the response to the useful prompt), every
+  search of a trajectory that ends wrong, or without an answer, a noisy pair. "Correct" is
+  `OUTCOME_METRICS[outcome_metric]` of the trajectory's answer against the gold answers equal to 1:
+  `substring_em` by default, ZeroSearch's "EM" (a normalized gold answer is contained in the
+  normalized answer, their `verl/utils/reward_score/qa_em.py:83-90`), or `em` (equality). The
+  paper does not say which match it used nor whether it balanced the classes; balancing (seeded
+  downsampling of the majority, `balance`) is ours and on by default. ZeroSearch did not release
+  this code (their issue #25).
+- `target="judged"` (ours, content-based): a judge labels each retrieved set useful or noisy by
+  what it contains; a useful set becomes the response to the useful prompt, a noisy set the
+  response to the noisy prompt, and the classes are balanced by seeded downsampling of the
+  majority. The judge is `rule_judge` (a normalized gold answer occurs, as whole words, in the
+  documents) or `LLMJudge` (a model asked whether these results hold enough information to answer
+  the question). Unlike "trajectory", a set that holds the answer is useful even when the
+  trajectory went on to answer wrong, and a set without it noisy even when the trajectory answered
+  right.
 - `target="retrieved"` (ours): every record gives two pairs. The useful prompt's response is
   exactly what the retriever returned for that query, answer or not; the noisy prompt's response
   is the same set with every answer-bearing document replaced by one that does not bear the
   answer (preferably one retrieved for another query of the same question, so it stays on
   topic). Classes are balanced by construction.
 
-Why the second target: a simulator trained on judged pairs only ever sees useful prompts paired
+Why the "retrieved" target: a simulator trained on judged or trajectory pairs only ever sees useful prompts paired
 with answer-bearing documents. Told the answer in its prompt, it learns to return the answer for
 ANY query, and RL against it then rewards answering without searching well; the policy never
 learns which queries find the answer, so it does not transfer to a real retriever. With
@@ -37,8 +49,8 @@ of its query (a word dropped, a word cut short, a word swapped for one of anothe
 query) that go to the same retriever, and their records train the simulator on what such
 queries really retrieve (with one variant per query: 8%).
 
-Other departures: the rule judge matches whole words of the normalized text (ZeroSearch used an
-LLM judge only; substring matching would find gold "5" in "1995"); exact duplicate records
+Other departures: the rule judge matches whole words of the normalized text (substring matching
+would find gold "5" in "1995"); exact duplicate records
 (same question, query and documents) are dropped; the train/validation split is by question, so
 no question's pairs sit on both sides.
 """
@@ -56,7 +68,7 @@ from typing import TYPE_CHECKING, Literal
 from tqdm import tqdm
 
 from simsearch.engines.base import GenerationEngine
-from simsearch.eval.metrics import normalize_answer
+from simsearch.eval.metrics import exact_match, normalize_answer, substring_exact_match
 from simsearch.retrieval.base import RenderStyle, SearchEngine
 from simsearch.simulator.engine import PAD_TEXT
 from simsearch.simulator.prompts import (
@@ -72,7 +84,14 @@ from simsearch.types import Document, SamplingParams, SearchRequest, Trajectory
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-Target = Literal["judged", "retrieved"]
+Target = Literal["trajectory", "judged", "retrieved"]
+TARGETS: tuple[str, ...] = ("trajectory", "judged", "retrieved")
+"""How pairs are labelled (module docstring)."""
+OUTCOME_METRICS: dict[str, Callable[[str | None, Sequence[str]], float]] = {
+    "substring_em": substring_exact_match,
+    "em": exact_match,
+}
+"""target="trajectory": how a trajectory's final answer is scored; 1 means it reached the answer."""
 Judge = Callable[[list["SearchRecord"]], list["bool | None"]]
 """Labels a batch of records: True useful, False noisy, None when it could not decide."""
 
@@ -85,25 +104,53 @@ class SearchRecord:
     golden_answers: list[str]
     query: str
     documents: list[Document]
+    answered_correctly: bool | None = None  # the trajectory's outcome; None: not from a scored trajectory
 
 
-def records_from_trajectories(trajectories: Sequence[Trajectory]) -> list[SearchRecord]:
+def records_from_trajectories(
+    trajectories: Sequence[Trajectory], *, outcome_metric: str = "substring_em"
+) -> list[SearchRecord]:
     """Every search the engine actually ran in the trajectories, as records, in order.
 
     Searches the rollout refused to run (`executed=False`, e.g. in the final turn) have no
     documents and are left out; so are self-search queries, which no retriever answered.
+
+    Args:
+        trajectories: Finished trajectories.
+        outcome_metric: A key of `OUTCOME_METRICS`: each record's `answered_correctly` says whether
+            its trajectory's final answer scores 1 against the gold answers (no answer: False).
     """
-    return [
-        SearchRecord(
-            question=t.example.question,
-            golden_answers=list(t.example.golden_answers),
-            query=turn.query,
-            documents=list(turn.documents),
-        )
-        for t in trajectories
-        for turn in t.turns
-        if turn.action == "search" and turn.executed
-    ]
+    metric = OUTCOME_METRICS[outcome_metric]
+    records = []
+    for t in trajectories:
+        correct = metric(t.answer, t.example.golden_answers) == 1.0
+        for turn in t.turns:
+            if turn.action == "search" and turn.executed:
+                records.append(
+                    SearchRecord(
+                        question=t.example.question,
+                        golden_answers=list(t.example.golden_answers),
+                        query=turn.query,
+                        documents=list(turn.documents),
+                        answered_correctly=correct,
+                    )
+                )
+    return records
+
+
+def outcome_judge(records: list[SearchRecord]) -> list[bool | None]:
+    """target="trajectory": a record is useful when its trajectory answered correctly.
+
+    Raises:
+        ValueError: A record that came from no scored trajectory (e.g. a contrast query).
+    """
+    for i, r in enumerate(records):
+        if r.answered_correctly is None:
+            raise ValueError(
+                f"record {i} (query {r.query!r}) has no trajectory outcome: target='trajectory' labels "
+                "only records from records_from_trajectories (no contrast queries)"
+            )
+    return [r.answered_correctly for r in records]
 
 
 @dataclass
@@ -146,7 +193,7 @@ _VERDICT_WORD = re.compile(r"\b(yes|no)\b")
 
 
 def judge_prompt(record: SearchRecord) -> str:
-    """The LLM judge's question for one record (our own wording of ZeroSearch's)."""
+    """The LLM judge's question for one record (ours; ZeroSearch labels by outcome, not by a judge)."""
     return _JUDGE_PROMPT.format(
         question=record.question, query=record.query, documents=format_response(record.documents)
     )
@@ -384,13 +431,16 @@ def build_sft_pairs(
     """Labels, balances, renders and splits records into simulator SFT pairs.
 
     Args:
-        records: Searches from real-retriever rollouts; exact duplicates are dropped, and so are
-            records with no documents for "judged" ("retrieved" with `top_k` keeps them: an
-            empty response is what the retriever returned).
+        records: Searches from real-retriever rollouts; exact duplicates are dropped (for
+            "trajectory", duplicates with the same outcome), and so are records with no documents
+            for "judged" and "trajectory" ("retrieved" with `top_k` keeps them: an empty response
+            is what the retriever returned).
         preset: Prompt preset the pairs are rendered with (the simulator must be run with it).
-        target: "judged" (ZeroSearch) or "retrieved" (ours); see the module docstring.
-        judge: Labels sets for target="judged"; unused by "retrieved".
-        balance: For "judged", downsample the majority label to the minority's size.
+        target: "trajectory" (ZeroSearch's paper: the trajectory's outcome, records need
+            `answered_correctly`), "judged" (ours: the documents' content) or "retrieved" (ours);
+            see the module docstring.
+        judge: Labels sets for target="judged"; unused by the others.
+        balance: For "judged" and "trajectory", downsample the majority label to the minority's size.
         val_fraction: Share of questions held out for validation.
         seed: Seeds balancing, replacement choice and the split.
         templates: The custom preset's templates.
@@ -406,11 +456,12 @@ def build_sft_pairs(
 
     Returns:
         Train and validation pairs, plus counts under `collect/...`: records, duplicates, empty,
-        useful / noisy / unjudged labels, dropped for balance, pairs per split, the useful share
-        of each split, how many useful responses contain the answer, documents replaced.
+        useful / noisy / unjudged labels (`judged_*` or `trajectory_*`), dropped for balance, pairs
+        per split, the useful share of each split, how many useful responses contain the answer,
+        documents replaced.
     """
-    if target not in ("judged", "retrieved"):
-        raise ValueError(f"target={target!r} is not one of judged, retrieved")
+    if target not in TARGETS:
+        raise ValueError(f"target={target!r} is not one of {', '.join(TARGETS)}")
     if style != "search-r1" and preset not in ANY_RESPONSE_STYLE:
         raise ValueError(
             f"style={style!r} needs preset='simsearch-brief': preset {preset!r} asks for Doc i(Title: t) lines"
@@ -419,10 +470,11 @@ def build_sft_pairs(
     seen: set[str] = set()
     kept: list[SearchRecord] = []
     for r in records:
-        key = json.dumps([r.question, r.query, [[d.title, d.text] for d in r.documents]])
+        documents = [[d.title, d.text] for d in r.documents]
+        key = json.dumps([r.question, r.query, documents, r.answered_correctly])
         if not r.documents:
             stats["collect/empty"] = stats.get("collect/empty", 0.0) + 1
-        if not r.documents and (target == "judged" or top_k is None):
+        if not r.documents and (target != "retrieved" or top_k is None):
             continue
         if key in seen:
             stats["collect/duplicates"] = stats.get("collect/duplicates", 0.0) + 1
@@ -432,11 +484,12 @@ def build_sft_pairs(
     pairs: list[dict] = []
     rendering = {"preset": preset, "templates": templates, "show_question": show_question,
                  "show_answer": show_answer, "top_k": top_k, "style": style}
-    if target == "judged":
-        labels = judge(kept) if kept else []
+    if target in ("judged", "trajectory"):
+        labeller = outcome_judge if target == "trajectory" else judge
+        labels = labeller(kept) if kept else []
         decided = [(r, label) for r, label in zip(kept, labels) if label is not None]
-        stats["collect/judged_useful"] = float(sum(label for _, label in decided))
-        stats["collect/judged_noisy"] = float(len(decided) - stats["collect/judged_useful"])
+        stats[f"collect/{target}_useful"] = float(sum(label for _, label in decided))
+        stats[f"collect/{target}_noisy"] = float(len(decided) - stats[f"collect/{target}_useful"])
         stats["collect/unjudged"] = float(len(kept) - len(decided))
         if balance and decided:
             chosen = balance_indices([label for _, label in decided], seed)

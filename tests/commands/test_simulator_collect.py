@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from simsearch.commands import simulator_collect
-from simsearch.config import CollectRecipe, load_recipe
+from simsearch.config import CollectRecipe, RecipeError, load_recipe
 from simsearch.data.tinyworld import build_world
 from simsearch.models import train_tokenizer
 from simsearch.types import Completion
@@ -135,3 +135,30 @@ def test_collect_renders_responses_as_the_policy_reads_them_only_with_the_brief_
     base = [f"run_dir={tmp_path}", "policy.model.path=m", "data.train=[t]", "search.corpus=c.jsonl"]
     with pytest.raises(RecipeError, match=r"search\.rendering=brief.*preset simsearch asks for"):
         load_recipe(CollectRecipe, None, [*base, "search.rendering=brief"])
+
+
+def test_trajectory_target_labels_every_search_by_its_trajectory_s_answer(
+    tmp_path: Path, world_files, monkeypatch
+) -> None:
+    # The scripted policy always answers "x", never a gold answer: under the paper's labelling every
+    # search it made is noisy, even those whose BM25 results hold the answer.
+    stats, _ = _collect(
+        tmp_path, world_files, monkeypatch, "target=trajectory", "balance=false", "val_fraction=0.0"
+    )
+    pairs = [json.loads(line) for line in (tmp_path / "collect" / "train.jsonl").read_text().splitlines()]
+    assert stats["collect/trajectory_noisy"] == len(pairs) == stats["collect/records"] > 0
+    assert stats["collect/trajectory_useful"] == 0
+    assert {p["label"] for p in pairs} == {"noisy"} and any(p["contains_answer"] for p in pairs)
+
+
+def test_collect_refuses_contrast_queries_with_the_trajectory_target(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError, match="contrast_queries=1 with target=trajectory"):
+        load_recipe(CollectRecipe, None, [
+            f"run_dir={tmp_path}", "policy.model.path=m", "data.train=[q.jsonl]", "search.corpus=c.jsonl",
+            "target=trajectory", "contrast_queries=1",
+        ])
+    with pytest.raises(RecipeError, match="outcome_metric='f1' is not one of substring_em, em"):
+        load_recipe(CollectRecipe, None, [
+            f"run_dir={tmp_path}", "policy.model.path=m", "data.train=[q.jsonl]", "search.corpus=c.jsonl",
+            "outcome_metric=f1",
+        ])

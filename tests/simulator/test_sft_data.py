@@ -1,4 +1,4 @@
-"""Simulator SFT data: judges, balancing, the split, and the two targets."""
+"""Simulator SFT data: judges, balancing, the split, and the three targets."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from simsearch.simulator.sft_data import (
     contrast_records,
     judge_prompt,
     noisy_documents,
+    outcome_judge,
     parse_verdict,
     query_variants,
     records_from_trajectories,
@@ -268,5 +269,77 @@ def test_records_from_trajectories_keep_executed_searches_only() -> None:
         response_text="", answer=None, num_searches=1, num_invalid=1, finish="answer",
     )
     assert records_from_trajectories([trajectory]) == [
-        SearchRecord("Capital of France?", ["Paris"], "capital france", [PARIS])
+        SearchRecord("Capital of France?", ["Paris"], "capital france", [PARIS], answered_correctly=False)
     ]
+
+
+def _trajectory(
+    question: str, gold: str, answer: str | None, searches: list[tuple[str, list[Document]]]
+) -> Trajectory:
+    turns = [Turn(text="..", action="search", query=q, documents=docs, executed=True) for q, docs in searches]
+    return Trajectory(
+        prompt_id=0, example=QAExample(id=question, question=question, golden_answers=[gold]), prompt_ids=[],
+        response_ids=[], loss_mask=[], turns=turns, response_text="", answer=answer, num_searches=len(turns),
+        num_invalid=0, finish="answer",
+    )
+
+
+@pytest.mark.parametrize(
+    ("answer", "metric", "correct"),
+    [
+        ("Paris", "substring_em", True),
+        ("the city of Paris", "substring_em", True),  # ZeroSearch's "EM": the gold is contained
+        ("the city of Paris", "em", False),  # equality after normalization
+        ("The Paris", "em", True),  # articles are dropped
+        ("Lyon", "substring_em", False),
+        (None, "substring_em", False),  # no answer is a wrong answer
+    ],
+)
+def test_records_carry_their_trajectory_s_outcome(answer: str | None, metric: str, correct: bool) -> None:
+    trajectory = _trajectory("Capital of France?", "Paris", answer, [("france", [LYON]), ("capital", [PARIS])])
+    records = records_from_trajectories([trajectory], outcome_metric=metric)
+    assert [r.answered_correctly for r in records] == [correct, correct]  # every search of the trajectory
+
+
+def test_trajectory_target_labels_by_outcome_not_by_content() -> None:
+    # A correct trajectory whose first search found nothing useful, and a wrong one whose search
+    # did find the answer: the paper labels by outcome, so the first set is useful and the second
+    # noisy, the opposite of what a content judge says.
+    right = _trajectory(
+        "Capital of France?", "Paris", "Paris", [("france rivers", [LYON]), ("capital", [PARIS])]
+    )
+    wrong = _trajectory("Capital city of France?", "Paris", "Lyon", [("capital france", [PARIS, NICE])])
+    records = records_from_trajectories([right, wrong])
+    data = build_sft_pairs(records, preset="simsearch", target="trajectory", balance=False, val_fraction=0.0)
+    labels = {(p["query"], p["label"]) for p in data.train}
+    assert labels == {("france rivers", "useful"), ("capital", "useful"), ("capital france", "noisy")}
+    for pair in data.train:
+        assert ("do not contain or imply" in pair["prompt"]) == (pair["label"] == "noisy")
+    s = data.stats
+    assert (s["collect/trajectory_useful"], s["collect/trajectory_noisy"], s["collect/unjudged"]) == (2, 1, 0)
+    judged = build_sft_pairs(records, preset="simsearch", target="judged", balance=False, val_fraction=0.0)
+    assert {(p["query"], p["label"]) for p in judged.train} == {
+        ("france rivers", "noisy"), ("capital", "useful"), ("capital france", "useful")
+    }
+
+
+def test_trajectory_target_balances_and_keeps_a_set_seen_with_both_outcomes() -> None:
+    same = [("capital", [PARIS])]
+    records = records_from_trajectories(
+        [_trajectory("q?", "Paris", "Paris", same), _trajectory("q?", "Paris", "Lyon", same),
+         _trajectory("q?", "Paris", "Paris", same), _trajectory("r?", "Paris", "Paris", [("x", [LYON])])]
+    )
+    data = build_sft_pairs(records, preset="simsearch", target="trajectory", val_fraction=0.0, seed=0)
+    s = data.stats
+    assert s["collect/duplicates"] == 1  # the third, same set and same outcome as the first
+    assert (s["collect/trajectory_useful"], s["collect/trajectory_noisy"]) == (2, 1)
+    assert s["collect/dropped_for_balance"] == 1 and s["collect/train_useful_share"] == 0.5
+
+
+def test_trajectory_target_refuses_records_without_an_outcome() -> None:
+    assert outcome_judge([]) == []
+    with pytest.raises(ValueError, match="record 1 \\(query 'b'\\) has no trajectory outcome"):
+        build_sft_pairs(
+            [SearchRecord("q", ["A"], "a", [PARIS], True), _record("q", "A", "b", [PARIS])],
+            preset="simsearch", target="trajectory",
+        )
