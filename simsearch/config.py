@@ -558,7 +558,7 @@ class CollectRecipe:
     target: str = "judged"
     outcome_metric: str = "substring_em"  # trajectory: correct = this is 1 (substring_em: ZeroSearch's "EM" | em)
     contrast_queries: int = 0  # per search, perturbed queries also sent to the retriever (word dropped/cut/swapped)
-    balance: bool = True  # judged: equal numbers of useful and noisy pairs
+    balance: bool = True  # judged, trajectory: equal numbers of useful and noisy pairs
     val_fraction: float = 0.1  # share of questions whose pairs go to validation
     batch_size: int = 64  # questions per rollout call
     max_questions: int = 0  # first N questions of data.train only (0 = all)
