@@ -62,8 +62,22 @@ def init_distributed(use_deepspeed: bool, *, task: str) -> tuple[int, int]:
 
 def all_reduce_sum(values: torch.Tensor, world: int) -> torch.Tensor:
     """Sums a small CPU tensor over processes, in place (a no-op in one process)."""
-    if world > 1:
-        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    return _all_reduce(values, world, dist.ReduceOp.SUM)
+
+
+def all_reduce_max(values: torch.Tensor, world: int) -> torch.Tensor:
+    """Element-wise maximum of a small CPU tensor over processes, in place (a no-op in one process)."""
+    return _all_reduce(values, world, dist.ReduceOp.MAX)
+
+
+def _all_reduce(values: torch.Tensor, world: int, op: Any) -> torch.Tensor:
+    if world == 1:
+        return values
+    if dist.get_backend() == "nccl":  # NCCL reduces GPU tensors only
+        reduced = values.to(torch.device("cuda", torch.cuda.current_device()))
+        dist.all_reduce(reduced, op=op)
+        return values.copy_(reduced.cpu())
+    dist.all_reduce(values, op=op)
     return values
 
 
@@ -119,7 +133,7 @@ def deepspeed_config(
     }
 
 
-def backward(loss: torch.Tensor, engine: Any | None) -> None:
+def backward(loss: torch.Tensor, engine: Any | None, boundary: bool | None = None) -> None:
     """Backpropagates one micro-batch's loss, through the DeepSpeed engine when there is one.
 
     The loss must already be divided by its step's (or minibatch's) counts, so DeepSpeed is told
@@ -129,8 +143,14 @@ def backward(loss: torch.Tensor, engine: Any | None) -> None:
     Args:
         loss: The micro-batch's scalar loss.
         engine: The DeepSpeed engine that owns the parameters, or None to call `loss.backward()`.
+        boundary: Whether this micro-batch ends the accumulation (DeepSpeed then reduces the
+            gradients and steps), set on the engine before its backward; None leaves it to
+            DeepSpeed, which counts micro-batches against `gradient_accumulation_steps` (wrong
+            when a caller runs a varying number of micro-batches per optimizer step).
     """
     if engine is not None:
+        if boundary is not None:
+            engine.set_gradient_accumulation_boundary(boundary)
         engine.backward(loss, scale_wrt_gas=False)
         engine.step()
     else:

@@ -17,6 +17,7 @@ from simsearch.checkpoint import checkpoint_dir
 from simsearch.config import RecipeError
 from simsearch.distributed import (
     adapter_dir,
+    all_reduce_max,
     all_reduce_sum,
     apply_lora,
     backward,
@@ -115,9 +116,46 @@ def test_mean_over_ranks_in_two_gloo_processes(tmp_path: Path) -> None:
     assert [json.loads(out) for out, _ in outs] == [{"loss": 2.0, "reward": 5.0}] * 2
 
 
+MAX_SCRIPT = """
+import json
+import torch
+import torch.distributed as dist
+from simsearch.distributed import all_reduce_max
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+values = torch.tensor([3, 1, 0]) if rank == 0 else torch.tensor([2, 4, 0])
+print(json.dumps(all_reduce_max(values, dist.get_world_size()).tolist()))
+dist.destroy_process_group()
+"""
+
+
+def test_all_reduce_max_in_two_gloo_processes(tmp_path: Path) -> None:
+    script = tmp_path / "max.py"
+    script.write_text(MAX_SCRIPT)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    base = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    procs = [
+        subprocess.Popen([sys.executable, str(script)], env={**base, "RANK": str(r)}, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for r in range(2)
+    ]  # fmt: skip
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    # element-wise: max(3, 2), max(1, 4), max(0, 0); a sum would give [5, 5, 0]
+    assert [json.loads(out) for out, _ in outs] == [[3, 4, 0]] * 2
+    one = torch.tensor([7, 1])
+    assert all_reduce_max(one, 1) is one and one.tolist() == [7, 1]
+
+
 class FakeEngine:
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        self.calls.append(("boundary", is_boundary))
 
     def backward(self, loss: torch.Tensor, scale_wrt_gas: bool) -> None:
         self.calls.append(("backward", scale_wrt_gas))
@@ -135,6 +173,13 @@ def test_backward_plain_and_through_an_engine() -> None:
     # The loss is already normalized, so the engine must not divide it again; then it may step.
     assert engine.calls == [("backward", False), ("step", None)]
     assert weight.grad.tolist() == [3.0]  # the engine, not torch, did the backward
+    # An explicit boundary is set before the backward, whose reduction depends on it.
+    engine.calls.clear()
+    backward((3.0 * weight).sum(), engine, boundary=False)
+    backward((3.0 * weight).sum(), engine, boundary=True)
+    assert engine.calls == [("boundary", False), ("backward", False), ("step", None)] + [
+        ("boundary", True), ("backward", False), ("step", None)
+    ]
 
 
 LORA = {"lora_r": 2, "lora_alpha": 4, "lora_dropout": 0.0, "lora_target_modules": ["q_proj", "v_proj"]}

@@ -51,9 +51,12 @@ Where this departs from the textbook and from ZeroSearch's verl trainer:
   (processes generate different lengths, a partitioned model would need all of them in every
   forward), refreshed by gathering the trained parameters after each update; the reference is an
   unpartitioned copy too.
-- In one process with neither KL loss nor entropy bonus (and not PPO), rows whose advantages are
-  all zero (GRPO groups with equal rewards) skip the forward/backward; the loss denominators still
-  count them, so the gradient is the same.
+- With neither KL loss nor entropy bonus (and not PPO), rows whose advantages are all zero (GRPO
+  groups with equal rewards) skip the forward/backward; the loss denominators still count them,
+  so the gradient is the same. Under DeepSpeed the accumulation boundary is set explicitly at
+  the last micro-batch of each minibatch (one optimizer step per minibatch whatever is skipped),
+  and every process runs the same number of micro-batches, at least one, topped up with skipped
+  rows whose gradient is 0 (their forward passes carry ZeRO's collectives).
 - With vLLM rollouts (GPU-only; nothing of this path has run on a GPU yet, docs/scaling.md) the
   log-probs the update uses are the trainer's, as in Search-R1 and ZeroSearch: by default the
   small gap between vLLM's sampling distribution and the trained module's is not corrected.
@@ -92,6 +95,7 @@ from simsearch.curriculum.schedules import num_noisy
 from simsearch.data.qa import load_qa
 from simsearch.distributed import (
     HFExport,
+    all_reduce_max,
     all_reduce_sum,
     backward,
     deepspeed_config,
@@ -116,8 +120,10 @@ from simsearch.policy.batch import (
     loss_denominators,
     micro_batches,
     minibatches,
+    pad_micro_batches,
     rank_share,
     response_logits,
+    rows_with_signal,
     sequence_kl,
     stream_indices,
     token_advantages,
@@ -321,7 +327,7 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
         temperature=temp,
     )
     # Rows without signal may skip the forward/backward only where nothing else acts on them.
-    skip_flat_rows = world == 1 and not ppo and loss_settings.kl_coef == 0 and alg.entropy_coef == 0
+    skip_flat_rows = not ppo and loss_settings.kl_coef == 0 and alg.entropy_coef == 0
 
     def optimizer_step(engine: Any, opt: torch.optim.Optimizer) -> float:
         if use_ds:
@@ -339,51 +345,66 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
         """`ppo_epochs` passes over the minibatches; returns the update's loss statistics."""
         sums: dict[str, float] = defaultdict(float)
         lengths = batch.prompt_lens + batch.response_lens
-        keep = advantages.ne(0).any(dim=-1) if skip_flat_rows else torch.ones(batch.size, dtype=torch.bool, device=lengths.device)
+        keep = rows_with_signal(advantages) if skip_flat_rows else torch.ones(batch.size, dtype=torch.bool, device=lengths.device)
         shuffle = torch.Generator().manual_seed(_derived_seed(recipe.seed, "minibatch", step, rank))
+        plan = [
+            (rows, micro_batches(rows[keep[rows]], lengths, recipe.micro_batch_size))
+            for _ in range(alg.ppo_epochs)
+            for rows in (r.to(lengths.device) for r in minibatches(batch.size, minibatch_rows, shuffle))
+        ]
+        if use_ds:
+            # DeepSpeed steps at the boundary we set, after the last micro-batch of each minibatch;
+            # every process runs as many micro-batches (each forward/backward has collectives) and
+            # at least one, so skipped rows never move or drop a step. Fillers are skipped rows
+            # (gradient 0).
+            counts = all_reduce_max(torch.tensor([max(len(micros), 1) for _, micros in plan]), world)
+            plan = [
+                (rows, pad_micro_batches(micros, rows[~keep[rows]], lengths, int(n)))
+                for (rows, micros), n in zip(plan, counts)
+            ]
         updates = 0
-        for _ in range(alg.ppo_epochs):
-            for rows in minibatches(batch.size, minibatch_rows, shuffle):
-                rows = rows.to(lengths.device)
-                denominators = loss_denominators(batch.loss_mask[rows])
-                for micro_rows in micro_batches(rows[keep[rows]], lengths, recipe.micro_batch_size):
-                    micro = batch.select(micro_rows)
-                    width = micro.response_width
-                    with autocast():
-                        logits = response_logits(actor, micro)
-                    loss, stats = actor_micro_loss(
-                        logits, micro, advantages[micro_rows, :width],
-                        None if old_logp is None else old_logp[micro_rows, :width],
-                        None if ref_logp is None else ref_logp[micro_rows, :width],
-                        loss_settings, denominators,
-                    )  # fmt: skip
-                    backward(loss, actor if use_ds else None)
-                    sums["policy"] += stats["policy"]
-                    sums["kl"] += stats.get("kl", 0.0)
-                    for name in ("clipfrac", "approx_kl", "entropy"):
-                        sums[name] += stats[name] * stats["tokens"]
-                    sums["tokens"] += stats["tokens"]
-                    if critic is not None:
-                        with autocast():
-                            values = values_of(critic, micro)
-                        vloss, vstats = value_loss(
-                            values, old_values[micro_rows, :width], returns[micro_rows, :width], micro.loss_mask,
-                            alg.value_clip, alg.loss_agg,
-                            denominators[0] if alg.loss_agg == "token-mean" else denominators[1],
-                            loss_settings.token_sum_normalizer,
-                        )  # fmt: skip
-                        backward(alg.value_coef * vloss, critic if use_ds else None)
-                        sums["value"] += float(vloss.detach())
-                sums["grad_norm"] += optimizer_step(actor, optimizer)
+        for rows, micros in plan:
+            denominators = loss_denominators(batch.loss_mask[rows])
+            for i, micro_rows in enumerate(micros):
+                boundary = i == len(micros) - 1
+                micro = batch.select(micro_rows)
+                width = micro.response_width
+                with autocast():
+                    logits = response_logits(actor, micro)
+                loss, stats = actor_micro_loss(
+                    logits, micro, advantages[micro_rows, :width],
+                    None if old_logp is None else old_logp[micro_rows, :width],
+                    None if ref_logp is None else ref_logp[micro_rows, :width],
+                    loss_settings, denominators,
+                )  # fmt: skip
+                backward(loss, actor if use_ds else None, boundary=boundary)
+                sums["policy"] += stats["policy"]
+                sums["kl"] += stats.get("kl", 0.0)
+                for name in ("clipfrac", "approx_kl", "entropy"):
+                    sums[name] += stats[name] * stats["tokens"]
+                sums["tokens"] += stats["tokens"]
                 if critic is not None:
-                    sums["critic_grad_norm"] += optimizer_step(critic, critic_optimizer)
-                updates += 1
+                    with autocast():
+                        values = values_of(critic, micro)
+                    vloss, vstats = value_loss(
+                        values, old_values[micro_rows, :width], returns[micro_rows, :width], micro.loss_mask,
+                        alg.value_clip, alg.loss_agg,
+                        denominators[0] if alg.loss_agg == "token-mean" else denominators[1],
+                        loss_settings.token_sum_normalizer,
+                    )  # fmt: skip
+                    backward(alg.value_coef * vloss, critic if use_ds else None, boundary=boundary)
+                    sums["value"] += float(vloss.detach())
+            sums["grad_norm"] += optimizer_step(actor, optimizer)
+            if critic is not None:
+                sums["critic_grad_norm"] += optimizer_step(critic, critic_optimizer)
+            updates += 1
         scheduler.step()
         if critic_scheduler is not None:
             critic_scheduler.step()
         tokens = max(sums["tokens"], 1.0)  # 0 when every row was skipped
+        out = {"perf/skipped_row_share": 1.0 - float(keep.float().mean())}
         parts = ("policy",) + (("kl",) if needs_reference else ()) + (("value",) if critic is not None else ())
-        out = {f"losses/{k}": sums[k] / updates for k in parts}
+        out.update({f"losses/{k}": sums[k] / updates for k in parts})
         out.update({f"losses/{k}": sums[k] / tokens for k in ("clipfrac", "approx_kl", "entropy")})
         out["optim/grad_norm"] = sums["grad_norm"] / updates
         if critic is not None:

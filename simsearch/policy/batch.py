@@ -287,6 +287,38 @@ def micro_batches(rows: torch.Tensor, lengths: torch.Tensor, size: int) -> list[
     return list(ordered.split(size))
 
 
+def rows_with_signal(advantages: torch.Tensor) -> torch.Tensor:
+    """`[B]` True at rows with a non-zero advantage; the others may skip the update's forward/backward."""
+    return advantages.ne(0).any(dim=-1)
+
+
+def pad_micro_batches(
+    micros: list[torch.Tensor], spare_rows: torch.Tensor, lengths: torch.Tensor, count: int
+) -> list[torch.Tensor]:
+    """`micros` topped up to `count` micro-batches with one spare row each, shortest rows first.
+
+    Under DeepSpeed every process must run as many forward/backward passes per optimizer step;
+    spare rows are rows that skip the update (`rows_with_signal` False), whose loss and gradient
+    are exactly 0 where skipping is allowed, so the extra passes change nothing but the count.
+
+    Args:
+        micros: The minibatch's micro-batches (`micro_batches` of its kept rows).
+        spare_rows: `[S]` the minibatch's skipped rows.
+        lengths: `[B]` sequence length of every row of the batch.
+        count: Micro-batches wanted (>= len(micros)).
+
+    Raises:
+        ValueError: Fewer spare rows than missing micro-batches.
+    """
+    missing = count - len(micros)
+    if missing <= 0:
+        return micros
+    if missing > spare_rows.numel():
+        raise ValueError(f"{count} micro-batches wanted from {len(micros)} and {spare_rows.numel()} spare rows")
+    shortest = spare_rows[torch.argsort(lengths[spare_rows], stable=True)]
+    return micros + list(shortest[:missing].split(1))
+
+
 def minibatches(num_rows: int, minibatch_size: int, generator: torch.Generator | None) -> list[torch.Tensor]:
     """Row indices of each minibatch of one PPO epoch (shuffled when there are several).
 

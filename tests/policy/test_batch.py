@@ -18,8 +18,10 @@ from simsearch.policy.batch import (
     loss_denominators,
     micro_batches,
     minibatches,
+    pad_micro_batches,
     rank_share,
     response_logits,
+    rows_with_signal,
     sequence_kl,
     stream_indices,
     token_advantages,
@@ -157,6 +159,20 @@ def test_minibatches_and_micro_batches() -> None:
     chunks = micro_batches(torch.tensor([0, 1, 2, 3]), lengths, 3)
     assert [c.tolist() for c in chunks] == [[1, 3, 0], [2]]  # longest first
     assert micro_batches(torch.tensor([], dtype=torch.long), lengths, 3) == []  # all rows skipped
+
+
+def test_rows_with_signal_and_micro_batches_topped_up_with_spare_rows() -> None:
+    advantages = torch.tensor([[0.0, 0.0], [0.0, -1.0], [0.0, 0.0], [2.0, 0.0]])
+    assert rows_with_signal(advantages).tolist() == [False, True, False, True]
+    lengths = torch.tensor([5, 9, 1, 7])
+    kept = micro_batches(torch.tensor([1, 3]), lengths, 1)  # [[1], [3]]
+    # Two more wanted: the spare rows 0 and 2, shortest first, one per micro-batch.
+    padded = pad_micro_batches(kept, torch.tensor([0, 2]), lengths, 4)
+    assert [m.tolist() for m in padded] == [[1], [3], [2], [0]]
+    assert pad_micro_batches(kept, torch.tensor([0, 2]), lengths, 2) == kept
+    assert [m.tolist() for m in pad_micro_batches([], torch.tensor([0, 2]), lengths, 1)] == [[2]]
+    with pytest.raises(ValueError, match="5 micro-batches wanted from 2 and 2 spare rows"):
+        pad_micro_batches(kept, torch.tensor([0, 2]), lengths, 5)
 
 
 def test_loss_denominators_count_tokens_and_sequences() -> None:
