@@ -299,8 +299,10 @@ class AlgorithmConfig:
     value_coef: float = 0.5  # PPO value loss weight
     critic_lr: float = 1e-5  # PPO critic learning rate
     stratified_alpha: float = 0.5  # stratified GRPO: weight of the within-stratum advantage
-    ppo_epochs: int = 1  # passes over each batch
-    minibatch_size: int = 0  # trajectories per optimizer step; 0 = the whole batch
+    ppo_epochs: int = 1  # passes over each batch (verl's ppo_epochs)
+    # trajectories per optimizer step over all processes; 0 = the whole batch. verl's
+    # ppo_mini_batch_size counts prompts: ours = ppo_mini_batch_size x rollout.n (its group size)
+    minibatch_size: int = 0
     # truncated importance sampling: weight each token by min(p_trainer / p_rollout, tis_cap),
     # correcting for a rollout engine (vLLM) that samples slightly off the trainer; 0 = off, else >= 1
     tis_cap: float = 0.0
@@ -333,13 +335,30 @@ class OptimConfig:
     lr: float = 1e-6
     weight_decay: float = 0.01
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    # Schedule steps of linear warm-up. `simsearch train` steps its schedule once per training
+    # step (after all of that step's minibatch updates), as verl does, so these are training steps.
     warmup_steps: int = 0
+    # Or the share of the run's `steps` spent warming up: int(warmup_ratio x steps) steps, verl's
+    # `optim.lr_warmup_steps_ratio` with its rounding; exclusive with warmup_steps
+    warmup_ratio: float = 0.0
     schedule: str = "constant"  # constant | linear | cosine (decay after warmup)
     grad_clip: float = 1.0
 
     def check(self, key: str) -> None:
         _check_positive(f"{key}.lr", self.lr)
         _check_choice(f"{key}.schedule", self.schedule, ("constant", "linear", "cosine"))
+        if self.warmup_steps < 0:
+            raise RecipeError(f"{key}.warmup_steps={self.warmup_steps} must be >= 0")
+        _check_range(f"{key}.warmup_ratio", self.warmup_ratio, 0.0, 1.0)
+        if self.warmup_steps > 0 and self.warmup_ratio > 0:
+            raise RecipeError(
+                f"{key}.warmup_steps={self.warmup_steps} and {key}.warmup_ratio={self.warmup_ratio} both set "
+                "the warm-up: keep one (warmup_ratio for a share of the run, as verl's lr_warmup_steps_ratio)"
+            )
+
+    def warmup_for(self, total_steps: int) -> int:
+        """Warm-up steps of a run of `total_steps`: `warmup_steps`, or int(warmup_ratio x total_steps)."""
+        return self.warmup_steps or int(self.warmup_ratio * total_steps)
 
 
 @dataclass

@@ -1,9 +1,10 @@
 """The optimizer and learning-rate schedule both training commands use.
 
 AdamW over the trainable parameters with a linear warmup then a constant, linear or cosine
-multiplier. Departure from the usual warmup (e.g. transformers' `get_*_schedule_with_warmup`,
-which starts at 0): the first optimizer step already runs at 1/warmup of the base rate, so no
-step is wasted on a zero learning rate.
+multiplier. Departure from the usual warmup (e.g. transformers' `get_*_schedule_with_warmup`, and
+verl's `get_constant_schedule_with_warmup` in `verl/utils/torch_functional.py`, min(1, s / warmup),
+both starting at 0): the first step already runs at 1/warmup of the base rate, so no step is
+wasted on a zero learning rate; the schedule reaches the full rate one step earlier than verl's.
 """
 
 from __future__ import annotations

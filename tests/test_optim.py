@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from simsearch.config import OptimConfig, RecipeError
 from simsearch.optim import adamw_with_schedule, lr_factor
 
 
@@ -54,3 +55,25 @@ def test_adamw_with_schedule_drives_the_optimizer_with_lr_factor() -> None:
     assert lrs == pytest.approx([0.1, 0.1, 0.05], abs=1e-12)
     # A plain function schedule: nothing of it goes into a checkpoint.
     assert scheduler.state_dict()["lr_lambdas"] == [None]
+
+
+def test_warmup_ratio_is_a_share_of_the_run_rounded_down_as_verl() -> None:
+    # Search-R1: lr_warmup_steps_ratio 0.285 of 1005 steps -> int(286.425) = 286 (round() would too,
+    # but 0.5 x 5 = 2.5 shows the floor: 2, not 3).
+    assert OptimConfig(warmup_ratio=0.285).warmup_for(1005) == 286
+    assert OptimConfig(warmup_ratio=0.5).warmup_for(5) == 2
+    assert OptimConfig(warmup_steps=7).warmup_for(1005) == 7
+    assert OptimConfig().warmup_for(1005) == 0
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"warmup_steps": 10, "warmup_ratio": 0.1}, r"optim.warmup_steps=10 and optim.warmup_ratio=0.1 both set"),
+        ({"warmup_ratio": 1.5}, r"optim.warmup_ratio=1.5 must lie in \[0.0, 1.0\]"),
+        ({"warmup_steps": -1}, r"optim.warmup_steps=-1 must be >= 0"),
+    ],
+)
+def test_warmup_settings_are_checked(settings: dict, message: str) -> None:
+    with pytest.raises(RecipeError, match=message):
+        OptimConfig(**settings).check("optim")

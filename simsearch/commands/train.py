@@ -36,8 +36,10 @@ Where this departs from the textbook and from ZeroSearch's verl trainer:
 - Old log-probs are recomputed only when a batch is reused (`ppo_epochs` > 1, several
   minibatches, or KL folded into the reward); otherwise the update is on-policy and old = the
   current log-probs detached (ratio 1, nothing clipped), which is exact and saves a forward pass.
-- The learning-rate schedule advances once per training step, not per optimizer step, so
-  `optim.warmup_steps` counts training steps whatever the minibatch setting.
+- The learning-rate schedule advances once per training step, not per optimizer step, as verl's
+  (ZeroSearch's `verl/workers/fsdp_workers.py:381`, after all of the step's minibatch updates), so
+  `optim.warmup_steps` (or `warmup_ratio` x `steps`) counts training steps whatever the
+  minibatch setting.
 - The KL term has the right sign (ZeroSearch's release pushed the policy away from the
   reference); a dead search or simulator service stops the run with the last good checkpoint
   named (ZeroSearch retried forever; with several processes each stops at its own failed call);
@@ -205,7 +207,7 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
     def make_optimizer(params: list[torch.nn.Parameter], lr: float) -> tuple[torch.optim.Optimizer, Any]:
         return adamw_with_schedule(
             params, lr=lr, betas=optim.betas, weight_decay=optim.weight_decay,
-            warmup_steps=optim.warmup_steps, total_steps=recipe.steps, schedule=optim.schedule,
+            warmup_steps=optim.warmup_for(recipe.steps), total_steps=recipe.steps, schedule=optim.schedule,
         )  # fmt: skip
 
     trainable = [p for p in policy.parameters() if p.requires_grad]
