@@ -21,9 +21,11 @@ search-agent systems ran on):
 - REINFORCE++ and GAE treat the *valid* tokens (mask 1) as the time axis. Retrieved
   `<information>` tokens sit inside the response with mask 0; they are not actions, so they are
   skipped: no discount, no value, no reward is applied at them and the return flows across them
-  unchanged. (verl's GAE does the same; verl's REINFORCE++ instead resets the return at the first
-  masked token it meets, which cuts the outcome reward off from every token before the first
-  retrieval block.) Masked positions get advantage 0 and return 0.
+  unchanged. (verl's GAE does the same. verl's REINFORCE++ instead zeroes the running return at
+  every masked token, `verl/trainer/ppo/core_algos.py`,
+  `compute_reinforce_plus_plus_outcome_advantage`: reading backwards from the outcome reward it
+  meets the *last* retrieval block first, so every token before the last retrieval block gets no
+  outcome reward, only its KL penalties.) Masked positions get advantage 0 and return 0.
 - `masked_whiten` matches verl: unbiased masked variance, (x - mean) * rsqrt(var + 1e-8).
 - Stratified GRPO: strata are (group, number of search calls). A stratum of one trajectory has
   A_SAN = 0 (it has no peer to compare with); std is unbiased as in GRPO, so with a single stratum
