@@ -288,8 +288,12 @@ class AlgorithmConfig:
     estimator: str = "grpo"  # grpo | dr_grpo | reinforce | reinforce_baseline | reinforce_pp | rloo | ppo | stratified_grpo
     clip_low: float = 0.2  # PPO ratio clip below 1
     clip_high: float = 0.2  # PPO ratio clip above 1 (asymmetric when != clip_low)
+    # dual-clip PPO (verl's clip_ratio_c, its default 3.0): at negative advantages the loss is
+    # capped at -A x clip_ratio_c, so a token whose ratio ran past it stops pushing; 0 = off, else > 1
+    clip_ratio_c: float = 0.0
     kl_coef: float = 0.001  # weight of KL to the frozen reference (0 = no reference model)
-    kl_estimator: str = "k3"  # k1 | k3 (verl's low_var_kl)
+    # per-token KL estimate (policy.losses.KL_ESTIMATORS): k1 (verl's kl) | k2 (mse) | k3 (low_var_kl) | abs
+    kl_estimator: str = "k3"
     kl_in_reward: bool = False  # fold KL into the token reward instead of the loss
     entropy_coef: float = 0.0  # entropy bonus
     loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum
@@ -314,7 +318,13 @@ class AlgorithmConfig:
             ("grpo", "dr_grpo", "reinforce", "reinforce_baseline", "reinforce_pp", "rloo", "ppo",
              "stratified_grpo"),
         )
-        _check_choice(f"{key}.kl_estimator", self.kl_estimator, ("k1", "k3"))
+        # The names of policy.losses.KL_ESTIMATORS (a test holds them equal): config stays free of torch.
+        _check_choice(f"{key}.kl_estimator", self.kl_estimator, ("k1", "k2", "k3", "abs"))
+        if self.clip_ratio_c != 0 and not self.clip_ratio_c > 1:  # `not >` also refuses NaN
+            raise RecipeError(
+                f"{key}.clip_ratio_c={self.clip_ratio_c} must be 0 (no dual clip) or > 1 (a bound on the ratio "
+                "above the clip range); verl's default is 3.0"
+            )
         _check_choice(
             f"{key}.loss_agg",
             self.loss_agg,

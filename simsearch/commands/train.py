@@ -327,6 +327,7 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
         kl_estimator=alg.kl_estimator,
         entropy_coef=alg.entropy_coef,
         temperature=temp,
+        clip_ratio_c=alg.clip_ratio_c,
     )
     # Rows without signal may skip the forward/backward only where nothing else acts on them.
     skip_flat_rows = not ppo and loss_settings.kl_coef == 0 and alg.entropy_coef == 0
@@ -382,7 +383,7 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
                 backward(loss, actor if use_ds else None, boundary=boundary)
                 sums["policy"] += stats["policy"]
                 sums["kl"] += stats.get("kl", 0.0)
-                for name in ("clipfrac", "approx_kl", "entropy"):
+                for name in ("clipfrac", "clipfrac_lower", "approx_kl", "entropy"):
                     sums[name] += stats[name] * stats["tokens"]
                 sums["tokens"] += stats["tokens"]
                 if critic is not None:
@@ -407,7 +408,7 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
         out = {"perf/skipped_row_share": 1.0 - float(keep.float().mean())}
         parts = ("policy",) + (("kl",) if needs_reference else ()) + (("value",) if critic is not None else ())
         out.update({f"losses/{k}": sums[k] / updates for k in parts})
-        out.update({f"losses/{k}": sums[k] / tokens for k in ("clipfrac", "approx_kl", "entropy")})
+        out.update({f"losses/{k}": sums[k] / tokens for k in ("clipfrac", "clipfrac_lower", "approx_kl", "entropy")})
         out["optim/grad_norm"] = sums["grad_norm"] / updates
         if critic is not None:
             out["optim/critic_grad_norm"] = sums["critic_grad_norm"] / updates

@@ -522,10 +522,11 @@ class ActorLossSettings:
         aggregation: How per-token losses become a scalar (`losses.aggregate_loss`).
         token_sum_normalizer: The constant of "seq-mean-token-sum-norm" (None otherwise).
         kl_coef: Weight of the KL loss term (0 when KL is off or folded into the reward).
-        kl_estimator: "k1" or "k3".
+        kl_estimator: A name of `losses.KL_ESTIMATORS`.
         entropy_coef: Weight of the entropy bonus (the entropy is computed for logging anyway).
         temperature: The rollout's sampling temperature: log-probs and entropy are those of
             softmax(logits / temperature), the distribution the tokens were drawn from (verl).
+        clip_ratio_c: Dual-clip bound of the ratio at negative advantages (> 1), or 0 for none.
     """
 
     clip_low: float = 0.2
@@ -536,6 +537,7 @@ class ActorLossSettings:
     kl_estimator: KLEstimator = "k3"
     entropy_coef: float = 0.0
     temperature: float = 1.0
+    clip_ratio_c: float = 0.0
 
 
 def actor_micro_loss(
@@ -562,7 +564,7 @@ def actor_micro_loss(
 
     Returns:
         The scalar loss to backpropagate, and float stats `policy`, `kl`, `entropy`,
-        `clipfrac`, `approx_kl`, `tokens` (micro-batch loss parts are already divided by the
+        `clipfrac`, `clipfrac_lower`, `approx_kl`, `tokens` (micro-batch loss parts are already divided by the
         minibatch's counts, so they sum over micro-batches; the rest are micro-batch means).
     """
     mask = micro.loss_mask
@@ -572,11 +574,12 @@ def actor_micro_loss(
     denominator = tokens if settings.aggregation == "token-mean" else sequences
     loss, pstats = policy_loss(
         logp, old, advantages, mask, settings.clip_low, settings.clip_high,
-        settings.aggregation, denominator, settings.token_sum_normalizer,
+        settings.aggregation, denominator, settings.token_sum_normalizer, settings.clip_ratio_c,
     )  # fmt: skip
     stats = {
         "policy": float(loss.detach()),
         "clipfrac": float(pstats["clipfrac"]),
+        "clipfrac_lower": float(pstats["clipfrac_lower"]),
         "approx_kl": float(pstats["approx_kl"]),
         "tokens": float(mask.sum()),
     }

@@ -17,7 +17,11 @@ Where this departs from the papers / matches verl:
 - `k3` (verl's `low_var_kl`) clamps ref_logp - logp to [-20, 20] before `exp` and the estimate to
   [-10, 10] (i.e. at most 10, since k3 >= 0), exactly as verl does; beyond the clamp the
   gradient is 0.
-- No dual-clip (clip_ratio_c) term: none of the reproduced systems enables it.
+- Dual-clip PPO (verl's `clip_ratio_c`, `compute_policy_loss_vanilla` in
+  `verl/trainer/ppo/core_algos.py`) is off by default (`clip_ratio_c=0`), where verl defaults it
+  to 3.0: the reproduced systems' verl forks (ZeroSearch, Search-R1) predate it.
+- KL estimators keep verl's `kl_penalty` definitions under the names k1 (verl's "kl"), k2
+  ("mse"), k3 ("low_var_kl") and abs; verl's straight-through "+" variants are not offered.
 - Loss aggregation keeps verl's mode names. "seq-mean-token-sum-norm" (Dr.GRPO) here averages
   over sequences of (token sum / a constant); verl sums over the micro-batch's sequences instead,
   which differs by the factor B. Rows without a valid token are not counted as sequences.
@@ -30,6 +34,7 @@ Where this departs from the papers / matches verl:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -40,7 +45,7 @@ from simsearch.policy.advantages import Stats, masked_mean, masked_sum
 LossAggregation = Literal[
     "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
 ]
-KLEstimator = Literal["k1", "k3"]
+KLEstimator = Literal["k1", "k2", "k3", "abs"]
 
 LOG_RATIO_CLAMP = 20.0  # verl: clamp log-ratios before exp
 K3_CLAMP = 10.0  # verl: clamp the low_var_kl estimate
@@ -132,11 +137,15 @@ def policy_loss(
     aggregation: LossAggregation = "token-mean",
     denominator: float | torch.Tensor | None = None,
     token_sum_normalizer: float | None = None,
+    clip_ratio_c: float = 0.0,
 ) -> tuple[torch.Tensor, Stats]:
-    """PPO clipped surrogate with an asymmetric clip range.
+    """PPO clipped surrogate with an asymmetric clip range, optionally dual-clipped.
 
     Per token: ratio = exp(logp - old_logp),
-    loss_t = max(-A_t * ratio, -A_t * clip(ratio, 1 - clip_low, 1 + clip_high)).
+    loss_t = max(-A_t * ratio, -A_t * clip(ratio, 1 - clip_low, 1 + clip_high)),
+    and with dual clip (Ye et al. 2019, verl's `clip_ratio_c`) where A_t < 0:
+    loss_t = min(loss_t, -A_t * clip_ratio_c), which bounds the loss (and zeroes the gradient) of a
+    token whose ratio has grown past clip_ratio_c although its advantage is negative.
 
     Args:
         logp: `[B, L]` log-probs of the sampled tokens under the current policy (with grad).
@@ -148,11 +157,13 @@ def policy_loss(
         aggregation: see `aggregate_loss`.
         denominator: see `aggregate_loss`.
         token_sum_normalizer: see `aggregate_loss`.
+        clip_ratio_c: dual-clip bound (> 1), or 0 for none.
 
     Returns:
         The loss and stats `clipfrac` (fraction of valid tokens where the clipped term is
-        active), `approx_kl` (mean of old_logp - logp, a k1 estimate of KL(old || new)),
-        `ratio_mean`, `ratio_min`, `ratio_max` (over valid tokens).
+        active), `clipfrac_lower` (fraction where the dual clip is; 0 without it), `approx_kl`
+        (mean of old_logp - logp, a k1 estimate of KL(old || new)), `ratio_mean`, `ratio_min`,
+        `ratio_max` (over valid tokens).
     """
     _check_same_shape(logp, old_logp, "logp", "old_logp", "policy_loss")
     _check_same_shape(logp, advantages, "logp", "advantages", "policy_loss")
@@ -162,6 +173,8 @@ def policy_loss(
             f"policy_loss: need 0 <= clip_low < 1 and clip_high >= 0, got clip_low={clip_low}, "
             f"clip_high={clip_high}"
         )
+    if clip_ratio_c != 0 and not clip_ratio_c > 1:  # `not >` also refuses NaN
+        raise ValueError(f"policy_loss: clip_ratio_c must be 0 (no dual clip) or > 1, got {clip_ratio_c}")
     valid = loss_mask.bool()
     zeros = torch.zeros_like(logp)
     # select before any arithmetic: garbage at masked positions stays out of values and grads
@@ -171,6 +184,11 @@ def policy_loss(
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     per_token = torch.maximum(unclipped, clipped)  # [B, L]
+    dual_clipped = torch.zeros_like(valid)  # [B, L]
+    if clip_ratio_c:
+        bound = -adv * clip_ratio_c  # [B, L]
+        dual_clipped = (adv < 0) & (per_token > bound)
+        per_token = torch.where(dual_clipped, bound, per_token)
     loss = aggregate_loss(per_token, loss_mask, aggregation, denominator, token_sum_normalizer)
 
     with torch.no_grad():
@@ -178,6 +196,7 @@ def policy_loss(
         any_valid = valid.any()
         stats = {
             "clipfrac": masked_mean((clipped > unclipped).to(logp.dtype), loss_mask),
+            "clipfrac_lower": masked_mean(dual_clipped.to(logp.dtype), loss_mask),
             "approx_kl": masked_mean(-log_ratio, loss_mask),
             "ratio_mean": masked_mean(ratio_valid, loss_mask),
             "ratio_min": torch.where(
@@ -190,12 +209,41 @@ def policy_loss(
     return loss, stats
 
 
+def _k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    return logp - ref_logp
+
+
+def _k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (logp - ref_logp).square()
+
+
+def _k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    log_ratio = (ref_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return (torch.exp(log_ratio) - log_ratio - 1.0).clamp(-K3_CLAMP, K3_CLAMP)
+
+
+def _abs(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    return (logp - ref_logp).abs()
+
+
+KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "k1": _k1,
+    "k2": _k2,
+    "k3": _k3,
+    "abs": _abs,
+}
+"""Per-token KL estimators by name (`kl_penalty`); `algorithm.kl_estimator` takes these names."""
+
+
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
     """Per-token estimate of KL(policy || reference) from the sampled tokens' log-probs.
 
-    - "k1": logp - ref_logp (unbiased, high variance, can be negative per token).
-    - "k3": exp(ref - logp) - (ref - logp) - 1, verl's `low_var_kl` (unbiased, always >= 0);
-      ref - logp clamped to [-20, 20], the result to [-10, 10], as verl does.
+    With d = logp - ref_logp (Schulman's k1, k2, k3; verl's `kl_penalty` names in brackets):
+    - "k1" ("kl"): d (unbiased, high variance, can be negative per token).
+    - "k2" ("mse"): d^2 / 2 (biased, >= 0; its gradient is that of the true KL's).
+    - "k3" ("low_var_kl"): exp(-d) + d - 1 (unbiased, >= 0); -d clamped to [-20, 20], the result
+      to [-10, 10], as verl does.
+    - "abs": |d| (>= 0).
 
     Use it as a loss term through `kl_loss`, or detached as a reward penalty for
     `advantages.reinforce_plus_plus_advantages` / `advantages.gae_advantages`.
@@ -203,18 +251,15 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimato
     Args:
         logp: `[B, L]` log-probs under the policy.
         ref_logp: `[B, L]` log-probs under the frozen reference (no grad is taken through it).
-        estimator: "k1" or "k3".
+        estimator: A name of `KL_ESTIMATORS`.
 
     Returns:
         `[B, L]` per-token KL estimates (garbage wherever the inputs are; mask them).
     """
     _check_same_shape(logp, ref_logp, "logp", "ref_logp", "kl_penalty")
-    if estimator == "k1":
-        return logp - ref_logp.detach()
-    if estimator == "k3":
-        log_ratio = (ref_logp.detach() - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        return (torch.exp(log_ratio) - log_ratio - 1.0).clamp(-K3_CLAMP, K3_CLAMP)
-    raise ValueError(f"kl_penalty: unknown estimator {estimator!r}; use 'k1' or 'k3' (low_var_kl)")
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_penalty: unknown estimator {estimator!r}; use one of {', '.join(KL_ESTIMATORS)}")
+    return KL_ESTIMATORS[estimator](logp, ref_logp.detach())
 
 
 def kl_loss(
@@ -232,7 +277,7 @@ def kl_loss(
         logp: `[B, L]` log-probs under the policy (with grad).
         ref_logp: `[B, L]` log-probs under the reference.
         loss_mask: `[B, L]` 1 at tokens trained on.
-        estimator: "k3" (the published systems' `low_var_kl`) or "k1".
+        estimator: A name of `KL_ESTIMATORS`; "k3" is the published systems' `low_var_kl`.
         aggregation: see `aggregate_loss`.
         denominator: see `aggregate_loss`.
         token_sum_normalizer: see `aggregate_loss`.

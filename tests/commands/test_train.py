@@ -174,9 +174,10 @@ def test_each_estimator_trains_two_steps(world: Path, tmp_path: Path, estimator:
     if estimator == "grpo":  # one run also validates and aggregates per sequence
         extra.update({"data.val": f"[{world / 'val.jsonl'}]", "eval_every": 1, "algorithm.loss_agg": "seq-mean-token-mean"})
     if estimator == "reinforce_pp":
-        extra["algorithm.kl_in_reward"] = "true"
-    if estimator == "rloo":  # several minibatches and epochs: old log-probs are recomputed
-        extra.update({"algorithm.ppo_epochs": 2, "algorithm.minibatch_size": 4, "gradient_checkpointing": "true"})
+        extra.update({"algorithm.kl_in_reward": "true", "algorithm.kl_estimator": "k2"})
+    if estimator == "rloo":  # several minibatches and epochs: old log-probs are recomputed; dual clip
+        extra.update({"algorithm.ppo_epochs": 2, "algorithm.minibatch_size": 4, "gradient_checkpointing": "true",
+                      "algorithm.clip_ratio_c": 3.0})  # fmt: skip
     if estimator == "dr_grpo":
         extra.update({"bf16": "true", "algorithm.loss_agg": "seq-mean-token-sum-norm", "algorithm.entropy_coef": 0.01})
     final = train.main(_recipe(world, run, **extra))
@@ -186,6 +187,7 @@ def test_each_estimator_trains_two_steps(world: Path, tmp_path: Path, estimator:
     assert [r["step"] for r in rows] == [1, 2]
     assert all(_finite_losses(r) for r in rows)
     assert ESTIMATOR_STATS[estimator] in rows[0]
+    assert all(0.0 <= r["losses/clipfrac_lower"] <= 1.0 for r in rows)
     assert rows[0]["search/calls_per_traj"] > 0.5  # the tiny policy really searches
     assert final["reward/mean"] == rows[-1]["reward/mean"]
     checkpoint = latest_checkpoint(run)

@@ -9,7 +9,9 @@ import math
 import pytest
 import torch
 
+from simsearch.config import AlgorithmConfig, RecipeError
 from simsearch.policy.losses import (
+    KL_ESTIMATORS,
     actor_loss,
     aggregate_loss,
     entropy_bonus,
@@ -144,6 +146,32 @@ def test_policy_loss_gradient_is_exactly_zero_at_masked_tokens():
     assert close(logp.grad, [[0.0, -0.125, 0.5], [0.0, 0.0, 0.0]])
 
 
+def test_dual_clip_caps_the_loss_of_negative_advantages_with_runaway_ratios():
+    # clip 0.2 and dual clip c = 3, per token max(-A r, -A clip(r, 0.8, 1.2)), then for A < 0
+    # min(that, -A c):
+    #   r=5,   A=-1: max(5, 1.2) = 5 -> min(5, 3) = 3 (dual-clipped, constant: gradient 0)
+    #   r=2,   A=-1: max(2, 1.2) = 2 -> min(2, 3) = 2 (ratio below c: unchanged, gradient -A r = 2)
+    #   r=5,   A=+1: max(-5, -1.2) = -1.2 (clipped; the dual clip applies to A < 0 only)
+    #   r=0.5, A=-2: max(1, 1.6) = 1.6 (clipped) -> min(1.6, 6) = 1.6
+    logp = torch.tensor([[math.log(5.0), math.log(2.0), math.log(5.0), math.log(0.5)]], dtype=torch.float64)
+    logp.requires_grad_(True)
+    old = torch.zeros(1, 4, dtype=torch.float64)
+    adv = torch.tensor([[-1.0, -1.0, 1.0, -2.0]], dtype=torch.float64)
+    mask = torch.ones(1, 4)
+    loss, stats = policy_loss(logp, old, adv, mask, clip_ratio_c=3.0)
+    # token-mean (3 + 2 - 1.2 + 1.6) / 4 = 5.4 / 4
+    assert close(loss.detach(), 1.35)
+    assert close(stats["clipfrac_lower"], 0.25) and close(stats["clipfrac"], 0.5)
+    plain, plain_stats = policy_loss(logp.detach(), old, adv, mask)
+    assert close(plain.detach(), (5 + 2 - 1.2 + 1.6) / 4) and close(plain_stats["clipfrac_lower"], 0.0)
+    loss.backward()
+    # d(-A r)/d logp = -A r, only where unclipped: token 1: 2 / 4 = 0.5; the rest are constants
+    assert close(logp.grad, [[0.0, 0.5, 0.0, 0.0]])
+    for bad in (1.0, 0.5, -3.0, NAN):
+        with pytest.raises(ValueError, match="clip_ratio_c must be 0 .no dual clip. or > 1"):
+            policy_loss(logp, old, adv, mask, clip_ratio_c=bad)
+
+
 def test_policy_loss_rejects_shape_mismatch():
     with pytest.raises(ValueError, match="advantages"):
         policy_loss(_logp(), OLD, ADV[:, :2], MASK)
@@ -166,8 +194,34 @@ def test_kl_estimators_by_hand():
     assert close(k3, [[0.5 + LN2 - 1, 1 - LN2]])
     # swapping policy and reference (a sign mistake in x) would give 0.306853, 0.193147
     assert not close(k3, [[1 - LN2, 0.5 + LN2 - 1]])
-    with pytest.raises(ValueError, match="unknown estimator"):
-        kl_penalty(KL_LOGP, KL_REF, "k2")  # type: ignore[arg-type]
+    k2 = kl_penalty(KL_LOGP[:, :2], KL_REF[:, :2], "k2")
+    # (logp - ref)^2 / 2 = (ln 2)^2 / 2 at both tokens; without the 1/2 it would be (ln 2)^2
+    assert close(k2, [[LN2**2 / 2, LN2**2 / 2]]) and not close(k2, [[LN2**2, LN2**2]])
+    assert close(kl_penalty(KL_LOGP[:, :2], KL_REF[:, :2], "abs"), [[LN2, LN2]])  # |k1|
+    with pytest.raises(ValueError, match="unknown estimator 'mse'; use one of k1, k2, k3, abs"):
+        kl_penalty(KL_LOGP, KL_REF, "mse")  # type: ignore[arg-type]
+
+
+def test_k2_and_abs_gradients_by_hand():
+    logp = KL_LOGP[:, :2].clone().requires_grad_(True)
+    kl_penalty(logp, KL_REF[:, :2], "k2").sum().backward()
+    # d/dlogp (logp - ref)^2 / 2 = logp - ref = ln 2, -ln 2
+    assert close(logp.grad, [[LN2, -LN2]])
+    logp.grad = None
+    kl_penalty(logp, KL_REF[:, :2], "abs").sum().backward()
+    assert close(logp.grad, [[1.0, -1.0]])  # sign(logp - ref)
+
+
+def test_the_recipe_accepts_exactly_the_kl_estimators():
+    for name in KL_ESTIMATORS:
+        AlgorithmConfig(kl_estimator=name).check("algorithm")
+    with pytest.raises(RecipeError) as error:
+        AlgorithmConfig(kl_estimator="mse").check("algorithm")
+    assert str(error.value) == f"algorithm.kl_estimator='mse' is not one of {', '.join(KL_ESTIMATORS)}"
+    for bad in (1.0, 0.9, NAN):
+        with pytest.raises(RecipeError, match=r"algorithm.clip_ratio_c=.* must be 0 \(no dual clip\) or > 1"):
+            AlgorithmConfig(clip_ratio_c=bad).check("algorithm")
+    AlgorithmConfig(clip_ratio_c=3.0).check("algorithm")
 
 
 def test_k3_clamps_like_verl():
