@@ -302,6 +302,9 @@ class AlgorithmConfig:
     value_clip: float = 0.2  # PPO value clip
     value_coef: float = 0.5  # PPO value loss weight
     critic_lr: float = 1e-5  # PPO critic learning rate
+    # PPO critic warm-up, a share of `steps` (verl's critic.optim.lr_warmup_steps_ratio: 0.015 in
+    # ZeroSearch's and Search-R1's PPO scripts); None = the actor's (optim.warmup_steps / warmup_ratio)
+    critic_warmup_ratio: float | None = None
     stratified_alpha: float = 0.5  # stratified GRPO: weight of the within-stratum advantage
     ppo_epochs: int = 1  # passes over each batch (verl's ppo_epochs)
     # trajectories per optimizer step over all processes; 0 = the whole batch. verl's
@@ -331,6 +334,8 @@ class AlgorithmConfig:
             ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"),
         )
         _check_positive(f"{key}.ppo_epochs", self.ppo_epochs)
+        if self.critic_warmup_ratio is not None:
+            _check_range(f"{key}.critic_warmup_ratio", self.critic_warmup_ratio, 0.0, 1.0)
         if self.tis_cap != 0 and not self.tis_cap >= 1:  # `not >=` also refuses NaN
             raise RecipeError(
                 f"{key}.tis_cap={self.tis_cap} must be 0 (no correction) or >= 1 (a token the rollout "

@@ -204,15 +204,20 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
         if state is not None and not use_ds:
             critic.load_state_dict(state["critic"])
 
-    def make_optimizer(params: list[torch.nn.Parameter], lr: float) -> tuple[torch.optim.Optimizer, Any]:
+    def make_optimizer(params: list[torch.nn.Parameter], lr: float, warmup: int) -> tuple[torch.optim.Optimizer, Any]:
         return adamw_with_schedule(
             params, lr=lr, betas=optim.betas, weight_decay=optim.weight_decay,
-            warmup_steps=optim.warmup_for(recipe.steps), total_steps=recipe.steps, schedule=optim.schedule,
+            warmup_steps=warmup, total_steps=recipe.steps, schedule=optim.schedule,
         )  # fmt: skip
 
     trainable = [p for p in policy.parameters() if p.requires_grad]
-    optimizer, scheduler = make_optimizer(trainable, optim.lr)
-    critic_optimizer, critic_scheduler = make_optimizer(list(critic.parameters()), alg.critic_lr) if critic else (None, None)
+    warmup = optim.warmup_for(recipe.steps)
+    optimizer, scheduler = make_optimizer(trainable, optim.lr, warmup)
+    critic_optimizer, critic_scheduler = None, None
+    if critic is not None:
+        if alg.critic_warmup_ratio is not None:
+            warmup = int(alg.critic_warmup_ratio * recipe.steps)  # verl's rounding, as optim.warmup_ratio
+        critic_optimizer, critic_scheduler = make_optimizer(list(critic.parameters()), alg.critic_lr, warmup)
     rollout_copy = None
     if use_ds:
         import deepspeed

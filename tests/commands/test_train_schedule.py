@@ -62,3 +62,25 @@ def test_minibatch_epochs_take_several_steps_at_the_training_steps_warmup_rate(
 def test_warmup_steps_and_ratio_are_exclusive(world: Path, tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match="optim.warmup_steps=2 and optim.warmup_ratio=0.5 both set"):
         _recipe(world, tmp_path / "run", **{"optim.warmup_steps": 2, "optim.warmup_ratio": 0.5})
+
+
+def test_the_critic_warms_up_over_its_own_share_of_the_run(
+    world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built: dict[float, int] = {}  # lr -> warm-up steps of each optimizer built
+    real = train.adamw_with_schedule
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        built[kwargs["lr"]] = kwargs["warmup_steps"]
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train, "adamw_with_schedule", recording)
+    # 4 steps: the actor warms up over int(0.75 x 4) = 3, the critic over int(0.25 x 4) = 1.
+    settings = {"algorithm.estimator": "ppo", "optim.warmup_ratio": 0.75, "algorithm.critic_warmup_ratio": 0.25}
+    train.main(_recipe(world, tmp_path / "run", steps=4, **{"optim.lr": LR}, **settings))
+    assert built == {LR: 3, 1e-5: 1}
+    built.clear()
+    # Without a share of its own the critic takes the actor's warm-up.
+    ppo = {"algorithm.estimator": "ppo", "optim.lr": LR, "optim.warmup_steps": 2}
+    train.main(_recipe(world, tmp_path / "run2", steps=1, **ppo))
+    assert built == {LR: 2, 1e-5: 2}
