@@ -430,7 +430,7 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
                     sampling=SamplingParams(temperature=0.0, max_new_tokens=recipe.sampling.max_new_tokens),
                     group_size=1, rng=random.Random(f"val:{recipe.seed}:{rank}"),
                 )  # fmt: skip
-            scored = score_trajectories(result.trajectories, VAL_REWARDS)
+            scored = score_trajectories(result.trajectories, VAL_REWARDS, normalization=recipe.reward.normalization)
             totals += torch.tensor(
                 [sum(scored.components[k]) for k in ("em", "f1", "substring_em")]
                 + [sum(t.num_searches for t in result.trajectories), len(mine)],
@@ -515,7 +515,9 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
             if use_vllm and recipe.policy.enable_sleep_mode:
                 generator.sleep()  # its GPU memory to the update; sync and the next rollout wake it
             # 4. rewards, reference and old log-probs, values
-            scored = score_trajectories(result.trajectories, dict(recipe.reward.weights))
+            scored = score_trajectories(
+                result.trajectories, dict(recipe.reward.weights), normalization=recipe.reward.normalization
+            )
             rewards = torch.tensor(scored.total, dtype=torch.float32)
             batch = collate_trajectories(result.trajectories, tokenizer.pad_token_id).to(device)
             reused = alg.ppo_epochs > 1 or bool(minibatch_rows and minibatch_rows < batch.size)

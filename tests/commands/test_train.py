@@ -31,6 +31,7 @@ from simsearch.data.templates import SEARCH_R1_TEMPLATE, render_prompt
 from simsearch.errors import ServiceError
 from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
 from simsearch.policy.batch import ESTIMATORS
+from simsearch.policy.rollout import score_trajectories
 from simsearch.retrieval.base import render_information
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.retrieval.server import create_app
@@ -369,3 +370,19 @@ def test_recipes_point_at_their_own_command() -> None:
         first = path.read_text().splitlines()[0]
         assert first.startswith("#") and "train" in first and path.name in first, path
 
+
+
+@pytest.mark.parametrize("normalization", ["squad", "unicode"])
+def test_the_reward_and_validation_score_with_the_recipes_normalization(
+    world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, normalization: str
+) -> None:
+    seen: list[str] = []
+
+    def recording_score(trajectories, weights, *, normalization: str = "unicode"):
+        seen.append(normalization)
+        return score_trajectories(trajectories, weights, normalization=normalization)
+
+    monkeypatch.setattr(train, "score_trajectories", recording_score)
+    overrides = _overrides(world, tmp_path, steps=1, eval_every=1, **{"reward.normalization": normalization})
+    train.main(load_recipe(TrainRecipe, None, [*overrides, f"data.val=[{world / 'val.jsonl'}]"]))
+    assert seen == [normalization, normalization]  # the step's reward, then validation
