@@ -38,8 +38,12 @@ saving every stage after the world gets.
 from __future__ import annotations
 
 import json
+import platform
 import resource
+import shutil
 import time
+from dataclasses import asdict
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -63,14 +67,16 @@ from simsearch.data.templates import render_prompt
 from simsearch.data.tinyworld import World, build_world
 from simsearch.errors import SimsearchError
 from simsearch.eval import report
-from simsearch.models import build_tiny_model, save_tiny, train_tokenizer
-from simsearch.policy.pretrain import make_copy_drills, make_traces, pretrain
+from simsearch.fingerprints import digest
+from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
+from simsearch.policy.pretrain import make_copy_drills, make_traces, pretrain, reading_accuracy
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.runlog import read_metrics
 from simsearch.simulator.prompts import render as render_simulator_prompt
 from simsearch.types import QAExample
 
 POLICIES = ("base", "rl_search", "rl_nosearch")
+STAGE_FILE = "stage.json"  # in every stage's directory: the fingerprint it was built from
 ENGINES = ("simulator", "bm25", "dense")
 
 # Every stage for a step or two: a check that the pipeline holds together, not a result.
@@ -83,7 +89,13 @@ SMOKE = {
 
 
 def main(recipe: QuickstartRecipe) -> dict[str, Any]:
-    """Run every stage; returns what `report.json` holds."""
+    """Run every stage; returns what `report.json` holds.
+
+    Re-run in the same `run_dir`, a stage whose inputs are unchanged is reused (or resumed where
+    it stopped); a stage built from anything else (another seed, world size, pretraining
+    setting, stage recipe value, or an upstream stage that was rebuilt) is deleted and rebuilt
+    (`_claim`).
+    """
     began = time.perf_counter()
     clock = _StageClock()
     torch.set_num_threads(recipe.threads or torch.get_num_threads())
@@ -96,48 +108,54 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
         seed=recipe.seed, n_entities=recipe.n_entities, n_train_entities=recipe.n_train_entities,
         n_background_entities=recipe.n_background_entities,
     )  # fmt: skip
-    files = world.write(run / "world")
+    world_fp = digest({"stage": "world", "seed": recipe.seed, "sizes": [
+        recipe.n_entities, recipe.n_train_entities, recipe.n_background_entities]})
+    paths = {name: str(run / "world" / f"{name}.jsonl") for name in ("corpus", "train", "test")}
+    paths.update(bm25=str(run / "index" / "bm25"), dense=str(run / "index" / "dense"))
+    claimed = [_claim(run / folder, world_fp) for folder in ("world", "index")]
+    if not all(claimed):
+        world.write(run / "world")
+        for kind in ("bm25", "dense"):  # built once here: later stages only load them
+            build_search_engine(SearchConfig(kind=kind, corpus=paths["corpus"], index_dir=paths[kind]))
+        for folder in ("world", "index"):
+            _finish(run / folder, world_fp)
     # The base LM learns from questions about the background entities, the simulator from the
     # training questions (the world RL asks about); test entities stay unseen by both.
     pretrain_questions = world.background or world.train
     # The base LM is pretrained on prompts and results shown as RL will show them.
     rl_recipe = load_recipe(TrainRecipe, recipes / "train.yaml")
-    paths = {
-        "train": str(files["train"]),
-        "test": str(files["test"]),
-        "corpus": str(files["corpus"]),
-        "bm25": str(run / "index" / "bm25"),
-        "dense": str(run / "index" / "dense"),
-    }
-    for kind in ("bm25", "dense"):  # built once here: later stages only load them
-        build_search_engine(SearchConfig(kind=kind, corpus=paths["corpus"], index_dir=paths[kind]))
 
     clock.start("pretrain", "2/6 base policy (copy drills, then random-query traces)")
     base = run / "base"
-    if not (base / "config.json").is_file():
+    base_fp = digest({"stage": "base", "inputs": [world_fp], "recipe": _base_settings(recipe, rl_recipe)})
+    if not _claim(base, base_fp):
         _pretrain_base(recipe, world, pretrain_questions, rl_recipe, base)
+        _finish(base, base_fp)
+    reading = _base_reading(base, world, rl_recipe)
 
     clock.start("collect", "3/6 simulator SFT data (base policy x real BM25)")
     collect_dir = run / "collect"
-    _stage(recipe, recipes, "collect", CollectRecipe, simulator_collect.main, [
+    collect_fp = _stage(recipe, recipes, "collect", CollectRecipe, simulator_collect.main, [base_fp], [
         f"run_dir={collect_dir}", f"seed={recipe.seed}", f"policy.model.path={base}",
         f"data.train=[{paths['train']}]", f"search.corpus={paths['corpus']}",
         f"search.index_dir={paths['bm25']}",
     ])
 
     clock.start("simulator_sft", "4/6 simulator fine-tuning")
-    _stage(recipe, recipes, "simulator", FinetuneRecipe, simulator_finetune.main, [
+    simulator_fp = _stage(recipe, recipes, "simulator", FinetuneRecipe, simulator_finetune.main, [collect_fp], [
         f"run_dir={run / 'simulator'}", f"seed={recipe.seed}", f"model.path={base}",
         f"train_file={collect_dir / 'train.jsonl'}", f"val_file={collect_dir / 'val.jsonl'}",
     ])
 
     clock.start("rl", "5/6 RL against the simulator, then RL without search")
-    for name, overrides in (
-        ("train", [f"search.simulator.generation.model.path={_simulator(run)}",
-                   f"search.cache={run / 'cache' / 'simulator.sqlite'}"]),
-        ("train_nosearch", []),
+    policy_fps = {"base": base_fp}
+    for name, policy, inputs, overrides in (
+        ("train", "rl_search", [base_fp, simulator_fp],
+         [f"search.simulator.generation.model.path={_simulator(run)}",
+          f"search.cache={run / 'cache' / 'simulator.sqlite'}"]),
+        ("train_nosearch", "rl_nosearch", [base_fp], []),
     ):
-        _stage(recipe, recipes, name, TrainRecipe, train.main, [
+        policy_fps[policy] = _stage(recipe, recipes, name, TrainRecipe, train.main, inputs, [
             f"seed={recipe.seed}", f"policy.model.path={base}", f"data.train=[{paths['train']}]",
             f"run_dir={run / name}", *overrides,
         ])
@@ -145,17 +163,19 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     clock.start("eval", "6/6 held-out evaluation: simulator, BM25, dense")
     policies = {"base": base, "rl_search": _final_model(run / "train"), "rl_nosearch": _final_model(run / "train_nosearch")}
     for name, policy in policies.items():
-        _evaluate(recipe, recipes, run, paths, name, policy)
+        _evaluate(recipe, recipes, run, paths, name, policy, [policy_fps[name], simulator_fp, world_fp])
     summaries = {name: json.loads((run / "eval" / name / "summary.json").read_text()) for name in POLICIES}
 
-    result = _report(recipe, run, summaries, wall_s=time.perf_counter() - began, stage_s=clock.stop())
+    result = _report(recipe, run, summaries, reading, wall_s=time.perf_counter() - began, stage_s=clock.stop())
     print((run / "report.md").read_text())
     return result
 
 
-def _evaluate(recipe: QuickstartRecipe, recipes: Path, run: Path, paths: dict[str, str], name: str, policy: Path) -> None:
+def _evaluate(
+    recipe: QuickstartRecipe, recipes: Path, run: Path, paths: dict[str, str], name: str, policy: Path, inputs: list[str]
+) -> None:
     """The eval stage for one policy, into run/eval/{name} (its summary.json feeds the report)."""
-    _stage(recipe, recipes, "eval", EvalRecipe, evaluate.main, [
+    _stage(recipe, recipes, "eval", EvalRecipe, evaluate.main, inputs, [
         f"run_dir={run / 'eval' / name}", f"seed={recipe.seed}", f"policy.model.path={policy}",
         f"datasets=[{{name: heldout, path: {paths['test']}, limit: {8 if recipe.smoke else 0}}}]",
         f"engines.simulator.simulator.generation.model.path={_simulator(run)}",
@@ -180,10 +200,91 @@ def _recipes_dir(recipe: QuickstartRecipe) -> Path:
     return folder
 
 
-def _stage(recipe: QuickstartRecipe, recipes: Path, name: str, schema: type, run: Any, overrides: list[str]) -> Any:
-    """Run one stage's command on its shipped recipe with the run's paths (and smoke limits)."""
+def _stage(
+    recipe: QuickstartRecipe, recipes: Path, name: str, schema: type, run: Any, inputs: list[str], overrides: list[str]
+) -> str:
+    """Runs one stage's command on its shipped recipe with the run's paths (and smoke limits).
+
+    Returns the stage's fingerprint: its resolved recipe and its inputs' fingerprints. A stage
+    that finished under that fingerprint is skipped; an unfinished one is run again, and the
+    command resumes its own work (checkpoints, finished evaluation rows).
+    """
     smoke = SMOKE.get(name.removesuffix("_nosearch"), []) if recipe.smoke else []
-    return run(load_recipe(schema, recipes / f"{name}.yaml", [*overrides, *smoke]))
+    stage = load_recipe(schema, recipes / f"{name}.yaml", [*overrides, *smoke])
+    fingerprint = digest({"stage": name, "inputs": inputs, "recipe": asdict(stage)})
+    if not _claim(Path(stage.run_dir), fingerprint):
+        run(stage)
+        _finish(Path(stage.run_dir), fingerprint)
+    return fingerprint
+
+
+def _claim(directory: Path, fingerprint: str) -> bool:
+    """Makes `directory` the home of the stage built from `fingerprint`; True if it finished there.
+
+    A directory built from other inputs, or of unknown origin, is deleted, so none of its
+    output can be resumed or read back as this stage's. The fingerprint is written before the
+    stage runs, so an interrupted stage resumes under it; `_finish` marks it done.
+    """
+    mark = directory / STAGE_FILE
+    if mark.is_file():
+        kept = json.loads(mark.read_text())
+        if kept.get("fingerprint") == fingerprint:
+            return bool(kept.get("done"))
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    mark.write_text(json.dumps({"fingerprint": fingerprint, "done": False}) + "\n")
+    return False
+
+
+def _finish(directory: Path, fingerprint: str) -> None:
+    (directory / STAGE_FILE).write_text(json.dumps({"fingerprint": fingerprint, "done": True}) + "\n")
+
+
+def _base_settings(recipe: QuickstartRecipe, rl: TrainRecipe) -> dict[str, Any]:
+    """Everything the base model is built from besides the world."""
+    fields = ("seed", "smoke", "vocab_size", "drill_steps", "pretrain_steps", "pretrain_batch_size",
+              "pretrain_lr", "pretrain_traces", "copy_loss_weight", "typed_answer_share")
+    settings: dict[str, Any] = {name: getattr(recipe, name) for name in fields}
+    settings.update(template=rl.rollout.template, top_k=rl.search.top_k, rendering=rl.search.rendering)
+    return settings
+
+
+def _base_reading(base: Path, world: World, rl: TrainRecipe) -> dict[str, dict[str, float]]:
+    """The base model's reading of held-out results per relation (`reading_accuracy`), cached in base/."""
+    path = base / "reading.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    model, tokenizer = load_model(str(base))
+    engine = BM25SearchEngine.build(world.passages, show_progress=False)
+    reading = reading_accuracy(
+        model, tokenizer, world, engine, world.test,
+        top_k=rl.search.top_k, template=rl.rollout.template, rendering=rl.search.rendering,
+    )  # fmt: skip
+    path.write_text(json.dumps(reading, indent=2) + "\n")
+    return reading
+
+
+def _machine() -> dict[str, Any]:
+    """What a run's float results depend on besides its recipe: CPU, threads, library versions."""
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    packages = ("simsearch", "torch", "transformers", "tokenizers", "numpy", "bm25s", "sentence-transformers")
+    return {
+        "cpu": cpu,
+        "threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "versions": {name: _version(name) for name in packages},
+    }
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def _final_model(train_run: Path) -> Path:
@@ -223,7 +324,13 @@ def _pretrain_base(
 
 
 def _report(
-    recipe: QuickstartRecipe, run: Path, summaries: dict[str, dict], *, wall_s: float, stage_s: dict[str, float]
+    recipe: QuickstartRecipe,
+    run: Path,
+    summaries: dict[str, dict],
+    reading: dict[str, dict[str, float]],
+    *,
+    wall_s: float,
+    stage_s: dict[str, float],
 ) -> dict[str, Any]:
     """`report.json` (figures), `report.md` (the table), `bars.png` and `curves.png`."""
     em = {
@@ -240,7 +347,10 @@ def _report(
         "stage_s": stage_s,
         "peak_rss_gb": round(peak_rss_gb, 3),
         "smoke": recipe.smoke,
+        "seed": recipe.seed,
+        "machine": _machine(),
         "em": em,
+        "base_reading": reading,
         "rl_search_baselines_em": baselines,
         "fidelity": summaries["rl_search"]["fidelity"],
     }
@@ -255,6 +365,14 @@ def _report(
         *(f"| {p} | " + " | ".join(f"{em[p][e]:.1f}" for e in ENGINES) + " |" for p in POLICIES),
         "",
         *(f"RL policy, {name} baseline: {value:.1f}" for name, value in baselines.items()),
+        "",
+        "The base's reading of held-out results (name query; share of questions whose answer is a",
+        "value of the asked kind copied from the results / found nowhere in them / the gold answer):",
+        "",
+        "| relation | copied | invented | right |",
+        "|---|---|---|---|",
+        *(f"| {rel} | {row['copied']:.2f} | {row['invented']:.2f} | {row['right']:.2f} |" for rel, row in reading.items()),
+        "",
         f"Wall time {wall_s / 60:.1f} min, peak memory {peak_rss_gb:.2f} GB.",
         "",
     ]

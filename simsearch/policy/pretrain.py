@@ -58,8 +58,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from simsearch.data.templates import TemplateName, render_prompt
 from simsearch.data.tinyworld import OCCUPATIONS, World
+from simsearch.engines.hf import HFEngine
+from simsearch.eval.metrics import extract_answer
 from simsearch.retrieval.base import RenderStyle, SearchEngine, render_documents, wrap_information
-from simsearch.types import Document, QAExample, SearchRequest
+from simsearch.types import Document, QAExample, SamplingParams, SearchRequest
 
 QUERY_KINDS: tuple[str, ...] = ("name", "words", "mixed")
 """Query kinds of a trace: the entity name, other question words, or both mixed."""
@@ -535,3 +537,69 @@ def pretrain(
     finally:
         model.eval()
     return history
+
+
+def reading_accuracy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    world: World,
+    engine: SearchEngine,
+    examples: Sequence[QAExample],
+    *,
+    top_k: int,
+    template: TemplateName,
+    rendering: RenderStyle,
+    batch_size: int = 64,
+) -> dict[str, dict[str, float]]:
+    """How well a base model reads results, per relation: what RL has to start from.
+
+    Each question is searched with its entity's name (the query RL should learn), and the model
+    continues greedily after the results block, as in a rollout's answer turn. Per relation,
+    the shares of questions whose answer is
+
+    - `copied`: a value of the asked kind found in the results, written whole (a year, a city);
+    - `invented`: a value of the asked kind found nowhere in the results (digits or name
+      pieces mixed up while copying);
+    - `right`: the gold answer.
+
+    Args:
+        model: The policy (any causal LM, greedy decoding).
+        tokenizer: Its tokenizer.
+        world: The tiny world the examples come from.
+        engine: The search engine (BM25 in the quickstart).
+        examples: Questions of `world` (held-out ones measure the skill, not memory).
+        top_k: Documents per search, as in RL.
+        template: The policy prompt template, as in RL.
+        rendering: How results are shown, as in RL.
+        batch_size: Prompts per generation batch.
+
+    Returns:
+        {relation: {"copied", "invented", "right", "questions"}} plus the same under "all".
+    """
+    names = [world.facts[example.id].entity for example in examples]
+    documents = engine.search([SearchRequest(query=name, top_k=top_k) for name in names])
+    prompt_ids = tokenizer([render_prompt(e.question, template=template) for e in examples])["input_ids"]
+    search_ids = _encode(tokenizer, [f"<search> {name} </search>" for name in names])
+    observation_ids = _encode(tokenizer, [wrap_information(render_documents(docs, rendering)) for docs in documents])
+    contexts = [p + s + o for p, s, o in zip(prompt_ids, search_ids, observation_ids)]
+    params = SamplingParams(temperature=0.0, max_new_tokens=24, stop=["</answer>"])
+    completions = HFEngine(model, tokenizer, batch_size=batch_size, prefix_cache=False).generate(contexts, params)
+
+    counts: dict[str, dict[str, float]] = {}
+    cities = world.cities
+    for example, docs, completion in zip(examples, documents, completions):
+        relation = world.facts[example.id].relation
+        kind = RELATION_KINDS[relation]
+        found = {v for doc in docs for v in value_spans(doc.text, cities) if value_kind(v, cities) == kind}
+        answer = (extract_answer(completion.text) or "").strip()
+        is_kind = bool(answer) and value_spans(answer, cities) == [answer] and value_kind(answer, cities) == kind
+        for key in (relation, "all"):
+            row = counts.setdefault(key, dict.fromkeys(("copied", "invented", "right", "questions"), 0.0))
+            row["copied"] += is_kind and answer in found
+            row["invented"] += is_kind and answer not in found
+            row["right"] += answer in example.golden_answers
+            row["questions"] += 1
+    for row in counts.values():
+        for key in ("copied", "invented", "right"):
+            row[key] /= row["questions"]
+    return counts

@@ -3,19 +3,44 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from PIL import Image
 
 from simsearch.commands import quickstart
 from simsearch.config import QuickstartRecipe, RecipeError, load_recipe
 
 
-@pytest.mark.slow
-def test_smoke_runs_every_stage_and_writes_the_report(tmp_path: Path) -> None:
-    result = quickstart.main(load_recipe(QuickstartRecipe, None, [f"run_dir={tmp_path}", "smoke=true"]))
+RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "quickstart"
+# What may differ between two runs of the same recipe: clocks and memory.
+VOLATILE = {"wall_s", "stage_s", "peak_rss_gb"}
 
+
+def _smoke(run_dir: Path, *overrides: str) -> dict:
+    return quickstart.main(load_recipe(QuickstartRecipe, None, [f"run_dir={run_dir}", "smoke=true", *overrides]))
+
+
+def _train_metrics(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if not k.startswith(("time/", "perf/"))} for row in rows]
+
+
+def _mtimes(run_dir: Path) -> dict[str, int]:
+    return {str(p.relative_to(run_dir)): p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory) -> tuple[Path, dict]:
+    run_dir = tmp_path_factory.mktemp("smoke")
+    return run_dir, _smoke(run_dir)
+
+
+@pytest.mark.slow
+def test_smoke_runs_every_stage_and_writes_the_report(smoke_run) -> None:
+    tmp_path, result = smoke_run
     report = json.loads((tmp_path / "report.json").read_text())
     assert report == result
     assert report["smoke"] is True and report["wall_s"] > 0 and 0 < report["peak_rss_gb"] < 4
@@ -37,6 +62,53 @@ def test_smoke_runs_every_stage_and_writes_the_report(tmp_path: Path) -> None:
     for plot in ("bars.png", "curves.png"):
         with Image.open(tmp_path / plot) as image:
             assert image.size[0] >= 800 and image.size[1] >= 400
+    # What the numbers depend on besides the recipe, and what the base starts RL from.
+    assert report["machine"]["threads"] >= 1 and report["machine"]["cpu"]
+    assert report["machine"]["versions"]["torch"] == torch.__version__
+    assert set(report["base_reading"]) == {"birth_city", "occupation", "founding_year", "all"}
+    assert report["base_reading"]["all"]["questions"] == 300
+
+
+@pytest.mark.slow
+def test_the_same_recipe_gives_the_same_numbers(smoke_run, tmp_path: Path) -> None:
+    """Same recipe, seed and threads on the same machine: every metric equal, not just close."""
+    first_dir, first = smoke_run
+    second = _smoke(tmp_path)
+    assert {k: v for k, v in second.items() if k not in VOLATILE} == {k: v for k, v in first.items() if k not in VOLATILE}
+    for run in ("train", "train_nosearch"):
+        assert _train_metrics(tmp_path / run) == _train_metrics(first_dir / run)
+
+
+@pytest.mark.slow
+def test_a_rerun_reuses_unchanged_stages_and_rebuilds_changed_ones(smoke_run, tmp_path: Path) -> None:
+    run_dir, first = smoke_run  # the last test of the module to use it: it changes the run
+    before = _mtimes(run_dir)
+    again = _smoke(run_dir)
+    assert _mtimes(run_dir).keys() == before.keys()
+    changed = {name for name, mtime in _mtimes(run_dir).items() if mtime != before[name]}
+    assert changed <= {"recipe.yaml", "report.json", "report.md", "bars.png", "curves.png"}, changed
+    assert again["em"] == first["em"]
+
+    # One value of the eval recipe changes: only the evaluations are rebuilt.
+    recipes = tmp_path / "recipes"
+    shutil.copytree(RECIPES, recipes)
+    eval_yaml = recipes / "eval.yaml"
+    eval_yaml.write_text(eval_yaml.read_text().replace("max_new_tokens: 32", "max_new_tokens: 31"))
+    before = _mtimes(run_dir)
+    _smoke(run_dir, f"recipes_dir={recipes}")
+    after = _mtimes(run_dir)
+    rebuilt = {name.split("/")[0] for name, mtime in after.items() if before.get(name) != mtime}
+    assert rebuilt == {"eval", "recipe.yaml", "report.json", "report.md", "bars.png", "curves.png"}
+    for name in before.keys() - after.keys():
+        assert name.startswith("eval/")  # the old rows went with their directory
+
+    # Another seed: another world, so nothing of the first may be reused.
+    before = _mtimes(run_dir)
+    _smoke(run_dir, f"recipes_dir={recipes}", "seed=1")
+    after = _mtimes(run_dir)
+    for stage in ("world", "index", "base", "collect", "simulator", "train", "train_nosearch", "eval"):
+        kept = [n for n in after if n.startswith(f"{stage}/") and before.get(n) == after[n]]
+        assert kept == [], (stage, kept)
 
 
 def test_missing_stage_recipes_are_a_clear_error(tmp_path: Path) -> None:
