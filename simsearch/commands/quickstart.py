@@ -64,7 +64,7 @@ from simsearch.config import (
     save_recipe,
 )
 from simsearch.data.templates import render_prompt
-from simsearch.data.tinyworld import World, build_world
+from simsearch.data.tinyworld import YEARS, World, build_world
 from simsearch.errors import SimsearchError
 from simsearch.eval import report
 from simsearch.fingerprints import digest
@@ -243,7 +243,7 @@ def _finish(directory: Path, fingerprint: str) -> None:
 def _base_settings(recipe: QuickstartRecipe, rl: TrainRecipe) -> dict[str, Any]:
     """Everything the base model is built from besides the world."""
     fields = ("seed", "smoke", "vocab_size", "drill_steps", "pretrain_steps", "pretrain_batch_size",
-              "pretrain_lr", "pretrain_traces", "copy_loss_weight", "typed_answer_share")
+              "pretrain_lr", "pretrain_traces", "copy_loss_weight", "typed_answer_share", "year_tokens", "city_tokens")
     settings: dict[str, Any] = {name: getattr(recipe, name) for name in fields}
     settings.update(template=rl.rollout.template, top_k=rl.search.top_k, rendering=rl.search.rendering)
     return settings
@@ -305,6 +305,7 @@ def _pretrain_base(
     )
     texts = world.texts_for_tokenizer() + [render_prompt("", template=rl.rollout.template), simulator_prompt] * 100
     tokenizer = train_tokenizer(texts, vocab_size=recipe.vocab_size)
+    tokenizer.add_tokens([*(YEARS if recipe.year_tokens else ()), *(world.cities if recipe.city_tokens else ())])
     engine = BM25SearchEngine.build(world.passages, show_progress=False)
     model = build_tiny_model(tokenizer, hidden=128, layers=4, heads=4, kv_heads=2, ffn=384, seed=recipe.seed)
     # Smoke: just enough (40 x 16 traces at a high rate) that the base emits searches.

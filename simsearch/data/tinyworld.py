@@ -58,6 +58,8 @@ _ADJECTIVES = ("quiet", "busy", "windy", "old", "hilly", "walled", "foggy", "sma
 _FEATURES = ("river", "lake", "sea", "mountains", "forest", "marsh", "coast", "hills")
 _TEMPLATE_WORDS = {w for phrase in OCCUPATIONS + VENTURES + _ADJECTIVES + _FEATURES for w in phrase.split()}
 _YEARS = (1600, 1899)  # inclusive range of every year in the world
+YEARS: tuple[str, ...] = tuple(str(year) for year in range(_YEARS[0], _YEARS[1] + 1))
+"""Every year the world's passages can hold, as written."""
 
 # Passage and question templates; a few phrasings each so the policy cannot key on one wording.
 _BIO = (
