@@ -110,7 +110,7 @@ def main(recipe: FinetuneRecipe) -> Path:
     optimizer, scheduler = adamw_with_schedule(
         [p for p in model.parameters() if p.requires_grad],
         lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay,
-        warmup_steps=optim.warmup_steps, total_steps=recipe.steps, schedule=optim.schedule,
+        warmup_steps=optim.warmup_for(recipe.steps), total_steps=recipe.steps, schedule=optim.schedule,
     )  # fmt: skip
     if use_ds:
         import deepspeed

@@ -123,6 +123,16 @@ def test_resume_continues_exactly(base: Path, tmp_path: Path) -> None:
     assert [r["losses/train"] for r in split[3:]] == pytest.approx([r["losses/train"] for r in straight[3:]], rel=1e-5)
 
 
+def test_warmup_ratio_sets_the_warmup_as_a_share_of_steps(base: Path, tmp_path: Path) -> None:
+    from simsearch.commands.simulator_finetune import main
+
+    main(_recipe(base, tmp_path / "run", steps=4, val_file="", optim__warmup_ratio=0.75))
+    # int(0.75 x 4) = 3 warm-up steps, factor (s + 1) / 3; the lr is logged after the scheduler's
+    # step, so steps 1..4 show factors 2/3, 1, 1, 1 of lr = 1e-2. Ignoring the ratio logs 1e-2 throughout.
+    lrs = [r["optim/lr"] for r in read_metrics(tmp_path / "run") if "optim/lr" in r]
+    assert lrs == pytest.approx([1e-2 * 2 / 3, 1e-2, 1e-2, 1e-2], rel=1e-12)
+
+
 def test_lora_merge_on_save_writes_a_full_model_and_the_adapter(base: Path, tmp_path: Path) -> None:
     from simsearch.commands.simulator_finetune import main
 
