@@ -171,12 +171,20 @@ class SearchConfig:
     cache: str = ""  # SQLite file caching results across runs ("" = no cache)
     rendering: str = "search-r1"  # how the policy reads documents: retrieval.base.RENDER_STYLES (docs there)
     simulator: SimulatorConfig = field(default_factory=SimulatorConfig)  # kind=simulator
+    # $ per 1,000 queries sent (cache hits are free); null = the kind's documented default
+    # (retrieval.accounting.QUERY_PRICES: 0 for local engines, unknown where none is documented).
+    price_per_1k_queries: float | None = None
+    gpu_hour_price: float | None = None  # simulator: $ per hour of the GPUs serving it (all of them); null = unknown
 
     def check(self, key: str) -> None:
         _check_choice(
             f"{key}.kind", self.kind, ("bm25", "dense", "http", "serper", "serpapi", "simulator", "self", "empty")
         )
         _check_positive(f"{key}.top_k", self.top_k)
+        for name in ("price_per_1k_queries", "gpu_hour_price"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise RecipeError(f"{key}.{name}={value} must be >= 0 (or null: unknown)")
         _check_choice(f"{key}.rendering", self.rendering, RENDER_STYLES)
         if self.rendering == VERBATIM_STYLE and self.kind != "simulator":
             raise RecipeError(

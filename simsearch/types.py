@@ -51,6 +51,7 @@ class Document:
     score: float | None = None
     source: str = ""  # which engine produced it: "bm25", "dense", "simulator", "serper", ...
     id: str | None = None
+    noisy: bool = False  # the simulator wrote it as a noisy document (real engines: always False)
 
 
 @dataclass

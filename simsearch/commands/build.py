@@ -13,6 +13,7 @@ from pathlib import Path
 from simsearch.config import GenerationConfig, RecipeError, SearchConfig
 from simsearch.engines.base import GenerationEngine
 from simsearch.fingerprints import digest, path_identity
+from simsearch.retrieval.accounting import Ledger
 from simsearch.retrieval.base import VERBATIM_STYLE, SearchEngine
 
 
@@ -76,13 +77,14 @@ def build_generation_engine(
 def search_fingerprint(cfg: SearchConfig) -> str:
     """A stable identity of what shapes an engine's answers, used as the cache namespace.
 
-    Timeouts, retries and the cache path do not change answers and are left out. Local files
+    Timeouts, retries, prices and the cache path do not change answers and are left out. Local files
     enter by identity (`fingerprints.path_identity`): a corpus or a simulator model rewritten at
     the same path (another world, a retrained simulator) gets a new namespace, so its cached
     results are never read back as this one's.
     """
     fields = asdict(cfg)
-    for volatile in ("cache", "timeout_s", "max_retries", "backoff_s", "api_key_env"):
+    volatile_fields = ("cache", "timeout_s", "max_retries", "backoff_s", "api_key_env", "price_per_1k_queries", "gpu_hour_price")
+    for volatile in volatile_fields:
         fields.pop(volatile)
     if cfg.kind != "simulator":
         fields.pop("simulator")
@@ -105,6 +107,51 @@ def build_search_engine(cfg: SearchConfig, *, seed: int = 0) -> SearchEngine | N
     from simsearch.retrieval.cache import CachedSearchEngine
 
     return CachedSearchEngine(engine, cfg.cache, namespace=search_fingerprint(cfg))
+
+
+def meter_search_engine(engine: SearchEngine | None, cfg: SearchConfig, ledger: Ledger, name: str) -> SearchEngine | None:
+    """Puts the accounting wrappers of `retrieval.accounting` around a built engine.
+
+    The outer `MeteredSearchEngine` counts searches, latency and cache hits; a `SentCounter`
+    goes in front of the engine itself (behind the cache, so it counts what a web API bills);
+    a `SimulatedSearchEngine`'s generator is wrapped in a `MeteredGenerator` (its tokens and
+    seconds). The engine is registered in `ledger` under `name` with the recipe's prices, or
+    the kind's documented defaults when they are null.
+
+    Returns:
+        The metered engine; None for None (`kind=self` has no engine to count).
+    """
+    if engine is None:
+        return None
+    from simsearch.retrieval.accounting import MeteredGenerator, MeteredSearchEngine, SentCounter, default_query_price
+    from simsearch.retrieval.cache import CachedSearchEngine
+    from simsearch.simulator.engine import SimulatedSearchEngine
+
+    price = cfg.price_per_1k_queries if cfg.price_per_1k_queries is not None else default_query_price(cfg.kind)
+    ledger.register(name, cfg.kind, price_per_1k_queries=price, gpu_hour_price=cfg.gpu_hour_price)
+    cache = engine if isinstance(engine, CachedSearchEngine) else None
+    inner = cache.engine if cache is not None else engine
+    if isinstance(inner, SimulatedSearchEngine):
+        # The generator's own tokenizer counts string prompts (chat prompts sent to a server).
+        tokenizer = inner.tokenizer if inner.tokenizer is not None else getattr(inner.generator, "tokenizer", None)
+        inner.generator = MeteredGenerator(inner.generator, ledger, name, tokenizer=tokenizer)
+    if cache is not None:
+        cache.engine = SentCounter(inner, ledger, name)
+        return MeteredSearchEngine(cache, ledger, name, cache=cache)
+    return MeteredSearchEngine(SentCounter(inner, ledger, name), ledger, name)
+
+
+def unmetered(engine: SearchEngine | None) -> SearchEngine | None:
+    """The engine inside `meter_search_engine`'s outer wrapper (its inner counters stay).
+
+    For code that inspects the engine's type, as the fidelity measurement does for the
+    simulator's parse statistics.
+    """
+    from simsearch.retrieval.accounting import MeteredSearchEngine, SentCounter
+
+    if isinstance(engine, MeteredSearchEngine):
+        engine = engine.engine
+    return engine.engine if isinstance(engine, SentCounter) else engine
 
 
 def _build_uncached(cfg: SearchConfig, *, seed: int) -> SearchEngine | None:

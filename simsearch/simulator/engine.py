@@ -366,6 +366,8 @@ class SimulatedSearchEngine:
                 for kind, idx in (("useful", useful), ("noisy", noisy))
                 if idx is not None
             }
+            for doc in sets.get("noisy", []):
+                doc.noisy = True  # so trajectories and the viewer can mark what was made noisy
             if len(sets) == 1:
                 results.append(next(iter(sets.values())))
                 continue

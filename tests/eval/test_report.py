@@ -110,7 +110,7 @@ def test_trajectory_sample_keeps_turns_and_counts_policy_tokens() -> None:
     sample = report.trajectory_sample(trajectory)
     assert sample["policy_tokens"] == 3  # inserted tokens (mask 0) are not the policy's
     assert sample["turns"][0]["documents"] == [
-        {"title": "Paris", "text": "capital of France", "score": 1.5, "source": "bm25", "id": "7"}
+        {"title": "Paris", "text": "capital of France", "score": 1.5, "source": "bm25", "id": "7", "noisy": False}
     ]
     assert sample["turns"][0]["query"] == "france" and sample["num_searches"] == 1
     json.dumps(sample)  # JSON-ready

@@ -1,0 +1,364 @@
+"""What search cost: counts, latency and estimated dollars per engine, for every run.
+
+A `Ledger` holds one `EngineUsage` per named engine. Three thin wrappers feed it, each around
+one layer of an engine (`commands.build.meter_search_engine` puts them in place):
+
+- `MeteredSearchEngine`, outermost: searches asked and the latency of each `search` call (one
+  call per rollout turn, so a latency is a batch's), and the cache hits of a
+  `CachedSearchEngine` just behind it;
+- `SentCounter`, innermost, in front of the engine itself (behind the cache): queries that
+  reached the real engine or web API, i.e. what a web API bills;
+- `MeteredGenerator`, around a simulator's text generator: generate calls, prompt and
+  completion tokens, and seconds.
+
+Prices: a web engine's price per 1,000 queries times the queries sent (cache hits are free);
+local engines (bm25, dense, empty) cost 0; the simulator's cost is its generation time times a
+user-set price per hour of the GPUs that serve it. A price that is not known is `None`, shown
+as "unknown", never as 0.
+
+Latency percentiles come from a histogram with 16 buckets per doubling, so ledgers of several
+processes or invocations add up; a percentile is the geometric middle of its bucket, within
+2.2% of the true sample value (nearest-rank definition).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from simsearch.types import Completion, Document, SamplingParams, SearchRequest
+
+if TYPE_CHECKING:
+    from simsearch.engines.base import GenerationEngine
+    from simsearch.retrieval.base import SearchEngine
+
+QUERY_PRICES: dict[str, tuple[float | None, str]] = {
+    "bm25": (0.0, "local index"),
+    "dense": (0.0, "local index"),
+    "empty": (0.0, "finds nothing"),
+    "simulator": (0.0, "no per-query price: its cost is its GPU time (gpu_hour_price)"),
+    "http": (None, "whatever serves the URL: set price_per_1k_queries"),
+    # Read 2026-11-23 from third-party pages quoting SerpAPI's plans (Developer: $75 a month for
+    # 5,000 searches); serpapi.com/pricing itself was not read. Larger plans cost less a query.
+    "serpapi": (15.0, "SerpAPI Developer plan, $75 / 5,000 searches (third-party pages, read 2026-11-23)"),
+    # No stored page gave Serper's published price when this table was written: unknown.
+    "serper": (None, "not known to simsearch: set price_per_1k_queries from serper.dev's pricing"),
+}
+"""Engine kind -> (default $ per 1,000 queries sent, where it comes from). None = unknown."""
+
+PERCENTILES: tuple[int, ...] = (50, 95, 99)
+_BUCKETS_PER_DOUBLING = 16
+_SMALLEST_S = 1e-6
+
+
+def default_query_price(kind: str) -> float | None:
+    """The documented default price per 1,000 queries of an engine kind (None = unknown)."""
+    return QUERY_PRICES.get(kind, (None, ""))[0]
+
+
+@dataclass
+class LatencyHistogram:
+    """Call latencies in log-spaced buckets: mergeable, bounded, percentiles within 2.2%."""
+
+    buckets: dict[int, int] = field(default_factory=dict)
+
+    def add(self, seconds: float) -> None:
+        """Records one latency (values under 1 µs count as 1 µs)."""
+        index = max(0, math.floor(math.log2(max(seconds, _SMALLEST_S) / _SMALLEST_S) * _BUCKETS_PER_DOUBLING))
+        self.buckets[index] = self.buckets.get(index, 0) + 1
+
+    def merge(self, other: LatencyHistogram) -> None:
+        """Adds another histogram's counts to this one."""
+        for index, count in other.buckets.items():
+            self.buckets[index] = self.buckets.get(index, 0) + count
+
+    @property
+    def count(self) -> int:
+        return sum(self.buckets.values())
+
+    def percentile(self, q: float) -> float | None:
+        """The nearest-rank q-th percentile in seconds (the bucket's geometric middle); None if empty."""
+        total = self.count
+        if not total:
+            return None
+        rank = max(1, math.ceil(q / 100.0 * total))
+        seen = 0
+        for index in sorted(self.buckets):
+            seen += self.buckets[index]
+            if seen >= rank:
+                return _SMALLEST_S * 2.0 ** ((index + 0.5) / _BUCKETS_PER_DOUBLING)
+        raise AssertionError("unreachable: rank <= total")
+
+
+@dataclass
+class EngineUsage:
+    """What one engine was asked and did, and what it is priced at."""
+
+    kind: str
+    price_per_1k_queries: float | None = None  # $ per 1,000 queries sent; None = unknown
+    gpu_hour_price: float | None = None  # simulator: $ per hour of its GPUs; None = unknown
+    searches: int = 0  # requests asked of the engine (cache hits included)
+    search_calls: int = 0  # batched `search` calls
+    cache_hits: int = 0
+    queries_sent: int = 0  # requests that reached the engine itself (what a web API bills)
+    simulator_calls: int = 0  # generate calls of a simulator
+    prompt_tokens: int = 0
+    uncounted_prompts: int = 0  # string prompts without a tokenizer to count them
+    completion_tokens: int = 0
+    simulator_s: float = 0.0
+    latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+
+    def merge(self, other: EngineUsage) -> None:
+        """Adds another usage's counts (same engine: prices are kept)."""
+        for name in COUNTERS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.latency.merge(other.latency)
+
+    def query_cost(self) -> float | None:
+        """Dollars for the queries sent, or None when the price is unknown."""
+        if self.price_per_1k_queries is None:
+            return None
+        return self.queries_sent * self.price_per_1k_queries / 1000.0
+
+    def simulator_cost(self) -> float | None:
+        """Dollars of simulator GPU time, or None when no GPU-hour price is set."""
+        if self.gpu_hour_price is None:
+            return None
+        return self.simulator_s / 3600.0 * self.gpu_hour_price
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready record: counts, latency percentiles, prices and costs (None = unknown)."""
+        record: dict[str, Any] = {"kind": self.kind}
+        record.update({name: getattr(self, name) for name in COUNTERS})
+        record["prompt_tokens_complete"] = self.uncounted_prompts == 0
+        for q in PERCENTILES:
+            record[f"latency_p{q}_s"] = self.latency.percentile(q)
+        record["price_per_1k_queries"] = self.price_per_1k_queries
+        record["gpu_hour_price"] = self.gpu_hour_price
+        record["query_cost_usd"] = self.query_cost()
+        record["simulator_cost_usd"] = self.simulator_cost() if self.kind == "simulator" else 0.0
+        record["latency_buckets"] = {str(k): v for k, v in sorted(self.latency.buckets.items())}
+        return record
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any]) -> EngineUsage:
+        """Reads `to_dict`'s record back (derived fields are recomputed)."""
+        usage = cls(
+            kind=record["kind"],
+            price_per_1k_queries=record.get("price_per_1k_queries"),
+            gpu_hour_price=record.get("gpu_hour_price"),
+            latency=LatencyHistogram({int(k): int(v) for k, v in record.get("latency_buckets", {}).items()}),
+        )
+        for name in COUNTERS:
+            setattr(usage, name, type(getattr(usage, name))(record.get(name, 0)))
+        return usage
+
+    def metrics(self, name: str) -> dict[str, float]:
+        """Flat namespaced metrics (`search/<name>/...`, `simulator/<name>/...`, `cost/<name>/...`).
+
+        Unknown costs and empty percentiles are left out, never written as 0.
+        """
+        out = {
+            f"search/{name}/searches": float(self.searches),
+            f"search/{name}/cache_hits": float(self.cache_hits),
+            f"search/{name}/queries": float(self.queries_sent),
+        }
+        for q in PERCENTILES:
+            value = self.latency.percentile(q)
+            if value is not None:
+                out[f"search/{name}/latency_p{q}_s"] = value
+        if self.kind == "simulator":
+            out[f"simulator/{name}/calls"] = float(self.simulator_calls)
+            out[f"simulator/{name}/completion_tokens"] = float(self.completion_tokens)
+            out[f"simulator/{name}/seconds"] = self.simulator_s
+            if self.uncounted_prompts == 0:
+                out[f"simulator/{name}/prompt_tokens"] = float(self.prompt_tokens)
+        costs = [self.query_cost(), self.simulator_cost() if self.kind == "simulator" else 0.0]
+        if all(c is not None for c in costs):
+            out[f"cost/{name}/usd"] = float(sum(c for c in costs if c is not None))
+        return out
+
+
+COUNTERS: tuple[str, ...] = (
+    "searches",
+    "search_calls",
+    "cache_hits",
+    "queries_sent",
+    "simulator_calls",
+    "prompt_tokens",
+    "uncounted_prompts",
+    "completion_tokens",
+    "simulator_s",
+)
+"""The additive fields of `EngineUsage`."""
+
+
+class Ledger:
+    """Usage per engine name: the run's totals, and a window since the last `take_window`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.total: dict[str, EngineUsage] = {}
+        self._window: dict[str, EngineUsage] = {}
+
+    def register(self, name: str, kind: str, *, price_per_1k_queries: float | None, gpu_hour_price: float | None) -> None:
+        """Declares an engine and its prices (before anything is recorded for it)."""
+        with self._lock:
+            for book in (self.total, self._window):
+                book[name] = EngineUsage(kind, price_per_1k_queries, gpu_hour_price)
+
+    def record(self, name: str, *, latency_s: float | None = None, **counts: float) -> None:
+        """Adds `counts` (fields of `COUNTERS`) and a latency to engine `name`."""
+        with self._lock:
+            for book in (self.total, self._window):
+                usage = book[name]
+                for key, value in counts.items():
+                    setattr(usage, key, getattr(usage, key) + value)
+                if latency_s is not None:
+                    usage.latency.add(latency_s)
+
+    def take_window(self) -> dict[str, EngineUsage]:
+        """The usage since the previous call (per step), and a fresh window."""
+        with self._lock:
+            window = self._window
+            self._window = {name: EngineUsage(u.kind, u.price_per_1k_queries, u.gpu_hour_price) for name, u in window.items()}
+            return window
+
+    def step_metrics(self) -> dict[str, float]:
+        """`take_window` as flat metrics for `metrics.jsonl`."""
+        out: dict[str, float] = {}
+        for name, usage in self.take_window().items():
+            out.update(usage.metrics(name))
+        return out
+
+
+class SentCounter:
+    """A `SearchEngine` in front of the engine itself that counts the queries it is sent."""
+
+    def __init__(self, engine: SearchEngine, ledger: Ledger, name: str) -> None:
+        self.engine, self.ledger, self.name = engine, ledger, name
+
+    def search(self, requests: list[SearchRequest]) -> list[list[Document]]:
+        results = self.engine.search(requests)
+        self.ledger.record(self.name, queries_sent=len(requests))
+        return results
+
+
+class MeteredSearchEngine:
+    """The outermost `SearchEngine` layer: searches asked, call latency, cache hits.
+
+    Args:
+        engine: the engine as the run uses it (maybe a `CachedSearchEngine`).
+        ledger: where the counts go.
+        name: the engine's name in the ledger.
+        cache: the cache directly behind, whose `hits` counter is read around each call.
+    """
+
+    def __init__(self, engine: SearchEngine, ledger: Ledger, name: str, *, cache: Any = None) -> None:
+        self.engine, self.ledger, self.name, self.cache = engine, ledger, name, cache
+
+    def search(self, requests: list[SearchRequest]) -> list[list[Document]]:
+        hits_before = self.cache.hits if self.cache is not None else 0
+        began = time.perf_counter()
+        results = self.engine.search(requests)
+        latency = time.perf_counter() - began
+        hits = self.cache.hits - hits_before if self.cache is not None else 0
+        self.ledger.record(self.name, latency_s=latency, searches=len(requests), search_calls=1, cache_hits=hits)
+        return results
+
+
+class MeteredGenerator:
+    """A `GenerationEngine` that counts a simulator's calls, tokens and seconds.
+
+    Prompt tokens: token-id prompts are counted as they are; string prompts through `tokenizer`
+    when one is given, else they are counted in `uncounted_prompts` (the total is then
+    incomplete and shown as unknown). Completion tokens are the completions' `token_ids`.
+    """
+
+    def __init__(self, generator: GenerationEngine, ledger: Ledger, name: str, *, tokenizer: Any = None) -> None:
+        self.generator, self.ledger, self.name, self.tokenizer = generator, ledger, name, tokenizer
+
+    def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams) -> list[Completion]:
+        began = time.perf_counter()
+        completions = self.generator.generate(prompts, params)
+        seconds = time.perf_counter() - began
+        prompt_tokens, uncounted = 0, 0
+        for prompt in prompts:
+            if not isinstance(prompt, str):
+                prompt_tokens += len(prompt)
+            elif self.tokenizer is not None:
+                prompt_tokens += len(self.tokenizer.encode(prompt, add_special_tokens=False))
+            else:
+                uncounted += 1
+        self.ledger.record(
+            self.name,
+            simulator_calls=1,
+            prompt_tokens=prompt_tokens,  # n samples of a prompt share its prefill
+            uncounted_prompts=uncounted,
+            completion_tokens=sum(len(c.token_ids) for c in completions),
+            simulator_s=seconds,
+        )
+        return completions
+
+
+# --------------------------------------------------------------------------- run-directory totals
+
+COST_FILE = "cost.json"
+
+
+def merged_totals(previous: Mapping[str, Any] | None, ledger: Ledger) -> dict[str, EngineUsage]:
+    """This invocation's totals added to those a previous invocation left in `cost.json`.
+
+    A resumed run paid for its earlier invocations too, so they are summed; prices are this
+    invocation's.
+    """
+    totals = {name: EngineUsage(u.kind, u.price_per_1k_queries, u.gpu_hour_price) for name, u in ledger.total.items()}
+    for name, usage in ledger.total.items():
+        totals[name].merge(usage)
+    for name, record in ((previous or {}).get("engines") or {}).items():
+        if name in totals:
+            totals[name].merge(EngineUsage.from_dict(record))
+        else:
+            totals[name] = EngineUsage.from_dict(record)
+    return totals
+
+
+def cost_record(totals: Mapping[str, EngineUsage]) -> dict[str, Any]:
+    """`cost.json`'s content: per engine `EngineUsage.to_dict`."""
+    return {"engines": {name: usage.to_dict() for name, usage in totals.items()}}
+
+
+def money(value: float | None) -> str:
+    """Dollars for a report: "unknown" when no price was set, never "$0" for that."""
+    if value is None:
+        return "unknown"
+    return f"${value:,.2f}" if value >= 0.01 or value == 0 else f"${value:.4f}"
+
+
+def simulator_line(totals: Mapping[str, EngineUsage]) -> str:
+    """A train run's summary of simulated search: how many searches, and what the web would charge.
+
+    "searches served by the simulator: N, an estimated $X at <engine>'s price" for every web
+    kind whose default price is known, and the simulator's own cost (unknown unless its
+    `gpu_hour_price` is set). Empty when no simulator served searches.
+    """
+    sims = [u for u in totals.values() if u.kind == "simulator"]
+    if not sims:
+        return ""
+    served = sum(u.searches for u in sims)
+    parts = [f"searches served by the simulator: {served:,}"]
+    for kind in ("serpapi", "serper"):
+        price = default_query_price(kind)
+        if price is not None:
+            parts.append(f"an estimated {money(served * price / 1000.0)} at {kind}'s price (${price:g} / 1,000)")
+        else:
+            parts.append(f"{kind}'s price unknown")
+    own = [u.simulator_cost() for u in sims]
+    seconds = sum(u.simulator_s for u in sims)
+    own_cost = None if any(c is None for c in own) else sum(c for c in own if c is not None)
+    parts.append(f"the simulator's own cost: {money(own_cost)} ({seconds / 3600.0:.3f} h of generation)")
+    return "; ".join(parts)
