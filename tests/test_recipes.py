@@ -1,5 +1,7 @@
 """Every shipped recipe parses onto its command's schema."""
 
+import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,8 @@ from simsearch.config import (
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").rglob("*.yaml"))
+EVAL_RECIPES = [path for path in RECIPES if path.parent.name == "eval"]
+RECIPE_PATH = re.compile(r"recipes/[\w/.-]+\.yaml")
 
 
 def schema_for(path: Path) -> type:
@@ -43,3 +47,27 @@ def test_recipe_parses(path: Path) -> None:
     assert path.read_text().startswith("#"), "a recipe opens with the command that runs it"
     recipe = load_recipe(schema_for(path), path)
     assert recipe is not None
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_recipe_comments_name_itself_and_existing_recipes(path: Path) -> None:
+    # The opening command runs this very file, and every recipe a comment points to (e.g. a train
+    # recipe's eval command) ships with it.
+    text = path.read_text()
+    own = str(path.relative_to(ROOT))
+    assert own in text.splitlines()[0], f"{own}: the first line must run {own}"
+    missing = [name for name in RECIPE_PATH.findall(text) if not (ROOT / name).is_file()]
+    assert not missing, f"{own} names recipes that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("path", EVAL_RECIPES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_eval_recipe_passes_the_checks_made_before_any_work(path: Path) -> None:
+    # plan_methods refuses rows that could never call their engine (e.g. a self-search policy with
+    # max_turns=0 on a real engine); a shipped recipe must get past it.
+    from simsearch.commands.evaluate import plan_methods
+
+    recipe = load_recipe(EvalRecipe, path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. a paid web engine without a cache
+        methods = plan_methods(recipe)
+    assert [m.name for m in methods if m.name not in ("direct", "rag")] == list(recipe.engines)
