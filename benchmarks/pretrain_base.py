@@ -1,10 +1,10 @@
 """Pretrain the quickstart's tiny base model and measure what RL will start from.
 
-    /work/venv/bin/python benchmarks/pretrain_base.py            # the quickstart settings
-    /work/venv/bin/python benchmarks/pretrain_base.py --steps 800 --lr 2e-3   # tuning
+    python benchmarks/pretrain_base.py                         # the quickstart settings
+    python benchmarks/pretrain_base.py --steps 800 --lr 2e-3   # tuning
 
 Builds the tiny world (seed 0), a 1000-token byte-level BPE, the 0.92M-parameter Qwen2 of the
-feasibility run (hidden 128, 4 layers, 4 heads / 2 KV heads, FFN 384, tied), pretrains it on
+quickstart's base policy (hidden 128, 4 layers, 4 heads / 2 KV heads, FFN 384, tied), pretrains it on
 `policy.pretrain.make_traces` traces, then rolls it out with `policy.rollout` on the held-out
 questions against real BM25 (top 3, one search then the answer, as in RL): greedy exact match,
 and the success rate when sampling at temperature 1 in groups of 16 (RL needs most groups to

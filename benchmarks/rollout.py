@@ -1,15 +1,15 @@
 """Rollout throughput with and without prefix reuse: trajectories/s of a 2-turn rollout, split
 into generation, search and assembly.
 
-Run:  /work/venv/bin/python benchmarks/rollout.py [--questions 4] [--group-size 16] [--repeats 5]
+Run:  python benchmarks/rollout.py [--questions 4] [--group-size 16] [--repeats 5]
           [--threads 1]
-      /work/venv/bin/python benchmarks/rollout.py --model runs/base   # a model saved by
-                                                # benchmarks/pretrain_base.py --save runs/base
+      python benchmarks/rollout.py --model runs/base   # a model saved by
+                                                       # benchmarks/pretrain_base.py --save runs/base
 
 Setup (seed 0): the tiny world (`data.tinyworld`, 940 passages), real BM25 over it
 (`retrieval.bm25`, top 3), a 1000-token byte-level BPE and the 0.92M-parameter Qwen2 of the
-feasibility run (`models.build_tiny_model`). So that the policy actually searches and answers, it
-is first pretrained briefly on the tag format (`policy.pretrain`, 40 steps x 16 traces by
+quickstart's base policy (`models.build_tiny_model`). So that the policy actually searches and
+answers, it is first pretrained briefly on the tag format (`policy.pretrain`, 40 steps x 16 traces by
 default: enough to search on most trajectories, not to answer well; `--pretrain-steps 0` keeps
 the random weights, which never search), unless `--model` loads a saved one. `--threads` sets
 torch's thread count (0 = torch's default); on a loaded machine 1 thread can be much faster.

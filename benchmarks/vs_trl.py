@@ -1,13 +1,13 @@
 """Seconds per GRPO step: simsearch's trainer against TRL's GRPOTrainer, on the same job.
 
-Run:  /work/venv/bin/python benchmarks/vs_trl.py [--steps 6] [--prompts 8] [--group 8]
+Run:  python benchmarks/vs_trl.py [--steps 6] [--prompts 8] [--group 8]
           [--new-tokens 32] [--threads 2]
 Needs TRL, which simsearch does not depend on: `pip install trl` (measured with trl 1.16.0).
 
 The job, identical on both sides, in one process and one run:
 
-- a tiny Qwen2 (hidden 128, 4 layers, the 0.92M-parameter size of TINYWORLD-NOTES) with random
-  weights, saved once and loaded by both trainers from the same directory;
+- a tiny Qwen2 (hidden 128, 4 layers, the 0.92M-parameter size of the quickstart's base policy)
+  with random weights, saved once and loaded by both trainers from the same directory;
 - single-turn GRPO: `--prompts` questions per step rendered with Search-R1's prompt, `--group`
   samples each at temperature 1, at most `--new-tokens` new tokens; simsearch with
   `rollout.max_turns=0` (one generation, no search), TRL with `max_completion_length`;
