@@ -450,11 +450,16 @@ class TrainRecipe:
     resume: bool = True  # continue from the run directory's last checkpoint if there is one
     tensorboard: bool = True
     wandb_project: str = ""  # log to Weights & Biases too (needs [wandb])
+    trajectory_samples: int = 4  # trajectories per sampled step written to trajectories.jsonl (0 = none)
+    trajectory_every: int = 10  # steps between samples (and always the first and last step)
 
     def check(self, key: str) -> None:
         self.policy.check("policy")
         self.sampling.check("sampling")
         self.search.check("search")
+        if self.trajectory_samples < 0:
+            raise RecipeError(f"trajectory_samples={self.trajectory_samples} must be >= 0 (0 = none)")
+        _check_positive("trajectory_every", self.trajectory_every)
         if self.val_search is not None:
             self.val_search.check("val_search")
         self.curriculum.check("curriculum")

@@ -2,6 +2,9 @@
 
 Keys are flat and namespaced (`reward/mean`, `losses/policy`, `curriculum/p_noise`). On resume
 the JSONL is cut back to the resumed step, so curves never hold a step twice.
+
+A training run also appends sampled trajectories, one JSON object per line with its `step`, to
+`trajectories.jsonl` (`log_trajectories`; `simsearch view` reads them), cut back on resume too.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 METRICS_FILE = "metrics.jsonl"
+TRAJECTORIES_FILE = "trajectories.jsonl"
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
@@ -40,6 +44,11 @@ class RunLogger:
         self.path = self.run_dir / METRICS_FILE
         kept = [row for row in read_metrics(self.run_dir) if row.get("step", 0) <= resume_step]
         self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+        self.trajectories_path = self.run_dir / TRAJECTORIES_FILE
+        if self.trajectories_path.is_file():
+            lines = self.trajectories_path.read_text(encoding="utf-8").splitlines()
+            kept_lines = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            self.trajectories_path.write_text("".join(line + "\n" for line in kept_lines), encoding="utf-8")
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -63,6 +72,14 @@ class RunLogger:
                 self._tb.add_scalar(key, float(value), step)
         if self._wandb is not None:
             self._wandb.log(dict(metrics), step=step)
+
+    def log_trajectories(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """Appends sampled trajectories of `step` (JSON objects) to `trajectories.jsonl`, in one write."""
+        if not rows:
+            return
+        lines = [json.dumps({"step": step, **row}, ensure_ascii=False) + "\n" for row in rows]
+        with self.trajectories_path.open("a", encoding="utf-8") as handle:
+            handle.write("".join(lines))
 
     def close(self) -> None:
         """Flush and close the writers."""

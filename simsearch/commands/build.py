@@ -74,6 +74,10 @@ def build_generation_engine(
     return engine, engine.tokenizer, None
 
 
+PRICE_FIELDS = ("price_per_1k_queries", "gpu_hour_price")
+"""SearchConfig fields that price an engine: they never change its answers."""
+
+
 def search_fingerprint(cfg: SearchConfig) -> str:
     """A stable identity of what shapes an engine's answers, used as the cache namespace.
 
@@ -83,8 +87,7 @@ def search_fingerprint(cfg: SearchConfig) -> str:
     results are never read back as this one's.
     """
     fields = asdict(cfg)
-    volatile_fields = ("cache", "timeout_s", "max_retries", "backoff_s", "api_key_env", "price_per_1k_queries", "gpu_hour_price")
-    for volatile in volatile_fields:
+    for volatile in ("cache", "timeout_s", "max_retries", "backoff_s", "api_key_env", *PRICE_FIELDS):
         fields.pop(volatile)
     if cfg.kind != "simulator":
         fields.pop("simulator")
@@ -109,7 +112,9 @@ def build_search_engine(cfg: SearchConfig, *, seed: int = 0) -> SearchEngine | N
     return CachedSearchEngine(engine, cfg.cache, namespace=search_fingerprint(cfg))
 
 
-def meter_search_engine(engine: SearchEngine | None, cfg: SearchConfig, ledger: Ledger, name: str) -> SearchEngine | None:
+def meter_search_engine(
+    engine: SearchEngine | None, cfg: SearchConfig, ledger: Ledger, name: str
+) -> SearchEngine | None:
     """Puts the accounting wrappers of `retrieval.accounting` around a built engine.
 
     The outer `MeteredSearchEngine` counts searches, latency and cache hits; a `SentCounter`

@@ -28,7 +28,9 @@ Run directory: `recipe.yaml`; `command.txt` (each invocation's command line, app
 pass@n `scores`, and per sample the answer, response, turns with queries and documents, and the
 counts the summary averages; `rag` rows add the `retrieval`); `summary.json`, `summary.csv`,
 `table.md`, `bars.png`; `curves.png` when `training_run` is set; `fidelity.json` when the engines
-hold a simulator and a real retriever.
+hold a simulator and a real retriever; `metrics.jsonl`, one row of search counts, latency and
+cost per engine per chunk (`retrieval.accounting`), and `cost.json`, their totals over every
+invocation (the table's cost section). `simsearch view RUN_DIR` shows the per-example rows.
 
 Simulator fidelity (`simulator.fidelity.measure_fidelity`): for each simulator engine and each real
 retriever among the engines, per dataset, the first `fidelity_size` questions with the first query
@@ -73,7 +75,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from simsearch.commands.build import build_generation_engine, build_search_engine, search_fingerprint
+from simsearch.commands.build import (
+    build_generation_engine,
+    build_search_engine,
+    meter_search_engine,
+    search_fingerprint,
+    unmetered,
+)
 from simsearch.config import EvalDataset, EvalRecipe, RecipeError, SearchConfig, save_recipe
 from simsearch.curriculum.schedules import num_noisy
 from simsearch.data.qa import load_qa
@@ -85,7 +93,9 @@ from simsearch.eval.metrics import extract_answer
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories
 from simsearch.policy.tags import ANSWER_STOP, parse_action
 from simsearch.retrieval.base import SearchEngine
-from simsearch.runlog import METRICS_FILE, read_metrics
+from simsearch.retrieval import accounting
+from simsearch.retrieval.accounting import Ledger
+from simsearch.runlog import METRICS_FILE, RunLogger, read_metrics
 from simsearch.simulator.fidelity import FidelityExample, measure_fidelity
 from simsearch.types import Completion, Document, QAExample, SamplingParams, SearchRequest, Turn
 
@@ -124,7 +134,15 @@ def main(recipe: EvalRecipe) -> dict[str, Any]:
     save_recipe(recipe, run_dir)
     _record_command(run_dir)
     policy, tokenizer, _ = build_generation_engine(recipe.policy)
-    engines = {name: build_search_engine(cfg, seed=recipe.seed) for name, cfg in recipe.engines.items()}
+    ledger, previous_cost = Ledger(), accounting.read_cost(run_dir)
+    engines = {
+        name: meter_search_engine(build_search_engine(cfg, seed=recipe.seed), cfg, ledger, name)
+        for name, cfg in recipe.engines.items()
+    }
+    # One metrics row per chunk, numbered on from the rows earlier invocations wrote.
+    logged = read_metrics(run_dir)
+    chunk_step = int(logged[-1]["step"]) if logged else 0
+    logger = RunLogger(run_dir, resume_step=chunk_step, tensorboard=False)
     sampling = SamplingParams(
         temperature=recipe.sampling.temperature,
         top_p=recipe.sampling.top_p,
@@ -146,16 +164,24 @@ def main(recipe: EvalRecipe) -> dict[str, Any]:
                 started = time.perf_counter()
                 rows = _run_chunk(method, todo, recipe, policy, tokenizer, engines, sampling, seed)
                 report.append_rows(path, rows, wall_s=time.perf_counter() - started, fingerprint=method.fingerprint)
+                chunk_step += 1
+                logger.log(chunk_step, ledger.step_metrics())
+                accounting.write_cost(run_dir, previous_cost, ledger.total)
             print(
                 f"simsearch eval: {method.name} / {dataset}: {len(examples)} questions "
                 f"({resumed} resumed) in {time.perf_counter() - began:.1f} s",
                 flush=True,
             )
 
-    fidelity = fidelity_section(recipe, engines, datasets, run_dir)
+    # Fidelity inspects the simulator's type for its parse statistics; the inner counters still
+    # count its queries and tokens.
+    fidelity = fidelity_section(recipe, {name: unmetered(e) for name, e in engines.items()}, datasets, run_dir)
 
     # ------------------------------------------------------------------ cleanup: reports
+    logger.close()
+    cost = accounting.write_cost(run_dir, previous_cost, ledger.total)
     summary = build_summary(recipe, methods, datasets, run_dir, fidelity)
+    summary["cost"] = accounting.cost_record(cost)["engines"]
     report.write_json(summary, run_dir / "summary.json")
     report.write_csv(summary, run_dir / "summary.csv")
     report.write_markdown(summary, run_dir / "table.md")

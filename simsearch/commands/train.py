@@ -21,7 +21,10 @@ Launch:
     torchrun --nproc_per_node 2 -m simsearch.cli train RECIPE deepspeed.stage=3
     deepspeed --num_gpus 8 --no_local_rank --module simsearch.cli train RECIPE
 
-Run directory: `recipe.yaml`, `metrics.jsonl` (+ `tensorboard/`), `checkpoints/step_N/`
+Run directory: `recipe.yaml`, `metrics.jsonl` (+ `tensorboard/`; search counts, latency and cost
+per engine under `search/`, `simulator/`, `cost/`), `cost.json` (their totals over every
+invocation), `trajectories.jsonl` (`trajectory_samples` trajectories every `trajectory_every`
+steps, for `simsearch view`), `checkpoints/step_N/`
 (`model/` in Hugging Face format — full weights, or the LoRA adapter — and `trainer_state.pt`:
 optimizer, scheduler, curriculum, data position, RNG, critic), and with DeepSpeed
 `deepspeed/step_N/` (its partitioned states, referenced from the checkpoint).
@@ -90,7 +93,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from simsearch.checkpoint import checkpoint_dir, latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
-from simsearch.commands.build import build_generation_engine, build_search_engine
+from simsearch.commands.build import build_generation_engine, build_search_engine, meter_search_engine
 from simsearch.config import RecipeError, SearchConfig, TrainRecipe, save_recipe
 from simsearch.curriculum.schedules import build as build_schedule
 from simsearch.curriculum.schedules import num_noisy
@@ -135,8 +138,11 @@ from simsearch.policy.batch import (
 from simsearch.policy.losses import value_loss
 from simsearch.policy.offpolicy import truncated_is_weights
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories, score_trajectories
+from simsearch.eval import report
+from simsearch.retrieval import accounting
+from simsearch.retrieval.accounting import COUNTERS, EngineUsage, Ledger
 from simsearch.runlog import RunLogger, read_metrics
-from simsearch.types import SamplingParams
+from simsearch.types import SamplingParams, Trajectory
 
 VAL_REWARDS = {"em": 1.0, "f1": 1.0, "substring_em": 1.0}
 
@@ -308,10 +314,15 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
                     targets[name].copy_(param.data)
 
     sync_rollout_weights()  # a resumed DeepSpeed run restored its weights after the copy was taken
+    ledger, previous_cost = Ledger(), accounting.read_cost(run_dir) if rank == 0 else None
     search = build_search_engine(recipe.search, seed=recipe.seed + rank)
+    search = meter_search_engine(search, recipe.search, ledger, "search")
     validating = bool(recipe.eval_every and val_data)
     val_cfg = recipe.val_search or recipe.search
-    val_search = build_search_engine(val_cfg, seed=recipe.seed) if validating and recipe.val_search else search
+    val_search = search
+    if validating and recipe.val_search:
+        val_search = meter_search_engine(build_search_engine(val_cfg, seed=recipe.seed), val_cfg, ledger, "val_search")
+    run_usage: dict[str, EngineUsage] = {}  # summed over processes, step by step
     settings, val_settings = _rollout_settings(recipe, recipe.search), _rollout_settings(recipe, val_cfg)
 
     schedule = build_schedule(recipe.curriculum, recipe.steps)
@@ -581,8 +592,12 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
             done = step + 1
             if validating and (done % recipe.eval_every == 0 or done == recipe.steps):
                 metrics.update(validate())
+            metrics.update(_search_usage(ledger, run_usage, world))
             if logger is not None:
                 logger.log(done, metrics)
+                if recipe.trajectory_samples and (step % recipe.trajectory_every == 0 or done == recipe.steps):
+                    logger.log_trajectories(done, _trajectory_rows(result.trajectories, scored.total, p_noise, recipe))
+                accounting.write_cost(run_dir, previous_cost, run_usage)
                 progress.set_postfix(
                     reward=f"{metrics['reward/mean']:.3f}", p_noise=f"{p_noise:.2f}",
                     kl=f"{metrics.get('losses/kl', 0.0):.4f}", s=f"{step_s:.1f}",
@@ -607,6 +622,10 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
     if not metrics and rank == 0:  # a finished run resumed: report what it logged last
         rows = read_metrics(run_dir)
         metrics = {k: v for k, v in rows[-1].items() if k != "step"} if rows else {}
+    if rank == 0:
+        line = accounting.simulator_line(accounting.merged_totals(previous_cost, run_usage))
+        if line:
+            print(f"simsearch train: {line}", flush=True)
     return metrics
 
 
@@ -621,6 +640,61 @@ def _rollout_settings(recipe: TrainRecipe, search: SearchConfig) -> RolloutSetti
         rendering=search.rendering,  # type: ignore[arg-type]
         self_search_real_share=rollout.self_search_real_share,
     )
+
+
+def _search_usage(ledger: Ledger, run_usage: dict[str, EngineUsage], world: int) -> dict[str, float]:
+    """This step's search counts summed over processes (added to `run_usage`), as metrics.
+
+    Latency percentiles are this process's: histograms of different buckets are not reduced.
+    """
+    window = ledger.take_window()
+    names = sorted(window)
+    if world > 1:
+        flat = torch.tensor([float(getattr(window[n], c)) for n in names for c in COUNTERS], dtype=torch.float64)
+        summed = iter(all_reduce_sum(flat, world).tolist())
+        for name in names:
+            for counter in COUNTERS:
+                value = next(summed)
+                setattr(window[name], counter, value if counter == "simulator_s" else round(value))
+    out: dict[str, float] = {}
+    for name in names:
+        out.update(window[name].metrics(name))
+        usage = window[name]
+        run_usage.setdefault(name, EngineUsage(usage.kind, usage.price_per_1k_queries, usage.gpu_hour_price))
+        run_usage[name].merge(usage)
+    return out
+
+
+def _trajectory_rows(
+    trajectories: list[Trajectory], rewards: list[float], p_noise: float, recipe: TrainRecipe
+) -> list[dict[str, Any]]:
+    """The first `trajectory_samples` trajectories of this process's step, group by group.
+
+    Rows hold the question, gold answers, group and sample index, reward, p_noise, and what
+    `eval.report.trajectory_sample` keeps of an evaluation sample (turns with queries and
+    documents, answer), with the answer's scores under the recipe's reward normalization.
+    """
+    rows = []
+    for index, trajectory in enumerate(trajectories[: recipe.trajectory_samples]):
+        example = trajectory.example
+        sample = report.trajectory_sample(trajectory)
+        sample["scores"] = report.score_answer(
+            trajectory.answer, example.golden_answers, normalization=recipe.reward.normalization
+        )
+        rows.append(
+            {
+                "id": example.id,
+                "question": example.question,
+                "golden_answers": list(example.golden_answers),
+                "data_source": example.data_source,
+                "group": trajectory.prompt_id,
+                "sample": index % recipe.rollout.group_size,
+                "reward": float(rewards[index]),
+                "p_noise": p_noise,
+                **sample,
+            }
+        )
+    return rows
 
 
 def _derived_seed(seed: int, purpose: str, step: int, rank: int) -> int:

@@ -16,7 +16,8 @@ The summary dict (`summary.json`) is:
      "normalization": a name of `simsearch.eval.metrics.NORMALIZATIONS`,
      "rows": {row: {"kind": ..., "search": ..., "top_k": ..., "results": {dataset: metrics},
                     "average": metrics}},
-     "fidelity": [{"simulator", "reference", "dataset", "fidelity/...": value, ...}, ...]}
+     "fidelity": [{"simulator", "reference", "dataset", "fidelity/...": value, ...}, ...],
+     "cost": {engine: a `cost.json` record of `simsearch.retrieval.accounting`}}  (optional)
 
 with `metrics` as `summarize` returns. Tables follow the ZeroSearch / Search-R1 papers: one row
 per method (baseline or engine), the datasets as columns, then the average.
@@ -394,8 +395,54 @@ def fidelity_table(entries: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _count(value: float | None, fmt: str = "{:,.0f}") -> str:
+    return "unknown" if value is None else fmt.format(value)
+
+
+def _dollars(value: float | None) -> str:
+    # A price never set is unknown, not free.
+    if value is None:
+        return "unknown"
+    return f"${value:,.2f}" if value >= 0.01 or value == 0 else f"${value:.4f}"
+
+
+def cost_table(cost: Mapping[str, Mapping[str, Any]]) -> str:
+    """Markdown table of search cost and latency, one line per engine (`cost.json`'s records).
+
+    Latencies are per `search` call (a batch) in milliseconds; prompt tokens show "unknown"
+    when some prompts could not be counted; a cost whose price was never set shows "unknown".
+    """
+    lines = [
+        "| Engine | kind | searches | cache hits | queries sent | p50 ms | p95 ms | p99 ms | simulator calls | "
+        "prompt tokens | completion tokens | simulator s | $ / 1k queries | query cost | simulator cost |",
+        "|---|---|" + "---:|" * 13,
+    ]
+    for name, usage in cost.items():
+        latencies = [
+            _count(None if usage.get(f"latency_p{q}_s") is None else 1000.0 * usage[f"latency_p{q}_s"], "{:.1f}")
+            for q in (50, 95, 99)
+        ]
+        simulated = usage["kind"] == "simulator"
+        prompt = usage["prompt_tokens"] if usage.get("prompt_tokens_complete", True) else None
+        sim_cells = (
+            [_count(usage["simulator_calls"]), _count(prompt), _count(usage["completion_tokens"])]
+            + [f"{usage['simulator_s']:.1f}"]
+            if simulated
+            else [MISSING] * 4
+        )
+        counts = [f"{usage[key]:,}" for key in ("searches", "cache_hits", "queries_sent")]
+        lines.append(
+            f"| {name} | {usage['kind']} | "
+            + " | ".join(counts + latencies + sim_cells)
+            + f" | {_dollars(usage.get('price_per_1k_queries'))} | {_dollars(usage.get('query_cost_usd'))} | "
+            + f"{_dollars(usage.get('simulator_cost_usd')) if simulated else MISSING} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def markdown_report(summary: Mapping[str, Any]) -> str:
-    """The whole `table.md`: a header, one score table per metric with its protocol, behaviour, fidelity."""
+    """The whole `table.md`: a header, one score table per metric with its protocol, behaviour,
+    search cost and latency (when the summary has `cost`), fidelity."""
     n = int(summary.get("n", 1))
     at = f", pass@{n}" if n > 1 else ""
     parts = ["# Evaluation\n"]
@@ -408,6 +455,16 @@ def markdown_report(summary: Mapping[str, Any]) -> str:
         parts.append(score_table(summary, metric))
     parts.append("## Behaviour and cost (all datasets)\n")
     parts.append(behaviour_table(summary))
+    if summary.get("cost"):
+        parts.append("## Search cost and latency (all invocations of this run)\n")
+        parts.append(
+            "Counted, not estimated: searches asked, cache hits, queries that reached the engine "
+            "(what a web API bills), latency per search call, the simulator's generation. Costs "
+            "are queries sent x the price per 1,000 queries, and the simulator's generation time x "
+            "its GPU-hour price; a price never set is unknown (`price_per_1k_queries`, "
+            "`gpu_hour_price` of each engine).\n"
+        )
+        parts.append(cost_table(summary["cost"]))
     if summary.get("fidelity"):
         parts.append("## Simulator fidelity\n")
         parts.append(

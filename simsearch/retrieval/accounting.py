@@ -23,11 +23,14 @@ processes or invocations add up; a percentile is the geometric middle of its buc
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from simsearch.types import Completion, Document, SamplingParams, SearchRequest
@@ -205,7 +208,9 @@ class Ledger:
         self.total: dict[str, EngineUsage] = {}
         self._window: dict[str, EngineUsage] = {}
 
-    def register(self, name: str, kind: str, *, price_per_1k_queries: float | None, gpu_hour_price: float | None) -> None:
+    def register(
+        self, name: str, kind: str, *, price_per_1k_queries: float | None, gpu_hour_price: float | None
+    ) -> None:
         """Declares an engine and its prices (before anything is recorded for it)."""
         with self._lock:
             for book in (self.total, self._window):
@@ -225,7 +230,7 @@ class Ledger:
         """The usage since the previous call (per step), and a fresh window."""
         with self._lock:
             window = self._window
-            self._window = {name: EngineUsage(u.kind, u.price_per_1k_queries, u.gpu_hour_price) for name, u in window.items()}
+            self._window = {name: _empty_like(usage) for name, usage in window.items()}
             return window
 
     def step_metrics(self) -> dict[str, float]:
@@ -234,6 +239,10 @@ class Ledger:
         for name, usage in self.take_window().items():
             out.update(usage.metrics(name))
         return out
+
+
+def _empty_like(usage: EngineUsage) -> EngineUsage:
+    return EngineUsage(usage.kind, usage.price_per_1k_queries, usage.gpu_hour_price)
 
 
 class SentCounter:
@@ -310,14 +319,14 @@ class MeteredGenerator:
 COST_FILE = "cost.json"
 
 
-def merged_totals(previous: Mapping[str, Any] | None, ledger: Ledger) -> dict[str, EngineUsage]:
-    """This invocation's totals added to those a previous invocation left in `cost.json`.
+def merged_totals(previous: Mapping[str, Any] | None, current: Mapping[str, EngineUsage]) -> dict[str, EngineUsage]:
+    """This invocation's totals (`Ledger.total`) added to those earlier ones left in `cost.json`.
 
     A resumed run paid for its earlier invocations too, so they are summed; prices are this
     invocation's.
     """
-    totals = {name: EngineUsage(u.kind, u.price_per_1k_queries, u.gpu_hour_price) for name, u in ledger.total.items()}
-    for name, usage in ledger.total.items():
+    totals = {name: _empty_like(usage) for name, usage in current.items()}
+    for name, usage in current.items():
         totals[name].merge(usage)
     for name, record in ((previous or {}).get("engines") or {}).items():
         if name in totals:
@@ -362,3 +371,28 @@ def simulator_line(totals: Mapping[str, EngineUsage]) -> str:
     own_cost = None if any(c is None for c in own) else sum(c for c in own if c is not None)
     parts.append(f"the simulator's own cost: {money(own_cost)} ({seconds / 3600.0:.3f} h of generation)")
     return "; ".join(parts)
+
+
+def read_cost(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The `cost.json` a previous invocation left in `run_dir`, or None."""
+    path = Path(run_dir) / COST_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def write_cost(
+    run_dir: str | os.PathLike, previous: Mapping[str, Any] | None, current: Mapping[str, EngineUsage]
+) -> dict[str, EngineUsage]:
+    """Writes `cost.json`: `previous` (read when the run started) plus this invocation's totals.
+
+    Written atomically (a temporary file renamed), so a crash never leaves half a file.
+
+    Returns:
+        The merged totals per engine.
+    """
+    totals = merged_totals(previous, current)
+    path = Path(run_dir) / COST_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".json.tmp")
+    partial.write_text(json.dumps(cost_record(totals), indent=2) + "\n", encoding="utf-8")
+    os.replace(partial, path)
+    return totals

@@ -280,3 +280,31 @@ def test_eval_recipe_normalization_defaults_to_squad_and_is_checked() -> None:
     assert load_recipe(EvalRecipe, None, [*datasets, "normalization=unicode"]).normalization == "unicode"
     with pytest.raises(RecipeError, match="normalization='ascii' is not one of squad, unicode"):
         load_recipe(EvalRecipe, None, [*datasets, "normalization=ascii"])
+
+
+def test_cost_table_shows_counts_latency_and_unknown_prices():
+    cost = {
+        "sim": {
+            "kind": "simulator", "searches": 1200, "cache_hits": 200, "queries_sent": 1000,
+            "latency_p50_s": 0.25, "latency_p95_s": 0.5, "latency_p99_s": 1.0,
+            "simulator_calls": 40, "prompt_tokens": 9000, "prompt_tokens_complete": True,
+            "completion_tokens": 30000, "simulator_s": 90.0,
+            "price_per_1k_queries": 0.0, "query_cost_usd": 0.0, "simulator_cost_usd": None,
+        },
+        "google": {
+            "kind": "serper", "searches": 10, "cache_hits": 0, "queries_sent": 10,
+            "latency_p50_s": None, "latency_p95_s": None, "latency_p99_s": None,
+            "simulator_calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "simulator_s": 0.0,
+            "price_per_1k_queries": None, "query_cost_usd": None, "simulator_cost_usd": 0.0,
+        },
+    }  # fmt: skip
+    lines = report.cost_table(cost).splitlines()
+    assert lines[2] == (
+        "| sim | simulator | 1,200 | 200 | 1,000 | 250.0 | 500.0 | 1000.0 | 40 | 9,000 | 30,000 | 90.0 "
+        "| $0.00 | $0.00 | unknown |"
+    )
+    assert lines[3] == (
+        "| google | serper | 10 | 0 | 10 | unknown | unknown | unknown | – | – | – | – | unknown | unknown | – |"
+    )
+    summary = {"datasets": ["nq"], "rows": {}, "normalization": "squad", "cost": cost}
+    assert "## Search cost and latency" in report.markdown_report(summary)

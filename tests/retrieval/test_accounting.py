@@ -54,9 +54,8 @@ def test_simulator_tokens_seconds_and_noisy_flags():
     sim = SimulatedSearchEngine(ScriptedGenerator(), preset="simsearch", seed=0)
     ledger = Ledger()
     engine = meter_search_engine(sim, SearchConfig(kind="simulator", gpu_hour_price=3.6), ledger, "sim")
-    results = engine.search(
-        [SearchRequest("q1", top_k=3, question="Q?", num_noisy=0), SearchRequest("q2", top_k=3, question="Q?", num_noisy=3)]
-    )
+    requests = [SearchRequest(q, top_k=3, question="Q?", num_noisy=k) for q, k in (("q1", 0), ("q2", 3))]
+    results = engine.search(requests)
     assert [d.noisy for d in results[0]] == [False] * 3
     assert [d.noisy for d in results[1]] == [True] * 3
     usage = ledger.total["sim"]
@@ -111,7 +110,7 @@ def test_window_resets_and_totals_merge_with_a_previous_invocation(tmp_path):
     ledger.record("bm25", latency_s=0.02, searches=2, search_calls=1, queries_sent=2)
     assert ledger.step_metrics()["search/bm25/searches"] == 2.0  # the window restarted
     previous = json.loads(json.dumps(accounting.cost_record({"bm25": ledger.total["bm25"]})))
-    merged = accounting.merged_totals(previous, ledger)["bm25"]
+    merged = accounting.merged_totals(previous, ledger.total)["bm25"]
     assert (merged.searches, merged.queries_sent, merged.latency.count) == (12, 12, 4)
     assert EngineUsage.from_dict(previous["engines"]["bm25"]).searches == 6
 
