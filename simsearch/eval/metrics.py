@@ -216,7 +216,8 @@ def extract_answer(response: str) -> str | None:
     documents) and an answer tag inside them is not the policy's answer; a simulator that knows
     the gold answer could otherwise hand out reward.
 
-    "Last complete" means: the last `</answer>`, paired with the nearest `<answer>` before it;
+    "Last complete" means: the last `<answer>` that has a `</answer>` after it, paired with the
+    first such `</answer>` (as the references' non-greedy `<answer>(.*?)</answer>`, last match);
     an unclosed trailing `<answer>` is ignored. Content may span several lines.
 
     Args:
@@ -233,4 +234,6 @@ def extract_answer(response: str) -> str | None:
     open_ = text.rfind(_ANSWER_OPEN, 0, close)
     if open_ == -1:
         return None
-    return text[open_ + len(_ANSWER_OPEN) : close].strip()
+    start = open_ + len(_ANSWER_OPEN)
+    # A stray `</answer>` after the block does not extend it: `<answer> a </answer> </answer>` is "a".
+    return text[start : text.find(_ANSWER_CLOSE, start)].strip()

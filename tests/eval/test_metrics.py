@@ -146,6 +146,9 @@ def test_bare_string_gold_is_rejected(metric) -> None:
         ("<answer>a <answer>b</answer>", "b"),
         # an empty answer is an answer, and scores 0 later
         ("<answer>  </answer>", ""),
+        # a stray closer after the block does not extend it (found by the fuzz test)
+        ("<answer></answer></answer>", ""),
+        ("<answer> Paris </answer> done </answer>", "Paris"),
         # an answer tag inside retrieved documents is not the policy's answer
         (
             "<answer>Paris</answer><information>Doc 1(Title: x) <answer>Rome</answer></information>",
