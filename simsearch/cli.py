@@ -1,4 +1,5 @@
-"""`simsearch <command> RECIPE [key=value ...]`: a thin dispatcher to `simsearch.commands`.
+"""`simsearch <command> RECIPE [key=value ...]` (and `simsearch view RUN_DIR`): a thin dispatcher to
+`simsearch.commands`.
 
 Commands import their heavy dependencies (torch, transformers) only when they run, so
 `simsearch --help` answers at once.
@@ -85,6 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_recipe_args(serve)
 
+    view = sub.add_parser(
+        "view",
+        help="write a run's trajectories as one HTML page",
+        description="Writes RUN_DIR/view.html: for an eval run every question with its trajectory per "
+        "engine side by side, for a train run the sampled trajectories per step; filters by dataset "
+        "or step, engine, correct / wrong and number of searches. Self-contained: no network.",
+    )
+    view.add_argument("run_dir", help="a `simsearch eval` or `simsearch train` run directory")
+    view.add_argument("--out", default="", help="where to write the page (default RUN_DIR/view.html)")
+
     simulator = sub.add_parser("simulator", help="collect SFT data for, and fine-tune, the simulator")
     sim_sub = simulator.add_subparsers(dest="simulator_command", required=True, metavar="STEP")
     collect = sim_sub.add_parser(
@@ -132,6 +143,10 @@ def run(args: argparse.Namespace) -> None:
         from simsearch.commands import serve
 
         serve.main(recipe)
+    elif args.command == "view":
+        from simsearch.commands import view
+
+        view.main(args.run_dir, args.out)
     elif args.simulator_command == "collect":
         recipe = load_recipe(CollectRecipe, args.recipe, args.overrides)
         from simsearch.commands import simulator_collect

@@ -1,7 +1,8 @@
 """`simsearch serve RECIPE`: one configured engine behind Search-R1's `POST /retrieve`.
 
 Setup builds the engine (a retriever, the simulator, optionally behind the cache) and the app;
-the loop is uvicorn's; cleanup closes the batcher when uvicorn shuts down.
+the loop is uvicorn's; cleanup closes the batcher when uvicorn shuts down, and prints what was
+served and what it cost (`retrieval.accounting`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import warnings
 
 import uvicorn
 
-from simsearch.commands.build import build_search_engine
+from simsearch.commands.build import build_search_engine, meter_search_engine
 from simsearch.config import RecipeError, ServeRecipe
+from simsearch.retrieval.accounting import EngineUsage, Ledger, money
 from simsearch.retrieval.server import create_app
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -37,7 +39,8 @@ def main(recipe: ServeRecipe) -> None:
             + ("" if token else "; set token_env to require a bearer token"),
             stacklevel=1,
         )
-    engine = build_search_engine(recipe.search)
+    ledger = Ledger()
+    engine = meter_search_engine(build_search_engine(recipe.search), recipe.search, ledger, recipe.search.kind)
     app = create_app(
         engine,
         default_top_k=recipe.search.top_k,
@@ -49,3 +52,17 @@ def main(recipe: ServeRecipe) -> None:
     )
     print(f"simsearch serve: {recipe.search.kind} engine on http://{recipe.host}:{recipe.port}/retrieve")
     uvicorn.run(app, host=recipe.host, port=recipe.port, log_level="warning")
+    print(f"simsearch serve: {usage_line(ledger.total[recipe.search.kind])}", flush=True)
+
+
+def usage_line(usage: EngineUsage) -> str:
+    """What a serve session answered and cost, printed when it stops (a server has no run directory)."""
+    p50, p99 = usage.latency.percentile(50), usage.latency.percentile(99)
+    latency = "" if p50 is None or p99 is None else f", latency p50 {1000 * p50:.1f} ms / p99 {1000 * p99:.1f} ms"
+    line = (
+        f"{usage.searches:,} searches, {usage.cache_hits:,} cache hits, {usage.queries_sent:,} queries sent"
+        f"{latency}, query cost {money(usage.query_cost())}"
+    )
+    if usage.kind == "simulator":
+        line += f", simulator cost {money(usage.simulator_cost())} ({usage.simulator_s / 3600:.3f} h of generation)"
+    return line

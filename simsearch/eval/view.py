@@ -1,0 +1,437 @@
+"""A run's trajectories as one self-contained HTML page (`simsearch view RUN_DIR`).
+
+Reads what runs already write, and nothing else:
+
+- an eval run: `examples/{method}/{dataset}.jsonl` (`simsearch.eval.report`'s per-example rows):
+  one item per (dataset, question), one column per method (engines and baselines);
+- a train run: `trajectories.jsonl` (`simsearch.runlog`): one item per (step, question group),
+  one column per sampled rollout of the group, so queries can be compared across steps.
+
+The page holds its data as JSON inside a `<script type="application/json">` element and its own
+script and style: no network, no external scripts or fonts. The script builds the DOM with
+`textContent` only, so nothing from a trajectory is ever parsed as HTML. Filters (dataset or
+step, engine, correct / wrong, number of searches, text) and the open question live in the
+URL's fragment (`#dataset=nq&engine=bm25&correct=wrong&searches=1&item=3`), so a view can be
+linked to. "Correct" is substring EM (ZeroSearch's "EM") of the row's pass@n score, or of the
+sample's score for a training rollout. Documents the simulator was asked to make noisy carry
+`noisy` (`types.Document`) and are marked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from simsearch.errors import DataError
+from simsearch.eval.report import read_rows
+
+EXAMPLES_DIR = "examples"
+TRAJECTORIES_FILE = "trajectories.jsonl"
+PAGE_FILE = "view.html"
+CORRECT_METRIC = "substring_em"
+
+
+def _sample(sample: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a sample the page shows."""
+    return {
+        "answer": sample.get("answer"),
+        "finish": sample.get("finish", ""),
+        "num_searches": int(sample.get("num_searches", 0)),
+        "scores": dict(sample.get("scores", {})),
+        "reward": sample.get("reward"),
+        "turns": [
+            {
+                "text": turn.get("text", ""),
+                "action": turn.get("action", ""),
+                "query": turn.get("query", ""),
+                "executed": bool(turn.get("executed", False)),
+                "num_noisy": int(turn.get("num_noisy", 0)),
+                "documents": [
+                    {
+                        "title": doc.get("title", ""),
+                        "text": doc.get("text", ""),
+                        "source": doc.get("source", ""),
+                        "noisy": bool(doc.get("noisy", False)),
+                        "score": doc.get("score"),
+                    }
+                    for doc in turn.get("documents", [])
+                ],
+            }
+            for turn in sample.get("turns", [])
+        ],
+    }
+
+
+def eval_page_data(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The page data of an eval run: one item per (dataset, question), one column per method.
+
+    Methods keep the order of the recipe's engines when `summary.json` is there (baselines
+    first), else alphabetical; questions keep their file order.
+
+    Raises:
+        DataError: no per-example rows under `examples/`.
+    """
+    root = Path(run_dir) / EXAMPLES_DIR
+    methods = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    summary_path = Path(run_dir) / "summary.json"
+    if summary_path.is_file():
+        ordered = list(json.loads(summary_path.read_text(encoding="utf-8")).get("rows", {}))
+        methods = [m for m in ordered if m in methods] + [m for m in methods if m not in ordered]
+    items: dict[tuple[str, str], dict[str, Any]] = {}
+    for method in methods:
+        for path in sorted((root / method).glob("*.jsonl")):
+            dataset = path.stem
+            for row in read_rows(path):
+                item = items.setdefault(
+                    (dataset, str(row["id"])),
+                    {
+                        "dataset": dataset,
+                        "id": str(row["id"]),
+                        "question": row["question"],
+                        "golds": list(row["golden_answers"]),
+                        "runs": {},
+                    },
+                )
+                samples = [_sample(s) for s in row["samples"]]
+                if "retrieval" in row and samples:  # RAG: its one retrieval, shown as a search turn
+                    retrieval = _sample({"turns": [{**row["retrieval"], "action": "search", "executed": True}]})
+                    samples[0]["turns"] = retrieval["turns"] + samples[0]["turns"]
+                item["runs"][method] = {"scores": dict(row["scores"]), "samples": samples}
+    if not items:
+        raise DataError(f"{root}: no per-example rows; run `simsearch eval` with this run_dir first")
+    title = f"Evaluation: {Path(run_dir).name}"
+    return {"kind": "eval", "title": title, "columns": methods, "items": list(items.values())}
+
+
+def train_page_data(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The page data of a train run: one item per (step, question group), one column per rollout.
+
+    Raises:
+        DataError: no `trajectories.jsonl` rows.
+    """
+    rows = read_rows(Path(run_dir) / TRAJECTORIES_FILE)
+    if not rows:
+        raise DataError(
+            f"{Path(run_dir) / TRAJECTORIES_FILE}: no sampled trajectories; train with trajectory_samples > 0"
+        )
+    items: dict[tuple[int, int, str], dict[str, Any]] = {}
+    columns: list[str] = []
+    for row in rows:
+        step = int(row["step"])
+        key = (step, int(row.get("group", 0)), str(row["id"]))
+        item = items.setdefault(
+            key,
+            {
+                "dataset": f"step {step}",
+                "id": str(row["id"]),
+                "question": row["question"],
+                "golds": list(row["golden_answers"]),
+                "note": f"p_noise {row['p_noise']:.3f}" if "p_noise" in row else "",
+                "runs": {},
+            },
+        )
+        column = f"rollout {int(row.get('sample', len(item['runs']))) + 1}"
+        if column not in columns:
+            columns.append(column)
+        sample = _sample(row)
+        item["runs"][column] = {"scores": sample["scores"], "samples": [sample]}
+    columns.sort(key=lambda c: int(c.split()[-1]))
+    ordered = [items[k] for k in sorted(items)]
+    return {"kind": "train", "title": f"Training: {Path(run_dir).name}", "columns": columns, "items": ordered}
+
+
+def page_data(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """`eval_page_data` when the run has `examples/`, else `train_page_data`."""
+    if (Path(run_dir) / EXAMPLES_DIR).is_dir():
+        return eval_page_data(run_dir)
+    return train_page_data(run_dir)
+
+
+def _json_for_script(data: Any) -> str:
+    # Inside <script>, "</" could close the element and "<!--" open a comment: escape "<".
+    return json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")
+
+
+def render_page(data: Mapping[str, Any]) -> str:
+    """The whole HTML page for `page_data`'s result."""
+    title = str(data["title"]).replace("&", "&amp;").replace("<", "&lt;")
+    return (
+        PAGE_TEMPLATE.replace("__TITLE__", title)
+        .replace("__STYLE__", STYLE)
+        .replace("__DATA__", _json_for_script(data))
+        .replace("__SCRIPT__", SCRIPT)
+    )
+
+
+def write_page(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
+    """Writes the run's page (default `RUN_DIR/view.html`) and returns its path."""
+    path = Path(out) if out else Path(run_dir) / PAGE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_page(page_data(run_dir)), encoding="utf-8")
+    return path
+
+
+PAGE_TEMPLATE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>__TITLE__</title>
+<style>__STYLE__</style>
+</head>
+<body>
+<header>
+  <h1 id="title">__TITLE__</h1>
+  <div id="filters">
+    <label><span id="dataset-label">Dataset</span> <select id="f-dataset"></select></label>
+    <label>Engine <select id="f-engine"></select></label>
+    <label>Answer <select id="f-correct">
+      <option value="any">any</option>
+      <option value="correct">correct</option>
+      <option value="wrong">wrong</option>
+      <option value="differ">engines differ</option>
+    </select></label>
+    <label>Searches <select id="f-searches">
+      <option value="any">any</option><option value="0">0</option><option value="1">1</option>
+      <option value="2">2</option><option value="3">3 or more</option>
+    </select></label>
+    <label>Find <input id="f-text" type="search" placeholder="words of the question"></label>
+    <span id="count"></span>
+  </div>
+</header>
+<main>
+  <nav id="list" aria-label="questions"></nav>
+  <section id="detail"></section>
+</main>
+<script type="application/json" id="data">__DATA__</script>
+<script>__SCRIPT__</script>
+</body>
+</html>
+"""
+
+STYLE = """
+* { box-sizing: border-box; }
+body { margin: 0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1d2329;
+  background: #f4f6f8; }
+header { position: sticky; top: 0; z-index: 2; background: #fff; border-bottom: 1px solid #d5dbe1;
+  padding: 8px 16px; }
+h1 { font-size: 17px; margin: 0 0 6px; }
+#filters { display: flex; flex-wrap: wrap; gap: 14px; align-items: center; }
+#filters label { color: #4a5561; }
+select, input { font: inherit; padding: 2px 4px; }
+#count { color: #4a5561; margin-left: auto; }
+main { display: grid; grid-template-columns: 330px 1fr; height: calc(100vh - 78px); }
+#list { overflow-y: auto; border-right: 1px solid #d5dbe1; background: #fff; }
+.item { padding: 7px 12px; border-bottom: 1px solid #eef1f4; cursor: pointer; }
+.item:hover { background: #f0f5fb; }
+.item.active { background: #dcEAF8; }
+.item .q { display: block; }
+.item .meta { font-size: 12px; color: #5d6873; }
+.badge { display: inline-block; padding: 0 5px; margin: 2px 3px 0 0; border-radius: 3px; font-size: 11px; }
+.ok { background: #d9f2df; color: #175c2a; }
+.bad { background: #f8dcdc; color: #8a1f1f; }
+#detail { overflow-y: auto; padding: 14px 18px; }
+.question { font-size: 16px; font-weight: 600; margin: 0 0 4px; }
+.golds { margin: 0 0 12px; color: #33404c; }
+.columns { display: grid; gap: 12px; align-items: start; }
+.column { background: #fff; border: 1px solid #d5dbe1; border-radius: 6px; padding: 10px; min-width: 0; }
+.column h2 { font-size: 15px; margin: 0 0 6px; }
+.answer { margin: 4px 0 8px; padding: 6px 8px; border-radius: 4px; }
+.scores { font-size: 12px; color: #4a5561; }
+.turn { border-top: 1px dashed #d5dbe1; padding: 6px 0; }
+.turn .label { font-size: 11px; text-transform: uppercase; letter-spacing: .04em; color: #6b7682; }
+.reasoning { white-space: pre-wrap; color: #33404c; }
+.query { font-family: ui-monospace, Menlo, Consolas, monospace; background: #eef3f8; padding: 1px 4px;
+  border-radius: 3px; }
+.docs { margin: 4px 0 0; padding-left: 20px; }
+.doc { margin: 3px 0; }
+.doc .title { font-weight: 600; }
+.doc.noisy { background: #fff3d6; }
+.noisy-tag { font-size: 11px; background: #f0b429; color: #3d2a00; border-radius: 3px; padding: 0 4px;
+  margin-left: 4px; }
+.sample + .sample { margin-top: 10px; border-top: 2px solid #d5dbe1; padding-top: 8px; }
+.empty { color: #6b7682; padding: 16px; }
+"""
+
+SCRIPT = r"""
+"use strict";
+const DATA = JSON.parse(document.getElementById("data").textContent);
+const COLUMNS = DATA.columns;
+const $ = (id) => document.getElementById(id);
+const CORRECT = "substring_em";
+
+function el(tag, cls, text) {
+  const node = document.createElement(tag);
+  if (cls) node.className = cls;
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  return node;
+}
+function option(select, value, label) {
+  const o = el("option", null, label); o.value = value; select.appendChild(o);
+}
+function correct(run) { return run && run.scores && run.scores[CORRECT] >= 1; }
+function searches(run) { return run ? run.samples[0].num_searches : 0; }
+
+function readHash() {
+  const state = {dataset: "all", engine: "all", correct: "any", searches: "any", text: "", item: ""};
+  for (const part of location.hash.replace(/^#/, "").split("&")) {
+    const [k, v] = part.split("=");
+    if (k in state && v !== undefined) state[k] = decodeURIComponent(v);
+  }
+  return state;
+}
+function writeHash(state) {
+  const parts = Object.entries(state).filter(([k, v]) => v !== "" && v !== "any" && v !== "all")
+    .map(([k, v]) => k + "=" + encodeURIComponent(v));
+  history.replaceState(null, "", "#" + parts.join("&"));
+}
+
+let state = readHash();
+
+function setup() {
+  $("dataset-label").textContent = DATA.kind === "train" ? "Step" : "Dataset";
+  const datasets = [...new Set(DATA.items.map((i) => i.dataset))];
+  option($("f-dataset"), "all", DATA.kind === "train" ? "all steps" : "all datasets");
+  datasets.forEach((d) => option($("f-dataset"), d, d));
+  option($("f-engine"), "all", DATA.kind === "train" ? "all rollouts" : "all engines");
+  COLUMNS.forEach((c) => option($("f-engine"), c, c));
+  for (const key of ["dataset", "engine", "correct", "searches"]) {
+    $("f-" + key).addEventListener("change", (e) => { state[key] = e.target.value; state.item = ""; update(); });
+  }
+  $("f-text").addEventListener("input", (e) => { state.text = e.target.value; update(); });
+  syncControls();
+}
+function syncControls() {
+  for (const key of ["dataset", "engine", "correct", "searches"]) $("f-" + key).value = state[key];
+  $("f-text").value = state.text;
+}
+
+function keep(item) {
+  if (state.dataset !== "all" && item.dataset !== state.dataset) return false;
+  if (state.text && !item.question.toLowerCase().includes(state.text.toLowerCase())) return false;
+  const cols = state.engine === "all" ? COLUMNS.filter((c) => item.runs[c]) : [state.engine];
+  const runs = cols.map((c) => item.runs[c]).filter((r) => r);
+  if (!runs.length) return false;
+  if (state.correct === "correct" && !runs.every(correct)) return false;
+  if (state.correct === "wrong" && !runs.every((r) => !correct(r))) return false;
+  if (state.correct === "differ" && new Set(runs.map(correct)).size < 2) return false;
+  if (state.searches !== "any") {
+    const want = Number(state.searches);
+    const match = (r) => (want >= 3 ? searches(r) >= 3 : searches(r) === want);
+    if (!runs.some(match)) return false;
+  }
+  return true;
+}
+
+function itemKey(item) { return item.dataset + "/" + item.id; }
+
+function renderList(shown) {
+  const list = $("list");
+  list.replaceChildren();
+  $("count").textContent = shown.length + " of " + DATA.items.length + " questions";
+  if (!shown.length) { list.appendChild(el("div", "empty", "No question matches these filters.")); return; }
+  for (const item of shown) {
+    const row = el("div", "item");
+    row.dataset.key = itemKey(item);
+    if (itemKey(item) === state.item) row.classList.add("active");
+    row.appendChild(el("span", "q", item.question));
+    const meta = el("div", "meta", item.dataset + " · " + item.id + " ");
+    for (const c of COLUMNS) {
+      const run = item.runs[c];
+      if (!run) continue;
+      meta.appendChild(el("span", "badge " + (correct(run) ? "ok" : "bad"),
+        c + " " + (correct(run) ? "✓" : "✗") + " " + searches(run) + "s"));
+    }
+    row.appendChild(meta);
+    row.addEventListener("click", () => { state.item = itemKey(item); update(); });
+    list.appendChild(row);
+  }
+}
+
+function reasoning(text) {
+  const thinks = [...text.matchAll(/<think>([\s\S]*?)(<\/think>|$)/g)].map((m) => m[1].trim());
+  if (thinks.length) return thinks.join("\n");
+  return text.replace(/<search>[\s\S]*?(<\/search>|$)|<answer>[\s\S]*?(<\/answer>|$)/g, "").trim();
+}
+
+function renderTurn(turn) {
+  const box = el("div", "turn");
+  const thought = reasoning(turn.text || "");
+  if (thought) {
+    box.appendChild(el("div", "label", "reasoning"));
+    box.appendChild(el("div", "reasoning", thought));
+  }
+  if (turn.action === "search" || turn.query) {
+    const line = el("div", null);
+    line.appendChild(el("span", "label", turn.executed ? "search " : "search (not run) "));
+    line.appendChild(el("span", "query", turn.query));
+    if (turn.num_noisy) line.appendChild(el("span", "noisy-tag", turn.num_noisy + " asked noisy"));
+    box.appendChild(line);
+    if (turn.documents.length) {
+      const docs = el("ol", "docs");
+      for (const doc of turn.documents) {
+        const li = el("li", "doc" + (doc.noisy ? " noisy" : ""));
+        if (doc.title) li.appendChild(el("span", "title", doc.title + " "));
+        li.appendChild(el("span", "text", doc.text));
+        if (doc.noisy) li.appendChild(el("span", "noisy-tag", "noisy"));
+        docs.appendChild(li);
+      }
+      box.appendChild(docs);
+    }
+  } else if (turn.action === "invalid") {
+    box.appendChild(el("div", "label", "invalid action"));
+  }
+  return box;
+}
+
+function renderSample(sample) {
+  const box = el("div", "sample");
+  const ok = sample.scores && sample.scores[CORRECT] >= 1;
+  const answer = el("div", "answer " + (ok ? "ok" : "bad"));
+  answer.appendChild(el("span", "label", "answer "));
+  answer.appendChild(el("strong", "answer-text", sample.answer === null ? "(none)" : sample.answer));
+  box.appendChild(answer);
+  const s = sample.scores || {};
+  const parts = ["substring_em", "em", "f1"].filter((k) => k in s).map((k) => k + " " + Number(s[k]).toFixed(2));
+  if (sample.reward !== null && sample.reward !== undefined) parts.push("reward " + Number(sample.reward).toFixed(3));
+  parts.push(sample.num_searches + (sample.num_searches === 1 ? " search" : " searches"), "finish: " + sample.finish);
+  box.appendChild(el("div", "scores", parts.join(" · ")));
+  sample.turns.forEach((t) => box.appendChild(renderTurn(t)));
+  return box;
+}
+
+function renderDetail(item) {
+  const detail = $("detail");
+  detail.replaceChildren();
+  if (!item) { detail.appendChild(el("div", "empty", "Pick a question on the left.")); return; }
+  detail.appendChild(el("p", "question", item.question));
+  detail.appendChild(el("p", "golds", "Gold answers: " + item.golds.join(" | ") +
+    "  ·  " + item.dataset + (item.note ? " · " + item.note : "")));
+  const cols = (state.engine === "all" ? COLUMNS : [state.engine]).filter((c) => item.runs[c]);
+  const grid = el("div", "columns");
+  grid.style.gridTemplateColumns = "repeat(" + Math.max(1, cols.length) + ", minmax(0, 1fr))";
+  for (const c of cols) {
+    const column = el("div", "column");
+    column.dataset.column = c;
+    column.appendChild(el("h2", null, c));
+    item.runs[c].samples.forEach((s) => column.appendChild(renderSample(s)));
+    grid.appendChild(column);
+  }
+  detail.appendChild(grid);
+}
+
+function update() {
+  const shown = DATA.items.filter(keep);
+  if (!shown.some((i) => itemKey(i) === state.item)) state.item = shown.length ? itemKey(shown[0]) : "";
+  renderList(shown);
+  renderDetail(shown.find((i) => itemKey(i) === state.item));
+  writeHash(state);
+}
+
+setup();
+update();
+window.addEventListener("hashchange", () => { state = readHash(); syncControls(); update(); });
+"""
