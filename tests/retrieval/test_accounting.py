@@ -134,3 +134,12 @@ def test_metered_generator_counts_token_prompts():
     gen.generate([[1, 2], [3, 4, 5]], SamplingParams())
     usage = ledger.total["g"]
     assert (usage.prompt_tokens, usage.completion_tokens, usage.uncounted_prompts) == (5, 6, 0)
+
+
+def test_serve_prints_what_it_served_and_cost():
+    from simsearch.commands.serve import usage_line
+
+    usage = EngineUsage("serpapi", 15.0, None, searches=30, cache_hits=10, queries_sent=20)
+    assert usage_line(usage) == "30 searches, 10 cache hits, 20 queries sent, query cost $0.30"  # 20 x 15 / 1000
+    sim = EngineUsage("simulator", 0.0, None, searches=2, queries_sent=2, simulator_s=36.0)
+    assert usage_line(sim).endswith("simulator cost unknown (0.010 h of generation)")
