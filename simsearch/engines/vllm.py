@@ -67,7 +67,6 @@ import random
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -380,15 +379,18 @@ def trained_params_for_vllm(
     return named_params_for_vllm(model)
 
 
-@dataclass
 class _LoadWeights:
-    """Runs inside a vLLM worker (via `LLM.apply_model`): loads pairs into the model.
+    """Runs inside each vLLM worker (via `LLM.apply_model`): loads (name, tensor) pairs.
 
-    A top-level class, so that it pickles when vLLM sends it to worker processes. It returns
-    nothing, so nothing large travels back.
+    Deliberately not a dataclass. Out of process, vLLM's engine-core messaging (msgspec, vLLM
+    0.32-0.33 `v1/serial_utils.py`) encodes a dataclass natively, as a plain map, so the worker
+    would receive a dict; an instance of a plain class falls through to vLLM's pickle hook
+    (allowed by `VLLM_ALLOW_INSECURE_SERIALIZATION=1`) and arrives whole. It returns nothing,
+    so nothing large travels back.
     """
 
-    weights: list[tuple[str, torch.Tensor]]
+    def __init__(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        self.weights = weights
 
     def __call__(self, model: torch.nn.Module) -> None:
         model.load_weights(self.weights)
@@ -419,9 +421,10 @@ class VLLMEngine:
 
     Environment: with one GPU per engine or the external launcher, the engine runs in this
     process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so `sync_weights` hands tensors to the model by
-    reference; otherwise the loader is pickled to vLLM's worker processes, which vLLM allows only
-    with `VLLM_ALLOW_INSECURE_SERIALIZATION=1`. Both are set with `setdefault`, so a value
-    exported before wins.
+    reference. With tensor parallelism in one process the engine core runs in its own process:
+    `sync_weights` then sends each tensor, copied to CPU memory, inside a pickled loader (vLLM
+    accepts pickles only with `VLLM_ALLOW_INSECURE_SERIALIZATION=1`) and every worker loads its
+    shard. Both variables are set with `setdefault`, so a value exported before wins.
 
     Raises:
         VLLMNotInstalledError: vLLM cannot be imported.
@@ -455,6 +458,9 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         if tensor_parallel_size == 1 or distributed_executor_backend == "external_launcher":
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # Read once, as vLLM reads it when the engine starts (and forces it to 0 for the launcher).
+        multiprocessing = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0"
+        self.in_process = not multiprocessing or distributed_executor_backend == "external_launcher"
         self._sampling_params_cls = vllm.SamplingParams
         self._tokens_prompt = TokensPrompt
         self.enable_sleep_mode = enable_sleep_mode
@@ -532,14 +538,23 @@ class VLLMEngine:
 
         Raises:
             ValueError: `named_params` was empty.
-            RuntimeError: vLLM refused to reset its prefix cache (requests still running).
+            RuntimeError: vLLM refused to reset its prefix cache (requests still running), or
+                the engine core runs in another process and pickles are not allowed.
         """
+        if not self.in_process and os.environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION") != "1":
+            raise RuntimeError(
+                "sync_weights with vLLM's engine core in another process (tensor_parallel_size > 1) "
+                "sends a pickled loader, which vLLM refuses unless VLLM_ALLOW_INSECURE_SERIALIZATION=1: "
+                "unset it (VLLMEngine then sets it) or export it as 1"
+            )
         if "weights" in self._asleep:
             self.llm.wake_up(tags=["weights"])
             self._asleep = self._asleep - {"weights"}
         count = 0
         for name, tensor in named_params:
-            self.llm.apply_model(_LoadWeights([(name, tensor)]))
+            # Out of process, a CUDA tensor would be unpickled onto a GPU of the engine-core process.
+            sent = tensor if self.in_process else tensor.detach().to("cpu")
+            self.llm.apply_model(_LoadWeights([(name, sent)]))
             count += 1
         if count == 0:
             raise ValueError(

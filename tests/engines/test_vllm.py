@@ -8,7 +8,10 @@ What these tests cannot show: that real vLLM behaves as its documentation says. 
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
+import os
 import pickle
 import socket
 import subprocess
@@ -204,9 +207,109 @@ class FakeTokenizer:
         return "".join(token_text(i) for i in ids)
 
 
+class VLLMValidationError(Exception):
+    """vLLM's own error for invalid request values (not a ValueError)."""
+
+
 class FakeSamplingParams:
+    """vLLM's `SamplingParams`, for the keywords simsearch sends, validated as vLLM 0.33 does.
+
+    The checks and adjustments follow `SamplingParams.__post_init__`, `_verify_args` and
+    `_verify_greedy_sampling` (vllm/sampling_params.py, 0.32 and 0.33 alike). `kwargs` keeps what
+    the caller passed, `values` what vLLM would sample with.
+    """
+
+    DEFAULTS: dict[str, Any] = {
+        "n": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+        "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None, "stop": None,
+        "include_stop_str_in_output": False, "max_tokens": 16, "logprobs": None, "detokenize": True,
+        "skip_special_tokens": True, "spaces_between_special_tokens": True,
+    }
+
     def __init__(self, **kwargs: Any) -> None:
+        for name in kwargs:
+            if name not in self.DEFAULTS:  # a msgspec.Struct's error for an unknown keyword
+                raise TypeError(f"Unexpected keyword argument {name!r}")
         self.kwargs = kwargs
+        v = self.values = {**self.DEFAULTS, **kwargs}
+        if 0 < v["temperature"] < 1e-2:
+            v["temperature"] = 1e-2  # vLLM raises tiny temperatures (with a warning)
+        v["stop"] = [] if v["stop"] is None else [v["stop"]] if isinstance(v["stop"], str) else v["stop"]
+        if v["logprobs"] is True:
+            v["logprobs"] = 1
+        self._verify(v)
+        if v["temperature"] < 1e-5:  # greedy
+            v.update(top_p=1.0, top_k=0, min_p=0.0)
+            if v["n"] > 1:
+                raise VLLMValidationError(f"n must be 1 when using greedy sampling, got {v['n']}.")
+
+    @staticmethod
+    def _verify(v: dict[str, Any]) -> None:
+        problems = [
+            (not isinstance(v["n"], int) or not 1 <= v["n"] <= 16384, "n must be in [1, 16384]"),
+            (not -2.0 <= v["presence_penalty"] <= 2.0, "presence_penalty must be in [-2, 2]"),
+            (not -2.0 <= v["frequency_penalty"] <= 2.0, "frequency_penalty must be in [-2, 2]"),
+            (not (math.isfinite(v["repetition_penalty"]) and v["repetition_penalty"] > 0),
+             "repetition_penalty must be a finite number greater than zero"),
+            (not math.isfinite(v["temperature"]), "temperature must be a finite number"),
+            (v["temperature"] < 0.0, "temperature must be non-negative"),
+            (v["temperature"] > 2.0, "temperature must be in [0, 2]"),
+            (not 0.0 < v["top_p"] <= 1.0, "top_p must be in (0, 1]"),
+            (not isinstance(v["top_k"], int) or v["top_k"] < -1, "top_k must be 0 (disable), or at least 1"),
+            (not 0.0 <= v["min_p"] <= 1.0, "min_p must be in [0, 1]"),
+            (v["max_tokens"] is not None and v["max_tokens"] < 1, "max_tokens must be at least 1"),
+            (v["logprobs"] is not None and v["logprobs"] != -1 and v["logprobs"] < 0,
+             "logprobs must be non-negative or -1"),
+            (any(not stop for stop in v["stop"]), "stop cannot contain an empty string."),
+            (bool(v["stop"]) and not v["detokenize"], "stop strings are only supported when detokenize is True."),
+        ]
+        for failed, message in problems:
+            if failed:
+                raise VLLMValidationError(message)
+
+
+def vllm_engine_core_receives(obj: Any) -> Any:
+    """What vLLM's engine-core process receives for `obj` sent as a utility-call argument.
+
+    Emulates vLLM 0.32-0.33 (`v1/serial_utils.py`): `MsgpackEncoder` lets msgspec encode the
+    types msgspec supports natively (None, bool, int, float, str, bytes, lists, tuples, dicts,
+    dataclasses as maps) and hands anything else to its `enc_hook`: a tensor becomes (dtype,
+    shape, bytes); with VLLM_ALLOW_INSECURE_SERIALIZATION=1 any other object is pickled
+    (cloudpickled if a plain function), otherwise it is a TypeError. The engine core decodes a utility
+    call's arguments without a type, so a map arrives as a dict, a tuple as a list.
+    """
+    if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
+        return obj
+    if isinstance(obj, (list, tuple)):
+        return [vllm_engine_core_receives(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: vllm_engine_core_receives(x) for k, x in obj.items()}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: vllm_engine_core_receives(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, torch.Tensor):
+        return [str(obj.dtype).removeprefix("torch."), list(obj.shape), obj.numpy().tobytes()]
+    if os.environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION") != "1":
+        raise TypeError(f"Object of type {type(obj)} is not serializable")
+    # vLLM cloudpickles plain functions; pickle does the same for the module-level ones used here.
+    return pickle.loads(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def deliver_to_workers(func: Any, llm_kwargs: dict[str, Any]) -> list[Any]:
+    """The copy of an `apply_model` function each vLLM worker runs, as vLLM 0.32-0.33 routes it.
+
+    `LLM.apply_model(f)` is `collective_rpc("apply_model", args=(f,))`. Out of process
+    (VLLM_ENABLE_V1_MULTIPROCESSING unset or 1; vLLM sets it to 0 for the external launcher) the
+    arguments cross to the engine core as `vllm_engine_core_receives` shows. With tensor
+    parallelism and vLLM's own worker processes, the multiprocessing executor then pickles them
+    to each worker through its shared-memory queue; one worker in process gets them as they are.
+    """
+    launcher = llm_kwargs.get("distributed_executor_backend") == "external_launcher"
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0" and not launcher:
+        func = vllm_engine_core_receives(func)
+    workers = 1 if launcher else llm_kwargs.get("tensor_parallel_size", 1)
+    if workers == 1:
+        return [func]
+    return [pickle.loads(pickle.dumps(func, protocol=pickle.HIGHEST_PROTOCOL)) for _ in range(workers)]
 
 
 @dataclass
@@ -218,12 +321,17 @@ class FakeModel:
 
 
 class FakeLLM:
-    """Records every call; generate answers sample j of a prompt with [100 + j, EOS]."""
+    """Records every call; generate answers sample j of a prompt with [100 + j, EOS].
+
+    `apply_model` delivers its function to one `FakeModel` per tensor-parallel worker as vLLM
+    would (`deliver_to_workers`); `model` is worker 0's.
+    """
 
     def __init__(self, **kwargs: Any) -> None:
         self.kwargs = kwargs
         self.calls: list[tuple[Any, ...]] = []
-        self.model = FakeModel()
+        self.workers = [FakeModel() for _ in range(kwargs["tensor_parallel_size"])]
+        self.model = self.workers[0]
         self.reset_result: bool | None = True
 
     def get_tokenizer(self) -> FakeTokenizer:
@@ -250,7 +358,8 @@ class FakeLLM:
 
     def apply_model(self, func: Any) -> list[Any]:
         self.calls.append(("apply_model",))
-        return [func(self.model)]
+        copies = deliver_to_workers(func, self.kwargs)
+        return [copy(worker) for copy, worker in zip(copies, self.workers)]
 
     def reset_prefix_cache(self) -> bool | None:
         self.calls.append(("reset_prefix_cache",))
@@ -367,11 +476,57 @@ def test_sync_weights_loads_every_pair_in_the_worker_then_resets_the_prefix_cach
         engine.sync_weights(pairs)
 
 
-def test_the_loader_sent_to_vllm_workers_pickles():
-    loader = pickle.loads(pickle.dumps(_LoadWeights([("w", torch.tensor([1.5]))])))
+@dataclass
+class DataclassLoader:
+    """The loader simsearch sent before: a dataclass, which vLLM's msgspec encodes as a map."""
+
+    weights: list[tuple[str, torch.Tensor]]
+
+    def __call__(self, model: FakeModel) -> None:
+        model.load_weights(self.weights)
+
+
+def test_vllm_transport_turns_a_dataclass_into_a_map_and_keeps_a_plain_object(monkeypatch):
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    weights = [("w", torch.tensor([1.5, -2.0]))]
+    # A dataclass is encoded field by field, and a tensor as (dtype, shape, bytes): what the
+    # first sync of a tensor-parallel engine used to receive.
+    received = vllm_engine_core_receives(DataclassLoader(weights))
+    assert received == {"weights": [["w", ["float32", [2], torch.tensor([1.5, -2.0]).numpy().tobytes()]]]}
+    with pytest.raises(TypeError, match="'dict' object is not callable"):
+        received(FakeModel())
+    loader = vllm_engine_core_receives(_LoadWeights(weights))
     model = FakeModel()
     assert loader(model) is None  # nothing travels back from the workers
-    assert model.loaded[0][0] == "w" and model.loaded[0][1].item() == 1.5
+    assert model.loaded[0][0] == "w" and model.loaded[0][1].tolist() == [1.5, -2.0]
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "0")
+    with pytest.raises(TypeError, match="not serializable"):
+        vllm_engine_core_receives(_LoadWeights(weights))
+
+
+def test_tensor_parallel_sync_out_of_process_reaches_every_worker_with_cpu_copies(fake_vllm):
+    engine = make_engine(tensor_parallel_size=2)  # vLLM's engine core in its own process
+    assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") is None
+    pairs = [("model.embed_tokens.weight", torch.ones(2, 2)), ("lm_head.weight", torch.zeros(2, 2))]
+    assert engine.sync_weights(pairs) == 2
+    for worker in engine.llm.workers:
+        assert [name for name, _ in worker.loaded] == ["model.embed_tokens.weight", "lm_head.weight"]
+        assert worker.loaded[0][1] is not pairs[0][1]  # a copy crossed the process boundary
+        assert torch.equal(worker.loaded[0][1], pairs[0][1]) and worker.loaded[0][1].device.type == "cpu"
+    # The same loader as a dataclass fails in the first sync, as it did on vLLM.
+    with pytest.raises(TypeError, match="'dict' object is not callable"):
+        engine.llm.apply_model(DataclassLoader(pairs))
+
+
+def test_out_of_process_sync_refuses_without_pickles_and_says_which_variable(fake_vllm, monkeypatch):
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "0")
+    engine = make_engine(tensor_parallel_size=2)
+    with pytest.raises(RuntimeError, match="VLLM_ALLOW_INSECURE_SERIALIZATION=1"):
+        engine.sync_weights([("w", torch.ones(1))])
+    assert not [c for c in engine.llm.calls if c[0] == "apply_model"]
+    # One engine per launcher process runs in process: no pickle needed.
+    launched = make_engine(tensor_parallel_size=2, distributed_executor_backend="external_launcher")
+    assert launched.sync_weights([("w", torch.ones(1))]) == 1
 
 
 def test_colocated_cycle_wakes_weights_for_the_sync_and_the_kv_cache_for_generation(fake_vllm):
