@@ -12,6 +12,7 @@ needs a GPU (docs/scaling.md).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -27,17 +28,20 @@ from simsearch.runlog import read_metrics
 from simsearch.types import Completion, SamplingParams
 from tests.commands import test_train
 from tests.commands.test_train import _finite_losses, _recipe, _weights
-from tests.engines.test_vllm import Logprob, Out, Req, install_fake_vllm  # fakes of vLLM's objects
+from tests.engines.test_vllm import (  # fakes of vLLM's objects, its transport and its checks
+    FakeModel,
+    FakeSamplingParams,
+    Logprob,
+    Out,
+    Req,
+    deliver_to_workers,
+    install_fake_vllm,
+)
 
 # The module-scoped fixture of test_train.py: QA files, a corpus, a tiny policy that searches.
 world = test_train.world
 
 VLLM = {"policy.kind": "vllm", "save_every": 1}
-
-
-class FakeSamplingParams:
-    def __init__(self, **kwargs: Any) -> None:
-        self.kwargs = kwargs
 
 
 def _as_vllm(index: int, completion: Completion) -> Out:
@@ -84,7 +88,7 @@ class FakeLLM:
         self.events.append(("generate",))
         outputs = []
         for prompt, params in zip(prompts, sampling_params):
-            kw = params.kwargs
+            kw = params.values  # as vLLM validated and adjusted them
             ours = SamplingParams(
                 temperature=kw["temperature"],
                 top_p=kw["top_p"],
@@ -100,8 +104,10 @@ class FakeLLM:
 
     def apply_model(self, func: Any) -> list[Any]:
         self.events.append(("apply_model",))
-        # The real loader calls `.load_weights(pairs)` on what it is given.
-        return [func(self)]
+        # Delivered as vLLM would (serialized when the engine core runs in another process);
+        # worker 0 loads into this copy of the model, the other shards are only recorded.
+        first, *others = deliver_to_workers(func, self.kwargs)
+        return [first(self), *(copy(FakeModel()) for copy in others)]
 
     def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.model.named_parameters())
@@ -185,6 +191,23 @@ def test_vllm_rollouts_train_and_every_update_is_synced(
     moved = [n for n in shapes if not torch.equal(llm.syncs[1][n], llm.syncs[0][n])]
     assert moved, "step 1 changed no synced weight: the comparison above proves nothing"
     assert any(not torch.equal(llm.syncs[2][n], llm.syncs[1][n]) for n in shapes)
+
+
+def test_a_tensor_parallel_engine_in_one_process_is_synced_through_vllms_transport(
+    world: Path, tmp_path: Path, fake_vllm
+) -> None:
+    # With tensor_parallel_size > 1 vLLM's engine core runs in its own process: every loader
+    # crosses vLLM's msgspec transport and reaches two workers (a dataclass loader arrived as a
+    # dict and failed the first sync).
+    run = tmp_path / "run"
+    train.main(_recipe(world, run, steps=1, **VLLM, **{"policy.tensor_parallel_size": 2}))
+
+    [llm] = fake_vllm
+    assert llm.kwargs["tensor_parallel_size"] == 2
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ  # left to vLLM: out of process
+    assert len(llm.syncs) == 2  # setup, step 1
+    _assert_sync_matches(llm.syncs[1], _weights(checkpoint_dir(run, 1) / "model"))
+    assert all(t.device.type == "cpu" for t in llm.syncs[1].values())
 
 
 # --------------------------------------------------------------------------- LoRA
