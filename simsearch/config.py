@@ -104,6 +104,15 @@ class GenerationConfig:
         if self.kind in ("hf", "vllm") and not self.model.path:
             raise RecipeError(f"{key}.kind={self.kind} needs {key}.model.path (a local directory or hub name)")
         self.model.check(f"{key}.model")
+        if self.kind == "vllm":  # vLLM's own bounds, checked before any GPU work starts
+            if not 0 < self.gpu_memory_utilization <= 1:
+                raise RecipeError(
+                    f"{key}.gpu_memory_utilization={self.gpu_memory_utilization} must lie in (0, 1]; colocated "
+                    "with training, leave room for the trainer (e.g. 0.3)"
+                )
+            _check_positive(f"{key}.tensor_parallel_size", self.tensor_parallel_size)
+            if self.max_model_len < 0:
+                raise RecipeError(f"{key}.max_model_len={self.max_model_len} must be >= 0 (0 = the model's)")
 
 
 @dataclass
@@ -115,9 +124,24 @@ class SamplingConfig:
     max_new_tokens: int = 500  # per turn for the policy; per call for the simulator
 
     def check(self, key: str) -> None:
-        _check_range(f"{key}.temperature", self.temperature, 0.0, 10.0)
+        # The bounds of vLLM's SamplingParams (0.32-0.33) for every engine, so a recipe samples
+        # the same distribution whichever engine runs it.
+        self.check_temperature(f"{key}.temperature", self.temperature)
         _check_range(f"{key}.top_p", self.top_p, 1e-6, 1.0)
         _check_positive(f"{key}.max_new_tokens", self.max_new_tokens)
+
+    @staticmethod
+    def check_temperature(key: str, value: float) -> None:
+        """Refuses a temperature an engine would refuse or change: it must be 0 (greedy) or in [0.01, 2].
+
+        vLLM's `SamplingParams` rejects values above 2 (so does the OpenAI API) and raises values
+        below 0.01 to 0.01; the transformers engine would sample with them as given.
+        """
+        if value != 0 and not 0.01 <= value <= 2.0:  # NaN fails too
+            raise RecipeError(
+                f"{_key(key)}={value} must be 0 (greedy) or lie in [0.01, 2] (vLLM's bounds: it refuses "
+                "more than 2 and raises less than 0.01 to 0.01)"
+            )
 
 
 # --------------------------------------------------------------------------- search

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from simsearch.commands.build import build_generation_engine
-from simsearch.config import EvalRecipe, GenerationConfig, ModelConfig, load_recipe
+from simsearch.config import EvalRecipe, GenerationConfig, ModelConfig, RecipeError, load_recipe
 from simsearch.engines.vllm import (
     VLLMEngine,
     VLLMNotInstalledError,
@@ -71,6 +71,67 @@ def test_build_generation_engine_kind_vllm_without_vllm_is_the_clear_error(monke
     assert recipe.policy.kind == "vllm"
     with pytest.raises(VLLMNotInstalledError, match="needs a CUDA GPU"):
         build_generation_engine(recipe.policy)
+
+
+# --------------------------------------------------------------------------- vLLM's bounds in recipe checks
+
+EVAL_ON_VLLM = ROOT / "recipes/eval/zerosearch_google_qwen2.5-3b.yaml"  # policy.kind: vllm
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("sampling.temperature=2.5", r"sampling.temperature=2.5 must be 0 \(greedy\) or lie in \[0.01, 2\]"),
+        ("sampling.temperature=0.005", r"sampling.temperature=0.005 must be 0"),
+        ("sampling.temperature=-1", r"sampling.temperature=-1.0 must be 0"),
+        ("sampling.top_p=0", r"sampling.top_p=0.0 must lie in"),
+        ("sampling.max_new_tokens=0", r"sampling.max_new_tokens=0 must be > 0"),
+        ("policy.gpu_memory_utilization=1.5", r"policy.gpu_memory_utilization=1.5 must lie in \(0, 1\]"),
+        ("policy.tensor_parallel_size=0", r"policy.tensor_parallel_size=0 must be > 0"),
+        ("policy.max_model_len=-1", r"policy.max_model_len=-1 must be >= 0"),
+    ],
+)
+def test_a_vllm_recipe_outside_vllms_bounds_is_refused_when_loaded(override, message):
+    with pytest.raises(RecipeError, match=message):
+        load_recipe(EvalRecipe, EVAL_ON_VLLM, [override])
+
+
+@pytest.mark.parametrize("temperature", [-0.5, 0.0, 0.005, 0.01, 0.7, 2.0, 2.01, float("nan")])
+def test_recipe_temperature_bounds_are_exactly_what_vllm_samples_unchanged(temperature):
+    try:
+        params = FakeSamplingParams(**sampling_kwargs(SamplingParams(temperature=temperature), seed=None))
+        vllm_unchanged = params.values["temperature"] == temperature
+    except VLLMValidationError:
+        vllm_unchanged = False
+    try:
+        load_recipe(EvalRecipe, EVAL_ON_VLLM, [f"sampling.temperature={temperature}"])
+        recipe_ok = True
+    except RecipeError:
+        recipe_ok = False
+    assert recipe_ok == vllm_unchanged
+    assert recipe_ok == (temperature in (0.0, 0.01, 0.7, 2.0))  # hand-listed
+
+
+def test_the_fake_sampling_params_refuses_what_vllm_refuses():
+    ok = sampling_kwargs(SamplingParams(temperature=0.7, n=4, stop=["</search>"], logprobs=True), seed=3)
+    assert FakeSamplingParams(**ok).values["logprobs"] == 0
+    refused = {
+        "temperature above 2": {**ok, "temperature": 2.5},
+        "empty stop string": {**ok, "stop": ["</search>", ""]},
+        "greedy with n > 1": {**ok, "temperature": 0.0},
+        "top_p of 0": {**ok, "top_p": 0.0},
+        "no new token": {**ok, "max_tokens": 0},
+        "top_k below -1": {**ok, "top_k": -2},
+    }
+    for what, kwargs in refused.items():
+        with pytest.raises(VLLMValidationError):
+            FakeSamplingParams(**kwargs)
+            pytest.fail(what)
+    with pytest.raises(TypeError, match="Unexpected keyword argument 'max_new_tokens'"):
+        FakeSamplingParams(max_new_tokens=3)
+    # Greedy resets the filters, as vLLM does.
+    greedy = FakeSamplingParams(**{**ok, "temperature": 0.0, "n": 1, "top_p": 0.5}).values
+    assert (greedy["top_p"], greedy["top_k"], greedy["min_p"]) == (1.0, 0, 0.0)
 
 
 # --------------------------------------------------------------------------- fakes of vLLM's objects
