@@ -25,6 +25,9 @@ How the response maps onto `Completion`, and where servers differ:
 - logprobs: completions return `logprobs.token_logprobs`, chat returns `logprobs.content[].logprob`.
 - seed: passed per request; vLLM seeds every prompt of a request alike, so results do not
   depend on how the batch was split.
+- sampling: every value is sent (`NEUTRAL_SAMPLING` besides temperature and top-p), so a server's
+  defaults never apply; `top_k`, `min_p` and `repetition_penalty` are vLLM / SGLang extensions
+  that OpenAI's own API would reject.
 
 Departure from ZeroSearch: its client retried the simulator forever in a bare `except`; here
 retries are bounded and the final error names the replicas, the attempts and the last error.
@@ -49,6 +52,20 @@ from simsearch.types import Completion, FinishReason, SamplingParams
 
 _COMPLETIONS_PATH = "/v1/completions"
 _CHAT_PATH = "/v1/chat/completions"
+
+NEUTRAL_SAMPLING: dict[str, float | int] = {
+    "top_k": -1,  # off; vLLM and SGLang both read -1 as disabled
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+"""Sent with every request: the filters and penalties our engines do not apply, switched off.
+
+`vllm serve` fills each sampling value a request leaves out from the model's
+`generation_config.json` (Qwen2.5-Instruct ships top_k=20, repetition_penalty=1.05), so without them a
+served simulator would sample another distribution than the transformers engine, which samples
+from temperature and top-p alone."""
 
 
 class TextTokenizer(Protocol):
@@ -236,6 +253,7 @@ class OpenAIEngine:
             "max_tokens": params.max_new_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,
+            **NEUTRAL_SAMPLING,
             "n": params.n,
             # vLLM extensions; servers without them (SGLang) ignore unknown fields.
             "include_stop_str_in_output": True,

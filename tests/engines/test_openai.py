@@ -176,6 +176,31 @@ def test_completions_with_token_prompts_map_every_field(serve):
     assert first.logprobs == pytest.approx([-1.0 / (k + 1) for k in range(17)])
 
 
+# The values `vllm serve` (0.32-0.33, `ModelConfig.get_diff_sampling_param`) takes from the model's
+# generation_config.json for each one a request leaves out (max_new_tokens: we always send max_tokens).
+GENERATION_CONFIG_SAMPLING = (
+    "repetition_penalty", "presence_penalty", "frequency_penalty", "temperature", "top_k", "top_p", "min_p"
+)
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_every_sampling_value_is_sent_so_a_served_models_generation_config_never_applies(serve, chat):
+    server = serve(FakeOpenAI())
+    with engine([server.url], chat=chat) as gen:
+        gen.generate(["q"], SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=5))
+    body = server.seen[0].json()
+    assert {key: body[key] for key in GENERATION_CONFIG_SAMPLING} == {
+        "repetition_penalty": 1.0,  # off
+        "presence_penalty": 0.0,  # off
+        "frequency_penalty": 0.0,  # off
+        "temperature": 0.7,
+        "top_k": -1,  # off (vLLM and SGLang)
+        "top_p": 0.9,
+        "min_p": 0.0,  # off
+    }
+    assert body["max_tokens"] == 5
+
+
 def test_batch_is_split_sent_concurrently_and_reassembled_in_order(serve):
     fake = FakeOpenAI(reverse=True, delay_s=0.15)
     server = serve(fake)
