@@ -12,7 +12,8 @@
 4. fine-tune a tiny simulator on it (`simulator finetune`, the answer tokens weighted);
 5. RL the policy against the simulator only (`train`), and a no-search policy for contrast;
 6. evaluate the base and both RL policies on held-out questions against the simulator, BM25 and
-   dense retrieval (`eval`), and write `report.json`, `report.md` and the plots.
+   dense retrieval (`eval`), and write `report.json`, `report.md`, the plots and the RL policy's
+   trajectory page (`eval/rl_search/view.html`, `simsearch view`).
 
 Stages 3-6 run the recipes in `recipes/quickstart/` with their paths pointed into the run
 directory, so each is also a worked example of a command a user runs by hand.
@@ -67,6 +68,7 @@ from simsearch.data.templates import render_prompt
 from simsearch.data.tinyworld import YEARS, World, build_world
 from simsearch.errors import SimsearchError
 from simsearch.eval import report
+from simsearch.eval.view import write_page
 from simsearch.fingerprints import digest
 from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
 from simsearch.policy.pretrain import make_copy_drills, make_traces, pretrain, reading_accuracy
@@ -165,9 +167,11 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     for name, policy in policies.items():
         _evaluate(recipe, recipes, run, paths, name, policy, [policy_fps[name], simulator_fp, world_fp])
     summaries = {name: json.loads((run / "eval" / name / "summary.json").read_text()) for name in POLICIES}
+    page = write_page(run / "eval" / "rl_search")  # the RL policy's trajectories, engine by engine
 
     result = _report(recipe, run, summaries, reading, wall_s=time.perf_counter() - began, stage_s=clock.stop())
     print((run / "report.md").read_text())
+    print(f"simsearch quickstart: the RL policy's trajectories, engine by engine: {page}")
     return result
 
 
