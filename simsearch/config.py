@@ -168,6 +168,8 @@ class SimulatorConfig:
         if self.preset == "custom" and not (self.useful_template and self.noisy_template):
             raise RecipeError(f"{key}.preset=custom needs both {key}.useful_template and {key}.noisy_template")
         self.generation.check(f"{key}.generation")
+        SamplingConfig.check_temperature(f"{key}.temperature", self.temperature)
+        _check_positive(f"{key}.max_new_tokens", self.max_new_tokens)
         if self.preset == "zerosearch" and not (self.chat or self.generation.chat):
             raise RecipeError(
                 f"{key}.preset=zerosearch is sent through the simulator's chat template: set "

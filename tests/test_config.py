@@ -142,3 +142,12 @@ def test_answer_weight_and_hidden_question_are_checked(train_yaml: Path, tmp_pat
     assert brief.search.simulator.preset == "simsearch-brief" and brief.search.simulator.show_question is False
     shown = load_recipe(TrainRecipe, train_yaml, simulator[:-1])
     assert shown.search.simulator.show_question is True and shown.search.simulator.show_answer is True
+
+
+def test_the_simulators_sampling_is_checked_before_any_work(train_yaml: Path) -> None:
+    simulator = ["search.kind=simulator", "search.simulator.generation.model.path=models/sim"]
+    with pytest.raises(RecipeError, match=r"search\.simulator\.temperature=2\.5 must be 0 \(greedy\) or lie in"):
+        load_recipe(TrainRecipe, train_yaml, [*simulator, "search.simulator.temperature=2.5"])
+    with pytest.raises(RecipeError, match=r"search\.simulator\.max_new_tokens"):
+        load_recipe(TrainRecipe, train_yaml, [*simulator, "search.simulator.max_new_tokens=0"])
+    load_recipe(TrainRecipe, train_yaml, [*simulator, "search.simulator.temperature=0.8"])
