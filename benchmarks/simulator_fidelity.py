@@ -18,7 +18,6 @@ from pathlib import Path
 
 import torch
 
-from simsearch.checkpoint import latest_checkpoint
 from simsearch.config import QuickstartRecipe, load_recipe
 from simsearch.data.qa import load_qa
 from simsearch.data.tinyworld import build_world
@@ -27,6 +26,7 @@ from simsearch.models import load_model
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.simulator.engine import SimulatedSearchEngine
 from simsearch.simulator.fidelity import FidelityExample, measure_fidelity
+from simsearch.training.checkpoint import latest_checkpoint
 
 
 def simulator(path: Path) -> SimulatedSearchEngine:

@@ -39,7 +39,7 @@ from simsearch.config import TrainRecipe, load_recipe
 from simsearch.data.templates import SEARCH_R1_TEMPLATE, render_prompt
 from simsearch.models import EOS_TOKEN, PAD_TOKEN, build_tiny_model, save_tiny, train_tokenizer
 from simsearch.policy.rewards import f1_rewards
-from simsearch.runlog import read_metrics
+from simsearch.training.runlog import read_metrics
 
 LR = 1e-5
 KL = 0.001

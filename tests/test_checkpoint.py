@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from simsearch.checkpoint import (
+from simsearch.training.checkpoint import (
     checkpoint_dir,
     latest_checkpoint,
     load_state,

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from simsearch.checkpoint import checkpoint_dir
 from simsearch.config import RecipeError
-from simsearch.distributed import (
+from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
+from simsearch.training.checkpoint import checkpoint_dir
+from simsearch.training.distributed import (
     adapter_dir,
     all_reduce_max,
     all_reduce_sum,
@@ -29,7 +30,6 @@ from simsearch.distributed import (
     mean_over_ranks,
     prune_deepspeed_dirs,
 )
-from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_one_process_all_reduces_are_identities() -> None:
 RANK_SCRIPT = """
 import json, sys
 import torch.distributed as dist
-from simsearch.distributed import mean_over_ranks
+from simsearch.training.distributed import mean_over_ranks
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -120,7 +120,7 @@ MAX_SCRIPT = """
 import json
 import torch
 import torch.distributed as dist
-from simsearch.distributed import all_reduce_max
+from simsearch.training.distributed import all_reduce_max
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from simsearch.config import OptimConfig, RecipeError
-from simsearch.optim import adamw_with_schedule, lr_factor
+from simsearch.training.optim import adamw_with_schedule, lr_factor
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from simsearch.runlog import RunLogger, read_metrics
+from simsearch.training.runlog import RunLogger, read_metrics
 
 
 def test_rows_are_appended_and_resume_drops_later_steps(tmp_path: Path) -> None:

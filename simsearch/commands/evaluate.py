@@ -92,11 +92,11 @@ from simsearch.eval import report
 from simsearch.eval.metrics import extract_answer
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories
 from simsearch.policy.tags import ANSWER_STOP, parse_action
-from simsearch.retrieval.base import SearchEngine
 from simsearch.retrieval import accounting
 from simsearch.retrieval.accounting import Ledger
-from simsearch.runlog import METRICS_FILE, RunLogger, read_metrics
+from simsearch.retrieval.base import SearchEngine
 from simsearch.simulator.fidelity import FidelityExample, measure_fidelity
+from simsearch.training.runlog import METRICS_FILE, RunLogger, read_metrics
 from simsearch.types import Completion, Document, QAExample, SamplingParams, SearchRequest, Turn
 
 BASELINES = ("direct", "rag")

@@ -50,7 +50,6 @@ from typing import Any
 
 import torch
 
-from simsearch.checkpoint import latest_checkpoint
 from simsearch.commands import evaluate, simulator_collect, simulator_finetune, train
 from simsearch.commands.build import build_search_engine
 from simsearch.config import (
@@ -73,8 +72,9 @@ from simsearch.fingerprints import digest
 from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
 from simsearch.policy.pretrain import make_copy_drills, make_traces, pretrain, reading_accuracy
 from simsearch.retrieval.bm25 import BM25SearchEngine
-from simsearch.runlog import read_metrics
 from simsearch.simulator.prompts import render as render_simulator_prompt
+from simsearch.training.checkpoint import latest_checkpoint
+from simsearch.training.runlog import read_metrics
 from simsearch.types import QAExample
 
 POLICIES = ("base", "rl_search", "rl_nosearch")

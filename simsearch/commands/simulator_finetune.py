@@ -28,29 +28,8 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from simsearch.checkpoint import (
-    checkpoint_dir,
-    latest_checkpoint,
-    load_state,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
 from simsearch.config import FinetuneRecipe, RecipeError, save_recipe
-from simsearch.distributed import (
-    HFExport,
-    all_reduce_sum,
-    backward,
-    deepspeed_config,
-    deepspeed_state_dir,
-    gathered_state_dict,
-    init_distributed,
-    load_for_training,
-    prune_deepspeed_dirs,
-)
 from simsearch.errors import DataError
-from simsearch.optim import adamw_with_schedule
-from simsearch.runlog import RunLogger
 from simsearch.simulator.sft import (
     TokenizedPair,
     collate,
@@ -61,6 +40,27 @@ from simsearch.simulator.sft import (
     step_batches,
     tokenize_pairs,
 )
+from simsearch.training.checkpoint import (
+    checkpoint_dir,
+    latest_checkpoint,
+    load_state,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from simsearch.training.distributed import (
+    HFExport,
+    all_reduce_sum,
+    backward,
+    deepspeed_config,
+    deepspeed_state_dir,
+    gathered_state_dict,
+    init_distributed,
+    load_for_training,
+    prune_deepspeed_dirs,
+)
+from simsearch.training.optim import adamw_with_schedule
+from simsearch.training.runlog import RunLogger
 
 
 def main(recipe: FinetuneRecipe) -> Path:

@@ -92,29 +92,16 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from simsearch.checkpoint import checkpoint_dir, latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
 from simsearch.commands.build import build_generation_engine, build_search_engine, meter_search_engine
 from simsearch.config import RecipeError, SearchConfig, TrainRecipe, save_recipe
 from simsearch.curriculum.schedules import build as build_schedule
 from simsearch.curriculum.schedules import num_noisy
 from simsearch.data.qa import load_qa
-from simsearch.distributed import (
-    HFExport,
-    all_reduce_max,
-    all_reduce_sum,
-    backward,
-    deepspeed_config,
-    deepspeed_state_dir,
-    init_distributed,
-    load_for_training,
-    mean_over_ranks,
-    prune_deepspeed_dirs,
-)
 from simsearch.engines.hf import HFEngine
 from simsearch.engines.vllm import trained_params_for_vllm
 from simsearch.errors import ServiceError
+from simsearch.eval import report
 from simsearch.models import load_model
-from simsearch.optim import adamw_with_schedule
 from simsearch.policy.batch import (
     ActorLossSettings,
     ValueModel,
@@ -138,10 +125,30 @@ from simsearch.policy.batch import (
 from simsearch.policy.losses import value_loss
 from simsearch.policy.offpolicy import truncated_is_weights
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories, score_trajectories
-from simsearch.eval import report
 from simsearch.retrieval import accounting
 from simsearch.retrieval.accounting import COUNTERS, EngineUsage, Ledger
-from simsearch.runlog import RunLogger, read_metrics
+from simsearch.training.checkpoint import (
+    checkpoint_dir,
+    latest_checkpoint,
+    load_state,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from simsearch.training.distributed import (
+    HFExport,
+    all_reduce_max,
+    all_reduce_sum,
+    backward,
+    deepspeed_config,
+    deepspeed_state_dir,
+    init_distributed,
+    load_for_training,
+    mean_over_ranks,
+    prune_deepspeed_dirs,
+)
+from simsearch.training.optim import adamw_with_schedule
+from simsearch.training.runlog import RunLogger, read_metrics
 from simsearch.types import SamplingParams, Trajectory
 
 VAL_REWARDS = {"em": 1.0, "f1": 1.0, "substring_em": 1.0}

@@ -4,7 +4,7 @@ Reads what runs already write, and nothing else:
 
 - an eval run: `examples/{method}/{dataset}.jsonl` (`simsearch.eval.report`'s per-example rows):
   one item per (dataset, question), one column per method (engines and baselines);
-- a train run: `trajectories.jsonl` (`simsearch.runlog`): one item per (step, question group),
+- a train run: `trajectories.jsonl` (`simsearch.training.runlog`): one item per (step, question group),
   one column per sampled rollout of the group, so queries can be compared across steps.
 
 The page holds its data as JSON inside a `<script type="application/json">` element and its own

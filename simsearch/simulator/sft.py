@@ -1,7 +1,7 @@
 """Supervised fine-tuning of the simulator: the SFT-specific pieces `simsearch simulator finetune` runs.
 
 What it shares with `simsearch train` (processes, DeepSpeed, LoRA, weight export, the LR schedule)
-is in `simsearch.distributed` and `simsearch.optim`.
+is in `simsearch.training.distributed` and `simsearch.training.optim`.
 
 Causal-LM SFT on `{prompt, response}` pairs with the loss on response tokens only: prompt
 positions are labelled `IGNORE_INDEX` (-100). The prompt is tokenized exactly as the simulator

@@ -27,10 +27,9 @@ from simsearch.errors import DataError, ServiceError
 from simsearch.eval.metrics import exact_match, f1_score, substring_exact_match
 from simsearch.models import build_tiny_model, save_tiny, train_tokenizer
 from simsearch.retrieval.bm25 import BM25SearchEngine
-from simsearch.runlog import RunLogger
 from simsearch.simulator.engine import SimulatedSearchEngine
+from simsearch.training.runlog import RunLogger
 from simsearch.types import Completion, QAExample, SamplingParams, SearchRequest
-
 from tests.servers import free_port
 
 METRIC_FUNCTIONS = {"substring_em": substring_exact_match, "em": exact_match, "f1": f1_score}

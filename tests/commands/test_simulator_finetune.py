@@ -15,11 +15,11 @@ import pytest
 import torch
 import yaml
 
-from simsearch.checkpoint import latest_checkpoint, load_state
 from simsearch.config import FinetuneRecipe, load_recipe
-from simsearch.distributed import adapter_dir
 from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
-from simsearch.runlog import read_metrics
+from simsearch.training.checkpoint import latest_checkpoint, load_state
+from simsearch.training.distributed import adapter_dir
+from simsearch.training.runlog import read_metrics
 
 PAIR = {
     "prompt": "Act as a search engine.\nQuery: capital of france\nResults:\n",

@@ -23,8 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 import simsearch.commands.train as train
-import simsearch.distributed as distributed
-from simsearch.checkpoint import latest_checkpoint, load_state
+import simsearch.training.distributed as distributed
 from simsearch.config import RecipeError, TrainRecipe, load_recipe
 from simsearch.curriculum.schedules import ExponentialSchedule
 from simsearch.data.templates import SEARCH_R1_TEMPLATE, render_prompt
@@ -35,7 +34,8 @@ from simsearch.policy.rollout import score_trajectories
 from simsearch.retrieval.base import render_information
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.retrieval.server import create_app
-from simsearch.runlog import read_metrics
+from simsearch.training.checkpoint import latest_checkpoint, load_state
+from simsearch.training.runlog import read_metrics
 from simsearch.types import Document, Passage
 from tests.servers import serve_in_thread
 

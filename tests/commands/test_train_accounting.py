@@ -7,7 +7,7 @@ from pathlib import Path
 
 from simsearch.commands import train
 from simsearch.eval import view
-from simsearch.runlog import read_metrics
+from simsearch.training.runlog import read_metrics
 from tests.commands.test_train import _recipe, world  # noqa: F401  (fixture)
 
 

@@ -15,7 +15,7 @@ import torch
 
 from simsearch.commands import train
 from simsearch.config import RecipeError
-from simsearch.runlog import read_metrics
+from simsearch.training.runlog import read_metrics
 from tests.commands import test_train
 from tests.commands.test_train import _finite_losses, _recipe
 

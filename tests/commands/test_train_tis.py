@@ -19,7 +19,7 @@ import torch
 from simsearch.commands import train
 from simsearch.config import RecipeError
 from simsearch.engines.hf import HFEngine
-from simsearch.runlog import read_metrics
+from simsearch.training.runlog import read_metrics
 from simsearch.types import Completion, SamplingParams
 from tests.commands import test_train
 from tests.commands.test_train import _finite_losses, _recipe, _weights

@@ -19,12 +19,12 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from simsearch.checkpoint import checkpoint_dir
 from simsearch.commands import train
 from simsearch.config import RecipeError
 from simsearch.engines.hf import HFEngine
 from simsearch.models import load_model
-from simsearch.runlog import read_metrics
+from simsearch.training.checkpoint import checkpoint_dir
+from simsearch.training.runlog import read_metrics
 from simsearch.types import Completion, SamplingParams
 from tests.commands import test_train
 from tests.commands.test_train import _finite_losses, _recipe, _weights

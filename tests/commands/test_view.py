@@ -21,8 +21,8 @@ from simsearch import cli
 from simsearch.commands import evaluate
 from simsearch.errors import DataError
 from simsearch.eval import view
-from simsearch.runlog import RunLogger
 from simsearch.simulator.engine import SimulatedSearchEngine
+from simsearch.training.runlog import RunLogger
 from tests.commands.test_evaluate import (  # noqa: F401  (fixtures)
     ScriptedPolicy,
     ScriptedSimulatorLM,

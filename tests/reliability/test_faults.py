@@ -24,7 +24,6 @@ from typing import Any
 import httpx
 import pytest
 
-from simsearch.checkpoint import STATE_FILE, latest_checkpoint, load_state, save_checkpoint
 from simsearch.commands import evaluate
 from simsearch.config import EvalRecipe, load_recipe
 from simsearch.data.templates import SEARCH_R1_TEMPLATE
@@ -36,6 +35,7 @@ from simsearch.models import train_tokenizer
 from simsearch.retrieval.http import HTTPSearchEngine
 from simsearch.retrieval.server import create_app
 from simsearch.simulator.engine import PAD_TEXT, SimulatedSearchEngine
+from simsearch.training.checkpoint import STATE_FILE, latest_checkpoint, load_state, save_checkpoint
 from simsearch.types import Completion, SearchRequest
 from tests.servers import serve_in_thread
 
@@ -360,7 +360,7 @@ KILLED_WRITER = r"""
 import os, shutil, sys, time
 from pathlib import Path
 import torch
-from simsearch import checkpoint
+from simsearch.training import checkpoint
 
 base, phases = Path(sys.argv[1]), sys.argv[2:]
 

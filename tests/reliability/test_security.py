@@ -26,7 +26,6 @@ import torch
 from fastapi.testclient import TestClient
 
 from simsearch import config
-from simsearch.checkpoint import STATE_FILE, CheckpointError, load_state, save_checkpoint
 from simsearch.commands import serve
 from simsearch.config import RecipeError, ServeRecipe, TrainRecipe, load_recipe, save_recipe
 from simsearch.engines.openai import OpenAIEngine
@@ -34,6 +33,7 @@ from simsearch.errors import ServiceError
 from simsearch.retrieval.http import HTTPSearchEngine
 from simsearch.retrieval.server import create_app
 from simsearch.retrieval.web import SerpAPISearchEngine, SerperSearchEngine
+from simsearch.training.checkpoint import STATE_FILE, CheckpointError, load_state, save_checkpoint
 from simsearch.types import Document, SamplingParams, SearchRequest
 from tests.servers import FakeServer, Seen
 
