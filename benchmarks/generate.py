@@ -44,10 +44,7 @@ def synthetic_texts(rng: random.Random, count: int) -> list[str]:
     """Sentences of random lowercase words with the tags, enough to fill a 1000-token BPE."""
     texts = []
     for _ in range(count):
-        words = [
-            "".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 8)))
-            for _ in range(rng.randint(8, 24))
-        ]
+        words = ["".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 8))) for _ in range(rng.randint(8, 24))]
         tag = rng.choice(TAG_TOKENS)
         texts.append(f"{' '.join(words)} {tag} {rng.randint(0, 9999)}.")
     return texts
@@ -100,8 +97,7 @@ def bench_model(
         )
         return int((out[:, prompt_tensor.shape[1] :] != engine.pad_id).sum())
 
-    runs = {"batched": batched, "sequential": sequential, "bare_loop": bare,
-            "hf_generate": hf_generate}
+    runs = {"batched": batched, "sequential": sequential, "bare_loop": bare, "hf_generate": hf_generate}
     # Warm-up (allocator, kernels, tokenizer caches), short: a few tokens each.
     warm = SamplingParams(temperature=0.0, max_new_tokens=4, stop=["</answer>"])
     engine.generate(prompts, warm)
@@ -127,13 +123,13 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=32, help="prompts in the batched call")
     parser.add_argument("--prompt-tokens", type=int, default=80, help="tokens per prompt")
     parser.add_argument("--new-tokens", type=int, default=64, help="max new tokens per prompt")
-    parser.add_argument("--sequential-prompts", type=int, default=8,
-                        help="prompts generated one at a time (tokens/s is a rate)")
+    parser.add_argument(
+        "--sequential-prompts", type=int, default=8, help="prompts generated one at a time (tokens/s is a rate)"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; best kept")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch intra-op threads; 0 keeps torch's default")
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0 keeps torch's default")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -143,8 +139,7 @@ def main() -> None:
     # Prompts of ordinary (non-special) tokens, all the same length.
     first_plain = len(tokenizer.all_special_ids)
     prompts = [
-        [rng.randrange(first_plain, len(tokenizer)) for _ in range(args.prompt_tokens)]
-        for _ in range(args.prompts)
+        [rng.randrange(first_plain, len(tokenizer)) for _ in range(args.prompt_tokens)] for _ in range(args.prompts)
     ]
     figures: dict[str, float] = {"torch_threads": torch.get_num_threads()}
     for name in args.models:
@@ -154,21 +149,27 @@ def main() -> None:
         params_m = sum(p.numel() for p in model.parameters()) / 1e6
         figures[f"{name}/params_millions"] = params_m
 
-    print(f"tokens/s; {args.prompts} prompts x {args.prompt_tokens} tokens, "
-          f"{args.new_tokens} new tokens, greedy, best of {args.repeats}, "
-          f"{torch.get_num_threads()} torch threads")
-    header = f"{'model':10} {'params':>7} {'batched':>10} {'one-by-one':>11} {'bare loop':>10} " \
-             f"{'hf generate':>12} {'batch/seq':>10} {'batch/bare':>11}"
+    print(
+        f"tokens/s; {args.prompts} prompts x {args.prompt_tokens} tokens, "
+        f"{args.new_tokens} new tokens, greedy, best of {args.repeats}, "
+        f"{torch.get_num_threads()} torch threads"
+    )
+    header = (
+        f"{'model':10} {'params':>7} {'batched':>10} {'one-by-one':>11} {'bare loop':>10} "
+        f"{'hf generate':>12} {'batch/seq':>10} {'batch/bare':>11}"
+    )
     print(header)
     print("-" * len(header))
     for name in args.models:
-        print(f"{name:10} {figures[f'{name}/params_millions']:6.2f}M "
-              f"{figures[f'{name}/batched_tokens_per_s']:10.0f} "
-              f"{figures[f'{name}/sequential_tokens_per_s']:11.0f} "
-              f"{figures[f'{name}/bare_loop_tokens_per_s']:10.0f} "
-              f"{figures[f'{name}/hf_generate_tokens_per_s']:12.0f} "
-              f"{figures[f'{name}/batched_over_sequential']:9.1f}x "
-              f"{figures[f'{name}/batched_over_bare_loop']:10.0%}")
+        print(
+            f"{name:10} {figures[f'{name}/params_millions']:6.2f}M "
+            f"{figures[f'{name}/batched_tokens_per_s']:10.0f} "
+            f"{figures[f'{name}/sequential_tokens_per_s']:11.0f} "
+            f"{figures[f'{name}/bare_loop_tokens_per_s']:10.0f} "
+            f"{figures[f'{name}/hf_generate_tokens_per_s']:12.0f} "
+            f"{figures[f'{name}/batched_over_sequential']:9.1f}x "
+            f"{figures[f'{name}/batched_over_bare_loop']:10.0%}"
+        )
     first = args.models[0]
     summary = {
         "batched_over_sequential": figures[f"{first}/batched_over_sequential"],

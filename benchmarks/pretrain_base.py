@@ -49,10 +49,14 @@ def main() -> None:
     parser.add_argument("--drill-lr", type=float, default=2e-3)
     parser.add_argument("--top-k", type=int, nargs="+", default=[3], help="documents per trace search, split evenly")
     parser.add_argument("--worlds", type=int, default=10, help="pretraining worlds (seeds 1..N), never the RL world")
-    parser.add_argument("--query-mix", type=float, nargs=3, default=(1 / 3, 1 / 3, 1 / 3), metavar=("NAME", "WORDS", "MIXED"))
+    parser.add_argument(
+        "--query-mix", type=float, nargs=3, default=(1 / 3, 1 / 3, 1 / 3), metavar=("NAME", "WORDS", "MIXED")
+    )
     parser.add_argument("--sample-questions", type=int, default=150, help="held-out questions sampled 16 times each")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--template-copies", type=int, default=TEMPLATE_COPIES, help="prompt copies in the tokenizer texts")
+    parser.add_argument(
+        "--template-copies", type=int, default=TEMPLATE_COPIES, help="prompt copies in the tokenizer texts"
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 keeps torch's default")
     parser.add_argument("--save", default="", help="directory to save the pretrained model in")
     args = parser.parse_args()
@@ -90,7 +94,8 @@ def main() -> None:
             model, drills, steps=args.drill_steps, batch_size=64, lr=args.drill_lr, copy_loss_weight=0.0,
             seed=args.seed,
         )  # fmt: skip
-        print(f"drill loss: first {drill_history['losses/policy'][0]:.3f}, last {_tail(drill_history['losses/policy']):.3f}")
+        drill_losses = drill_history["losses/policy"]
+        print(f"drill loss: first {drill_losses[0]:.3f}, last {_tail(drill_losses):.3f}")
     history = pretrain(
         model, traces, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
         copy_loss_weight=args.copy_loss_weight, seed=args.seed,
@@ -128,15 +133,30 @@ def main() -> None:
 
     rows = [
         ("traces", f"{len(traces)} (mean {sum(lengths) / len(lengths):.0f} tokens, max {max(lengths)})"),
-        ("pretraining", f"{args.steps} steps x {args.batch_size}, lr {args.lr:g}, copy weight {args.copy_loss_weight:g}"),
-        ("final losses (mean of last 50 steps)", f"policy {_tail(history['losses/policy']):.3f}, copy {_tail(history['losses/copy']):.3f}"),
+        (
+            "pretraining",
+            f"{args.steps} steps x {args.batch_size}, lr {args.lr:g}, copy weight {args.copy_loss_weight:g}",
+        ),
+        (
+            "final losses (mean of last 50 steps)",
+            f"policy {_tail(history['losses/policy']):.3f}, copy {_tail(history['losses/copy']):.3f}",
+        ),
         ("held-out greedy EM", f"{greedy_em:.1%} ({len(greedy.trajectories)} questions)"),
         ("held-out greedy by relation", _by_relation(world, greedy.trajectories)),
-        ("held-out greedy: searched / answered", f"{greedy.metrics['search/calls_per_traj']:.2f} / {greedy.metrics['rollout/answer_rate']:.2f}"),
+        (
+            "held-out greedy: searched / answered",
+            f"{greedy.metrics['search/calls_per_traj']:.2f} / {greedy.metrics['rollout/answer_rate']:.2f}",
+        ),
         ("training-set greedy EM (300 questions)", f"{_em(train_greedy.trajectories):.1%}"),
-        ("held-out sampling success (T=1)", f"{sum(sample_scores) / len(sample_scores):.1%} ({len(sample_scores)} rollouts)"),
+        (
+            "held-out sampling success (T=1)",
+            f"{sum(sample_scores) / len(sample_scores):.1%} ({len(sample_scores)} rollouts)",
+        ),
         ("groups of 16 with a success", f"{sum(max(g) > 0 for g in groups) / len(groups):.1%}"),
-        ("sampled: searched / answered", f"{sampled.metrics['search/calls_per_traj']:.2f} / {sampled.metrics['rollout/answer_rate']:.2f}"),
+        (
+            "sampled: searched / answered",
+            f"{sampled.metrics['search/calls_per_traj']:.2f} / {sampled.metrics['rollout/answer_rate']:.2f}",
+        ),
         ("setup / traces / pretrain s", f"{setup_s:.1f} / {traces_s:.1f} / {pretrain_s:.1f}"),
         ("pretrain CPU s (all threads)", f"{pretrain_cpu_s:.1f} ({torch.get_num_threads()} threads)"),
         ("greedy / sampled rollout s", f"{greedy_s:.1f} / {sample_s:.1f}"),

@@ -58,7 +58,9 @@ def main() -> None:
     root = Path(args.run_dir)
 
     reports = {seed: run_quickstart(root / f"seed_{seed}", seed, args.overrides) for seed in args.seeds}
-    rerun = None if args.no_rerun else run_quickstart(root / f"seed_{args.seeds[0]}_rerun", args.seeds[0], args.overrides)
+    rerun = (
+        None if args.no_rerun else run_quickstart(root / f"seed_{args.seeds[0]}_rerun", args.seeds[0], args.overrides)
+    )
 
     print("\nHeld-out EM (%), greedy; the RL policy only searched the simulator in training.")
     for seed, report in reports.items():
@@ -84,8 +86,10 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for (seed, report), g_bm25, g_dense, g_over in zip(reports.items(), gains_bm25, gains_dense, over_nosearch):
         em = report["em"]
-        print(f"| {seed} | {em['base']['bm25']:.1f} | {em['rl_search']['bm25']:.1f} | {g_bm25:+.1f} | "
-              f"{g_dense:+.1f} | {g_over:+.1f} |")
+        print(
+            f"| {seed} | {em['base']['bm25']:.1f} | {em['rl_search']['bm25']:.1f} | {g_bm25:+.1f} | "
+            f"{g_dense:+.1f} | {g_over:+.1f} |"
+        )
     for name, values in (("gain bm25", gains_bm25), ("gain dense", gains_dense), ("over no-search", over_nosearch)):
         mean, sd = mean_sd(values)
         print(f"{name}: {mean:.1f} ± {sd:.1f} (min {min(values):.1f}) over {len(values)} seeds")

@@ -137,8 +137,10 @@ def bench_server(passages: list[Passage], ranks: np.ndarray, seed: int) -> dict[
     # Drawn from the indexed passages, so every query matches at least its own passage (the
     # load client counts an empty result list as a failure).
     queries = synthetic_queries(indexed, ranks[:SERVER_PASSAGES], SERVER_QUERIES, seed)
-    results: dict[str, float] = {"server_queries_per_request": float(ROLLOUT_QUERIES_PER_REQUEST),
-                                 "server_failed_requests": 0.0}
+    results: dict[str, float] = {
+        "server_queries_per_request": float(ROLLOUT_QUERIES_PER_REQUEST),
+        "server_failed_requests": 0.0,
+    }
     for size in SERVER_QUERIES_PER_REQUEST:
         figures = measure_server_over_direct(engine, queries, size, clients=32, top_k=TOP_K, repeats=SERVER_REPEATS)
         results[f"server_direct_qps_q{size}"] = figures["direct_qps"]
@@ -221,15 +223,21 @@ def main() -> None:
         f"(model load {results['dense_model_load_s']:.1f} s) | "
         f"{results['dense_single_qps']:.0f} | {results['dense_batched_qps']:.0f} |"
     )
-    print(f"\n| /retrieve, BM25 over {SERVER_PASSAGES} passages, 32 clients: queries per request "
-          "(= per direct call) | direct (q/s) | server (q/s) | server / direct | same, in CPU time per query |")
+    print(
+        f"\n| /retrieve, BM25 over {SERVER_PASSAGES} passages, 32 clients: queries per request "
+        "(= per direct call) | direct (q/s) | server (q/s) | server / direct | same, in CPU time per query |"
+    )
     print("|---|---|---|---|---|")
     for size in SERVER_QUERIES_PER_REQUEST:
-        print(f"| {size} | {results[f'server_direct_qps_q{size}']:.0f} | {results[f'server_qps_q{size}']:.0f} | "
-              f"{results[f'server_over_direct_q{size}']:.2f} | {results[f'server_over_direct_cpu_q{size}']:.2f} |")
-    print(f"\nserver_over_direct (at {ROLLOUT_QUERIES_PER_REQUEST} queries per request): "
-          f"{results['server_over_direct']:.2f}; failed requests over all passes: "
-          f"{results['server_failed_requests']:.0f}")
+        print(
+            f"| {size} | {results[f'server_direct_qps_q{size}']:.0f} | {results[f'server_qps_q{size}']:.0f} | "
+            f"{results[f'server_over_direct_q{size}']:.2f} | {results[f'server_over_direct_cpu_q{size}']:.2f} |"
+        )
+    print(
+        f"\nserver_over_direct (at {ROLLOUT_QUERIES_PER_REQUEST} queries per request): "
+        f"{results['server_over_direct']:.2f}; failed requests over all passes: "
+        f"{results['server_failed_requests']:.0f}"
+    )
     print(json.dumps({k: round(v, 3) for k, v in results.items()}))
 
 

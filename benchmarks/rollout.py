@@ -215,9 +215,20 @@ def main() -> None:
         **on,
         "prefix_reuse_speedup": speedup,
         "prefix_reuse_paired_median": statistics.median(paired),
-        **{f"{key}_off": off[key] for key in ("trajectories_per_s", "total_s", "generate_s", "prefill_s",
-                                                "decode_s", "assembly_share", "prefill_tokens",
-                                                "prefill_slots", "total_s_spread")},  # fmt: skip
+        **{
+            f"{key}_off": off[key]
+            for key in (
+                "trajectories_per_s",
+                "total_s",
+                "generate_s",
+                "prefill_s",
+                "decode_s",
+                "assembly_share",
+                "prefill_tokens",
+                "prefill_slots",
+                "total_s_spread",
+            )
+        },
         "same_trajectories": same,
         "pretrain_s": pretrain_s,
         "torch_threads": torch.get_num_threads(),

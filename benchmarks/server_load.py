@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -143,9 +144,14 @@ class Load:
         self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
 
     def summary(self) -> dict[str, Any]:
-        return {"latencies_ms": self.latencies_ms, "errors": self.errors, "error_kinds": self.error_kinds,
-                "oversize_sent": self.oversize_sent, "oversize_rejected": self.oversize_rejected,
-                "wall_s": self.wall_s}
+        return {
+            "latencies_ms": self.latencies_ms,
+            "errors": self.errors,
+            "error_kinds": self.error_kinds,
+            "oversize_sent": self.oversize_sent,
+            "oversize_rejected": self.oversize_rejected,
+            "wall_s": self.wall_s,
+        }
 
 
 class Connection:
@@ -165,8 +171,10 @@ class Connection:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         assert self.reader is not None
-        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
         self.writer.write(head + body)
         await self.writer.drain()
         status_line = await self.reader.readline()
@@ -188,10 +196,8 @@ class Connection:
     async def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
-            try:
+            with contextlib.suppress(OSError):
                 await self.writer.wait_closed()
-            except OSError:
-                pass
         self.reader = self.writer = None
 
 
@@ -202,8 +208,9 @@ def chunked(queries: list[str], size: int) -> list[list[str]]:
     return [queries[i : i + size] for i in range(0, len(queries) - size + 1, size)]
 
 
-async def client_loop(host: str, port: int, groups: list[list[str]], offset: int, stop_at: float,
-                      budget: list[int], load: Load) -> None:
+async def client_loop(
+    host: str, port: int, groups: list[list[str]], offset: int, stop_at: float, budget: list[int], load: Load
+) -> None:
     """Sends one group of queries per request, from `offset` on, while time and `budget` last."""
     connection = Connection(host, port)
     i = offset
@@ -246,8 +253,15 @@ async def oversize_loop(host: str, port: int, stop_at: float, load: Load) -> Non
         await asyncio.sleep(1.0)
 
 
-async def drive(url: str, queries: list[str], clients: int, duration_s: float, max_requests: int,
-                oversize: bool, queries_per_request: int = 1) -> Load:
+async def drive(
+    url: str,
+    queries: list[str],
+    clients: int,
+    duration_s: float,
+    max_requests: int,
+    oversize: bool,
+    queries_per_request: int = 1,
+) -> Load:
     """`clients` concurrent clients, each sending one request of `queries_per_request` queries
     after another, for `duration_s` seconds or `max_requests` requests in all, whichever ends first."""
     split = urlsplit(url)
@@ -266,17 +280,34 @@ async def drive(url: str, queries: list[str], clients: int, duration_s: float, m
     return load
 
 
-def drive_in_subprocess(url: str, queries: list[str], clients: int, duration_s: float,
-                        max_requests: int, queries_per_request: int) -> dict[str, Any]:
+def drive_in_subprocess(
+    url: str, queries: list[str], clients: int, duration_s: float, max_requests: int, queries_per_request: int
+) -> dict[str, Any]:
     """Runs `drive` in a child process (so it does not share the server's interpreter)."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(queries, f)
     try:
         out = subprocess.run(
-            [sys.executable, __file__, "--drive", url, "--queries-file", f.name, "--clients", str(clients),
-             "--duration", str(duration_s), "--max-requests", str(max_requests),
-             "--queries-per-request", str(queries_per_request)],
-            capture_output=True, text=True, check=True, timeout=duration_s + 3 * REQUEST_TIMEOUT_S + 60,
+            [
+                sys.executable,
+                __file__,
+                "--drive",
+                url,
+                "--queries-file",
+                f.name,
+                "--clients",
+                str(clients),
+                "--duration",
+                str(duration_s),
+                "--max-requests",
+                str(max_requests),
+                "--queries-per-request",
+                str(queries_per_request),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=duration_s + 3 * REQUEST_TIMEOUT_S + 60,
         )
     finally:
         os.unlink(f.name)
@@ -365,8 +396,9 @@ def measure_server_over_direct(
 
             # This process's CPU meanwhile is the server's alone: this thread waits on the child.
             start_cpu = time.process_time()
-            load = drive_in_subprocess(f"http://127.0.0.1:{port}", queries, clients, max_seconds, len(groups),
-                                       queries_per_request)
+            load = drive_in_subprocess(
+                f"http://127.0.0.1:{port}", queries, clients, max_seconds, len(groups), queries_per_request
+            )
             answered = len(load["latencies_ms"])
             server_qps = max(server_qps, answered * queries_per_request / load["wall_s"])
             server_cpu_s = min(server_cpu_s, (time.process_time() - start_cpu) / max(answered * queries_per_request, 1))
@@ -393,12 +425,17 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=200, help="concurrent clients")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of load")
     parser.add_argument("--max-requests", type=int, default=2_000_000, help="bound on requests sent in all")
-    parser.add_argument("--queries-per-request", type=int, default=1,
-                        help="queries in each request's body (and per direct engine call)")
+    parser.add_argument(
+        "--queries-per-request", type=int, default=1, help="queries in each request's body (and per direct engine call)"
+    )
     parser.add_argument("--passages", type=int, default=20_000, help="synthetic corpus size")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--direct-queries", type=int, default=2_000,
-                        help="queries for the server-over-direct section (32 clients); 0 skips it")
+    parser.add_argument(
+        "--direct-queries",
+        type=int,
+        default=2_000,
+        help="queries for the server-over-direct section (32 clients); 0 skips it",
+    )
     parser.add_argument("--serve", type=int, default=0, help=argparse.SUPPRESS)  # child mode: the port
     parser.add_argument("--drive", default="", help=argparse.SUPPRESS)  # child mode: the server URL
     parser.add_argument("--queries-file", default="", help=argparse.SUPPRESS)
@@ -408,15 +445,25 @@ def main() -> None:
         return
     if args.drive:
         queries = json.loads(Path(args.queries_file).read_text())
-        load = asyncio.run(drive(args.drive, queries, args.clients, args.duration, args.max_requests, oversize=False,
-                                 queries_per_request=args.queries_per_request))
+        load = asyncio.run(
+            drive(
+                args.drive,
+                queries,
+                args.clients,
+                args.duration,
+                args.max_requests,
+                oversize=False,
+                queries_per_request=args.queries_per_request,
+            )
+        )
         print(json.dumps(load.summary()))
         return
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, __file__, "--serve", str(port), "--passages", str(args.passages),
-                               "--seed", str(args.seed)])
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(port), "--passages", str(args.passages), "--seed", str(args.seed)]
+    )
     try:
         wait_until_healthy(url, server)
         _, queries = synthetic_corpus(args.passages, args.seed)
@@ -427,8 +474,17 @@ def main() -> None:
         stop = threading.Event()
         sampler = threading.Thread(target=sample_rss, args=(server.pid, stop, samples), daemon=True)
         sampler.start()
-        load = asyncio.run(drive(url, queries, args.clients, args.duration, args.max_requests, oversize=True,
-                                 queries_per_request=args.queries_per_request))
+        load = asyncio.run(
+            drive(
+                url,
+                queries,
+                args.clients,
+                args.duration,
+                args.max_requests,
+                oversize=True,
+                queries_per_request=args.queries_per_request,
+            )
+        )
         wall_s = load.wall_s
         stop.set()
         sampler.join(timeout=5)
@@ -475,21 +531,29 @@ def main() -> None:
         results |= {k: round(v, 3) for k, v in direct.items()}
 
     print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
-    print(f"| /retrieve, BM25 over {args.passages} passages, topk {TOP_K}, "
-          f"{args.queries_per_request} queries per request | |")
+    print(
+        f"| /retrieve, BM25 over {args.passages} passages, topk {TOP_K}, "
+        f"{args.queries_per_request} queries per request | |"
+    )
     print("|---|---|")
     print(f"| clients x duration | {args.clients} x {wall_s:.1f} s |")
     print(f"| requests (per s) | {requests} ({results['requests_per_s']}/s) in {health['engine_calls']} engine calls |")
     print(f"| errors | {load.errors} {load.error_kinds or ''} |")
-    print(f"| latency p50 / p95 / p99 / max | {results['p50_ms']} / {results['p95_ms']} / {results['p99_ms']} / "
-          f"{results['max_ms']} ms |")
-    print(f"| server RSS start / middle / end (max) | {results['rss_start_mb']} / {results['rss_mid_mb']} / "
-          f"{results['rss_end_mb']} ({results['rss_max_mb']}) MB |")
+    print(
+        f"| latency p50 / p95 / p99 / max | {results['p50_ms']} / {results['p95_ms']} / {results['p99_ms']} / "
+        f"{results['max_ms']} ms |"
+    )
+    print(
+        f"| server RSS start / middle / end (max) | {results['rss_start_mb']} / {results['rss_mid_mb']} / "
+        f"{results['rss_end_mb']} ({results['rss_max_mb']}) MB |"
+    )
     print(f"| oversize bodies refused with 413 | {load.oversize_rejected} of {load.oversize_sent} |")
     if direct:
         print(f"| direct engine, {args.queries_per_request} queries per call | {direct['direct_qps']:.0f} q/s |")
-        print(f"| behind the server, 32 clients | {direct['server_qps']:.0f} q/s "
-              f"({direct['server_over_direct']:.2f}x direct, {direct['server_failed_requests']:.0f} failed) |")
+        print(
+            f"| behind the server, 32 clients | {direct['server_qps']:.0f} q/s "
+            f"({direct['server_over_direct']:.2f}x direct, {direct['server_failed_requests']:.0f} failed) |"
+        )
     print(json.dumps(results))
 
 

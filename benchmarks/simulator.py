@@ -58,10 +58,18 @@ def main() -> None:
     texts = [_words(rng, 20) for _ in range(2000)] + [prompt_text] * 200
     tokenizer = train_tokenizer(texts, vocab_size=1000)
     model = build_tiny_model(tokenizer)
-    prompt_tokens = len(tokenizer(render(
-        "simsearch", query=requests[0].query, question=requests[0].question,
-        golden_answers=requests[0].golden_answers, noisy=False, top_k=args.top_k,
-    ))["input_ids"])
+    prompt_tokens = len(
+        tokenizer(
+            render(
+                "simsearch",
+                query=requests[0].query,
+                question=requests[0].question,
+                golden_answers=requests[0].golden_answers,
+                noisy=False,
+                top_k=args.top_k,
+            )
+        )["input_ids"]
+    )
     engine = SimulatedSearchEngine(
         HFEngine(model, tokenizer, batch_size=64),
         preset="simsearch",
@@ -88,23 +96,29 @@ def main() -> None:
 
     documents = args.queries * args.top_k
     rate = {name: documents / seconds for name, seconds in best.items()}
-    print(f"tiny Qwen2 {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
-          f"{args.queries} queries x top_k {args.top_k}, prompt ~{prompt_tokens} tokens, "
-          f"{args.new_tokens} new tokens, torch threads {torch.get_num_threads()}")
+    print(
+        f"tiny Qwen2 {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
+        f"{args.queries} queries x top_k {args.top_k}, prompt ~{prompt_tokens} tokens, "
+        f"{args.new_tokens} new tokens, torch threads {torch.get_num_threads()}"
+    )
     print(f"{'mode':<12}{'seconds':>10}{'docs/s':>10}")
     for name in best:
         print(f"{name:<12}{best[name]:>10.2f}{rate[name]:>10.1f}")
-    print(json.dumps({
-        "batched_over_per_query": round(rate["batched"] / rate["per_query"], 2),
-        "batched_docs_per_s": round(rate["batched"], 1),
-        "per_query_docs_per_s": round(rate["per_query"], 1),
-        "batched_s": round(best["batched"], 3),
-        "per_query_s": round(best["per_query"], 3),
-        "queries": args.queries,
-        "top_k": args.top_k,
-        "new_tokens": args.new_tokens,
-        "prompt_tokens": prompt_tokens,
-    }))
+    print(
+        json.dumps(
+            {
+                "batched_over_per_query": round(rate["batched"] / rate["per_query"], 2),
+                "batched_docs_per_s": round(rate["batched"], 1),
+                "per_query_docs_per_s": round(rate["per_query"], 1),
+                "batched_s": round(best["batched"], 3),
+                "per_query_s": round(best["per_query"], 3),
+                "queries": args.queries,
+                "top_k": args.top_k,
+                "new_tokens": args.new_tokens,
+                "prompt_tokens": prompt_tokens,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

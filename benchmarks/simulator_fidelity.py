@@ -63,12 +63,16 @@ def main() -> None:
     for key in keys:
         print(f"| {key} | " + " | ".join(f"{r.get(key, float('nan')):.3f}" for r in rows.values()) + " |")
     before, after = rows.values()
-    print(json.dumps({
-        "questions": len(examples),
-        "gap_before": round(before["fidelity/gap"], 3),
-        "gap_after": round(after["fidelity/gap"], 3),
-        "query_sensitivity_after": round(after.get("fidelity/query_sensitivity", float("nan")), 3),
-    }))
+    print(
+        json.dumps(
+            {
+                "questions": len(examples),
+                "gap_before": round(before["fidelity/gap"], 3),
+                "gap_after": round(after["fidelity/gap"], 3),
+                "query_sensitivity_after": round(after.get("fidelity/query_sensitivity", float("nan")), 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

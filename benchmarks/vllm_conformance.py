@@ -47,7 +47,7 @@ from packaging.version import Version
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from simsearch.config import SamplingConfig, RecipeError  # noqa: E402
+from simsearch.config import RecipeError, SamplingConfig  # noqa: E402
 from simsearch.engines.openai import NEUTRAL_SAMPLING, OpenAIEngine  # noqa: E402
 from simsearch.engines.vllm import SLEEP_TAGS, sampling_kwargs  # noqa: E402
 from simsearch.types import SamplingParams  # noqa: E402
@@ -60,11 +60,17 @@ OUTPUT_CLASSES = [
 ]
 # The response fields `OpenAIEngine` reads (engines/openai.py), by vLLM response model.
 RESPONSE_FIELDS = [
-    ("vllm/entrypoints/openai/completion/protocol.py", "CompletionResponseChoice",
-     ["index", "text", "finish_reason", "stop_reason", "token_ids", "logprobs"]),
+    (
+        "vllm/entrypoints/openai/completion/protocol.py",
+        "CompletionResponseChoice",
+        ["index", "text", "finish_reason", "stop_reason", "token_ids", "logprobs"],
+    ),
     ("vllm/entrypoints/openai/completion/protocol.py", "CompletionLogProbs", ["token_logprobs"]),
-    ("vllm/entrypoints/openai/chat_completion/protocol.py", "ChatCompletionResponseChoice",
-     ["index", "message", "finish_reason", "stop_reason", "token_ids", "logprobs"]),
+    (
+        "vllm/entrypoints/openai/chat_completion/protocol.py",
+        "ChatCompletionResponseChoice",
+        ["index", "message", "finish_reason", "stop_reason", "token_ids", "logprobs"],
+    ),
     ("vllm/entrypoints/openai/chat_completion/protocol.py", "ChatMessage", ["content"]),
     ("vllm/entrypoints/openai/chat_completion/protocol.py", "ChatCompletionLogProbs", ["content"]),
     ("vllm/entrypoints/openai/chat_completion/protocol.py", "ChatCompletionLogProb", ["logprob"]),
@@ -317,8 +323,14 @@ def check_server(wheel: Wheel) -> list[Check]:
     for cls in SERVE_ARG_CLASSES:
         serve_fields |= set(wheel.members(wheel.locate(cls), cls))
     for flag, used_in in sorted({**vllm_serve_flags(), **PROSE_FLAGS}.items()):
-        checks.append(Check("keyword", f"vllm serve --{flag} ({used_in})", "EngineArgs / FrontendArgs",
-                            flag.replace("-", "_") in serve_fields))
+        checks.append(
+            Check(
+                "keyword",
+                f"vllm serve --{flag} ({used_in})",
+                "EngineArgs / FrontendArgs",
+                flag.replace("-", "_") in serve_fields,
+            )
+        )
     # Every value vllm serve fills from generation_config.json is one the engine sends.
     sent = set(simsearch_request_keys(False))
     for key in _generation_config_keys(wheel):
@@ -344,8 +356,14 @@ def check_meanings(wheel: Wheel) -> list[Check]:
     checks.append(
         Check("meaning", 'logprobs_mode="raw_logprobs"', "vllm/config/model.py", '"raw_logprobs"' in model_src)
     )
-    checks.append(Check("meaning", 'distributed_executor_backend="external_launcher"', "vllm/config/parallel.py",
-                        '"external_launcher"' in parallel_src))
+    checks.append(
+        Check(
+            "meaning",
+            'distributed_executor_backend="external_launcher"',
+            "vllm/config/parallel.py",
+            '"external_launcher"' in parallel_src,
+        )
+    )
     llm = wheel.members("vllm/entrypoints/llm.py", "LLM")
     wake_up = llm.get("wake_up")
     wake_src = ast.get_source_segment(wheel.source("vllm/entrypoints/llm.py"), wake_up) if wake_up else ""
@@ -356,27 +374,62 @@ def check_meanings(wheel: Wheel) -> list[Check]:
     checks.append(Check("meaning", "reset_prefix_cache() -> bool", "LLM.reset_prefix_cache", returns_bool))
 
     sampling_src = wheel.source("vllm/sampling_params.py")
-    checks.append(Check("meaning", "temperature > 2 refused (recipe check)", "SamplingParams._verify_args",
-                        "self.temperature > 2.0" in sampling_src
-                        and _recipe_refuses(2.01) and not _recipe_refuses(2.0)))
-    checks.append(Check("meaning", "temperature < 0.01 raised to 0.01 (recipe check)", "sampling_params._MAX_TEMP",
-                        "_MAX_TEMP = 1e-2" in sampling_src and _recipe_refuses(0.009) and not _recipe_refuses(0.01)))
-    checks.append(Check("meaning", f"top_k={NEUTRAL_SAMPLING['top_k']} means off", "SamplingParams._verify_args",
-                        "self.top_k < -1" in sampling_src))
+    checks.append(
+        Check(
+            "meaning",
+            "temperature > 2 refused (recipe check)",
+            "SamplingParams._verify_args",
+            "self.temperature > 2.0" in sampling_src and _recipe_refuses(2.01) and not _recipe_refuses(2.0),
+        )
+    )
+    checks.append(
+        Check(
+            "meaning",
+            "temperature < 0.01 raised to 0.01 (recipe check)",
+            "sampling_params._MAX_TEMP",
+            "_MAX_TEMP = 1e-2" in sampling_src and _recipe_refuses(0.009) and not _recipe_refuses(0.01),
+        )
+    )
+    checks.append(
+        Check(
+            "meaning",
+            f"top_k={NEUTRAL_SAMPLING['top_k']} means off",
+            "SamplingParams._verify_args",
+            "self.top_k < -1" in sampling_src,
+        )
+    )
 
     serial = wheel.source("vllm/v1/serial_utils.py")
     engine_src = wheel.source("vllm/v1/engine/llm_engine.py")
     worker = wheel.members("vllm/v1/worker/worker_base.py", "WorkerBase")
-    checks.append(Check("meaning", "apply_model(f) = collective_rpc('apply_model', args=(f,))", "LLMEngine.apply_model",
-                        'collective_rpc("apply_model", args=(func,))' in engine_src and "apply_model" in worker))
-    checks.append(Check("meaning", "msgspec sends a non-dataclass loader pickled", "MsgpackEncoder.enc_hook",
-                        "CUSTOM_TYPE_PICKLE, pickle.dumps(obj" in serial
-                        and "VLLM_ALLOW_INSECURE_SERIALIZATION" in serial
-                        and not _loader_is_dataclass()))
+    checks.append(
+        Check(
+            "meaning",
+            "apply_model(f) = collective_rpc('apply_model', args=(f,))",
+            "LLMEngine.apply_model",
+            'collective_rpc("apply_model", args=(func,))' in engine_src and "apply_model" in worker,
+        )
+    )
+    checks.append(
+        Check(
+            "meaning",
+            "msgspec sends a non-dataclass loader pickled",
+            "MsgpackEncoder.enc_hook",
+            "CUSTOM_TYPE_PICKLE, pickle.dumps(obj" in serial
+            and "VLLM_ALLOW_INSECURE_SERIALIZATION" in serial
+            and not _loader_is_dataclass(),
+        )
+    )
     hub = wheel.pins().get("huggingface_hub", "")
     old_cli = [str(p.relative_to(ROOT)) for p in _command_files() if "huggingface-cli download" in p.read_text()]
-    checks.append(Check("meaning", f"`hf download`, not huggingface-cli (huggingface_hub{hub}) {old_cli or ''}",
-                        "Requires-Dist", ">=1" in hub and not old_cli))
+    checks.append(
+        Check(
+            "meaning",
+            f"`hf download`, not huggingface-cli (huggingface_hub{hub}) {old_cli or ''}",
+            "Requires-Dist",
+            ">=1" in hub and not old_cli,
+        )
+    )
     envs = wheel.source("vllm/envs.py")
     for var in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_ALLOW_INSECURE_SERIALIZATION"):
         checks.append(Check("name", var, "vllm/envs.py", f'"{var}"' in envs))
@@ -414,8 +467,21 @@ def fetch_wheel(requirement: Requirement, version: str | None, dest: Path) -> Pa
         raise SystemExit(f"vllm {version} is outside the extra's bounds {requirement}")
     wanted = f"vllm=={version}" if version else str(requirement)
     dest.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", wanted, "--no-deps", "--only-binary=:all:",
-                    "--quiet", "-d", str(dest)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            wanted,
+            "--no-deps",
+            "--only-binary=:all:",
+            "--quiet",
+            "-d",
+            str(dest),
+        ],
+        check=True,
+    )
     wheels = [p for p in dest.glob("vllm-*.whl") if Version(p.name.split("-")[1]) in requirement.specifier]
     if version:
         wheels = [p for p in wheels if p.name.split("-")[1] == version]
@@ -431,8 +497,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--wheel", type=Path, help="a vLLM wheel already on disk (skips the download)")
     parser.add_argument("--version", help="a vLLM version within the extra's bounds (default: the newest)")
-    parser.add_argument("--dest", type=Path, default=Path(tempfile.gettempdir()) / "simsearch_vllm_wheels",
-                        help="where the wheel is downloaded (reused when already there)")
+    parser.add_argument(
+        "--dest",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "simsearch_vllm_wheels",
+        help="where the wheel is downloaded (reused when already there)",
+    )
     args = parser.parse_args(argv)
 
     requirement = extra_requirement()
@@ -447,16 +517,20 @@ def main(argv: list[str] | None = None) -> int:
     missing = [c.name for c in checks if not c.ok]
     pins = wheel.pins()
     print(f"\n{len(checks)} checked, {len(missing)} missing; the wheel pins {pins}, CUDA {cuda_version(wheel)}")
-    print(json.dumps({
-        "checked": len(checks),
-        "missing": missing,
-        "vllm_version": wheel.version,
-        "in_extra": Version(wheel.version) in requirement.specifier,
-        "torch": pins.get("torch"),
-        "transformers": pins.get("transformers"),
-        "huggingface_hub": pins.get("huggingface_hub"),
-        "cuda": cuda_version(wheel),
-    }))
+    print(
+        json.dumps(
+            {
+                "checked": len(checks),
+                "missing": missing,
+                "vllm_version": wheel.version,
+                "in_extra": Version(wheel.version) in requirement.specifier,
+                "torch": pins.get("torch"),
+                "transformers": pins.get("transformers"),
+                "huggingface_hub": pins.get("huggingface_hub"),
+                "cuda": cuda_version(wheel),
+            }
+        )
+    )
     return 1 if missing else 0
 
 

@@ -108,7 +108,10 @@ def run_trl(root: Path, model: Path, rows: list[dict], args: argparse.Namespace)
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     dataset = Dataset.from_list(
-        [{"prompt": render_prompt(r["question"], template="search-r1"), "golden_answers": r["golden_answers"]} for r in rows]
+        [
+            {"prompt": render_prompt(r["question"], template="search-r1"), "golden_answers": r["golden_answers"]}
+            for r in rows
+        ]
     )
 
     def f1_reward(completions: list[str], golden_answers: list[list[str]], **_: object) -> list[float]:
@@ -163,7 +166,9 @@ def run_trl(root: Path, model: Path, rows: list[dict], args: argparse.Namespace)
     )  # fmt: skip
     trainer.train()
     steps = [b - a for a, b in zip(clock.ends, clock.ends[1:])][1:]  # the first step warms up
-    lengths = [row["completions/mean_length"] for row in trainer.state.log_history if "completions/mean_length" in row][1:]
+    lengths = [row["completions/mean_length"] for row in trainer.state.log_history if "completions/mean_length" in row][
+        1:
+    ]
     return {"s_per_step": sum(steps) / len(steps), "completion_len": sum(lengths) / len(lengths)}
 
 

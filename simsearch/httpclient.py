@@ -207,11 +207,11 @@ def _one_attempt(
             timeout=httpx.Timeout(timeout_s),
         )
     except httpx.UnsupportedProtocol as exc:
-        raise _Fatal(f"{type(exc).__name__}: {exc} (URLs must start with http:// or https://)")
+        raise _Fatal(f"{type(exc).__name__}: {exc} (URLs must start with http:// or https://)") from exc
     except httpx.TimeoutException as exc:
-        raise _Retryable(f"{type(exc).__name__}: no answer within timeout_s={timeout_s} ({exc})")
+        raise _Retryable(f"{type(exc).__name__}: no answer within timeout_s={timeout_s} ({exc})") from exc
     except httpx.RequestError as exc:
-        raise _Retryable(f"{type(exc).__name__}: {exc}")
+        raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
 
     status = response.status_code
     # Masked before the cut: a secret straddling the cut would otherwise leave its head unmasked.
@@ -224,7 +224,7 @@ def _one_attempt(
     try:
         data = json.loads(response.content)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _Retryable(f"malformed JSON in the HTTP {status} response ({exc}): {snippet!r}")
+        raise _Retryable(f"malformed JSON in the HTTP {status} response ({exc}): {snippet!r}") from exc
     if not isinstance(data, dict):
         raise _Retryable(f"expected a JSON object, got {type(data).__name__}: {snippet!r}")
     return data

@@ -126,23 +126,16 @@ def _check_source(path: str | Path, *, what: str, marker: str) -> str:
     """
     text = str(path)
     local = Path(text).expanduser()
-    looks_local = (
-        isinstance(path, Path)
-        or local.is_absolute()
-        or text.startswith((".", "~"))
-        or text.count("/") > 1
-    )
+    looks_local = isinstance(path, Path) or local.is_absolute() or text.startswith((".", "~")) or text.count("/") > 1
     if local.exists():
         if local.is_dir() and not (local / marker).is_file():
             raise FileNotFoundError(
-                f"{what} directory {local} has no {marker}; point to a directory written by "
-                "save_pretrained"
+                f"{what} directory {local} has no {marker}; point to a directory written by save_pretrained"
             )
         return str(local)
     if looks_local:
         raise FileNotFoundError(
-            f"{what} path {local} does not exist; check the path (or use a hub name like "
-            "'Qwen/Qwen2.5-3B' when online)"
+            f"{what} path {local} does not exist; check the path (or use a hub name like 'Qwen/Qwen2.5-3B' when online)"
         )
     return text
 
@@ -236,9 +229,7 @@ def build_tiny_model(
         The model in float32, eval mode, on CPU.
     """
     if hidden % heads != 0 or heads % kv_heads != 0:
-        raise ValueError(
-            f"heads={heads} must divide hidden={hidden} and kv_heads={kv_heads} must divide heads"
-        )
+        raise ValueError(f"heads={heads} must divide hidden={hidden} and kv_heads={kv_heads} must divide heads")
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
@@ -262,9 +253,7 @@ def build_tiny_model(
     return model
 
 
-def save_tiny(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: str | Path
-) -> Path:
+def save_tiny(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: str | Path) -> Path:
     """Writes a model and its tokenizer with `save_pretrained`, loadable by `load_model`.
 
     Args:

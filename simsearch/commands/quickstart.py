@@ -110,8 +110,13 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
         seed=recipe.seed, n_entities=recipe.n_entities, n_train_entities=recipe.n_train_entities,
         n_background_entities=recipe.n_background_entities,
     )  # fmt: skip
-    world_fp = digest({"stage": "world", "seed": recipe.seed, "sizes": [
-        recipe.n_entities, recipe.n_train_entities, recipe.n_background_entities]})
+    world_fp = digest(
+        {
+            "stage": "world",
+            "seed": recipe.seed,
+            "sizes": [recipe.n_entities, recipe.n_train_entities, recipe.n_background_entities],
+        }
+    )
     paths = {name: str(run / "world" / f"{name}.jsonl") for name in ("corpus", "train", "test")}
     paths.update(bm25=str(run / "index" / "bm25"), dense=str(run / "index" / "dense"))
     claimed = [_claim(run / folder, world_fp) for folder in ("world", "index")]
@@ -137,33 +142,76 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
 
     clock.start("collect", "3/6 simulator SFT data (base policy x real BM25)")
     collect_dir = run / "collect"
-    collect_fp = _stage(recipe, recipes, "collect", CollectRecipe, simulator_collect.main, [base_fp], [
-        f"run_dir={collect_dir}", f"seed={recipe.seed}", f"policy.model.path={base}",
-        f"data.train=[{paths['train']}]", f"search.corpus={paths['corpus']}",
-        f"search.index_dir={paths['bm25']}",
-    ])
+    collect_fp = _stage(
+        recipe,
+        recipes,
+        "collect",
+        CollectRecipe,
+        simulator_collect.main,
+        [base_fp],
+        [
+            f"run_dir={collect_dir}",
+            f"seed={recipe.seed}",
+            f"policy.model.path={base}",
+            f"data.train=[{paths['train']}]",
+            f"search.corpus={paths['corpus']}",
+            f"search.index_dir={paths['bm25']}",
+        ],
+    )
 
     clock.start("simulator_sft", "4/6 simulator fine-tuning")
-    simulator_fp = _stage(recipe, recipes, "simulator", FinetuneRecipe, simulator_finetune.main, [collect_fp], [
-        f"run_dir={run / 'simulator'}", f"seed={recipe.seed}", f"model.path={base}",
-        f"train_file={collect_dir / 'train.jsonl'}", f"val_file={collect_dir / 'val.jsonl'}",
-    ])
+    simulator_fp = _stage(
+        recipe,
+        recipes,
+        "simulator",
+        FinetuneRecipe,
+        simulator_finetune.main,
+        [collect_fp],
+        [
+            f"run_dir={run / 'simulator'}",
+            f"seed={recipe.seed}",
+            f"model.path={base}",
+            f"train_file={collect_dir / 'train.jsonl'}",
+            f"val_file={collect_dir / 'val.jsonl'}",
+        ],
+    )
 
     clock.start("rl", "5/6 RL against the simulator, then RL without search")
     policy_fps = {"base": base_fp}
     for name, policy, inputs, overrides in (
-        ("train", "rl_search", [base_fp, simulator_fp],
-         [f"search.simulator.generation.model.path={_simulator(run)}",
-          f"search.cache={run / 'cache' / 'simulator.sqlite'}"]),
+        (
+            "train",
+            "rl_search",
+            [base_fp, simulator_fp],
+            [
+                f"search.simulator.generation.model.path={_simulator(run)}",
+                f"search.cache={run / 'cache' / 'simulator.sqlite'}",
+            ],
+        ),
         ("train_nosearch", "rl_nosearch", [base_fp], []),
     ):
-        policy_fps[policy] = _stage(recipe, recipes, name, TrainRecipe, train.main, inputs, [
-            f"seed={recipe.seed}", f"policy.model.path={base}", f"data.train=[{paths['train']}]",
-            f"run_dir={run / name}", *overrides,
-        ])
+        policy_fps[policy] = _stage(
+            recipe,
+            recipes,
+            name,
+            TrainRecipe,
+            train.main,
+            inputs,
+            [
+                f"seed={recipe.seed}",
+                f"policy.model.path={base}",
+                f"data.train=[{paths['train']}]",
+                f"run_dir={run / name}",
+                *overrides,
+            ],
+        )
 
     clock.start("eval", "6/6 held-out evaluation: simulator, BM25, dense")
-    policies = {"base": base, "rl_search": _final_model(run / "train"), "rl_nosearch": _final_model(run / "train_nosearch")}
+    policies = {
+        "base": base,
+        "rl_search": _final_model(run / "train"),
+        "rl_nosearch": _final_model(run / "train_nosearch"),
+    }
     for name, policy in policies.items():
         _evaluate(recipe, recipes, run, paths, name, policy, [policy_fps[name], simulator_fp, world_fp])
     summaries = {name: json.loads((run / "eval" / name / "summary.json").read_text()) for name in POLICIES}
@@ -176,18 +224,40 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
 
 
 def _evaluate(
-    recipe: QuickstartRecipe, recipes: Path, run: Path, paths: dict[str, str], name: str, policy: Path, inputs: list[str]
+    recipe: QuickstartRecipe,
+    recipes: Path,
+    run: Path,
+    paths: dict[str, str],
+    name: str,
+    policy: Path,
+    inputs: list[str],
 ) -> None:
     """The eval stage for one policy, into run/eval/{name} (its summary.json feeds the report)."""
-    _stage(recipe, recipes, "eval", EvalRecipe, evaluate.main, inputs, [
-        f"run_dir={run / 'eval' / name}", f"seed={recipe.seed}", f"policy.model.path={policy}",
-        f"datasets=[{{name: heldout, path: {paths['test']}, limit: {8 if recipe.smoke else 0}}}]",
-        f"engines.simulator.simulator.generation.model.path={_simulator(run)}",
-        f"engines.bm25.corpus={paths['corpus']}", f"engines.bm25.index_dir={paths['bm25']}",
-        f"engines.dense.corpus={paths['corpus']}", f"engines.dense.index_dir={paths['dense']}",
-        # Only the RL policy's report shows training curves and the baselines and fidelity.
-        *([f"training_run={run / 'train'}"] if name == "rl_search" else ["training_run=''", "baselines=[]", "fidelity_size=0"]),
-    ])
+    _stage(
+        recipe,
+        recipes,
+        "eval",
+        EvalRecipe,
+        evaluate.main,
+        inputs,
+        [
+            f"run_dir={run / 'eval' / name}",
+            f"seed={recipe.seed}",
+            f"policy.model.path={policy}",
+            f"datasets=[{{name: heldout, path: {paths['test']}, limit: {8 if recipe.smoke else 0}}}]",
+            f"engines.simulator.simulator.generation.model.path={_simulator(run)}",
+            f"engines.bm25.corpus={paths['corpus']}",
+            f"engines.bm25.index_dir={paths['bm25']}",
+            f"engines.dense.corpus={paths['corpus']}",
+            f"engines.dense.index_dir={paths['dense']}",
+            # Only the RL policy's report shows training curves and the baselines and fidelity.
+            *(
+                [f"training_run={run / 'train'}"]
+                if name == "rl_search"
+                else ["training_run=''", "baselines=[]", "fidelity_size=0"]
+            ),
+        ],
+    )
 
 
 def _simulator(run: Path) -> Path:
@@ -195,7 +265,11 @@ def _simulator(run: Path) -> Path:
 
 
 def _recipes_dir(recipe: QuickstartRecipe) -> Path:
-    folder = Path(recipe.recipes_dir) if recipe.recipes_dir else Path(__file__).resolve().parents[2] / "recipes" / "quickstart"
+    folder = (
+        Path(recipe.recipes_dir)
+        if recipe.recipes_dir
+        else Path(__file__).resolve().parents[2] / "recipes" / "quickstart"
+    )
     if not (folder / "train.yaml").is_file():
         raise RecipeError(
             f"recipes_dir: no quickstart recipes in {folder}; run from a clone of the repository "
@@ -246,8 +320,20 @@ def _finish(directory: Path, fingerprint: str) -> None:
 
 def _base_settings(recipe: QuickstartRecipe, rl: TrainRecipe) -> dict[str, Any]:
     """Everything the base model is built from besides the world."""
-    fields = ("seed", "smoke", "vocab_size", "drill_steps", "pretrain_steps", "pretrain_batch_size",
-              "pretrain_lr", "pretrain_traces", "copy_loss_weight", "typed_answer_share", "year_tokens", "city_tokens")
+    fields = (
+        "seed",
+        "smoke",
+        "vocab_size",
+        "drill_steps",
+        "pretrain_steps",
+        "pretrain_batch_size",
+        "pretrain_lr",
+        "pretrain_traces",
+        "copy_loss_weight",
+        "typed_answer_share",
+        "year_tokens",
+        "city_tokens",
+    )
     settings: dict[str, Any] = {name: getattr(recipe, name) for name in fields}
     settings.update(template=rl.rollout.template, top_k=rl.search.top_k, rendering=rl.search.rendering)
     return settings
@@ -273,7 +359,9 @@ def _machine() -> dict[str, Any]:
     cpu = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
-        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
+        names = [
+            line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
+        ]
         cpu = names[0] if names else cpu
     packages = ("simsearch", "torch", "transformers", "tokenizers", "numpy", "bm25s", "sentence-transformers")
     return {
@@ -313,18 +401,36 @@ def _pretrain_base(
     engine = BM25SearchEngine.build(world.passages, show_progress=False)
     model = build_tiny_model(tokenizer, hidden=128, layers=4, heads=4, kv_heads=2, ffn=384, seed=recipe.seed)
     # Smoke: just enough (40 x 16 traces at a high rate) that the base emits searches.
-    drill_steps, steps, batch_size, lr = (2, 40, 16, 5e-3) if recipe.smoke else (
-        recipe.drill_steps, recipe.pretrain_steps, recipe.pretrain_batch_size, recipe.pretrain_lr)
+    drill_steps, steps, batch_size, lr = (
+        (2, 40, 16, 5e-3)
+        if recipe.smoke
+        else (recipe.drill_steps, recipe.pretrain_steps, recipe.pretrain_batch_size, recipe.pretrain_lr)
+    )
     if drill_steps:
         drills = make_copy_drills(tokenizer, n=64 * drill_steps, seed=recipe.seed)
         pretrain(model, drills, steps=drill_steps, batch_size=64, lr=lr, copy_loss_weight=0.0, seed=recipe.seed)
     n_traces = steps * batch_size if recipe.smoke else recipe.pretrain_traces
     traces = make_traces(
-        world, engine, tokenizer, n=n_traces, seed=recipe.seed, top_k=rl.search.top_k, template=rl.rollout.template,
-        examples=questions, typed_answer_share=recipe.typed_answer_share, rendering=rl.search.rendering,
+        world,
+        engine,
+        tokenizer,
+        n=n_traces,
+        seed=recipe.seed,
+        top_k=rl.search.top_k,
+        template=rl.rollout.template,
+        examples=questions,
+        typed_answer_share=recipe.typed_answer_share,
+        rendering=rl.search.rendering,
     )
-    pretrain(model, traces, steps=steps, batch_size=batch_size, lr=lr,
-             copy_loss_weight=recipe.copy_loss_weight, seed=recipe.seed)
+    pretrain(
+        model,
+        traces,
+        steps=steps,
+        batch_size=batch_size,
+        lr=lr,
+        copy_loss_weight=recipe.copy_loss_weight,
+        seed=recipe.seed,
+    )
     save_tiny(model, tokenizer, out)
 
 
@@ -376,7 +482,10 @@ def _report(
         "",
         "| relation | copied | invented | right |",
         "|---|---|---|---|",
-        *(f"| {rel} | {row['copied']:.2f} | {row['invented']:.2f} | {row['right']:.2f} |" for rel, row in reading.items()),
+        *(
+            f"| {rel} | {row['copied']:.2f} | {row['invented']:.2f} | {row['right']:.2f} |"
+            for rel, row in reading.items()
+        ),
         "",
         f"Wall time {wall_s / 60:.1f} min, peak memory {peak_rss_gb:.2f} GB.",
         "",

@@ -71,8 +71,14 @@ def main(recipe: CollectRecipe) -> dict[str, float]:
     for start in progress:
         batch = examples[start : start + recipe.batch_size]
         result = generate_trajectories(
-            batch, policy=policy, tokenizer=tokenizer, search=search, settings=settings,
-            sampling=sampling, group_size=recipe.rollout.group_size, rng=rng,
+            batch,
+            policy=policy,
+            tokenizer=tokenizer,
+            search=search,
+            settings=settings,
+            sampling=sampling,
+            group_size=recipe.rollout.group_size,
+            rng=rng,
         )
         records += records_from_trajectories(result.trajectories, outcome_metric=recipe.outcome_metric)
         progress.set_postfix(records=len(records))
@@ -87,9 +93,16 @@ def main(recipe: CollectRecipe) -> dict[str, float]:
             records, search, n=recipe.contrast_queries, top_k=recipe.search.top_k, seed=recipe.seed
         )
     data = build_sft_pairs(
-        records, preset=recipe.preset, target=recipe.target, judge=judge,
-        balance=recipe.balance, val_fraction=recipe.val_fraction, seed=recipe.seed,
-        show_question=recipe.show_question, show_answer=recipe.show_answer, top_k=recipe.search.top_k,
+        records,
+        preset=recipe.preset,
+        target=recipe.target,
+        judge=judge,
+        balance=recipe.balance,
+        val_fraction=recipe.val_fraction,
+        seed=recipe.seed,
+        show_question=recipe.show_question,
+        show_answer=recipe.show_answer,
+        top_k=recipe.search.top_k,
         style=recipe.search.rendering,  # the simulator writes results as the policy reads them
     )
     write_pairs(data.train, run_dir / "train.jsonl")

@@ -158,9 +158,7 @@ def as_answer_list(value: object, *, where: str) -> list[str]:
         value = value.tolist()
     answers = [value] if isinstance(value, str) else value
     if not isinstance(answers, (list, tuple)) or not all(isinstance(a, str) for a in answers):
-        raise QADataError(
-            f"{where}: golden answers must be a string or a list of strings, got {value!r}"
-        )
+        raise QADataError(f"{where}: golden answers must be a string or a list of strings, got {value!r}")
     # An empty gold answer would match an empty prediction under EM, so it is dropped.
     kept = [a for a in answers if a.strip()]
     if not kept:
@@ -251,8 +249,7 @@ def _load_hub(name: str, *, split: str | None, data_source: str | None) -> list[
         ) from err
     source = data_source or name.rstrip("/").split("/")[-1]
     examples = [
-        _to_example(row, where=f"{name} [{split}]: row {i}", index=i, data_source=source)
-        for i, row in enumerate(table)
+        _to_example(row, where=f"{name} [{split}]: row {i}", index=i, data_source=source) for i, row in enumerate(table)
     ]
     if not examples:
         raise QADataError(f"{name!r} split {split!r} holds no rows")

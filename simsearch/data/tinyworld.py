@@ -286,7 +286,9 @@ def build_world(
             text = rng.choice(QUESTIONS[relation]).format(name=entity.name, venture=entity.venture)
             questions[split].append(QAExample(id=qid, question=text, golden_answers=[answer], data_source=DATA_SOURCE))
             facts[qid] = Fact(entity.name, relation, answer, passage_id[holder[(entity.name, relation)]])
-    return World(seed, entities, cities, passages, questions["train"], questions["test"], facts, questions["background"])
+    return World(
+        seed, entities, cities, passages, questions["train"], questions["test"], facts, questions["background"]
+    )
 
 
 # --------------------------------------------------------------------------- generation

@@ -15,6 +15,4 @@ class GenerationEngine(Protocol):
     `params.n > 1` the result holds n completions per prompt, prompt-major.
     """
 
-    def generate(
-        self, prompts: list[list[int]] | list[str], params: SamplingParams
-    ) -> list[Completion]: ...
+    def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams) -> list[Completion]: ...

@@ -254,8 +254,7 @@ class HFEngine:
         eos.discard(None)
         if not eos:
             raise ValueError(
-                "the tokenizer and the model's generation_config both lack an eos token; "
-                "set tokenizer.eos_token"
+                "the tokenizer and the model's generation_config both lack an eos token; set tokenizer.eos_token"
             )
         self.eos_ids = frozenset(eos)
         # Any id works for padding: padded positions are masked out of attention.
@@ -265,9 +264,7 @@ class HFEngine:
         layers = DynamicCache(config=model.config).layers
         self._plain_cache = all(type(layer) is DynamicLayer for layer in layers)
         self.prefix_cache = prefix_cache and self._plain_cache
-        self.stats = dict.fromkeys(
-            ("prompt_tokens", "reused_tokens", "prefill_tokens", "prefill_slots"), 0
-        )
+        self.stats = dict.fromkeys(("prompt_tokens", "reused_tokens", "prefill_tokens", "prefill_slots"), 0)
         self._kept = _PrefixStore()
         self._kept_for: tuple = ()  # _weights_key() of the weights that computed `_kept`
 
@@ -291,9 +288,7 @@ class HFEngine:
         """
         self._kept = _PrefixStore()
 
-    def generate(
-        self, prompts: list[list[int]] | list[str], params: SamplingParams
-    ) -> list[Completion]:
+    def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams) -> list[Completion]:
         """Generates `params.n` completions per prompt, prompt-major.
 
         Args:
@@ -369,9 +364,7 @@ class HFEngine:
                 raise ValueError(f"prompt {i} is empty; give the model at least one token")
         return prompt_ids
 
-    def _prefill(
-        self, prompts: list[list[int]], prefixes: list[_Prefix | None], indices: list[int], n: int
-    ) -> _Batch:
+    def _prefill(self, prompts: list[list[int]], prefixes: list[_Prefix | None], indices: list[int], n: int) -> _Batch:
         """Runs the prompts' uncached tokens through the model; copies each cache n times.
 
         Rows go through the model in groups of similar uncached length (`similar_lengths`), one
@@ -382,14 +375,11 @@ class HFEngine:
         lengths = [len(p) for p in prompts]
         # A prompt's last token always goes through the model: it gives the next-token logits.
         cached = [
-            0 if prefix is None else min(len(prefix.token_ids), length - 1)
-            for length, prefix in zip(lengths, prefixes)
+            0 if prefix is None else min(len(prefix.token_ids), length - 1) for length, prefix in zip(lengths, prefixes)
         ]
         everything = [list(range(len(prompts)))]
         groups = (
-            similar_lengths([length - c for length, c in zip(lengths, cached)])
-            if self._plain_cache
-            else everything
+            similar_lengths([length - c for length, c in zip(lengths, cached)]) if self._plain_cache else everything
         )
         parts = [
             self._prefill_group(
@@ -485,9 +475,7 @@ class HFEngine:
             logits[torch.tensor(group, device=logits.device)] = part_logits
         return DynamicCache(ddp_cache_data=merged, config=self.model.config), logits
 
-    def _kept_cache(
-        self, prefixes: list[_Prefix | None], reused: list[int], kept: int
-    ) -> DynamicCache:
+    def _kept_cache(self, prefixes: list[_Prefix | None], reused: list[int], kept: int) -> DynamicCache:
         """A cache holding each row's first `reused[b]` cached tokens, right-aligned in `kept`."""
         if kept == 0:
             return DynamicCache(config=self.model.config)
@@ -518,9 +506,7 @@ class HFEngine:
         self, batch: _Batch, params: SamplingParams, generator: torch.Generator
     ) -> list[tuple[int, Completion]]:
         """Samples until every row has finished; returns (output row, completion) pairs."""
-        sequences = [
-            _Sequence([], [] if params.logprobs else None) for _ in range(len(batch.rows))
-        ]
+        sequences = [_Sequence([], [] if params.logprobs else None) for _ in range(len(batch.rows))]
         # A stop string of k bytes is completed by at most its last k tokens (every token is at
         # least one byte); one more token of context keeps the window's first token, whose
         # decoding can differ from in-context decoding (e.g. a stripped leading space), before it.
@@ -599,9 +585,7 @@ class HFEngine:
 
     def _decode_text(self, ids: list[int]) -> str:
         # Special tokens are kept: the tiny tokenizer's tags are special tokens.
-        return self.tokenizer.decode(
-            ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
-        )
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 def _select_rows(batch: _Batch, keep: list[int]) -> _Batch:

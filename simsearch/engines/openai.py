@@ -184,9 +184,7 @@ class OpenAIEngine:
         self.max_prompts_per_request = max_prompts_per_request
         self.replicas = ReplicaSet([_server_root(u) for u in base_urls], cooldown_s=cooldown_s)
         self._headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        limits = httpx.Limits(
-            max_connections=max_concurrency, max_keepalive_connections=max_concurrency
-        )
+        limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
         self._client = httpx.Client(limits=limits)
 
     def __repr__(self) -> str:
@@ -206,9 +204,7 @@ class OpenAIEngine:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def generate(
-        self, prompts: list[list[int]] | list[str], params: SamplingParams
-    ) -> list[Completion]:
+    def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams) -> list[Completion]:
         """Generates `params.n` completions per prompt, prompt-major.
 
         Args:
@@ -264,9 +260,7 @@ class OpenAIEngine:
         if params.seed is not None:
             payload["seed"] = params.seed
         if self.chat:
-            messages = [] if self.system_message is None else [
-                {"role": "system", "content": self.system_message}
-            ]
+            messages = [] if self.system_message is None else [{"role": "system", "content": self.system_message}]
             messages.append({"role": "user", "content": chunk[0]})
             payload["messages"] = messages
             if params.logprobs:
@@ -279,9 +273,7 @@ class OpenAIEngine:
                 payload["logprobs"] = 1
         return payload
 
-    def _generate_chunk(
-        self, chunk: list[Any], params: SamplingParams, token_prompts: bool
-    ) -> list[Completion]:
+    def _generate_chunk(self, chunk: list[Any], params: SamplingParams, token_prompts: bool) -> list[Completion]:
         path = _CHAT_PATH if self.chat else _COMPLETIONS_PATH
         data = request_json(
             self._client,
@@ -329,9 +321,7 @@ class OpenAIEngine:
             raise self._malformed(path, "a choice without generated text", data)
         finish = choice.get("finish_reason")
         if finish not in ("stop", "length"):
-            raise self._malformed(
-                path, f"finish_reason {finish!r} (expected 'stop' or 'length'; aborted?)", data
-            )
+            raise self._malformed(path, f"finish_reason {finish!r} (expected 'stop' or 'length'; aborted?)", data)
         finish_reason: FinishReason = "length" if finish == "length" else "stop"
         stop_key = "stop_reason" if "stop_reason" in choice else "matched_stop"
         reported = stop_key in choice
@@ -375,9 +365,11 @@ class OpenAIEngine:
         # so no head of it survives.
         secrets = (self._api_key,) if self._api_key else ()
         snippet = redact(str(data), secrets)[:300]
-        return GenerationServiceError(redact(
-            f"{path} on {', '.join(self.replicas.base_urls)} (model {self.model!r}) answered "
-            f"an unexpected response: {what}. Is it an OpenAI-compatible server? "
-            f"Response: {snippet}",
-            secrets,
-        ))
+        return GenerationServiceError(
+            redact(
+                f"{path} on {', '.join(self.replicas.base_urls)} (model {self.model!r}) answered "
+                f"an unexpected response: {what}. Is it an OpenAI-compatible server? "
+                f"Response: {snippet}",
+                secrets,
+            )
+        )

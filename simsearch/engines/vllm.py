@@ -244,12 +244,10 @@ def completions_from_request_outputs(
         samples = sorted(request.outputs, key=lambda o: o.index)
         if [o.index for o in samples] != list(range(n)):
             raise VLLMOutputError(
-                f"vLLM returned samples {[o.index for o in samples]} for prompt {i}; "
-                f"expected indices 0..{n - 1}"
+                f"vLLM returned samples {[o.index for o in samples]} for prompt {i}; expected indices 0..{n - 1}"
             )
         completions.extend(
-            completion_from_output(o, want_logprobs=want_logprobs, token_text=token_text)
-            for o in samples
+            completion_from_output(o, want_logprobs=want_logprobs, token_text=token_text) for o in samples
         )
     return completions
 
@@ -320,9 +318,7 @@ def zero3_named_params_for_vllm(model: torch.nn.Module) -> Iterator[tuple[str, t
                 yield (f"{module_name}.{name}" if module_name else name), param.detach()
 
 
-def peft_named_params_for_vllm(
-    model: Any, *, zero3: bool = False
-) -> Iterator[tuple[str, torch.Tensor]]:
+def peft_named_params_for_vllm(model: Any, *, zero3: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, merged tensor) pairs of a PEFT LoRA model, in the base model's naming.
 
     Merges the adapter into the base weights (`merge_adapter`: W + B A · alpha / r), yields the
@@ -358,9 +354,7 @@ def peft_named_params_for_vllm(
             model.unmerge_adapter()
 
 
-def trained_params_for_vllm(
-    model: Any, *, lora: bool, zero3: bool
-) -> Iterator[tuple[str, torch.Tensor]]:
+def trained_params_for_vllm(model: Any, *, lora: bool, zero3: bool) -> Iterator[tuple[str, torch.Tensor]]:
     """The export helper that fits how the trainer holds its policy, for `sync_weights`.
 
     Args:
@@ -482,9 +476,7 @@ class VLLMEngine:
         self._asleep: frozenset[str] = frozenset()
         self._weights_discarded = False
 
-    def generate(
-        self, prompts: list[list[int]] | list[str], params: SamplingParams
-    ) -> list[Completion]:
+    def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams) -> list[Completion]:
         """Generates `params.n` completions per prompt, prompt-major, in one `llm.generate` call.
 
         Wakes the engine first if it sleeps.
@@ -581,9 +573,7 @@ class VLLMEngine:
             ValueError: a level other than 1 or 2.
         """
         if not self.enable_sleep_mode:
-            raise RuntimeError(
-                "VLLMEngine.sleep needs VLLMEngine(..., enable_sleep_mode=True) (CUDA only)"
-            )
+            raise RuntimeError("VLLMEngine.sleep needs VLLMEngine(..., enable_sleep_mode=True) (CUDA only)")
         if level not in (1, 2):
             raise ValueError(f"sleep level={level} must be 1 (weights to CPU) or 2 (weights dropped)")
         self.llm.sleep(level=level)

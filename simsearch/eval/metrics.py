@@ -118,9 +118,7 @@ def normalize_answer(text: str, *, normalization: str = "unicode") -> str:
 def _normalized_golds(golds: Sequence[str], normalization: str) -> list[str]:
     # A bare string would silently be scored character by character.
     if isinstance(golds, str):
-        raise TypeError(
-            f"golds must be a list of gold answers, got the string {golds!r}; wrap it: [{golds!r}]"
-        )
+        raise TypeError(f"golds must be a list of gold answers, got the string {golds!r}; wrap it: [{golds!r}]")
     rule = _normalization(normalization)
     normalized = [rule.normalize(gold) for gold in golds]
     if rule.keeps_empty_golds:

@@ -425,8 +425,12 @@ def cost_table(cost: Mapping[str, Mapping[str, Any]]) -> str:
         simulated = usage["kind"] == "simulator"
         prompt = usage["prompt_tokens"] if usage.get("prompt_tokens_complete", True) else None
         sim_cells = (
-            [_count(usage["simulator_calls"]), _count(prompt), _count(usage["completion_tokens"])]
-            + [f"{usage['simulator_s']:.1f}"]
+            [
+                _count(usage["simulator_calls"]),
+                _count(prompt),
+                _count(usage["completion_tokens"]),
+                f"{usage['simulator_s']:.1f}",
+            ]
             if simulated
             else [MISSING] * 4
         )
@@ -493,7 +497,7 @@ def write_json(summary: Mapping[str, Any], path: str | os.PathLike) -> Path:
     return out
 
 
-CSV_COLUMNS: tuple[str, ...] = ("method", "kind", "search", "top_k", "dataset") + METRICS
+CSV_COLUMNS: tuple[str, ...] = ("method", "kind", "search", "top_k", "dataset", *METRICS)
 
 
 def write_csv(summary: Mapping[str, Any], path: str | os.PathLike) -> Path:

@@ -181,7 +181,6 @@ class TrainBatch:
         )
 
 
-
 def collate_trajectories(trajectories: Sequence[Trajectory], pad_id: int) -> TrainBatch:
     """Pads trajectories into a `TrainBatch` (left-padded prompts, right-padded responses).
 
@@ -204,8 +203,7 @@ def collate_trajectories(trajectories: Sequence[Trajectory], pad_id: int) -> Tra
     for b, t in enumerate(trajectories):
         if len(t.loss_mask) != len(t.response_ids):
             raise ValueError(
-                f"trajectory {b}: loss_mask has {len(t.loss_mask)} entries for "
-                f"{len(t.response_ids)} response tokens"
+                f"trajectory {b}: loss_mask has {len(t.loss_mask)} entries for {len(t.response_ids)} response tokens"
             )
         p, r = len(t.prompt_ids), len(t.response_ids)
         input_ids[b, width - p : width] = torch.tensor(t.prompt_ids)
@@ -252,9 +250,7 @@ def collate_rollout_logprobs(trajectories: Sequence[Trajectory]) -> torch.Tensor
     out = torch.zeros((len(trajectories), length), dtype=torch.float32)  # [B, L]
     for b, t in enumerate(trajectories):
         if t.logprobs is None:
-            raise ValueError(
-                f"trajectory {b} has no rollout log-probs: roll out with SamplingParams(logprobs=True)"
-            )
+            raise ValueError(f"trajectory {b} has no rollout log-probs: roll out with SamplingParams(logprobs=True)")
         if len(t.logprobs) != len(t.response_ids) or len(t.loss_mask) != len(t.response_ids):
             raise ValueError(
                 f"trajectory {b}: {len(t.logprobs)} log-probs and {len(t.loss_mask)} loss-mask entries "
@@ -475,9 +471,7 @@ def token_advantages(
         sub_kl = None if kl is None else kl[rows]
         advantages = torch.zeros(mask.shape, dtype=torch.float32)
         if estimator == "reinforce_pp":
-            adv, returns, stats = reinforce_plus_plus_advantages(
-                rewards[rows], mask[rows], sub_kl, kl_coef, gamma
-            )
+            adv, _returns, stats = reinforce_plus_plus_advantages(rewards[rows], mask[rows], sub_kl, kl_coef, gamma)
             advantages[rows] = adv
             return advantages, None, stats
         if values is None:

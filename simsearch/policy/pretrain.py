@@ -117,7 +117,7 @@ RELATION_KINDS = {"birth_city": "city", "occupation": "occupation", "founding_ye
 
 
 def value_kind(value: str, cities: Sequence[str]) -> str:
-    """"city", "year" or "occupation": the kind of a span `value_spans` found."""
+    """ "city", "year" or "occupation": the kind of a span `value_spans` found."""
     if value in cities:
         return "city"
     return "year" if value.isdigit() else "occupation"
@@ -206,9 +206,7 @@ def make_traces(
     if n < 1 or top_k < 1:
         raise ValueError(f"n={n} and top_k={top_k} must both be >= 1")
     if len(query_mix) != len(QUERY_KINDS) or min(query_mix) < 0 or not math.isclose(sum(query_mix), 1.0):
-        raise ValueError(
-            f"query_mix={query_mix} must give {len(QUERY_KINDS)} probabilities {QUERY_KINDS} summing to 1"
-        )
+        raise ValueError(f"query_mix={query_mix} must give {len(QUERY_KINDS)} probabilities {QUERY_KINDS} summing to 1")
     if template == "search-r1-chat":
         raise ValueError("template='search-r1-chat' is not supported for pretraining traces; use 'search-r1'")
     if not 0.0 <= typed_answer_share <= 1.0:
@@ -337,7 +335,7 @@ def _random_query(rng: random.Random, question: str, name: str, kind: str) -> st
     if kind == "words":
         return " ".join(picked)
     position = rng.randint(0, len(picked))
-    return " ".join(picked[:position] + [name] + picked[position:])
+    return " ".join([*picked[:position], name, *picked[position:]])
 
 
 def _search_until_found(

@@ -118,20 +118,14 @@ class RolloutSettings:
 
     def __post_init__(self) -> None:
         if self.template not in ROLLOUT_TEMPLATES:
-            raise ValueError(
-                f"RolloutSettings.template={self.template!r} is not one of "
-                f"{', '.join(ROLLOUT_TEMPLATES)}"
-            )
+            raise ValueError(f"RolloutSettings.template={self.template!r} is not one of {', '.join(ROLLOUT_TEMPLATES)}")
         if self.max_turns < 0:
             raise ValueError(f"RolloutSettings.max_turns={self.max_turns} must be >= 0")
         for name in ("max_obs_tokens", "max_context_tokens", "top_k"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RolloutSettings.{name}={getattr(self, name)} must be >= 1")
         if not 0.0 <= self.self_search_real_share <= 1.0:
-            raise ValueError(
-                f"RolloutSettings.self_search_real_share={self.self_search_real_share} must lie "
-                "in [0, 1]"
-            )
+            raise ValueError(f"RolloutSettings.self_search_real_share={self.self_search_real_share} must lie in [0, 1]")
         if self.self_search_real_share > 0 and self.template != "self-search":
             raise ValueError(
                 "RolloutSettings.self_search_real_share only applies to template='self-search'; "
@@ -351,9 +345,9 @@ class _TokenCache:
         """
         if self.open_id is not None and self.close_id is not None:
             text = self.decode(ids)
-            if text.count(_INFORMATION_OPEN) == ids.count(self.open_id) and text.count(
-                _INFORMATION_CLOSE
-            ) == ids.count(self.close_id):
+            if text.count(_INFORMATION_OPEN) == ids.count(self.open_id) and text.count(_INFORMATION_CLOSE) == ids.count(
+                self.close_id
+            ):
                 return _mask_by_id(ids, self.open_id, self.close_id)
         text, ends = _decode_offsets(self.decode, ids)
         spans = information_spans(text)
@@ -419,16 +413,10 @@ def _check_arguments(
     if group_size < 1:
         raise ValueError(f"group_size={group_size} must be >= 1")
     if sampling.n != 1:
-        raise ValueError(
-            f"SamplingParams.n={sampling.n}: leave n at 1 and set group_size for samples per question"
-        )
+        raise ValueError(f"SamplingParams.n={sampling.n}: leave n at 1 and set group_size for samples per question")
     if sampling.stop:
-        raise ValueError(
-            f"SamplingParams.stop={sampling.stop}: leave it empty, the rollout sets the stop strings"
-        )
-    can_search = settings.max_turns > 0 and (
-        not settings.self_search or settings.self_search_real_share > 0
-    )
+        raise ValueError(f"SamplingParams.stop={sampling.stop}: leave it empty, the rollout sets the stop strings")
+    can_search = settings.max_turns > 0 and (not settings.self_search or settings.self_search_real_share > 0)
     if search is None and can_search:
         raise ValueError(
             f"template={settings.template!r} with max_turns={settings.max_turns} runs searches: "
@@ -609,9 +597,7 @@ def _run_searches(
     results = search.search(requests)
     clock.search_s += time.perf_counter() - began
     if len(results) != len(requests):
-        raise ValueError(
-            f"the search engine returned {len(results)} result lists for {len(requests)} requests"
-        )
+        raise ValueError(f"the search engine returned {len(results)} result lists for {len(requests)} requests")
     blocks = [render_documents(documents, settings.rendering) for documents in results]
     for (rollout, turn), documents, ids in zip(searches, results, tokens.observations(blocks)):
         turn.documents = list(documents)
@@ -619,9 +605,7 @@ def _run_searches(
         _insert(rollout, ids, settings)
 
 
-def _finish(
-    rollouts: list[_Rollout], tokens: _TokenCache, settings: RolloutSettings, clock: _Clock
-) -> RolloutResult:
+def _finish(rollouts: list[_Rollout], tokens: _TokenCache, settings: RolloutSettings, clock: _Clock) -> RolloutResult:
     """Freezes the rollouts into trajectories and computes the batch metrics."""
     texts = tokens.tokenizer.batch_decode(
         [rollout.response_ids for rollout in rollouts],

@@ -120,9 +120,7 @@ class BM25SearchEngine:
         (index_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
     @classmethod
-    def load(
-        cls, index_dir: str | Path, corpus_path: str | Path, *, mmap: bool = True
-    ) -> BM25SearchEngine:
+    def load(cls, index_dir: str | Path, corpus_path: str | Path, *, mmap: bool = True) -> BM25SearchEngine:
         """Reopens an index saved by `save`, over the corpus file it was built from.
 
         Args:

@@ -23,6 +23,7 @@ of the call; the server keeps serving. Every answer is JSON: non-finite scores a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import math
@@ -150,10 +151,9 @@ class _Batcher:
             if not batch:
                 return
             for item, (value, error) in zip(batch, self._run(batch)):
-                try:
+                # RuntimeError: that request's event loop is closed, nobody is waiting.
+                with contextlib.suppress(RuntimeError):
                     item.loop.call_soon_threadsafe(_resolve, item.future, value, error)
-                except RuntimeError:  # that request's event loop is closed: nobody is waiting
-                    pass
 
     def _run(self, batch: list[_Pending]) -> list[tuple[list[list[Document]] | None, Exception | None]]:
         """One engine call for the batch; each pending request's results or error."""
@@ -162,7 +162,7 @@ class _Batcher:
             results = self.engine.search(flat)
             if len(results) != len(flat):
                 raise RuntimeError(f"engine returned {len(results)} result lists for {len(flat)} queries")
-        except Exception as err:  # noqa: BLE001 - reported to the waiting requests
+        except Exception as err:
             with self.stats.lock:
                 self.stats.engine_calls += 1
                 self.stats.errors += 1
@@ -312,7 +312,7 @@ def create_app(
         batcher.submit(_Pending(requests, future, loop))
         try:
             results: list[list[Document]] = await future
-        except Exception as err:  # noqa: BLE001 - the engine failed: say so, keep serving
+        except Exception as err:
             if _is_request_error(err):
                 return _error(422, f"the search engine cannot answer this request: {err}")
             return _error(503, f"search engine failed: {type(err).__name__}: {err}")
@@ -320,8 +320,7 @@ def create_app(
             stats.queries += len(requests)
         if body.return_scores:
             payload = [
-                [{"document": document_json(d, i), "score": _score(d)} for i, d in enumerate(docs)]
-                for docs in results
+                [{"document": document_json(d, i), "score": _score(d)} for i, d in enumerate(docs)] for docs in results
             ]
         else:
             payload = [[document_json(d, i) for i, d in enumerate(docs)] for docs in results]

@@ -38,9 +38,7 @@ def _read_key(engine: str, api_key_env: str) -> str:
     return key
 
 
-def _organic_documents(
-    organic: Any, top_k: int, source: str, url: str, query: str, api_key: str
-) -> list[Document]:
+def _organic_documents(organic: Any, top_k: int, source: str, url: str, query: str, api_key: str) -> list[Document]:
     """The first `top_k` organic results, in the service's order, as documents."""
     if not isinstance(organic, list):
         raise SearchServiceError(
@@ -168,9 +166,7 @@ class _QueryKeyTransport(httpx.BaseTransport):
 
     def __init__(self, api_key: str, *, proxy: str | None, max_connections: int) -> None:
         self._api_key = api_key
-        self._inner = httpx.HTTPTransport(
-            proxy=proxy, limits=httpx.Limits(max_connections=max_connections)
-        )
+        self._inner = httpx.HTTPTransport(proxy=proxy, limits=httpx.Limits(max_connections=max_connections))
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         keyed = httpx.Request(
@@ -229,9 +225,7 @@ class SerpAPISearchEngine:
         self._client = httpx.Client(transport=transport)
 
     def __repr__(self) -> str:
-        return (
-            f"SerpAPISearchEngine(base_url={self.base_url!r}, api_key_env={self.api_key_env!r})"
-        )
+        return f"SerpAPISearchEngine(base_url={self.base_url!r}, api_key_env={self.api_key_env!r})"
 
     def close(self) -> None:
         """Closes the connection pool."""
@@ -270,6 +264,4 @@ class SerpAPISearchEngine:
                 f"{request.query!r}: {redact(error, (self._api_key,))}"
             )
         organic = data.get("organic_results", [])
-        return _organic_documents(
-            organic, request.top_k, "serpapi", self.base_url, request.query, self._api_key
-        )
+        return _organic_documents(organic, request.top_k, "serpapi", self.base_url, request.query, self._api_key)

@@ -55,6 +55,7 @@ it need not learn to search. ZeroSearch always shows both.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import random
 import re
@@ -202,7 +203,7 @@ def split_verbatim(text: str, top_k: int) -> list[Document]:
     kept = zerosearch_postprocess(text, top_k)
     cuts = [m.start() for m in _DOC_MARKER.finditer(kept)][1:top_k]
     bounds = [0, *cuts, len(kept)]
-    pieces = [kept[a:b] for a, b in zip(bounds, bounds[1:])]
+    pieces = [kept[a:b] for a, b in itertools.pairwise(bounds)]
     pieces += [""] * (top_k - len(pieces))
     return [Document(title="", text=piece, source=SOURCE) for piece in pieces]
 
@@ -356,8 +357,7 @@ class SimulatedSearchEngine:
         self.stats["simulator/calls"] += 1
         if len(completions) != len(prompts):
             raise RuntimeError(
-                f"the simulator's generator returned {len(completions)} completions for "
-                f"{len(prompts)} prompts"
+                f"the simulator's generator returned {len(completions)} completions for {len(prompts)} prompts"
             )
         results: list[list[Document]] = []
         for request, (useful, noisy) in zip(requests, slots):
@@ -372,9 +372,7 @@ class SimulatedSearchEngine:
                 results.append(next(iter(sets.values())))
                 continue
             chosen = set(noisy_positions(request.query, request.top_k, request.num_noisy))
-            results.append(
-                [sets["noisy" if p in chosen else "useful"][p] for p in range(request.top_k)]
-            )
+            results.append([sets["noisy" if p in chosen else "useful"][p] for p in range(request.top_k)])
         return results
 
     def _prompt(self, request: SearchRequest, *, noisy: bool) -> str:

@@ -153,9 +153,14 @@ def tokenize_pairs(
     """Tokenizes every pair (see `tokenize_pair`); returns (kept pairs, number dropped for length)."""
     out = [
         tokenize_pair(
-            tokenizer, p["prompt"], p["response"], chat_template=chat_template, max_length=max_length,
-            answers=p.get("golden_answers", ()), answer_weight=answer_weight,
-        )  # fmt: skip
+            tokenizer,
+            p["prompt"],
+            p["response"],
+            chat_template=chat_template,
+            max_length=max_length,
+            answers=p.get("golden_answers", ()),
+            answer_weight=answer_weight,
+        )
         for p in pairs
     ]
     kept = [t for t in out if t is not None]

@@ -245,8 +245,7 @@ class LLMJudge:
         prompts: list[str] | list[list[int]] = [judge_prompt(r) for r in records]
         if self.chat and self.tokenizer is not None:
             prompts = [
-                self.tokenizer(as_chat(p, self.tokenizer), add_special_tokens=False)["input_ids"]
-                for p in prompts
+                self.tokenizer(as_chat(p, self.tokenizer), add_special_tokens=False)["input_ids"] for p in prompts
             ]
         params = SamplingParams(temperature=0.0, max_new_tokens=self.max_new_tokens)
         completions = self.generator.generate(prompts, params)
@@ -368,7 +367,12 @@ def query_variants(query: str, n: int, rng: random.Random, donors: Sequence[str]
 
 
 def contrast_records(
-    records: Sequence[SearchRecord], search: SearchEngine, *, n: int, top_k: int, seed: int,
+    records: Sequence[SearchRecord],
+    search: SearchEngine,
+    *,
+    n: int,
+    top_k: int,
+    seed: int,
     chunk_size: int = 256,
 ) -> list[SearchRecord]:
     """`n` variants of each record's query (`query_variants`, words swapped in from another
@@ -390,9 +394,18 @@ def contrast_records(
     return out
 
 
-def _pair(record: SearchRecord, documents: list[Document], *, noisy: bool, preset: Preset,
-          templates: PromptTemplates | None, show_question: bool, show_answer: bool, top_k: int | None,
-          style: RenderStyle) -> dict:
+def _pair(
+    record: SearchRecord,
+    documents: list[Document],
+    *,
+    noisy: bool,
+    preset: Preset,
+    templates: PromptTemplates | None,
+    show_question: bool,
+    show_answer: bool,
+    top_k: int | None,
+    style: RenderStyle,
+) -> dict:
     prompt = render(
         preset,
         query=record.query,
@@ -482,8 +495,14 @@ def build_sft_pairs(
             seen.add(key)
             kept.append(r)
     pairs: list[dict] = []
-    rendering = {"preset": preset, "templates": templates, "show_question": show_question,
-                 "show_answer": show_answer, "top_k": top_k, "style": style}
+    rendering = {
+        "preset": preset,
+        "templates": templates,
+        "show_question": show_question,
+        "show_answer": show_answer,
+        "top_k": top_k,
+        "style": style,
+    }
     if target in ("judged", "trajectory"):
         labeller = outcome_judge if target == "trajectory" else judge
         labels = labeller(kept) if kept else []
