@@ -17,6 +17,7 @@ import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from simsearch.curriculum.schedules import GRANULARITIES, SCHEDULE_KINDS
 from simsearch.eval.metrics import NORMALIZATIONS
 from simsearch.policy.rewards import REWARD_NAMES
 from simsearch.data.templates import TEMPLATE_NAMES
@@ -229,7 +230,7 @@ class SearchConfig:
 class CurriculumConfig:
     """How the probability that a search returns noisy documents moves over training."""
 
-    kind: str = "exponential"  # exponential | linear | cosine | step | constant | adaptive
+    kind: str = "exponential"  # a name in curriculum.schedules.SCHEDULE_KINDS (ZeroSearch's is exponential)
     p_start: float = 0.0  # p_noise at step 0 (constant: the value throughout)
     p_end: float = 0.5  # p_noise at total_steps (ZeroSearch README: 0.5)
     base: float = 4.0  # exponential: b in p_s + (b^(i/m) - 1)/(b - 1)(p_e - p_s)
@@ -242,13 +243,11 @@ class CurriculumConfig:
     window: int = 10  # adaptive: steps in the reward average
     p_min: float = 0.0  # adaptive: lower bound
     p_max: float = 0.9  # adaptive: upper bound
-    granularity: str = "call"  # call: one coin flip per search (ZeroSearch) | document: per doc
+    granularity: str = "call"  # a name in curriculum.schedules.GRANULARITIES (call: ZeroSearch's one flip per search)
 
     def check(self, key: str) -> None:
-        _check_choice(
-            f"{key}.kind", self.kind, ("exponential", "linear", "cosine", "step", "constant", "adaptive")
-        )
-        _check_choice(f"{key}.granularity", self.granularity, ("call", "document"))
+        _check_choice(f"{key}.kind", self.kind, SCHEDULE_KINDS)
+        _check_choice(f"{key}.granularity", self.granularity, tuple(GRANULARITIES))
         _check_range(f"{key}.p_start", self.p_start, 0.0, 1.0)
         _check_range(f"{key}.p_end", self.p_end, 0.0, 1.0)
         if self.kind == "exponential" and (self.base <= 0 or self.base == 1):

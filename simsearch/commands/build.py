@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from simsearch.config import GenerationConfig, RecipeError, SearchConfig
+from simsearch.config import CurriculumConfig, GenerationConfig, RecipeError, SearchConfig
+from simsearch.curriculum.schedules import NoiseSchedule, make_schedule
 from simsearch.engines.base import GenerationEngine
 from simsearch.fingerprints import digest, path_identity
 from simsearch.retrieval.accounting import Ledger
@@ -72,6 +73,23 @@ def build_generation_engine(
         distributed_executor_backend=distributed_executor_backend,
     )
     return engine, engine.tokenizer, None
+
+
+def build_schedule(cfg: CurriculumConfig, trainer_total_steps: int = 0) -> NoiseSchedule:
+    """The noise schedule a recipe's `curriculum` section names.
+
+    Args:
+        cfg: The section; each schedule takes the fields its function names
+            (`curriculum.schedules.make_schedule`).
+        trainer_total_steps: The run's total training steps, used when `cfg.total_steps` is 0
+            (the recipe's "as long as training" setting).
+
+    Raises:
+        ValueError: On an unknown kind or invalid parameters (the message names the field).
+    """
+    settings = asdict(cfg)
+    settings["total_steps"] = cfg.total_steps or trainer_total_steps
+    return make_schedule(cfg.kind, **settings)
 
 
 PRICE_FIELDS = ("price_per_1k_queries", "gpu_hour_price")

@@ -15,8 +15,9 @@ Departures from ZeroSearch:
 - `num_noisy` also offers per-document noise (Binomial(top_k, p)), besides ZeroSearch's one coin
   flip per search call.
 
-Every schedule is a small object with `__call__(step)`, `observe(metrics)` (a no-op except for the
-adaptive schedule), `state_dict()` and `load_state_dict()`, so the trainer treats them alike.
+The stateless schedules are plain functions `p_noise(step, **params)`, registered in `P_NOISE`;
+the adaptive one is `AdaptiveSchedule`. `make_schedule` binds either to its parameters as a
+`NoiseSchedule`, so the trainer treats them alike.
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from inspect import signature
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from simsearch.config import CurriculumConfig
-
-Granularity = Literal["call", "document"]
+ADAPTIVE = "adaptive"
+"""The kind name of `AdaptiveSchedule`, the one schedule with state."""
 
 ADAPTIVE_METRIC = "reward/mean"
 """The metric `AdaptiveSchedule.observe` reads: the batch mean of the training reward."""
@@ -56,7 +58,7 @@ def _check_total_steps(owner: str, total_steps: int) -> None:
     if total_steps <= 0:
         raise ValueError(
             f"{owner}: total_steps must be > 0, got {total_steps}; set curriculum.total_steps, "
-            "or pass the trainer's total steps to build()"
+            "or pass the trainer's total steps"
         )
 
 
@@ -65,210 +67,124 @@ def _check_step(step: int) -> None:
         raise ValueError(f"the training step must be >= 0, got {step}")
 
 
-def _check_kind(owner: str, kind: str, state: dict[str, Any]) -> None:
+def _check_kind(kind: str, state: dict[str, Any]) -> None:
     if state.get("kind") != kind:
         raise ValueError(
-            f"{owner}: the checkpoint holds curriculum state for kind {state.get('kind')!r}, "
+            f"{kind} schedule: the checkpoint holds curriculum state for kind {state.get('kind')!r}, "
             f"not {kind!r}; resume with the curriculum kind the run was trained with"
         )
 
 
-class ExponentialSchedule:
-    """ZeroSearch's curriculum: p rises from p_start to p_end along (b^(i/m) - 1) / (b - 1)."""
-
-    def __init__(self, p_start: float, p_end: float, total_steps: int, base: float = 4.0) -> None:
-        """Builds the schedule.
-
-        Args:
-            p_start: p at step 0.
-            p_end: p from step `total_steps` on.
-            total_steps: m, the step at which p reaches p_end.
-            base: b; must be > 0 and != 1 (b = 1 would divide by zero).
-        """
-        owner = "ExponentialSchedule"
-        _check_probability(owner, "p_start", p_start)
-        _check_probability(owner, "p_end", p_end)
-        _check_total_steps(owner, total_steps)
-        if not (base > 0.0 and base != 1.0 and math.isfinite(base)):
-            raise ValueError(f"{owner}: base must be finite, > 0 and != 1, got {base}")
-        self.p_start = p_start
-        self.p_end = p_end
-        self.total_steps = total_steps
-        self.base = base
-
-    def __call__(self, step: int) -> float:
-        """Returns p_noise at `step`."""
-        _check_step(step)
-        if step >= self.total_steps:
-            return self.p_end
-        progress = (self.base ** (step / self.total_steps) - 1.0) / (self.base - 1.0)
-        return self.p_start + progress * (self.p_end - self.p_start)
-
-    def observe(self, metrics: dict[str, float]) -> None:
-        """Does nothing: this schedule depends on the step only."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """Returns the kind only; the step carries the position."""
-        return {"kind": "exponential"}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Checks that the state belongs to this kind of schedule."""
-        _check_kind("ExponentialSchedule", "exponential", state)
+def _check_curve(owner: str, step: int, p_start: float, p_end: float, total_steps: int) -> float:
+    """Checks a start-to-end curve's arguments; returns the progress min(step / total_steps, 1)."""
+    _check_step(step)
+    _check_probability(owner, "p_start", p_start)
+    _check_probability(owner, "p_end", p_end)
+    _check_total_steps(owner, total_steps)
+    return min(step / total_steps, 1.0)
 
 
-class LinearSchedule:
+# --------------------------------------------------------------------------- stateless schedules
+
+
+def exponential(step: int, p_start: float, p_end: float, total_steps: int, base: float = 4.0) -> float:
+    """ZeroSearch's curriculum: p rises from p_start to p_end along (b^(i/m) - 1) / (b - 1).
+
+    Args:
+        step: i, the training step (>= 0).
+        p_start: p at step 0.
+        p_end: p from step `total_steps` on.
+        total_steps: m, the step at which p reaches p_end.
+        base: b; must be > 0 and != 1 (b = 1 would divide by zero).
+    """
+    progress = _check_curve("exponential schedule", step, p_start, p_end, total_steps)
+    if not (base > 0.0 and base != 1.0 and math.isfinite(base)):
+        raise ValueError(f"exponential schedule: base must be finite, > 0 and != 1, got {base}")
+    if progress >= 1.0:
+        return p_end
+    return p_start + (base**progress - 1.0) / (base - 1.0) * (p_end - p_start)
+
+
+def linear(step: int, p_start: float, p_end: float, total_steps: int) -> float:
     """p moves in a straight line from p_start to p_end over total_steps, then stays."""
+    progress = _check_curve("linear schedule", step, p_start, p_end, total_steps)
+    return p_start + progress * (p_end - p_start)
 
-    def __init__(self, p_start: float, p_end: float, total_steps: int) -> None:
-        """Builds the schedule.
 
-        Args:
-            p_start: p at step 0.
-            p_end: p from step `total_steps` on.
-            total_steps: The step at which p reaches p_end.
-        """
-        owner = "LinearSchedule"
-        _check_probability(owner, "p_start", p_start)
-        _check_probability(owner, "p_end", p_end)
-        _check_total_steps(owner, total_steps)
-        self.p_start = p_start
-        self.p_end = p_end
-        self.total_steps = total_steps
+def cosine(step: int, p_start: float, p_end: float, total_steps: int) -> float:
+    """p follows half a cosine from p_start to p_end (slow, fast, slow), then stays."""
+    progress = _check_curve("cosine schedule", step, p_start, p_end, total_steps)
+    return p_start + (1.0 - math.cos(math.pi * progress)) / 2.0 * (p_end - p_start)
+
+
+def piecewise(step: int, p_start: float, milestones: list[int], values: list[float]) -> float:
+    """Piecewise constant: p_start, then values[j] from step milestones[j] on.
+
+    Args:
+        step: The training step (>= 0).
+        p_start: p before the first milestone.
+        milestones: Steps at which p changes, strictly increasing, >= 0.
+        values: p from each milestone on; as many as milestones.
+    """
+    owner = "step schedule"
+    _check_step(step)
+    _check_probability(owner, "p_start", p_start)
+    if len(milestones) != len(values):
+        raise ValueError(
+            f"{owner}: milestones and values must have the same length (values[j] applies from step "
+            f"milestones[j] on), got {len(milestones)} milestones and {len(values)} values"
+        )
+    if any(m < 0 for m in milestones) or not all(a < b for a, b in zip(milestones, milestones[1:])):
+        raise ValueError(f"{owner}: milestones must be >= 0 and strictly increasing, got {milestones}")
+    p = p_start
+    for j, (milestone, value) in enumerate(zip(milestones, values)):
+        _check_probability(owner, f"values[{j}]", value)
+        if step >= milestone:
+            p = value
+    return p
+
+
+def constant(step: int, p_start: float) -> float:
+    """The same p at every step (no curriculum); named p_start like the other schedules' first value."""
+    _check_step(step)
+    _check_probability("constant schedule", "p_start", p_start)
+    return p_start
+
+
+P_NOISE: dict[str, Callable[..., float]] = {
+    "exponential": exponential,
+    "linear": linear,
+    "cosine": cosine,
+    "step": piecewise,
+    "constant": constant,
+}
+"""The stateless schedules by recipe name (`curriculum.kind`): p_noise(step, **params)."""
+
+
+@dataclass(frozen=True)
+class FixedSchedule:
+    """A stateless schedule bound to its parameters: the step alone decides p."""
+
+    kind: str  # a name in P_NOISE
+    params: dict[str, Any] = field(default_factory=dict)
 
     def __call__(self, step: int) -> float:
         """Returns p_noise at `step`."""
-        _check_step(step)
-        progress = min(step / self.total_steps, 1.0)
-        return self.p_start + progress * (self.p_end - self.p_start)
+        return P_NOISE[self.kind](step, **self.params)
 
     def observe(self, metrics: dict[str, float]) -> None:
         """Does nothing: this schedule depends on the step only."""
 
     def state_dict(self) -> dict[str, Any]:
         """Returns the kind only; the step carries the position."""
-        return {"kind": "linear"}
+        return {"kind": self.kind}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Checks that the state belongs to this kind of schedule."""
-        _check_kind("LinearSchedule", "linear", state)
+        _check_kind(self.kind, state)
 
 
-class CosineSchedule:
-    """p follows half a cosine from p_start to p_end: slow, fast, slow; then stays."""
-
-    def __init__(self, p_start: float, p_end: float, total_steps: int) -> None:
-        """Builds the schedule.
-
-        Args:
-            p_start: p at step 0.
-            p_end: p from step `total_steps` on.
-            total_steps: The step at which p reaches p_end.
-        """
-        owner = "CosineSchedule"
-        _check_probability(owner, "p_start", p_start)
-        _check_probability(owner, "p_end", p_end)
-        _check_total_steps(owner, total_steps)
-        self.p_start = p_start
-        self.p_end = p_end
-        self.total_steps = total_steps
-
-    def __call__(self, step: int) -> float:
-        """Returns p_noise at `step`."""
-        _check_step(step)
-        progress = min(step / self.total_steps, 1.0)
-        weight = (1.0 - math.cos(math.pi * progress)) / 2.0
-        return self.p_start + weight * (self.p_end - self.p_start)
-
-    def observe(self, metrics: dict[str, float]) -> None:
-        """Does nothing: this schedule depends on the step only."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """Returns the kind only; the step carries the position."""
-        return {"kind": "cosine"}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Checks that the state belongs to this kind of schedule."""
-        _check_kind("CosineSchedule", "cosine", state)
-
-
-class StepSchedule:
-    """Piecewise constant: p_start, then values[j] from step milestones[j] on."""
-
-    def __init__(self, p_start: float, milestones: list[int], values: list[float]) -> None:
-        """Builds the schedule.
-
-        Args:
-            p_start: p before the first milestone.
-            milestones: Steps at which p changes, strictly increasing, >= 0.
-            values: p from each milestone on; as many as milestones.
-        """
-        owner = "StepSchedule"
-        _check_probability(owner, "p_start", p_start)
-        if len(milestones) != len(values):
-            raise ValueError(
-                f"{owner}: milestones and values must have the same length (values[j] applies "
-                f"from step milestones[j] on), got {len(milestones)} milestones and "
-                f"{len(values)} values"
-            )
-        increasing = all(a < b for a, b in zip(milestones, milestones[1:]))
-        if any(m < 0 for m in milestones) or not increasing:
-            raise ValueError(
-                f"{owner}: milestones must be >= 0 and strictly increasing, got {milestones}"
-            )
-        for j, value in enumerate(values):
-            _check_probability(owner, f"values[{j}]", value)
-        self.p_start = p_start
-        self.milestones = list(milestones)
-        self.values = list(values)
-
-    def __call__(self, step: int) -> float:
-        """Returns p_noise at `step`."""
-        _check_step(step)
-        p = self.p_start
-        for milestone, value in zip(self.milestones, self.values):
-            if step >= milestone:
-                p = value
-        return p
-
-    def observe(self, metrics: dict[str, float]) -> None:
-        """Does nothing: this schedule depends on the step only."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """Returns the kind only; the step carries the position."""
-        return {"kind": "step"}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Checks that the state belongs to this kind of schedule."""
-        _check_kind("StepSchedule", "step", state)
-
-
-class ConstantSchedule:
-    """The same p at every step (no curriculum)."""
-
-    def __init__(self, p_start: float) -> None:
-        """Builds the schedule.
-
-        Args:
-            p_start: p_noise at every step (named like the other schedules' first value).
-        """
-        _check_probability("ConstantSchedule", "p_start", p_start)
-        self.p = p_start
-
-    def __call__(self, step: int) -> float:
-        """Returns p_noise at `step`."""
-        _check_step(step)
-        return self.p
-
-    def observe(self, metrics: dict[str, float]) -> None:
-        """Does nothing: this schedule is constant."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """Returns the kind only."""
-        return {"kind": "constant"}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Checks that the state belongs to this kind of schedule."""
-        _check_kind("ConstantSchedule", "constant", state)
+# --------------------------------------------------------------------------- the adaptive schedule
 
 
 class AdaptiveSchedule:
@@ -303,14 +219,13 @@ class AdaptiveSchedule:
             target_reward: A window mean at or above this raises p.
             collapse_reward: A window mean below this lowers p; < target_reward.
         """
-        owner = "AdaptiveSchedule"
+        owner = "adaptive schedule"
         _check_probability(owner, "p_min", p_min)
         _check_probability(owner, "p_max", p_max)
         _check_probability(owner, "p_start", p_start)
         if not p_min <= p_start <= p_max:
             raise ValueError(
-                f"{owner}: need p_min <= p_start <= p_max, got p_min={p_min}, "
-                f"p_start={p_start}, p_max={p_max}"
+                f"{owner}: need p_min <= p_start <= p_max, got p_min={p_min}, p_start={p_start}, p_max={p_max}"
             )
         if not 0.0 < delta <= 1.0:
             raise ValueError(f"{owner}: delta must be in (0, 1], got {delta}")
@@ -362,11 +277,11 @@ class AdaptiveSchedule:
 
     def state_dict(self) -> dict[str, Any]:
         """Returns p and the rewards in the current window."""
-        return {"kind": "adaptive", "p": self.p, "recent": list(self._recent)}
+        return {"kind": ADAPTIVE, "p": self.p, "recent": list(self._recent)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores p and the reward window saved by `state_dict`."""
-        _check_kind("AdaptiveSchedule", "adaptive", state)
+        _check_kind(ADAPTIVE, state)
         recent = [float(r) for r in state["recent"]]
         if len(recent) > self.window:
             raise ValueError(
@@ -377,58 +292,65 @@ class AdaptiveSchedule:
         self._recent = deque(recent, maxlen=self.window)
 
 
-def build(cfg: CurriculumConfig, trainer_total_steps: int = 0) -> NoiseSchedule:
-    """Builds the schedule a recipe's curriculum section describes.
+SCHEDULE_KINDS: tuple[str, ...] = (*P_NOISE, ADAPTIVE)
+"""Every `curriculum.kind` a recipe may name."""
+
+
+def make_schedule(kind: str, /, **settings: Any) -> NoiseSchedule:
+    """The schedule `kind`, bound to the settings it takes.
 
     Args:
-        cfg: The curriculum config; the fields each kind reads are listed below.
-            exponential: p_start, p_end, total_steps, base. linear, cosine: p_start, p_end,
-            total_steps. step: p_start, milestones, values. constant: p_start. adaptive:
-            p_start, p_min, p_max, delta, window, target_reward, collapse_reward.
-        trainer_total_steps: The run's total training steps, used when `cfg.total_steps` is 0
-            (the recipe's "as long as training" setting).
+        kind: A name in `SCHEDULE_KINDS`.
+        **settings: Values by parameter name (e.g. every field of a recipe's curriculum section);
+            each schedule takes the ones its function (or `AdaptiveSchedule`) names and ignores
+            the rest, so adding a schedule needs no change here.
 
     Returns:
-        The schedule.
+        The schedule, its parameters checked (the message names the bad one).
 
     Raises:
-        ValueError: On an unknown kind or invalid parameters (the message names the field).
+        ValueError: On an unknown kind or invalid parameters.
     """
-    total_steps = cfg.total_steps if cfg.total_steps != 0 else trainer_total_steps
-    if cfg.kind == "exponential":
-        return ExponentialSchedule(cfg.p_start, cfg.p_end, total_steps, cfg.base)
-    if cfg.kind == "linear":
-        return LinearSchedule(cfg.p_start, cfg.p_end, total_steps)
-    if cfg.kind == "cosine":
-        return CosineSchedule(cfg.p_start, cfg.p_end, total_steps)
-    if cfg.kind == "step":
-        return StepSchedule(cfg.p_start, list(cfg.milestones), list(cfg.values))
-    if cfg.kind == "constant":
-        return ConstantSchedule(cfg.p_start)
-    if cfg.kind == "adaptive":
-        return AdaptiveSchedule(
-            p_start=cfg.p_start,
-            p_min=cfg.p_min,
-            p_max=cfg.p_max,
-            delta=cfg.delta,
-            window=cfg.window,
-            target_reward=cfg.target_reward,
-            collapse_reward=cfg.collapse_reward,
-        )
-    raise ValueError(
-        f"curriculum.kind {cfg.kind!r} is unknown; use one of exponential, linear, cosine, "
-        "step, constant, adaptive"
-    )
+    if kind == ADAPTIVE:
+        return AdaptiveSchedule(**_taken(AdaptiveSchedule, settings))
+    if kind not in P_NOISE:
+        raise ValueError(f"curriculum.kind {kind!r} is unknown; use one of {', '.join(SCHEDULE_KINDS)}")
+    schedule = FixedSchedule(kind, _taken(P_NOISE[kind], settings))
+    schedule(0)  # checks the parameters now rather than at the first training step
+    return schedule
 
 
-def num_noisy(p: float, top_k: int, granularity: Granularity, rng: random.Random) -> int:
+def _taken(function: Callable[..., Any], settings: dict[str, Any]) -> dict[str, Any]:
+    names = [name for name in signature(function).parameters if name != "step"]
+    return {name: settings[name] for name in names if name in settings}
+
+
+# --------------------------------------------------------------------------- noisy documents per call
+
+
+def _one_flip_per_call(p: float, top_k: int, rng: random.Random) -> int:
+    return top_k if rng.random() < p else 0
+
+
+def _one_flip_per_document(p: float, top_k: int, rng: random.Random) -> int:
+    return sum(rng.random() < p for _ in range(top_k))
+
+
+GRANULARITIES: dict[str, Callable[[float, int, random.Random], int]] = {
+    "call": _one_flip_per_call,  # ZeroSearch: 0 or top_k
+    "document": _one_flip_per_document,  # ours: Binomial(top_k, p)
+}
+"""How `num_noisy` turns p_noise into a count of noisy documents, by `curriculum.granularity`."""
+
+
+def num_noisy(p: float, top_k: int, granularity: str, rng: random.Random) -> int:
     """How many of a search call's top_k documents should be noisy.
 
     Args:
         p: The schedule's p_noise for this step.
         top_k: Documents returned per search.
-        granularity: "call": one coin flip for the whole call, so 0 or top_k (ZeroSearch);
-            "document": one flip per document, Binomial(top_k, p).
+        granularity: A name in `GRANULARITIES`: "call", one coin flip for the whole call, so 0 or
+            top_k (ZeroSearch); "document", one flip per document, Binomial(top_k, p).
         rng: The random source; the caller seeds it, so results are reproducible.
 
     Returns:
@@ -437,8 +359,16 @@ def num_noisy(p: float, top_k: int, granularity: Granularity, rng: random.Random
     _check_probability("num_noisy", "p", p)
     if top_k < 0:
         raise ValueError(f"num_noisy: top_k must be >= 0, got {top_k}")
-    if granularity == "call":
-        return top_k if rng.random() < p else 0
-    if granularity == "document":
-        return sum(rng.random() < p for _ in range(top_k))
-    raise ValueError(f"num_noisy: granularity must be 'call' or 'document', got {granularity!r}")
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"num_noisy: granularity must be one of {', '.join(GRANULARITIES)}, got {granularity!r}")
+    return GRANULARITIES[granularity](p, top_k, rng)
+
+
+def build(section: Any, trainer_total_steps: int = 0) -> NoiseSchedule:
+    """Transitional: `commands.build.build_schedule` under its old name and place.
+
+    Kept only until `commands/train.py` imports `build_schedule` from `commands.build`; then delete it.
+    `section` is a recipe's curriculum section (duck-typed: this package does not import the config).
+    """
+    settings = {**vars(section), "total_steps": section.total_steps or trainer_total_steps}
+    return make_schedule(section.kind, **settings)

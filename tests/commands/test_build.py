@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from simsearch.commands.build import build_search_engine, search_fingerprint
-from simsearch.config import RecipeError, SearchConfig
+from simsearch.commands.build import build_schedule, build_search_engine, search_fingerprint
+from simsearch.config import CurriculumConfig, RecipeError, SearchConfig
 from simsearch.data.tinyworld import build_world
 from simsearch.types import SearchRequest
 
@@ -76,3 +76,47 @@ def test_missing_corpus_is_a_recipe_error(tmp_path: Path) -> None:
 
 def test_self_search_has_no_engine() -> None:
     assert build_search_engine(_config(kind="self")) is None
+
+
+# --- the curriculum ------------------------------------------------------------------------------
+
+
+def _curriculum(**overrides: object) -> CurriculumConfig:
+    """The recipe section with test defaults: the exponential example and a small adaptive rule."""
+    fields: dict[str, object] = dict(
+        kind="exponential", p_start=0.0, p_end=0.5, base=4.0, total_steps=100,
+        target_reward=0.6, collapse_reward=0.2, delta=0.1, window=2, p_min=0.1, p_max=0.4,
+    )  # fmt: skip
+    fields.update(overrides)
+    return CurriculumConfig(**fields)  # type: ignore[arg-type]
+
+
+def test_build_schedule_each_kind() -> None:
+    assert build_schedule(_curriculum(kind="exponential"))(50) == pytest.approx(1 / 6, abs=1e-12)
+    assert build_schedule(_curriculum(kind="exponential", base=16.0))(50) == pytest.approx(0.1, abs=1e-12)
+    assert build_schedule(_curriculum(kind="linear"))(50) == pytest.approx(0.25, abs=1e-12)
+    assert build_schedule(_curriculum(kind="cosine"))(50) == pytest.approx(0.25, abs=1e-12)
+    step = build_schedule(_curriculum(kind="step", p_start=0.05, milestones=[10], values=[0.5]))
+    assert (step(9), step(10)) == (0.05, 0.5)
+    assert build_schedule(_curriculum(kind="constant", p_start=0.3))(99) == 0.3
+    adaptive = build_schedule(_curriculum(kind="adaptive", p_start=0.2))
+    adaptive.observe({"reward/mean": 0.9})
+    adaptive.observe({"reward/mean": 0.9})
+    assert adaptive(0) == pytest.approx(0.3, abs=1e-12)
+
+
+def test_build_schedule_total_steps_zero_means_the_trainers() -> None:
+    # linear over the trainer's 200 steps: 0.5 * 50/200
+    cfg = _curriculum(kind="linear", total_steps=0)
+    assert build_schedule(cfg, trainer_total_steps=200)(50) == pytest.approx(0.125, abs=1e-12)
+    # an explicit total_steps wins: 0.5 * 50/100
+    assert build_schedule(_curriculum(kind="linear"), trainer_total_steps=200)(50) == pytest.approx(0.25, abs=1e-12)
+    with pytest.raises(ValueError, match="curriculum.total_steps"):
+        build_schedule(cfg)
+
+
+def test_build_schedule_errors() -> None:
+    with pytest.raises(ValueError, match="curriculum.kind 'exp'"):
+        build_schedule(_curriculum(kind="exp"))
+    with pytest.raises(ValueError, match="base"):
+        build_schedule(_curriculum(kind="exponential", base=1.0))

@@ -6,36 +6,33 @@ import math
 import random
 import pytest
 
-from simsearch.config import CurriculumConfig
 from simsearch.curriculum.schedules import (
+    P_NOISE,
+    SCHEDULE_KINDS,
     AdaptiveSchedule,
-    ConstantSchedule,
-    CosineSchedule,
-    ExponentialSchedule,
-    LinearSchedule,
-    StepSchedule,
-    build,
+    make_schedule,
     num_noisy,
 )
 
 
-def _curriculum(**overrides: object) -> CurriculumConfig:
-    """The recipe section with test defaults: the exponential example and a small adaptive rule."""
-    fields: dict[str, object] = dict(
-        kind="exponential",
-        p_start=0.0,
-        p_end=0.5,
-        base=4.0,
-        total_steps=100,
-        target_reward=0.6,
-        collapse_reward=0.2,
-        delta=0.1,
-        window=2,
-        p_min=0.1,
-        p_max=0.4,
-    )
-    fields.update(overrides)
-    return CurriculumConfig(**fields)  # type: ignore[arg-type]
+def ExponentialSchedule(p_start: float, p_end: float, total_steps: int, base: float = 4.0):
+    return make_schedule("exponential", p_start=p_start, p_end=p_end, total_steps=total_steps, base=base)
+
+
+def LinearSchedule(p_start: float, p_end: float, total_steps: int):
+    return make_schedule("linear", p_start=p_start, p_end=p_end, total_steps=total_steps)
+
+
+def CosineSchedule(p_start: float, p_end: float, total_steps: int):
+    return make_schedule("cosine", p_start=p_start, p_end=p_end, total_steps=total_steps)
+
+
+def StepSchedule(p_start: float, milestones: list[int], values: list[float]):
+    return make_schedule("step", p_start=p_start, milestones=milestones, values=values)
+
+
+def ConstantSchedule(p_start: float):
+    return make_schedule("constant", p_start=p_start)
 
 
 # --- exponential (ZeroSearch) ------------------------------------------------------------------
@@ -230,38 +227,23 @@ def test_invalid_parameters_name_the_field(make, field_name: str) -> None:
         make()
 
 
-# --- build -------------------------------------------------------------------------------------
+# --- the table ---------------------------------------------------------------------------------
 
 
-def test_build_each_kind() -> None:
-    assert build(_curriculum(kind="exponential"))(50) == pytest.approx(1 / 6, abs=1e-12)
-    assert build(_curriculum(kind="exponential", base=16.0))(50) == pytest.approx(0.1, abs=1e-12)
-    assert build(_curriculum(kind="linear"))(50) == pytest.approx(0.25, abs=1e-12)
-    assert build(_curriculum(kind="cosine"))(50) == pytest.approx(0.25, abs=1e-12)
-    step = build(_curriculum(kind="step", p_start=0.05, milestones=[10], values=[0.5]))
-    assert (step(9), step(10)) == (0.05, 0.5)
-    assert build(_curriculum(kind="constant", p_start=0.3))(99) == 0.3
-    adaptive = build(_curriculum(kind="adaptive", p_start=0.2))
-    adaptive.observe({"reward/mean": 0.9})
-    adaptive.observe({"reward/mean": 0.9})
-    assert adaptive(0) == pytest.approx(0.3, abs=1e-12)
-
-
-def test_build_total_steps_zero_means_the_trainers() -> None:
-    # linear over the trainer's 200 steps: 0.5 * 50/200
-    cfg = _curriculum(kind="linear", total_steps=0)
-    assert build(cfg, trainer_total_steps=200)(50) == pytest.approx(0.125, abs=1e-12)
-    # an explicit total_steps wins: 0.5 * 50/100
-    assert build(_curriculum(kind="linear"), trainer_total_steps=200)(50) == pytest.approx(0.25, abs=1e-12)
-    with pytest.raises(ValueError, match="curriculum.total_steps"):
-        build(cfg)
-
-
-def test_build_errors() -> None:
-    with pytest.raises(ValueError, match="curriculum.kind 'exp'"):
-        build(_curriculum(kind="exp"))
-    with pytest.raises(ValueError, match="base"):
-        build(_curriculum(kind="exponential", base=1.0))
+def test_every_kind_is_built_by_name_and_ignores_settings_it_does_not_take() -> None:
+    assert SCHEDULE_KINDS == ("exponential", "linear", "cosine", "step", "constant", "adaptive")
+    assert set(P_NOISE) == set(SCHEDULE_KINDS) - {"adaptive"}
+    settings = dict(p_start=0.2, p_end=0.5, total_steps=100, base=4.0, milestones=[10], values=[0.5],
+                    p_min=0.1, p_max=0.4, delta=0.1, window=2, target_reward=0.6, collapse_reward=0.2,
+                    granularity="call")
+    # at step 50: exponential 0.2 + (1/3) * 0.3; linear and cosine halfway; step past 10; constant; adaptive p_start
+    expected = {"exponential": 0.3, "linear": 0.35, "cosine": 0.35, "step": 0.5, "constant": 0.2, "adaptive": 0.2}
+    for kind in SCHEDULE_KINDS:
+        schedule = make_schedule(kind, **settings)
+        assert schedule(50) == pytest.approx(expected[kind], abs=1e-12)
+        assert schedule.state_dict()["kind"] == kind
+    with pytest.raises(ValueError, match="curriculum.kind 'exp' is unknown"):
+        make_schedule("exp", **settings)
 
 
 # --- num_noisy ---------------------------------------------------------------------------------
