@@ -118,8 +118,37 @@ def test_finetune_requires_a_model(tmp_path: Path) -> None:
 
 def test_reward_weights_replace_the_default(train_yaml: Path) -> None:
     recipe = load_recipe(TrainRecipe, train_yaml, ["reward.weights={em: 0.9, format: 0.1}"])
-    assert recipe.reward.weights == {"em": 0.9, "format": 0.1}  # no f1 merged in
-    assert load_recipe(TrainRecipe, train_yaml).reward.weights == {"f1": 1.0}  # ZeroSearch's default
+    assert recipe.reward.resolved_weights() == {"em": 0.9, "format": 0.1}  # no f1 merged in
+    default = load_recipe(TrainRecipe, train_yaml).reward
+    assert default.weights == {}  # checking the recipe leaves it as written
+    assert default.resolved_weights() == {"f1": 1.0}  # ZeroSearch's default
+
+
+def test_policies_the_trainer_cannot_update_are_refused_with_the_recipe(train_yaml: Path) -> None:
+    with pytest.raises(RecipeError, match=r"policy.model.adapter: merge the adapter into the base model"):
+        load_recipe(TrainRecipe, train_yaml, ["policy.model.adapter=some/adapter"])
+    with pytest.raises(RecipeError, match=r"model.adapter='a': fine-tuning on top of an adapter is not supported"):
+        load_recipe(FinetuneRecipe, None, ["run_dir=r", "train_file=p.jsonl", "model.path=m", "model.adapter=a"])
+
+
+def test_eval_rows_are_checked_with_the_recipe(tmp_path: Path) -> None:
+    path = _write(tmp_path, {"run_dir": "r", "policy": {"model": {"path": "m"}},
+                             "datasets": [{"name": "nq", "path": "nq.jsonl"}],
+                             "engines": {"bm25": {"kind": "bm25", "corpus": "c.jsonl"}}})  # fmt: skip
+    assert load_recipe(EvalRecipe, path).engines["bm25"].kind == "bm25"
+    refused = {
+        r"policy.kind=openai needs policy.model.path \(the policy's tokenizer": [
+            "policy.kind=openai", "policy.model.path=''", "policy.base_urls=[http://h:1]"],
+        r"engines.b/m: use letters, digits": ["engines={'b/m': {kind: bm25, corpus: c.jsonl}}"],
+        r"datasets: name 'n q': use letters": ["datasets=[{name: 'n q', path: a}]"],
+        r"datasets: name 'nq' is used twice": ["datasets=[{name: nq, path: a}, {name: nq, path: b}]"],
+        r"engines.bm25.kind=self needs rollout.template=self-search": ["engines.bm25.kind=self"],
+        r"rag_engine='own' is kind=self; the RAG baseline needs a retriever": [
+            "engines={own: {kind: self}}", "rag_engine=own", "rollout.template=self-search", "baselines=[rag]"],
+    }
+    for message, overrides in refused.items():
+        with pytest.raises(RecipeError, match=message):
+            load_recipe(EvalRecipe, path, overrides)
 
 
 def test_answer_weight_and_hidden_question_are_checked(train_yaml: Path, tmp_path: Path) -> None:

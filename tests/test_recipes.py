@@ -62,8 +62,9 @@ def test_recipe_comments_name_itself_and_existing_recipes(path: Path) -> None:
 
 @pytest.mark.parametrize("path", EVAL_RECIPES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_eval_recipe_passes_the_checks_made_before_any_work(path: Path) -> None:
-    # plan_methods refuses rows that could never call their engine (e.g. a self-search policy with
-    # max_turns=0 on a real engine); a shipped recipe must get past it.
+    # The recipe's checks refuse rows that could never call their engine (e.g. a self-search policy
+    # with max_turns=0 on a real engine) and plan_methods warns of paid engines without a cache; a
+    # shipped recipe must get past both.
     from simsearch.commands.evaluate import plan_methods
 
     recipe = load_recipe(EvalRecipe, path)

@@ -64,7 +64,6 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import re
 import shlex
 import sys
 import time
@@ -99,11 +98,9 @@ from simsearch.simulator.fidelity import FidelityExample, measure_fidelity
 from simsearch.training.runlog import METRICS_FILE, RunLogger, read_metrics
 from simsearch.types import Completion, Document, QAExample, SamplingParams, SearchRequest, Turn
 
-BASELINES = ("direct", "rag")
 REAL_KINDS = ("bm25", "dense", "http", "serper", "serpapi")
 """Engine kinds that are real retrievers: references for the simulator-fidelity section."""
 EXAMPLES_DIR = "examples"
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclass
@@ -198,38 +195,10 @@ def main(recipe: EvalRecipe) -> dict[str, Any]:
 def plan_methods(recipe: EvalRecipe) -> list[Method]:
     """The rows to evaluate, baselines first (as in the papers' tables), then the engines.
 
-    Raises:
-        RecipeError: an engine named like a baseline or not usable as a directory name, a
-            dataset name used twice, `kind=self` without the self-search template, an engine
-            other than `kind=self` with `rollout.max_turns=0` (its row would never call it), a
-            RAG baseline over a `kind=self` engine or with no room left for its prompt, or a
-            served policy without a tokenizer.
+    The recipe's rows were checked with it (`EvalRecipe.check`); this warns about paid engines
+    without a cache, which would pay again for every query on a rerun.
     """
-    if recipe.policy.kind == "openai" and not recipe.policy.model.path:
-        raise RecipeError(
-            "policy.kind=openai needs policy.model.path (the policy's tokenizer: a local directory "
-            "or hub name), because the rollout works on token ids"
-        )
-    for name in recipe.engines:
-        if name in BASELINES:
-            raise RecipeError(f"engines.{name}: {name!r} is the name of a baseline; rename the engine")
-        if not _SAFE_NAME.match(name):
-            raise RecipeError(f"engines.{name}: use letters, digits, '.', '_' or '-' (it names a directory)")
-    names = [spec.name for spec in recipe.datasets]
-    for name in names:
-        if not _SAFE_NAME.match(name):
-            raise RecipeError(f"datasets: name {name!r}: use letters, digits, '.', '_' or '-' (it names a file)")
-        if names.count(name) > 1:
-            raise RecipeError(f"datasets: name {name!r} is used twice; names must be unique")
     for name, cfg in recipe.engines.items():
-        if cfg.kind == "self" and recipe.rollout.template != "self-search":
-            raise RecipeError(f"engines.{name}.kind=self needs rollout.template=self-search")
-        if cfg.kind != "self" and recipe.rollout.max_turns == 0:
-            raise RecipeError(
-                f"engines.{name}: rollout.max_turns=0 never runs a search, so row {name!r} would report "
-                f"kind={cfg.kind} without ever calling it; set rollout.max_turns >= 1 (SSRL evaluates "
-                "with real search over 3 turns), or evaluate a self-search policy on an engine of kind=self"
-            )
         if cfg.kind in ("serper", "serpapi") and not cfg.cache:
             warnings.warn(
                 f"engines.{name}: kind={cfg.kind} without a cache pays again for every query on a "
@@ -252,20 +221,12 @@ def plan_methods(recipe: EvalRecipe) -> list[Method]:
         "normalization": recipe.normalization,
     }
     rollout = {k: v for k, v in asdict(recipe.rollout).items() if k != "group_size"}
-    if "rag" in recipe.baselines and recipe.sampling.max_new_tokens >= recipe.rollout.max_context_tokens:
-        raise RecipeError(
-            f"baselines: rag: sampling.max_new_tokens={recipe.sampling.max_new_tokens} leaves no room for the "
-            f"RAG prompt under rollout.max_context_tokens={recipe.rollout.max_context_tokens}; raise "
-            "max_context_tokens or lower max_new_tokens"
-        )
     methods = []
     if "direct" in recipe.baselines:
         methods.append(Method("direct", "direct", "", 0, "none", _fingerprint({**shared, "method": "direct"})))
     if "rag" in recipe.baselines:
         name = recipe.rag_engine or next(iter(recipe.engines))
         cfg = recipe.engines[name]
-        if cfg.kind == "self":
-            raise RecipeError(f"rag_engine={name!r} is kind=self; the RAG baseline needs a retriever or the simulator")
         parts = {**shared, "method": "rag", "engine": _engine_identity(cfg, recipe.noisy_share)}
         methods.append(
             Method("rag", "rag", name, cfg.top_k, f"{name} top-{cfg.top_k}, one retrieval", _fingerprint(parts))

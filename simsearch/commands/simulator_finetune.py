@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from simsearch.config import FinetuneRecipe, RecipeError, save_recipe
+from simsearch.config import FinetuneRecipe, save_recipe
 from simsearch.errors import DataError
 from simsearch.simulator.sft import (
     TokenizedPair,
@@ -67,11 +67,6 @@ def main(recipe: FinetuneRecipe) -> Path:
     """Fine-tunes the simulator; returns the final checkpoint directory (its `model/` is the result)."""
     # ------------------------------------------------------------------ setup
     use_ds, lora = recipe.deepspeed.stage > 0, recipe.lora.r > 0
-    if recipe.model.adapter:
-        raise RecipeError(
-            f"model.adapter={recipe.model.adapter!r}: fine-tuning on top of an adapter is not "
-            "supported; merge it into the base model first and set model.path to the result"
-        )
     rank, world = init_distributed(use_ds, task="fine-tuning")
     run_dir = Path(recipe.run_dir)
     if rank == 0:

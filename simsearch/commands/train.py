@@ -160,14 +160,6 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
     alg, optim, temp = recipe.algorithm, recipe.optim, recipe.sampling.temperature
     use_ds, lora, ppo = recipe.deepspeed.stage > 0, recipe.lora.r > 0, alg.estimator == "ppo"
     use_vllm = recipe.policy.kind == "vllm"
-    if recipe.policy.kind == "openai":
-        raise RecipeError(
-            "policy.kind='openai': the trainer loads its updated weights into the rollout engine after every "
-            "step, which a served model cannot take; set policy.kind=hf (in-process transformers) or "
-            "policy.kind=vllm (in-process vLLM, on GPU)"
-        )
-    if recipe.policy.model.adapter:
-        raise RecipeError("policy.model.adapter: merge the adapter into the base model and point policy.model.path at it")
     rank, world = init_distributed(use_ds, task="training")
     if use_vllm and world > 1 and recipe.policy.tensor_parallel_size > 1:
         raise RecipeError(
@@ -534,7 +526,7 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
                 generator.sleep()  # its GPU memory to the update; sync and the next rollout wake it
             # 4. rewards, reference and old log-probs, values
             scored = score_trajectories(
-                result.trajectories, dict(recipe.reward.weights), normalization=recipe.reward.normalization
+                result.trajectories, recipe.reward.resolved_weights(), normalization=recipe.reward.normalization
             )
             rewards = torch.tensor(scored.total, dtype=torch.float32)
             batch = collate_trajectories(result.trajectories, tokenizer.pad_token_id).to(device)

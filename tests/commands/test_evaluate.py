@@ -445,9 +445,8 @@ def test_rag_prompt_keeps_every_document_when_it_fits(world, tokenizer):
 
 def test_rag_without_room_for_a_prompt_is_refused(world, tmp_path):
     _, paths = world
-    recipe = _recipe(tmp_path, paths, "baselines=[rag]", "rollout.max_context_tokens=64")  # max_new_tokens=64
     with pytest.raises(RecipeError, match=r"sampling.max_new_tokens=64 leaves no room for the RAG prompt"):
-        evaluate.plan_methods(recipe)
+        _recipe(tmp_path, paths, "baselines=[rag]", "rollout.max_context_tokens=64")  # max_new_tokens=64
 
 
 def test_simulator_obeys_noisy_share_and_fidelity_uses_policy_queries(world, tokenizer, tmp_path, monkeypatch):
@@ -526,9 +525,8 @@ def test_row_whose_engine_could_never_be_called_is_refused(world, tokenizer, tmp
     _, paths = world
     builds = []
     monkeypatch.setattr(evaluate, "build_generation_engine", lambda cfg, **_: builds.append(cfg))
-    recipe = _recipe(tmp_path, paths, "rollout.template=self-search", "rollout.max_turns=0")
     with pytest.raises(RecipeError, match=r"engines.bm25: rollout.max_turns=0 never runs a search, so row 'bm25'"):
-        evaluate.main(recipe)
+        _recipe(tmp_path, paths, "rollout.template=self-search", "rollout.max_turns=0")
     assert builds == [] and not (tmp_path / "run").exists()  # refused before any work
     # max_turns=0 is SSRL's single generation when the policy is its own engine
     own = load_recipe(
@@ -660,9 +658,8 @@ def test_unreachable_engine_names_its_url(world, tokenizer, tmp_path, monkeypatc
 
 def test_engine_named_like_a_baseline_is_refused(world, tmp_path):
     _, paths = world
-    recipe = _recipe(tmp_path, paths, "engines.rag.kind=bm25", f"engines.rag.corpus={paths['corpus']}")
     with pytest.raises(RecipeError, match=r"engines.rag: 'rag' is the name of a baseline"):
-        evaluate.plan_methods(recipe)
+        _recipe(tmp_path, paths, "engines.rag.kind=bm25", f"engines.rag.corpus={paths['corpus']}")
 
 
 def test_n_above_one_needs_sampling(world, tmp_path):

@@ -293,13 +293,8 @@ def test_sleep_mode_frees_the_engine_for_the_update_and_wakes_it_in_order(
 def test_a_served_policy_is_refused_saying_what_works(
     world: Path, tmp_path: Path
 ) -> None:
-    recipe = _recipe(
-        world,
-        tmp_path / "run",
-        **{"policy.kind": "openai", "policy.base_urls": "[http://127.0.0.1:9]"},
-    )
     with pytest.raises(RecipeError, match="policy.kind='openai'") as error:
-        train.main(recipe)
+        _recipe(world, tmp_path / "run", **{"policy.kind": "openai", "policy.base_urls": "[http://127.0.0.1:9]"})
     message = str(error.value)
     assert "policy.kind=hf" in message and "policy.kind=vllm" in message
     assert not (tmp_path / "run").exists()  # refused before anything was written
