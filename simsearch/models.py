@@ -18,6 +18,7 @@ on it (stop strings are matched on text, masks are built from generated token id
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -94,6 +95,7 @@ def load_model(
     if dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r} is not supported; use one of {sorted(_DTYPES)}")
     source = _check_source(path, what="model", marker="config.json")
+    model: PreTrainedModel
     try:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=_DTYPES[dtype])
         tokenizer = AutoTokenizer.from_pretrained(source)
@@ -112,8 +114,9 @@ def load_model(
         from peft import PeftModel
 
         adapter_source = _check_source(adapter, what="adapter", marker="adapter_config.json")
-        model = PeftModel.from_pretrained(model, adapter_source, is_trainable=False)
-    model.to(device)
+        # A PeftModel forwards every PreTrainedModel attribute to the model it wraps.
+        model = cast(PreTrainedModel, PeftModel.from_pretrained(model, adapter_source, is_trainable=False))
+    model.to(device)  # type: ignore[arg-type]  # transformers types `to` as a decorated method
     model.eval()
     return model, tokenizer
 

@@ -196,8 +196,8 @@ def _read_rows(path: Path) -> Iterator[tuple[str, Any]]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise QADataError(f"{path}: line {line}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        bad_line = data.count(b"\n", 0, err.start) + 1
+        raise QADataError(f"{path}: line {bad_line}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     if path.suffix == ".json" and text.lstrip().startswith("["):
         rows = _parse_json(text, path, "the file")
         for i, row in enumerate(rows):

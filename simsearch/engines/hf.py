@@ -62,6 +62,7 @@ changed, but that check is a safety net, not the contract: fused optimizers and 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
@@ -329,7 +330,8 @@ class HFEngine:
                         results[row] = completion
         finally:
             self.model.train(was_training)
-        return results  # every slot is filled: each row finishes by max_new_tokens at the latest
+        # Every slot is filled: each row finishes by max_new_tokens at the latest.
+        return cast(list[Completion], results)
 
     def _take_prefixes(self, prompts: list[list[int]]) -> list[_Prefix | None]:
         """For each prompt, the longest kept sequence it extends; starts this call's store."""
@@ -461,13 +463,15 @@ class HFEngine:
         first_cache, first_logits = parts[0]
         logits = first_logits.new_empty((rows, first_logits.shape[-1]))
         merged = []
-        for layer in range(len(first_cache.layers)):
-            heads, head_dim = first_cache.layers[layer].keys.shape[1::2]
-            keys = first_cache.layers[layer].keys.new_zeros((rows, heads, width, head_dim))
+        # Full-attention layers only (DynamicLayer: keys and values set after a forward).
+        first_layers: list[Any] = first_cache.layers
+        for layer in range(len(first_layers)):
+            heads, head_dim = first_layers[layer].keys.shape[1::2]
+            keys = first_layers[layer].keys.new_zeros((rows, heads, width, head_dim))
             values = torch.zeros_like(keys)
             for group, (cache, _) in zip(groups, parts):
                 index = torch.tensor(group, device=keys.device)
-                part = cache.layers[layer]
+                part: Any = cache.layers[layer]
                 keys[index, :, width - part.keys.shape[2] :] = part.keys
                 values[index, :, width - part.values.shape[2] :] = part.values
             merged.append((keys, values))
@@ -480,6 +484,7 @@ class HFEngine:
         if kept == 0:
             return DynamicCache(config=self.model.config)
         first = next(p for p, r in zip(prefixes, reused) if r > 0)
+        assert first is not None  # a row that reuses tokens has a kept prefix
         layers, _, heads, _, head_dim = first.kv.shape
         kv = first.kv.new_zeros((layers, 2, len(prefixes), heads, kept, head_dim))
         for b, (prefix, count) in enumerate(zip(prefixes, reused)):
@@ -496,7 +501,7 @@ class HFEngine:
         token_ids = batch.prompts[b] + generated[:-1]
         end = batch.attention_mask.shape[1]
         start = end - len(token_ids)  # the row's true tokens; padding lies before them
-        layers = batch.cache.layers
+        layers: list[Any] = batch.cache.layers
         # One copy of just these columns: a view would keep the whole batch tensor alive.
         parts = [t[b, :, start:] for layer in layers for t in (layer.keys, layer.values)]
         kv = torch.stack(parts).unflatten(0, (len(layers), 2))  # [layers, 2, kv_heads, L, head_dim]
@@ -585,7 +590,7 @@ class HFEngine:
 
     def _decode_text(self, ids: list[int]) -> str:
         # Special tokens are kept: the tiny tokenizer's tags are special tokens.
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return cast(str, self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
 
 
 def _select_rows(batch: _Batch, keep: list[int]) -> _Batch:

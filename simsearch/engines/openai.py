@@ -230,7 +230,7 @@ class OpenAIEngine:
                     "OpenAIEngine(chat=True) takes string prompts (one user message each); "
                     "use chat=False to send token ids to /v1/completions"
                 )
-            chunks = [[p] for p in prompts]
+            chunks: list[list[Any]] = [[p] for p in prompts]
         else:
             # Enough requests to fill every concurrency slot, each still carrying many prompts
             # (the server batches them continuously either way).
@@ -352,7 +352,7 @@ class OpenAIEngine:
         )
 
     def _logprobs(self, path: str, choice: dict[str, Any], data: dict[str, Any]) -> list[float]:
-        block = choice.get("logprobs")
+        block: Any = choice.get("logprobs")
         try:
             if self.chat:
                 return [float(entry["logprob"]) for entry in block["content"]]

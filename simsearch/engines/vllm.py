@@ -386,7 +386,7 @@ class _LoadWeights:
     def __init__(self, weights: list[tuple[str, torch.Tensor]]) -> None:
         self.weights = weights
 
-    def __call__(self, model: torch.nn.Module) -> None:
+    def __call__(self, model: Any) -> None:  # a vLLM model class: they all have load_weights
         model.load_weights(self.weights)
 
 

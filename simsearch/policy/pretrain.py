@@ -525,7 +525,7 @@ def pretrain(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-            history["lr"].append(scheduler.get_last_lr()[0])
+            history["lr"].append(float(scheduler.get_last_lr()[0]))
             optimizer.step()
             scheduler.step()
             for key, value in stats.items():

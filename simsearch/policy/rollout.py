@@ -51,6 +51,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from transformers import PreTrainedTokenizerBase
 
@@ -314,7 +315,7 @@ class _TokenCache:
 
     def decode(self, ids: list[int]) -> str:
         # Special tokens are kept: the tiny tokenizer's tags are special tokens.
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return cast(str, self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
 
     def _single_token(self, tag: str) -> int | None:
         """The id of `tag` when the tokenizer holds it as one added (never split) token."""

@@ -208,6 +208,9 @@ class DenseSearchEngine:
         model = DEFAULT_MODEL if model is None else model
         encoder = load_encoder(model, device)
         dim = encoder.get_embedding_dimension()
+        if dim is None:
+            raise ValueError(f"{model}: the encoder does not report its embedding dimension")
+        out: np.ndarray
         if index_dir is None:
             out = np.empty((len(passages), dim), dtype=np.float32)
         else:
@@ -231,6 +234,7 @@ class DenseSearchEngine:
                 row += len(batch)
                 bar.update(len(batch))
         if index_dir is not None:
+            assert isinstance(out, np.memmap)
             out.flush()
             del out
             tmp_path.replace(index_dir / EMBEDDINGS_FILE)
@@ -255,8 +259,8 @@ class DenseSearchEngine:
         index_dir = Path(index_dir)
         index_dir.mkdir(parents=True, exist_ok=True)
         target = index_dir / EMBEDDINGS_FILE
-        mapped = isinstance(self.embeddings, np.memmap)
-        if not (mapped and Path(self.embeddings.filename).resolve() == target.resolve()):
+        filename = self.embeddings.filename if isinstance(self.embeddings, np.memmap) else None
+        if filename is None or Path(filename).resolve() != target.resolve():
             tmp_path = index_dir / (EMBEDDINGS_FILE + ".partial")
             out = np.lib.format.open_memmap(tmp_path, mode="w+", dtype=np.float32, shape=self.embeddings.shape)
             # Row chunks, so a memory-mapped source never has to fit in RAM.

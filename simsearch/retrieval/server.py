@@ -138,7 +138,8 @@ class _Batcher:
         with self._cond:
             while not self._queue and not self._closed:
                 self._cond.wait()
-            batch, size = [], 0
+            batch: list[_Pending] = []
+            size = 0
             while self._queue and (not batch or size + len(self._queue[0].requests) <= self.max_batch):
                 item = self._queue.pop(0)
                 batch.append(item)
@@ -173,7 +174,7 @@ class _Batcher:
             return [(None, err)] * len(batch)
         with self.stats.lock:
             self.stats.engine_calls += 1
-        outcomes = []
+        outcomes: list[tuple[list[list[Document]] | None, Exception | None]] = []
         start = 0
         for item in batch:
             outcomes.append((results[start : start + len(item.requests)], None))

@@ -63,7 +63,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tqdm import tqdm
 
@@ -242,11 +242,10 @@ class LLMJudge:
     def __call__(self, records: list[SearchRecord]) -> list[bool | None]:
         if not records:
             return []
-        prompts: list[str] | list[list[int]] = [judge_prompt(r) for r in records]
+        texts = [judge_prompt(r) for r in records]
+        prompts: list[str] | list[list[int]] = texts
         if self.chat and self.tokenizer is not None:
-            prompts = [
-                self.tokenizer(as_chat(p, self.tokenizer), add_special_tokens=False)["input_ids"] for p in prompts
-            ]
+            prompts = [self.tokenizer(as_chat(p, self.tokenizer), add_special_tokens=False)["input_ids"] for p in texts]
         params = SamplingParams(temperature=0.0, max_new_tokens=self.max_new_tokens)
         completions = self.generator.generate(prompts, params)
         return [parse_verdict(c.text) for c in completions]
@@ -495,7 +494,7 @@ def build_sft_pairs(
             seen.add(key)
             kept.append(r)
     pairs: list[dict] = []
-    rendering = {
+    rendering: dict[str, Any] = {
         "preset": preset,
         "templates": templates,
         "show_question": show_question,
