@@ -9,6 +9,7 @@ fields are checked in `__post_init__`.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -295,8 +296,8 @@ class RewardConfig:
     """The reward: a weighted sum of named components."""
 
     # name -> weight, names from simsearch.policy.rewards.REWARD_NAMES (format is ours,
-    # ssrl_format SSRL's exact rule); empty = {f1: 1.0}, ZeroSearch's reward. (A non-empty
-    # default would be merged into, not replaced by, a recipe's own weights.)
+    # ssrl_format SSRL's exact rule); empty = {f1: 1.0}, ZeroSearch's reward (see `resolved_weights`).
+    # (A non-empty default would be merged into, not replaced by, a recipe's own weights.)
     weights: dict[str, float] = field(default_factory=dict)
     # How answers are normalized before em / substring_em / f1 (simsearch.eval.metrics).
     # squad by default: the SQuAD v1.1 rule Search-R1, ZeroSearch and SSRL train with, so a reward
@@ -308,10 +309,12 @@ class RewardConfig:
         for name in self.weights:
             _check_choice(f"{key}.weights key", name, REWARD_NAMES)
         _check_choice(f"{key}.normalization", self.normalization, tuple(NORMALIZATIONS))
-        if not self.weights:
-            self.weights = {"f1": 1.0}
-        if not any(self.weights.values()):
+        if not any(self.resolved_weights().values()):
             raise RecipeError(f"{key}.weights are all 0: give at least one a weight, e.g. {{f1: 1.0}}")
+
+    def resolved_weights(self) -> dict[str, float]:
+        """The weights the reward uses: `weights`, or ZeroSearch's {f1: 1.0} when it is empty."""
+        return dict(self.weights) or {"f1": 1.0}
 
 
 @dataclass
@@ -480,6 +483,7 @@ class TrainRecipe:
 
     def check(self, key: str) -> None:
         self.policy.check("policy")
+        self._check_policy_is_trainable()
         self.sampling.check("sampling")
         self.search.check("search")
         if self.trajectory_samples < 0:
@@ -527,6 +531,18 @@ class TrainRecipe:
                 "set rollout.group_size >= 2"
             )
 
+    def _check_policy_is_trainable(self) -> None:
+        if self.policy.kind == "openai":
+            raise RecipeError(
+                "policy.kind='openai': the trainer loads its updated weights into the rollout engine after every "
+                "step, which a served model cannot take; set policy.kind=hf (in-process transformers) or "
+                "policy.kind=vllm (in-process vLLM, on GPU)"
+            )
+        if self.policy.model.adapter:
+            raise RecipeError(
+                "policy.model.adapter: merge the adapter into the base model and point policy.model.path at it"
+            )
+
 
 @dataclass
 class EvalDataset:
@@ -535,6 +551,12 @@ class EvalDataset:
     name: str = MISSING  # column name in the tables (nq, hotpotqa, ...)
     path: str = MISSING  # local file (FlashRAG JSONL/Parquet or verl Parquet)
     limit: int = 0  # first N questions only (0 = all)
+
+
+EVAL_BASELINES = ("direct", "rag")
+"""The baseline rows `simsearch eval` runs itself (`EvalRecipe.baselines`)."""
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # eval row and dataset names name files
 
 
 @dataclass
@@ -578,7 +600,7 @@ class EvalRecipe:
             raise RecipeError("datasets is empty: list at least one {name, path}")
         _check_range("noisy_share", self.noisy_share, 0.0, 1.0)
         for baseline in self.baselines:
-            _check_choice(f"{key}.baselines", baseline, ("direct", "rag"))
+            _check_choice(f"{key}.baselines", baseline, EVAL_BASELINES)
         if "rag" in self.baselines and not self.engines:
             raise RecipeError("baselines: rag retrieves with one of `engines`: add an engine")
         if self.rag_engine and self.rag_engine not in self.engines:
@@ -592,6 +614,47 @@ class EvalRecipe:
                 f"n={self.n} with sampling.temperature=0 gives {self.n} identical greedy samples: "
                 "set sampling.temperature > 0 (e.g. 1.0) for pass@n, or n=1"
             )
+        self._check_rows()
+
+    def _check_rows(self) -> None:
+        """What the evaluated rows need: a tokenizer, file-safe unique names, engines they really call."""
+        if self.policy.kind == "openai" and not self.policy.model.path:
+            raise RecipeError(
+                "policy.kind=openai needs policy.model.path (the policy's tokenizer: a local directory "
+                "or hub name), because the rollout works on token ids"
+            )
+        for name in self.engines:
+            if name in EVAL_BASELINES:
+                raise RecipeError(f"engines.{name}: {name!r} is the name of a baseline; rename the engine")
+            if not _SAFE_NAME.match(name):
+                raise RecipeError(f"engines.{name}: use letters, digits, '.', '_' or '-' (it names a directory)")
+        names = [spec.name for spec in self.datasets]
+        for name in names:
+            if not _SAFE_NAME.match(name):
+                raise RecipeError(f"datasets: name {name!r}: use letters, digits, '.', '_' or '-' (it names a file)")
+            if names.count(name) > 1:
+                raise RecipeError(f"datasets: name {name!r} is used twice; names must be unique")
+        for name, cfg in self.engines.items():
+            if cfg.kind == "self" and self.rollout.template != "self-search":
+                raise RecipeError(f"engines.{name}.kind=self needs rollout.template=self-search")
+            if cfg.kind != "self" and self.rollout.max_turns == 0:
+                raise RecipeError(
+                    f"engines.{name}: rollout.max_turns=0 never runs a search, so row {name!r} would report "
+                    f"kind={cfg.kind} without ever calling it; set rollout.max_turns >= 1 (SSRL evaluates "
+                    "with real search over 3 turns), or evaluate a self-search policy on an engine of kind=self"
+                )
+        if "rag" in self.baselines:
+            if self.sampling.max_new_tokens >= self.rollout.max_context_tokens:
+                raise RecipeError(
+                    f"baselines: rag: sampling.max_new_tokens={self.sampling.max_new_tokens} leaves no room for "
+                    f"the RAG prompt under rollout.max_context_tokens={self.rollout.max_context_tokens}; raise "
+                    "max_context_tokens or lower max_new_tokens"
+                )
+            rag = self.rag_engine or next(iter(self.engines))
+            if self.engines[rag].kind == "self":
+                raise RecipeError(
+                    f"rag_engine={rag!r} is kind=self; the RAG baseline needs a retriever or the simulator"
+                )
 
 
 @dataclass
@@ -694,6 +757,11 @@ class FinetuneRecipe:
     def check(self, key: str) -> None:
         if not self.model.path:
             raise RecipeError("model.path is empty: give the model to fine-tune")
+        if self.model.adapter:
+            raise RecipeError(
+                f"model.adapter={self.model.adapter!r}: fine-tuning on top of an adapter is not "
+                "supported; merge it into the base model first and set model.path to the result"
+            )
         if not self.answer_loss_weight >= 1.0:  # also refuses NaN
             raise RecipeError(f"answer_loss_weight={self.answer_loss_weight} must be >= 1 (1 = no weighting)")
         self.model.check("model")
