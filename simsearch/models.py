@@ -215,8 +215,8 @@ def build_tiny_model(
 ) -> Qwen2ForCausalLM:
     """Builds a randomly initialised Qwen2 causal LM sized for CPU tests.
 
-    The defaults (with a 1000-token vocabulary) give the 0.92M-parameter model that learned to
-    search in the tiny-world feasibility run. Embeddings are tied to the output layer.
+    The defaults (with a 1000-token vocabulary) give the 0.92M-parameter base policy of
+    `simsearch quickstart`. Embeddings are tied to the output layer.
 
     Args:
         tokenizer: Sets the vocabulary size and the pad / eos ids.

@@ -18,22 +18,20 @@
 Stages 3-6 run the recipes in `recipes/quickstart/` with their paths pointed into the run
 directory, so each is also a worked example of a command a user runs by hand.
 
-Where it departs from ZeroSearch: the simulator is trained on `target: retrieved` pairs — a
-"useful" response is what BM25 actually returned for the query — and is shown neither the
-question nor the answer (`show_question: false`, `show_answer: false`). ZeroSearch's simulator
-knows the world from pretraining and is told the answer as a hint; ours learns the training
-world from the SFT data, and writes the right passages only when the query names the entity, as
-BM25 does. Told the answer, a tiny simulator wrote it whatever the query (on held-out questions,
-a query without the name still got it half the time, one with the name cut short 81% of the
-time), and RL against it learned queries that find nothing on BM25. The price: the simulator
-knows nothing of held-out entities, so the "simulator" column of the held-out table is not a
-measure of the policy. The simulator's prompt is `simsearch-brief`, the query without
-instructions, which halves every SFT sequence. The policy prompt is `search-r1-brief`, the
-Search-R1 protocol in one sentence: the compat prompt's ~100 tokens would double every sequence
-a tiny model trains on. Results are rendered `brief` (`Doc i: text`, no title: the world's
-texts name their person) for the policy, its pretraining traces and the simulator's responses
-alike: 65 tokens per result set instead of 84 with Search-R1's `Doc i(Title: t) text`, a
-saving every stage after the world gets.
+Where it departs from ZeroSearch:
+
+- The simulator is trained on `target: retrieved` pairs (a "useful" response is what BM25
+  returned for the query) and is shown neither the question nor the answer (`show_question:
+  false`, `show_answer: false`): it learns the training world from the SFT data and writes the
+  right passages only when the query names the entity, as BM25 does. ZeroSearch's simulator
+  knows the world from pretraining and is told the answer. Consequence: the simulator knows
+  nothing of held-out entities, so the "simulator" column of the held-out table does not
+  measure the policy.
+- Shorter prompts for a tiny model: the simulator prompt is `simsearch-brief` (the query
+  without instructions), the policy prompt `search-r1-brief` (the Search-R1 protocol in one
+  sentence), and results are rendered `brief` (`Doc i: text`, no title) everywhere.
+
+Why these choices, and what the alternatives did: docs/quickstart-notes.md.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ by RL on CPU, to search before answering. The world is made so that:
 - test questions are about entities no training question mentions, so a policy that memorizes
   training answers gains nothing on them.
 
-With the defaults (the feasibility run's figures): 300 entities x 3 relations; 940 passages (two
+With the defaults: 300 entities x 3 relations; 940 passages (two
 per entity, one visit per entity, one description per city); 600 training questions over 200
 entities and 300 test questions over the other 100.
 """
@@ -300,7 +300,7 @@ def _syllable(rng: random.Random) -> str:
 
 def _person_name(rng: random.Random) -> str:
     # One word of two syllables: about three tokens for a tokenizer trained on other such names
-    # (the feasibility run's 2-4), short enough for a tiny model to copy into a query. Never
+    # (2-4), short enough for a tiny model to copy into a query. Never
     # ending like a city ("Somar"), so names and places stay apart.
     while True:
         name = (_syllable(rng) + _syllable(rng)).capitalize()

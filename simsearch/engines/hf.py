@@ -1,9 +1,9 @@
 """Text generation with a transformers model: our own lean KV-cached sampling loop.
 
-`HFEngine` runs any Hugging Face causal LM (CPU or GPU) for the policy's rollouts and for a local
-simulator. It does not call `model.generate`: a loop of our own is simpler to make fast for this
-workload (many short continuations that end at different stop strings) and gives exact control
-over what is returned. Per chunk of at most `batch_size` rows it
+`HFEngine` runs any Hugging Face causal LM (CPU or GPU; unverified on a GPU, see docs/scaling.md)
+for the policy's rollouts and for a local simulator. It does not call `model.generate`: a loop of
+our own is simpler to make fast for this workload (many short continuations that end at
+different stop strings) and gives exact control over what is returned. Per chunk of at most `batch_size` rows it
 
 1. prefills the left-padded prompts once (attention mask plus explicit position ids, so a padded
    prompt sees exactly what it would see alone; only the last position's logits are computed),

@@ -29,6 +29,8 @@ How the response maps onto `Completion`, and where servers differ:
   defaults never apply; `top_k`, `min_p` and `repetition_penalty` are vLLM / SGLang extensions
   that OpenAI's own API would reject.
 
+Unverified on a GPU: tested against local fake servers, not real `vllm serve` replicas (docs/scaling.md).
+
 Departure from ZeroSearch: its client retried the simulator forever in a bare `except`; here
 retries are bounded and the final error names the replicas, the attempts and the last error.
 """

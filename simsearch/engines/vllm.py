@@ -43,13 +43,7 @@ Colocated training (policy and vLLM on the same GPUs) frees memory between rollo
 `sync_weights` must then load every parameter, and `generate` refuses to run before it (vLLM
 would otherwise generate from uninitialised memory: vllm-project/vllm#29341).
 
-Verification: the pure parts (output mapping, sampling arguments, seeds, parameter names, merged
-LoRA weights, the ZeRO-3 gather in one gloo process) and the engine's bookkeeping against a fake
-`vllm` module (validating `SamplingParams` and serializing `apply_model` as vLLM does) are tested
-on CPU; `benchmarks/vllm_conformance.py` looks up every name, keyword and output field used here
-in the source of the vLLM releases the `vllm` extra allows (0.32, 0.33). Nothing here has run
-against a real vLLM: it is **unverified until a GPU run has checked it**
-(`benchmarks/gpu_smoke.sh`, docs/scaling.md).
+Unverified on a GPU: tested on CPU against a fake `vllm` only (docs/scaling.md, "Verified where").
 
 Where this departs from the published systems: Search-R1 and ZeroSearch run vLLM 0.6.3 inside
 verl (whose sharding manager writes into vLLM's internal model object) and recompute the old

@@ -20,9 +20,7 @@ that teach the format and the skill of copying, and nothing RL is meant to find:
   it (`make_traces` documents the rate); with `typed_answer_share`, that share of the traces
   draws only among the values of the kind the question asks for (a city for a birthplace): the
   reading any pretrained LM brings, which still leaves open which query finds the entity and
-  which of its passages (its birth, or a visit that names another city) holds the answer.
-  Without it, RL tends to collapse onto the one kind of value the base copies best and answer
-  with it whatever the question;
+  which of its passages (its birth, or a visit that names another city) holds the answer;
 - the information tokens are out of the LM loss (as in RL), so the model never learns a fact of
   the world; an auxiliary **copy loss** trains, inside the information block, only the tokens
   whose bigram already occurred earlier in the sequence (a name repeated from the question, a
@@ -35,11 +33,9 @@ concatenated, exactly as `policy.rollout` assembles a trajectory (prompt with
 observation as `wrap_information(block)` minus its closing tail, then the tail), so pretraining
 and RL see the same token sequences.
 
-Departures from the feasibility run this recipe comes from (TINYWORLD-NOTES): the answer is
-drawn from the pooled values of all retrieved documents rather than from one random document, so
-no relation is favoured (with a name query the three passages of the entity hold six values, one
-of each relation being right; drawing the document first would make the single-value founding
-passage, hence the year, twice as likely as the city or occupation).
+The answer is drawn from the pooled values of all retrieved documents, not from one random
+document, so no relation is favoured (drawing a document first would favour the relation of the
+passage holding the fewest values). Why the quickstart needs this stage: docs/quickstart-notes.md.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ Where it departs from Search-R1's BM25 (pyserini / Lucene):
 
 Memory: building streams the passages (a `JsonlCorpus` keeps only line offsets), holds the token
 ids and the sparse score matrix; search reads titles and texts back from the corpus for the
-returned passages only. `load(..., mmap=True)` memory-maps the matrix. Measured on 2 CPUs with a
-synthetic 1M-passage corpus of 100-word passages: build 320 s, peak RSS 3.9 GB.
+returned passages only. `load(..., mmap=True)` memory-maps the matrix. Build time and memory
+at 1M passages: docs/performance.md.
 
 Ties in score are broken by corpus position, so results do not depend on batch composition.
 """
@@ -168,7 +168,7 @@ class BM25SearchEngine:
             [r.query for r in requests], update_vocab=False, allow_empty=False, return_as="ids", show_progress=False
         )
         # Queries are scored one by one: bm25s's scatter-add holds the GIL, so threads did not
-        # help (measured on 2 CPUs), and a server already calls search from several threads.
+        # help, and a server already calls search from several threads.
         return [self._search_one(ids, r.top_k) for ids, r in zip(token_ids, requests, strict=True)]
 
     def _search_one(self, token_ids: list[int], top_k: int) -> list[Document]:

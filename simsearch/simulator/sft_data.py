@@ -42,12 +42,11 @@ is conditioned to be helpful regardless of query quality.
 
 Contrast queries (`contrast_records`, ours): the policy that collects the data issues mostly
 reasonable queries, but RL pushes the policy toward whatever the simulator rewards. A simulator
-shown few bad queries treats a query that has lost a word, or half a name, like the full one:
-in the quickstart's tiny world, a query with the name cut short still got the answer from the
-simulator 34% of the time, where BM25 finds nothing. Each record can therefore bring variants
-of its query (a word dropped, a word cut short, a word swapped for one of another record's
-query) that go to the same retriever, and their records train the simulator on what such
-queries really retrieve (with one variant per query: 8%).
+shown few bad queries treats a query that has lost a word, or half a name, like the full one,
+where BM25 finds nothing. Each record can therefore bring variants of its query (a word dropped,
+a word cut short, a word swapped for one of another record's query) that go to the same
+retriever, and their records train the simulator on what such queries really retrieve
+(measured effect: docs/quickstart-notes.md).
 
 Other departures: the rule judge matches whole words of the normalized text (substring matching
 would find gold "5" in "1995"); exact duplicate records
