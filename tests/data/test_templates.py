@@ -17,7 +17,8 @@ from simsearch.data.templates import (
 )
 from simsearch.types import Document
 
-# Search-R1's prompt for "who wrote hamlet?", typed out by hand from REFERENCE.md (not built from
+# Search-R1's prompt for "who wrote hamlet?", typed out by hand from Search-R1's
+# `scripts/data_process/nq_search.py` (not built from
 # the module's constant): one line, sentences joined by single spaces, "as your want" kept, and a
 # single trailing newline after the question.
 EXPECTED_SEARCH_R1 = (

@@ -17,7 +17,7 @@ from simsearch.simulator.prompts import (
 )
 from simsearch.types import Document
 
-# ZeroSearch's SFT-mode prompt, typed out by hand from REFERENCE.md: only the FIRST gold answer,
+# ZeroSearch's SFT-mode prompt, typed out by hand from Alibaba-NLP/ZeroSearch: only the FIRST gold answer,
 # "five" although top_k is 3, a blank line after the second and fourth lines, and a newline after
 # "Useful Output:".
 EXPECTED_USEFUL = (
