@@ -19,6 +19,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from simsearch.curriculum.schedules import GRANULARITIES, SCHEDULE_KINDS
+from simsearch.curriculum.schedules import GRANULARITIES, SCHEDULE_KINDS
 from simsearch.eval.metrics import NORMALIZATIONS
 from simsearch.policy.rewards import REWARD_NAMES
 from simsearch.data.templates import TEMPLATE_NAMES
@@ -321,18 +322,17 @@ class RewardConfig:
 class AlgorithmConfig:
     """Advantage estimator and loss."""
 
-    estimator: str = "grpo"  # grpo | dr_grpo | reinforce | reinforce_baseline | reinforce_pp | rloo | ppo | stratified_grpo
+    estimator: str = "grpo"  # a name in policy.advantages.ESTIMATORS
     clip_low: float = 0.2  # PPO ratio clip below 1
     clip_high: float = 0.2  # PPO ratio clip above 1 (asymmetric when != clip_low)
     # dual-clip PPO (verl's clip_ratio_c, its default 3.0): at negative advantages the loss is
     # capped at -A x clip_ratio_c, so a token whose ratio ran past it stops pushing; 0 = off, else > 1
     clip_ratio_c: float = 0.0
     kl_coef: float = 0.001  # weight of KL to the frozen reference (0 = no reference model)
-    # per-token KL estimate (policy.losses.KL_ESTIMATORS): k1 (verl's kl) | k2 (mse) | k3 (low_var_kl) | abs
-    kl_estimator: str = "k3"
+    kl_estimator: str = "k3"  # per-token KL estimate: a name in policy.losses.KL_ESTIMATORS (k3: verl's low_var_kl)
     kl_in_reward: bool = False  # fold KL into the token reward instead of the loss
     entropy_coef: float = 0.0  # entropy bonus
-    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum
+    loss_agg: str = "token-mean"  # a name in policy.losses.LOSS_AGGREGATIONS
     gamma: float = 1.0  # discount (PPO / REINFORCE++)
     lam: float = 1.0  # GAE lambda
     value_clip: float = 0.2  # PPO value clip
@@ -351,24 +351,19 @@ class AlgorithmConfig:
     tis_cap: float = 0.0
 
     def check(self, key: str) -> None:
-        _check_choice(
-            f"{key}.estimator",
-            self.estimator,
-            ("grpo", "dr_grpo", "reinforce", "reinforce_baseline", "reinforce_pp", "rloo", "ppo",
-             "stratified_grpo"),
-        )
-        # The names of policy.losses.KL_ESTIMATORS (a test holds them equal): config stays free of torch.
-        _check_choice(f"{key}.kl_estimator", self.kl_estimator, ("k1", "k2", "k3", "abs"))
+        # Imported here, not at the top: the tables' modules need torch, which `import simsearch.config`
+        # (and so `simsearch --help`) must not pay for.
+        from simsearch.policy.advantages import ESTIMATORS
+        from simsearch.policy.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
+
+        _check_choice(f"{key}.estimator", self.estimator, tuple(ESTIMATORS))
+        _check_choice(f"{key}.kl_estimator", self.kl_estimator, tuple(KL_ESTIMATORS))
         if self.clip_ratio_c != 0 and not self.clip_ratio_c > 1:  # `not >` also refuses NaN
             raise RecipeError(
                 f"{key}.clip_ratio_c={self.clip_ratio_c} must be 0 (no dual clip) or > 1 (a bound on the ratio "
                 "above the clip range); verl's default is 3.0"
             )
-        _check_choice(
-            f"{key}.loss_agg",
-            self.loss_agg,
-            ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"),
-        )
+        _check_choice(f"{key}.loss_agg", self.loss_agg, tuple(LOSS_AGGREGATIONS))
         _check_positive(f"{key}.ppo_epochs", self.ppo_epochs)
         if self.critic_warmup_ratio is not None:
             _check_range(f"{key}.critic_warmup_ratio", self.critic_warmup_ratio, 0.0, 1.0)

@@ -37,15 +37,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from simsearch.retrieval.base import render_documents
+from simsearch.data.rendering import render_documents
 from simsearch.types import Document
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-TemplateName = Literal[
-    "search-r1", "search-r1-chat", "search-r1-auto", "search-r1-brief", "self-search", "direct", "rag"
-]
+TemplateName = str
+"""A name in `TEMPLATES`."""
 ChatUse = Literal["never", "always", "if-available"]
 """When a template goes through the tokenizer's chat template (see the module docstring)."""
 

@@ -36,6 +36,9 @@ Dependency direction: `losses.py` imports the masked utilities from here, never 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 Stats = dict[str, torch.Tensor]
@@ -381,6 +384,114 @@ def gae_advantages(
         "values_mean": masked_mean(values, loss_mask),
     }
     return advantages, returns, stats
+
+
+# ---------------------------------------------------------------------------------------------
+# The estimators by recipe name
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EstimatorInputs:
+    """Everything an estimator may read; each one takes what it needs.
+
+    Attributes:
+        rewards: `[B]` outcome reward per trajectory (for sequence-level estimators the caller
+            has already folded any KL penalty into it).
+        loss_mask: `[B, L]` 1 at tokens trained on.
+        group_ids: `[B]` prompt each trajectory answers.
+        num_searches: `[B]` searches each trajectory made (stratified GRPO's strata).
+        kl: `[B, L]` per-token KL for token-level estimators, None for no penalty.
+        kl_coef: Weight of that per-token KL penalty.
+        values: `[B, L]` critic values (GAE).
+        gamma: Discount (REINFORCE++, GAE).
+        lam: GAE lambda.
+        stratified_alpha: Weight of the within-stratum term of stratified GRPO.
+    """
+
+    rewards: torch.Tensor
+    loss_mask: torch.Tensor
+    group_ids: torch.Tensor
+    num_searches: torch.Tensor
+    kl: torch.Tensor | None = None
+    kl_coef: float = 0.0
+    values: torch.Tensor | None = None
+    gamma: float = 1.0
+    lam: float = 1.0
+    stratified_alpha: float = 0.5
+
+
+EstimatorOutput = tuple[torch.Tensor, torch.Tensor | None, Stats]
+"""(advantages `[B]` or `[B, L]`, returns `[B, L]` for a critic to regress on or None, stats)."""
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """An advantage estimator as a recipe names it.
+
+    Attributes:
+        compute: The estimator over `EstimatorInputs`.
+        token_level: True: returns `[B, L]` and applies the per-token KL itself; False: returns
+            `[B]`, which the caller spreads over the loss mask.
+        compares_group: It compares the rollouts of one prompt, so it needs >= 2 per prompt.
+    """
+
+    compute: Callable[[EstimatorInputs], EstimatorOutput]
+    token_level: bool
+    compares_group: bool
+
+
+def _sequence(advantages_and_stats: tuple[torch.Tensor, Stats]) -> EstimatorOutput:
+    advantages, stats = advantages_and_stats
+    return advantages, None, stats
+
+
+def _grpo(x: EstimatorInputs) -> EstimatorOutput:
+    return _sequence(grpo_advantages(x.rewards, x.group_ids))
+
+
+def _dr_grpo(x: EstimatorInputs) -> EstimatorOutput:
+    return _sequence(dr_grpo_advantages(x.rewards, x.group_ids))
+
+
+def _reinforce(x: EstimatorInputs) -> EstimatorOutput:
+    return _sequence(reinforce_advantages(x.rewards, batch_mean_baseline=False))
+
+
+def _reinforce_baseline(x: EstimatorInputs) -> EstimatorOutput:
+    return _sequence(reinforce_advantages(x.rewards, batch_mean_baseline=True))
+
+
+def _rloo(x: EstimatorInputs) -> EstimatorOutput:
+    return _sequence(rloo_advantages(x.rewards, x.group_ids))
+
+
+def _stratified_grpo(x: EstimatorInputs) -> EstimatorOutput:
+    return _sequence(stratified_grpo_advantages(x.rewards, x.group_ids, x.num_searches, x.stratified_alpha))
+
+
+def _reinforce_pp(x: EstimatorInputs) -> EstimatorOutput:
+    advantages, _, stats = reinforce_plus_plus_advantages(x.rewards, x.loss_mask, x.kl, x.kl_coef, x.gamma)
+    return advantages, None, stats  # its returns train no critic
+
+
+def _ppo(x: EstimatorInputs) -> EstimatorOutput:
+    if x.values is None:
+        raise ValueError("token_advantages: estimator 'ppo' needs the critic's values")
+    return gae_advantages(x.rewards, x.values, x.loss_mask, x.gamma, x.lam, x.kl, x.kl_coef)
+
+
+ESTIMATORS: dict[str, Estimator] = {
+    "grpo": Estimator(_grpo, token_level=False, compares_group=True),
+    "dr_grpo": Estimator(_dr_grpo, token_level=False, compares_group=True),
+    "reinforce": Estimator(_reinforce, token_level=False, compares_group=False),
+    "reinforce_baseline": Estimator(_reinforce_baseline, token_level=False, compares_group=False),
+    "reinforce_pp": Estimator(_reinforce_pp, token_level=True, compares_group=False),
+    "rloo": Estimator(_rloo, token_level=False, compares_group=True),
+    "ppo": Estimator(_ppo, token_level=True, compares_group=False),  # GAE over a critic's values
+    "stratified_grpo": Estimator(_stratified_grpo, token_level=False, compares_group=True),
+}
+"""Every advantage estimator by its recipe name (`algorithm.estimator`)."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -37,18 +37,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import nn
 
-from simsearch.policy.advantages import (
-    Stats,
-    broadcast_to_tokens,
-    dr_grpo_advantages,
-    gae_advantages,
-    grpo_advantages,
-    masked_sum,
-    reinforce_advantages,
-    reinforce_plus_plus_advantages,
-    rloo_advantages,
-    stratified_grpo_advantages,
-)
+from simsearch.policy.advantages import ESTIMATORS, EstimatorInputs, Stats, broadcast_to_tokens, masked_sum
 from simsearch.policy.losses import (
     KLEstimator,
     LossAggregation,
@@ -59,12 +48,6 @@ from simsearch.policy.losses import (
     token_logprobs,
 )
 from simsearch.types import Trajectory
-
-ESTIMATORS: tuple[str, ...] = (
-    "grpo", "dr_grpo", "reinforce", "reinforce_baseline", "reinforce_pp", "rloo", "ppo", "stratified_grpo",
-)  # fmt: skip
-TOKEN_LEVEL_ESTIMATORS: tuple[str, ...] = ("reinforce_pp", "ppo")
-
 
 # --------------------------------------------------------------------------- data order
 
@@ -448,7 +431,7 @@ def token_advantages(
     """`[B, L]` advantages of the estimator a recipe names (the one place that dispatches on it).
 
     Args:
-        estimator: One of `ESTIMATORS`.
+        estimator: A name in `advantages.ESTIMATORS`.
         rewards: `[B]` outcome reward per trajectory.
         batch: The trajectories (loss mask, groups, search counts).
         kl: `[B, L]` per-token KL to the reference, folded into the reward when `kl_coef` > 0
@@ -463,43 +446,35 @@ def token_advantages(
         (advantages `[B, L]` with 0 at masked positions, returns `[B, L]` for "ppo" else None,
         stats).
     """
+    spec = ESTIMATORS.get(estimator)
+    if spec is None:
+        raise ValueError(f"unknown advantage estimator {estimator!r}; use one of {', '.join(ESTIMATORS)}")
     mask = batch.loss_mask
     rewards = rewards.to(torch.float32)
-    if estimator in TOKEN_LEVEL_ESTIMATORS:
-        trained = mask.bool().any(dim=-1)  # [B] rows with a token to carry the outcome
-        rows = trained.nonzero().flatten()
-        sub_kl = None if kl is None else kl[rows]
+    if spec.token_level:
+        rows = mask.bool().any(dim=-1).nonzero().flatten()  # rows with a token to carry the outcome
+        adv, returns, stats = spec.compute(
+            EstimatorInputs(
+                rewards[rows], mask[rows], batch.group_ids[rows], batch.num_searches[rows],
+                kl=None if kl is None else kl[rows], kl_coef=kl_coef,
+                values=None if values is None else values[rows], gamma=gamma, lam=lam,
+            )
+        )  # fmt: skip
         advantages = torch.zeros(mask.shape, dtype=torch.float32)
-        if estimator == "reinforce_pp":
-            adv, _returns, stats = reinforce_plus_plus_advantages(rewards[rows], mask[rows], sub_kl, kl_coef, gamma)
-            advantages[rows] = adv
-            return advantages, None, stats
-        if values is None:
-            raise ValueError("token_advantages: estimator 'ppo' needs the critic's values")
-        adv, ret, stats = gae_advantages(rewards[rows], values[rows], mask[rows], gamma, lam, sub_kl, kl_coef)
         advantages[rows] = adv
+        if returns is None:
+            return advantages, None, stats
         full_returns = torch.zeros(mask.shape, dtype=torch.float32)
-        full_returns[rows] = ret
+        full_returns[rows] = returns
         return advantages, full_returns, stats
 
     if kl_coef > 0:
         if kl is None:
             raise ValueError(f"token_advantages: kl_coef={kl_coef} needs the per-token kl [B, L]")
         rewards = rewards - kl_coef * masked_sum(kl.detach(), mask, dim=-1)
-    if estimator == "grpo":
-        seq, stats = grpo_advantages(rewards, batch.group_ids)
-    elif estimator == "dr_grpo":
-        seq, stats = dr_grpo_advantages(rewards, batch.group_ids)
-    elif estimator == "reinforce":
-        seq, stats = reinforce_advantages(rewards, batch_mean_baseline=False)
-    elif estimator == "reinforce_baseline":
-        seq, stats = reinforce_advantages(rewards, batch_mean_baseline=True)
-    elif estimator == "rloo":
-        seq, stats = rloo_advantages(rewards, batch.group_ids)
-    elif estimator == "stratified_grpo":
-        seq, stats = stratified_grpo_advantages(rewards, batch.group_ids, batch.num_searches, stratified_alpha)
-    else:
-        raise ValueError(f"unknown advantage estimator {estimator!r}; use one of {', '.join(ESTIMATORS)}")
+    seq, _, stats = spec.compute(
+        EstimatorInputs(rewards, mask, batch.group_ids, batch.num_searches, stratified_alpha=stratified_alpha)
+    )
     return broadcast_to_tokens(seq, mask), None, stats
 
 

@@ -4,11 +4,12 @@ Every loss takes per-token tensors `[B, L]` with a loss mask (1 at tokens the po
 0 at prompt padding, retrieved `<information>` tokens and response padding) and returns
 `(scalar loss, stats)`, `stats` mapping a short name to a detached 0-d tensor (no `.item()`, so no
 device sync per micro-batch; the entry module namespaces and logs them). The optimizer minimizes
+(`policy.batch.actor_micro_loss`, which combines these terms per micro-batch)
 
-    actor_loss = policy_loss + kl_coef * KL - entropy_coef * entropy        (`actor_loss`)
+    actor loss = policy_loss + kl_coef * KL - entropy_coef * entropy
 
-with non-negative coefficients: ZeroSearch's release flipped the sign of the KL term, pushing the
-policy *away* from the reference; `actor_loss` refuses negative coefficients.
+each term present only when its coefficient is > 0: the signs are fixed there (ZeroSearch's
+release flipped the sign of the KL term, pushing the policy *away* from the reference).
 
 Where this departs from the papers / matches verl:
 
@@ -35,17 +36,16 @@ Where this departs from the papers / matches verl:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
 
 import torch
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from simsearch.policy.advantages import Stats, masked_mean, masked_sum
 
-LossAggregation = Literal[
-    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
-]
-KLEstimator = Literal["k1", "k2", "k3", "abs"]
+LossAggregation = str
+"""A name in `LOSS_AGGREGATIONS`."""
+KLEstimator = str
+"""A name in `KL_ESTIMATORS`."""
 
 LOG_RATIO_CLAMP = 20.0  # verl: clamp log-ratios before exp
 K3_CLAMP = 10.0  # verl: clamp the low_var_kl estimate
@@ -78,7 +78,7 @@ def aggregate_loss(
     Args:
         loss_mat: `[B, L]` per-token loss.
         loss_mask: `[B, L]` 1 at tokens that count.
-        mode: one of the modes above.
+        mode: a name in `LOSS_AGGREGATIONS` (the modes above).
         denominator: the count the mode divides by (valid tokens for "token-mean", sequences for
             "seq-mean-*"), when `loss_mat` is one micro-batch of a larger optimizer batch: pass
             the whole batch's count so that summing the micro-batch losses gives the batch loss.
@@ -98,28 +98,56 @@ def aggregate_loss(
             f"(pass a constant such as the maximum response length) and only by it; got mode "
             f"{mode!r} with token_sum_normalizer={token_sum_normalizer}"
         )
-    valid = loss_mask.bool()
-    if mode == "token-mean":
-        if denominator is None:
-            return masked_mean(loss_mat, loss_mask)
-        return masked_sum(loss_mat, loss_mask) / denominator
+    if mode not in LOSS_AGGREGATIONS:
+        choices = ", ".join(repr(name) for name in LOSS_AGGREGATIONS)
+        raise ValueError(f"aggregate_loss: unknown mode {mode!r}; use one of {choices}")
+    return LOSS_AGGREGATIONS[mode](loss_mat, loss_mask, denominator, token_sum_normalizer)
 
-    row_sum = masked_sum(loss_mat, loss_mask, dim=-1)  # [B]
-    if mode == "seq-mean-token-mean":
-        per_row = masked_mean(loss_mat, loss_mask, dim=-1)  # [B]
-    elif mode == "seq-mean-token-sum":
-        per_row = row_sum
-    elif mode == "seq-mean-token-sum-norm":
-        per_row = row_sum / token_sum_normalizer
-    else:
-        raise ValueError(
-            f"aggregate_loss: unknown mode {mode!r}; use one of 'token-mean', "
-            "'seq-mean-token-mean', 'seq-mean-token-sum', 'seq-mean-token-sum-norm'"
-        )
-    has_tokens = valid.any(dim=-1)  # [B]
+
+Denominator = float | torch.Tensor | None
+
+
+def _token_mean(
+    loss_mat: torch.Tensor, loss_mask: torch.Tensor, denominator: Denominator, _: float | None
+) -> torch.Tensor:
+    if denominator is None:
+        return masked_mean(loss_mat, loss_mask)
+    return masked_sum(loss_mat, loss_mask) / denominator
+
+
+def _mean_over_rows(per_row: torch.Tensor, loss_mask: torch.Tensor, denominator: Denominator) -> torch.Tensor:
+    has_tokens = loss_mask.bool().any(dim=-1)  # [B] rows without a valid token are no sequence
     if denominator is None:
         return masked_mean(per_row, has_tokens)
     return masked_sum(per_row, has_tokens) / denominator
+
+
+def _seq_mean_token_mean(
+    loss_mat: torch.Tensor, loss_mask: torch.Tensor, denominator: Denominator, _: float | None
+) -> torch.Tensor:
+    return _mean_over_rows(masked_mean(loss_mat, loss_mask, dim=-1), loss_mask, denominator)
+
+
+def _seq_mean_token_sum(
+    loss_mat: torch.Tensor, loss_mask: torch.Tensor, denominator: Denominator, _: float | None
+) -> torch.Tensor:
+    return _mean_over_rows(masked_sum(loss_mat, loss_mask, dim=-1), loss_mask, denominator)
+
+
+def _seq_mean_token_sum_norm(
+    loss_mat: torch.Tensor, loss_mask: torch.Tensor, denominator: Denominator, normalizer: float | None
+) -> torch.Tensor:
+    assert normalizer is not None  # aggregate_loss requires it for this mode
+    return _mean_over_rows(masked_sum(loss_mat, loss_mask, dim=-1) / normalizer, loss_mask, denominator)
+
+
+LOSS_AGGREGATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, Denominator, float | None], torch.Tensor]] = {
+    "token-mean": _token_mean,
+    "seq-mean-token-mean": _seq_mean_token_mean,
+    "seq-mean-token-sum": _seq_mean_token_sum,
+    "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
+}
+"""Every loss aggregation by its recipe name (`algorithm.loss_agg`); `aggregate_loss` documents them."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,28 +323,6 @@ def kl_loss(
     return loss, {"kl": loss.detach()}
 
 
-def entropy_bonus(
-    logits: torch.Tensor,
-    loss_mask: torch.Tensor,
-    denominator: float | torch.Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> tuple[torch.Tensor, Stats]:
-    """Mean entropy of the policy over the valid tokens (subtract it with entropy_coef).
-
-    Args:
-        logits: `[B, L, V]` policy logits at the response positions (with grad).
-        loss_mask: `[B, L]` 1 at tokens trained on.
-        denominator: see `aggregate_loss` ("token-mean").
-        chunk_size: positions processed at once (bounds the float32 workspace).
-
-    Returns:
-        The masked-mean entropy (with grad) and stats `entropy` (detached).
-    """
-    entropy = entropy_from_logits(logits, chunk_size)  # [B, L]
-    mean = aggregate_loss(entropy, loss_mask, "token-mean", denominator)
-    return mean, {"entropy": mean.detach()}
-
-
 def value_loss(
     values: torch.Tensor,
     old_values: torch.Tensor,
@@ -367,45 +373,6 @@ def value_loss(
             "values_mean": masked_mean(values.detach(), loss_mask),
         }
     return loss, stats
-
-
-def actor_loss(
-    policy: torch.Tensor,
-    kl: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    entropy: torch.Tensor | None = None,
-    entropy_coef: float = 0.0,
-) -> torch.Tensor:
-    """The scalar the optimizer minimizes: policy + kl_coef * kl - entropy_coef * entropy.
-
-    Minimizing +kl_coef * KL pulls the policy toward the reference; subtracting the entropy
-    rewards spread. Both coefficients must be >= 0, so the sign cannot be flipped by a recipe.
-
-    Args:
-        policy: scalar policy loss (`policy_loss`).
-        kl: scalar KL (`kl_loss`); required when kl_coef > 0.
-        kl_coef: weight of the KL term.
-        entropy: scalar mean entropy (`entropy_bonus`); required when entropy_coef > 0.
-        entropy_coef: weight of the entropy bonus.
-
-    Returns:
-        Scalar loss.
-    """
-    if kl_coef < 0 or entropy_coef < 0:
-        raise ValueError(
-            f"actor_loss: kl_coef and entropy_coef must be >= 0 (the signs are fixed here: +KL, "
-            f"-entropy), got kl_coef={kl_coef}, entropy_coef={entropy_coef}"
-        )
-    total = policy
-    if kl_coef > 0:
-        if kl is None:
-            raise ValueError(f"actor_loss: kl_coef={kl_coef} but no kl term was given")
-        total = total + kl_coef * kl
-    if entropy_coef > 0:
-        if entropy is None:
-            raise ValueError(f"actor_loss: entropy_coef={entropy_coef} but no entropy was given")
-        total = total - entropy_coef * entropy
-    return total
 
 
 # ---------------------------------------------------------------------------------------------

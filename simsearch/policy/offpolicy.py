@@ -24,8 +24,7 @@ from __future__ import annotations
 import torch
 
 from simsearch.policy.advantages import Stats, masked_mean
-
-LOG_RATIO_CLAMP = 20.0  # as losses.py: keep exp() finite on garbage or far-off tokens
+from simsearch.policy.losses import LOG_RATIO_CLAMP  # keeps exp() finite on garbage or far-off tokens
 
 
 def truncated_is_weights(

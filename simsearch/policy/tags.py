@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from simsearch.data.rendering import INFORMATION_CLOSE, INFORMATION_OPEN
+
 SEARCH_STOP = "</search>"
 ANSWER_STOP = "</answer>"
 STOP_STRINGS: tuple[str, ...] = (SEARCH_STOP, ANSWER_STOP)
@@ -57,8 +59,6 @@ class Action:
 
 
 _BLOCKS = {name: re.compile(rf"<{name}>(.*?)</{name}>", re.DOTALL) for name in TAG_NAMES}
-_INFORMATION_OPEN = "<information>"
-_INFORMATION_CLOSE = "</information>"
 
 
 def _last_block(text: str, name: str, end: int) -> tuple[int, str] | None:
@@ -100,25 +100,6 @@ def parse_action(text: str) -> Action:
     return Action("answer", block[1].strip())
 
 
-def count_tags(text: str) -> dict[str, int]:
-    """Counts complete `<name>…</name>` blocks of each tag name.
-
-    Information blocks are counted first; think, search and answer blocks are then counted
-    outside them, so tags a search engine wrote inside its documents are not the policy's.
-
-    Args:
-        text: Any response text.
-
-    Returns:
-        `{"think": n, "search": n, "information": n, "answer": n}`.
-    """
-    visible = _BLOCKS["information"].sub(" ", text)
-    return {
-        name: len(pattern.findall(text if name == "information" else visible))
-        for name, pattern in _BLOCKS.items()
-    }
-
-
 def extract_queries(text: str) -> list[str]:
     """Returns every complete search query in order, stripped, empty ones dropped.
 
@@ -151,9 +132,9 @@ def information_spans(text: str) -> list[tuple[int, int]]:
     """
     spans: list[tuple[int, int]] = []
     position = 0
-    while (start := text.find(_INFORMATION_OPEN, position)) != -1:
-        close = text.find(_INFORMATION_CLOSE, start + len(_INFORMATION_OPEN))
-        end = len(text) if close == -1 else close + len(_INFORMATION_CLOSE)
+    while (start := text.find(INFORMATION_OPEN, position)) != -1:
+        close = text.find(INFORMATION_CLOSE, start + len(INFORMATION_OPEN))
+        end = len(text) if close == -1 else close + len(INFORMATION_CLOSE)
         spans.append((start, end))
         position = end
     return spans

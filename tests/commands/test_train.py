@@ -31,7 +31,7 @@ from simsearch.errors import ServiceError
 from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
 from simsearch.policy.batch import ESTIMATORS
 from simsearch.policy.rollout import score_trajectories
-from simsearch.retrieval.base import render_information
+from simsearch.data.rendering import render_documents, wrap_information
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.retrieval.server import create_app
 from simsearch.training.checkpoint import latest_checkpoint, load_state
@@ -72,7 +72,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "".join(json.dumps({"id": p.id, "contents": p.contents}) + "\n" for p in passages)
     )
     texts = [SEARCH_R1_TEMPLATE.format(question=q) for q, _ in QUESTIONS] * 20 + [
-        SEARCH_TURN, render_information([Document("Item 1", "Item 1 is red.")]),
+        SEARCH_TURN, wrap_information(render_documents([Document("Item 1", "Item 1 is red.")])),
         "<think> ok </think>\n<answer> red </answer>", "<answer> blue </answer>",
     ] * 20  # fmt: skip
     tokenizer = train_tokenizer(texts, vocab_size=1000)
@@ -88,7 +88,7 @@ def _teach_format(model: torch.nn.Module, tokenizer, passages: list[Passage]) ->
     sequences = []
     for (question, _), passage in zip(QUESTIONS, passages):
         prompt = tokenizer.encode(render_prompt(question, template="search-r1"))
-        search, info = encode(SEARCH_TURN), encode(render_information([Document(passage.title, passage.text)]))
+        search, info = encode(SEARCH_TURN), encode(wrap_information(render_documents([Document(passage.title, passage.text)])))
         for color in COLORS:
             answer = encode(f"<think> ok </think>\n<answer> {color} </answer>") + [tokenizer.eos_token_id]
             ids = prompt + search + info + answer

@@ -10,7 +10,10 @@ import math
 import pytest
 import torch
 
+from simsearch.config import AlgorithmConfig, RecipeError
 from simsearch.policy.advantages import (
+    ESTIMATORS,
+    EstimatorInputs,
     broadcast_to_tokens,
     dr_grpo_advantages,
     gae_advantages,
@@ -315,3 +318,27 @@ def test_stratified_grpo_limits_reduce_to_grpo():
     assert torch.allclose(alpha1, grpo, **TOL)
     with pytest.raises(ValueError, match="alpha"):
         stratified_grpo_advantages(STRAT_REWARDS, STRAT_GROUPS, STRAT_SEARCHES, alpha=1.5)
+
+
+def test_the_table_names_every_estimator_the_recipe_accepts():
+    assert list(ESTIMATORS) == [
+        "grpo", "dr_grpo", "reinforce", "reinforce_baseline", "reinforce_pp", "rloo", "ppo", "stratified_grpo",
+    ]  # fmt: skip
+    assert [n for n, e in ESTIMATORS.items() if e.token_level] == ["reinforce_pp", "ppo"]
+    assert [n for n, e in ESTIMATORS.items() if e.compares_group] == ["grpo", "dr_grpo", "rloo", "stratified_grpo"]
+    for name in ESTIMATORS:
+        AlgorithmConfig(estimator=name).check("algorithm")
+    with pytest.raises(RecipeError, match="algorithm.estimator='gpro' is not one of grpo, dr_grpo"):
+        AlgorithmConfig(estimator="gpro").check("algorithm")
+
+
+def test_table_entries_call_their_estimator():
+    # two groups of two: rewards (1, 0) and (3, 3); GRPO: (1 - 0.5) / (std 0.7071 + 1e-6) = +-0.7071, then 0, 0
+    x = EstimatorInputs(torch.tensor([1.0, 0.0, 3.0, 3.0]), torch.ones(4, 2), torch.tensor([0, 0, 1, 1]), torch.zeros(4))
+    advantages, returns, _ = ESTIMATORS["grpo"].compute(x)
+    assert returns is None
+    torch.testing.assert_close(advantages, torch.tensor([0.7071058, -0.7071058, 0.0, 0.0]), rtol=0, atol=1e-6)
+    # RLOO: 1 - 0 = 1, 0 - 1 = -1; the constant group 0
+    torch.testing.assert_close(ESTIMATORS["rloo"].compute(x)[0], torch.tensor([1.0, -1.0, 0.0, 0.0]))
+    with pytest.raises(ValueError, match="needs the critic's values"):
+        ESTIMATORS["ppo"].compute(x)

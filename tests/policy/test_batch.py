@@ -270,3 +270,13 @@ def test_sequence_kl_is_zero_at_masked_tokens() -> None:
     kl = sequence_kl(logp, ref, torch.tensor([[1, 0]]), "k3")
     # k3 with r = ref - logp = -ln 2: e^r - r - 1 = 0.5 + ln 2 - 1 = 0.19315
     torch.testing.assert_close(kl, torch.tensor([[0.5 + math.log(2) - 1.0, 0.0]]))
+
+
+def test_actor_loss_subtracts_the_entropy_with_its_coefficient() -> None:
+    micro = collate_trajectories([trajectory([1], [0], [1])], PAD)
+    logits = torch.zeros(1, 1, 2)  # uniform over 2 tokens: H = ln 2
+    settings = ActorLossSettings(entropy_coef=0.01)
+    loss, stats = actor_micro_loss(logits, micro, torch.zeros(1, 1), None, None, settings, (1.0, 1.0))
+    # loss = 0 (no advantage) - 0.01 ln 2; an added entropy would give +0.01 ln 2
+    assert stats["entropy"] == pytest.approx(math.log(2))
+    assert float(loss) == pytest.approx(-0.01 * math.log(2))

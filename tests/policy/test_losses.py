@@ -12,9 +12,8 @@ import torch
 from simsearch.config import AlgorithmConfig, RecipeError
 from simsearch.policy.losses import (
     KL_ESTIMATORS,
-    actor_loss,
+    LOSS_AGGREGATIONS,
     aggregate_loss,
-    entropy_bonus,
     entropy_from_logits,
     kl_loss,
     kl_penalty,
@@ -246,10 +245,7 @@ def test_positive_kl_coef_pulls_logp_toward_reference():
         logp = start.clone().requires_grad_(True)
         kl, _ = kl_loss(logp, ref, mask, estimator="k3")
         policy = (logp * 0.0).sum()
-        if sign > 0:
-            loss = actor_loss(policy, kl=kl, kl_coef=0.1)
-        else:  # ZeroSearch's inverted sign, written out by hand
-            loss = policy - 0.1 * kl
+        loss = policy + sign * 0.1 * kl  # -1: ZeroSearch's inverted sign
         loss.backward()
         if sign > 0:
             # d k3 / d logp = 1 - e^(ref - logp): 1 - 0.5 = 0.5 and 1 - 4 = -3;
@@ -263,10 +259,10 @@ def test_positive_kl_coef_pulls_logp_toward_reference():
     assert ((step(-1.0) - ref).abs() > before).all()
 
 
-# --- entropy, actor loss -------------------------------------------------------------------------
+# --- entropy ------------------------------------------------------------------------------------
 
 
-def test_entropy_bonus_by_hand():
+def test_masked_mean_entropy_by_hand():
     uniform = torch.zeros(4, dtype=torch.float64)  # H = ln 4 = 2 ln 2
     # p = 1/2, 1/4, 1/8, 1/8: H = 0.5 ln 2 + 0.25 ln 4 + 2 * 0.125 ln 8 = 1.75 ln 2
     skewed = torch.tensor([0.5, 0.25, 0.125, 0.125], dtype=torch.float64).log()
@@ -274,27 +270,14 @@ def test_entropy_bonus_by_hand():
     logits = torch.stack([uniform, skewed, garbage]).unsqueeze(0).requires_grad_(True)
     mask = torch.tensor([[1, 1, 0]])
     assert close(entropy_from_logits(logits)[0, :2].detach(), [2 * LN2, 1.75 * LN2])
-    bonus, stats = entropy_bonus(logits, mask)
+    bonus = aggregate_loss(entropy_from_logits(logits), mask, "token-mean")
     # masked mean (2 + 1.75) / 2 ln 2 = 1.875 ln 2; the un-masked mean would be 3.75 ln 2 / 3
-    assert close(bonus.detach(), 1.875 * LN2) and close(stats["entropy"], 1.875 * LN2)
+    assert close(bonus.detach(), 1.875 * LN2)
     assert not close(bonus.detach(), 1.25 * LN2)
     bonus.backward()
     # uniform is the maximum of entropy (zero gradient); the masked row gets exactly zero
     assert close(logits.grad[0, 0], [0.0] * 4)
     assert torch.equal(logits.grad[0, 2], torch.zeros(4, dtype=torch.float64))
-
-
-def test_actor_loss_signs():
-    total = actor_loss(
-        torch.tensor(1.0), kl=torch.tensor(0.5), kl_coef=0.1, entropy=torch.tensor(2.0),
-        entropy_coef=0.01,
-    )
-    # 1 + 0.1 * 0.5 - 0.01 * 2 = 1.03 (inverted KL: 0.93, added entropy: 1.07)
-    assert close(total, 1.03)
-    with pytest.raises(ValueError, match="must be >= 0"):
-        actor_loss(torch.tensor(1.0), kl=torch.tensor(0.5), kl_coef=-0.1)
-    with pytest.raises(ValueError, match="no kl term"):
-        actor_loss(torch.tensor(1.0), kl_coef=0.1)
 
 
 # --- value loss ----------------------------------------------------------------------------------
@@ -405,3 +388,11 @@ def test_token_logprobs_rejects_ignore_index_labels():
         token_logprobs(torch.zeros(1, 2, 3), torch.tensor([[0, -100]]))
     with pytest.raises(ValueError, match="long tensor"):
         token_logprobs(torch.zeros(1, 2, 3), torch.tensor([[0, 1, 2]]))
+
+
+def test_the_recipe_accepts_exactly_the_loss_aggregations():
+    assert list(LOSS_AGGREGATIONS) == ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+    for name in LOSS_AGGREGATIONS:
+        AlgorithmConfig(loss_agg=name).check("algorithm")
+    with pytest.raises(RecipeError, match="algorithm.loss_agg='sum' is not one of token-mean, seq-mean-token-mean"):
+        AlgorithmConfig(loss_agg="sum").check("algorithm")

@@ -23,7 +23,7 @@ from simsearch.policy.pretrain import (
     value_kind,
     value_spans,
 )
-from simsearch.retrieval.base import render_information
+from simsearch.data.rendering import render_documents, wrap_information
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.types import Document, QAExample, SearchRequest
 
@@ -95,7 +95,7 @@ def test_trace_is_prompt_search_information_answer_with_masks(world, tokenizer):
     assert trace.answer in (world.cities[0], "baker")
     prompt = tokenizer.encode(render_prompt(example.question, template="search-r1"))
     search = tokenizer.encode(f"<search> {name} </search>", add_special_tokens=False)
-    information = tokenizer.encode(render_information(docs), add_special_tokens=False)
+    information = tokenizer.encode(wrap_information(render_documents(docs)), add_special_tokens=False)
     answer = tokenizer.encode(f"<answer> {trace.answer} </answer>", add_special_tokens=False)
     assert trace.input_ids == prompt + search + information + answer
     expected_mask = [0] * len(prompt) + [1] * len(search) + [0] * len(information) + [1] * len(answer)
@@ -120,7 +120,7 @@ def test_traces_show_results_in_the_rollout_s_rendering(world, tokenizer):
         world, RecordingEngine(docs), tokenizer, n=1, seed=0, top_k=1, query_mix=(1.0, 0.0, 0.0),
         examples=[example], rendering="brief",
     )
-    information = tokenizer.encode(render_information(docs, "brief"), add_special_tokens=False)
+    information = tokenizer.encode(wrap_information(render_documents(docs, "brief")), add_special_tokens=False)
     start = trace.loss_mask.index(0, trace.loss_mask.index(1))  # after the search call
     assert trace.input_ids[start : start + len(information)] == information
     assert f"<information>Doc 1: {docs[0].text}</information>" in tokenizer.decode(trace.input_ids)

@@ -24,7 +24,7 @@ from simsearch.policy.rollout import (
     score_trajectories,
 )
 from simsearch.policy.tags import INVALID_ACTION_MESSAGE
-from simsearch.retrieval.base import render_information
+from simsearch.data.rendering import render_documents, wrap_information
 from simsearch.types import Completion, Document, QAExample, SamplingParams, SearchRequest
 
 QUESTIONS = ["who founded orvale?", "where was mira tal born?", "when did kesto open?"]
@@ -41,7 +41,7 @@ def _training_texts() -> list[str]:
             texts.append(template.format(question=q))
         texts.append(
             SEARCH_TURN
-            + render_information([Document("Orvale", "founded by ana\nin the north")])
+            + wrap_information(render_documents([Document("Orvale", "founded by ana\nin the north")]))
             + ANSWER_TURN
             + INVALID_ACTION_MESSAGE
         )
@@ -163,7 +163,7 @@ def decode(tokenizer, ids):
 def test_loss_mask_covers_exactly_the_multi_line_information_block(tokenizer):
     result, _, _ = run(tokenizer, by_turn(SEARCH_TURN, ANSWER_TURN), top_k=2)
     traj = result.trajectories[0]
-    observation = render_information(documents("orvale founder", 2))
+    observation = wrap_information(render_documents(documents("orvale founder", 2)))
     assert observation.count("\n") >= 4  # a multi-line block
 
     runs = segments(traj.response_ids, traj.loss_mask)
@@ -182,7 +182,7 @@ def test_mask_is_exact_where_joint_tokenization_would_merge_across_the_border(pl
     tok = plain_tokenizer
     result, _, _ = run(tok, by_turn(SEARCH_TURN, ANSWER_TURN), top_k=1)
     traj = result.trajectories[0]
-    observation = render_information(documents("orvale founder", 1))
+    observation = wrap_information(render_documents(documents("orvale founder", 1)))
     first = tok.encode(SEARCH_TURN, add_special_tokens=False)
     inserted = tok.encode(observation, add_special_tokens=False)
 
@@ -209,7 +209,7 @@ def test_observation_truncation_keeps_the_closing_tag(tokenizer):
     inserted = runs[1][1]
     assert runs[1][0] == 0 and len(inserted) == 20
     text = decode(tokenizer, inserted)
-    full = render_information(documents("orvale founder", 3))
+    full = wrap_information(render_documents(documents("orvale founder", 3)))
     assert text.startswith("\n\n<information>Doc 1(Title: ")
     assert text.endswith("</information>\n\n")
     assert len(text) < len(full)
@@ -341,7 +341,7 @@ def test_logprobs_are_aligned_and_zero_on_inserted_tokens(tokenizer):
 def test_context_limit_cuts_the_last_generation(tokenizer):
     prompt_len = len(tokenizer.encode(SEARCH_R1_TEMPLATE.format(question=QUESTIONS[0])))
     n1 = len(tokenizer.encode(SEARCH_TURN))
-    obs_len = len(tokenizer.encode(render_information(documents("orvale founder", 3))))
+    obs_len = len(tokenizer.encode(wrap_information(render_documents(documents("orvale founder", 3)))))
     limit = prompt_len + n1 + obs_len + 4  # room for 4 tokens of the answer turn
     result, policy, _ = run(tokenizer, by_turn(SEARCH_TURN, ANSWER_TURN), max_context_tokens=limit)
     traj = result.trajectories[0]
@@ -426,7 +426,7 @@ def test_self_search_with_real_share_inserts_real_results(tokenizer):
     assert len(search.calls) == 1 and len(search.calls[0]) == 2
     for traj in result.trajectories:
         runs = segments(traj.response_ids, traj.loss_mask)
-        assert decode(tokenizer, runs[1][1]) == render_information(documents("orvale founder", 1))
+        assert decode(tokenizer, runs[1][1]) == wrap_information(render_documents(documents("orvale founder", 1)))
         assert traj.turns[0].executed and traj.answer == "ana"
 
 
@@ -522,7 +522,7 @@ def test_two_turns_end_to_end_with_a_tiny_model(tokenizer):
     """A tiny Qwen2, overfit on one trace's two turns, searches then answers through HFEngine."""
     prompt = tokenizer.encode(SEARCH_R1_TEMPLATE.format(question=QUESTIONS[0]))
     first = tokenizer.encode(SEARCH_TURN)
-    observation = tokenizer.encode(render_information(documents("orvale founder", 1)))
+    observation = tokenizer.encode(wrap_information(render_documents(documents("orvale founder", 1))))
     second = tokenizer.encode(ANSWER_TURN)
     ids = torch.tensor([prompt + first + observation + second])
     labels = torch.tensor([[-100] * len(prompt) + first + [-100] * len(observation) + second])
@@ -552,7 +552,7 @@ def test_two_turns_end_to_end_with_a_tiny_model(tokenizer):
         # The engine's own ids, then the observation's ids (mask 0), then the engine's ids.
         assert traj.response_ids == first + observation + second
         assert traj.loss_mask == [1] * len(first) + [0] * len(observation) + [1] * len(second)
-        assert traj.response_text == SEARCH_TURN + render_information(documents("orvale founder", 1)) + ANSWER_TURN
+        assert traj.response_text == SEARCH_TURN + wrap_information(render_documents(documents("orvale founder", 1))) + ANSWER_TURN
         assert all(lp < 0 for lp, m in zip(traj.logprobs, traj.loss_mask) if m == 1)
         assert all(lp == 0 for lp, m in zip(traj.logprobs, traj.loss_mask) if m == 0)
     assert result.metrics["perf/decoded_tokens"] == 2 * (len(first) + len(second))

@@ -1,14 +1,14 @@
-"""Parsing the agent's tags: actions, counts, queries, information spans."""
+"""Parsing the agent's tags: actions, queries, information spans."""
 
 from __future__ import annotations
 
 import pytest
 
+from simsearch.eval.metrics import extract_answer
 from simsearch.policy.tags import (
     INVALID_ACTION_MESSAGE,
     STOP_STRINGS,
     Action,
-    count_tags,
     extract_queries,
     information_spans,
     parse_action,
@@ -31,7 +31,7 @@ def test_invalid_action_message_says_where_things_go() -> None:
     assert parse_action(message) == Action("invalid")
     trajectory = "<think>hm</think> <serch>x</serch>" + message + "<think>hm</think>"
     assert extract_queries(trajectory) == []
-    assert count_tags(trajectory)["answer"] == 0
+    assert extract_answer(trajectory) is None
 
 
 @pytest.mark.parametrize(
@@ -76,20 +76,6 @@ def test_parse_action(turn: str, expected: Action) -> None:
 )
 def test_parse_action_invalid(turn: str) -> None:
     assert parse_action(turn) == Action("invalid", "")
-
-
-def test_count_tags() -> None:
-    text = (
-        "<think>a</think><search>q1</search>\n\n<information>Doc 1\nDoc 2</information>\n\n"
-        "<think>b</think><search>q2</search><information>x</information>"
-        "<think>c</think><answer>y</answer><answer>unclosed"
-    )
-    assert count_tags(text) == {"think": 3, "search": 2, "information": 2, "answer": 1}
-
-
-def test_count_tags_ignores_tags_inside_information() -> None:
-    text = "<search>q</search><information><search>fake</search><answer>z</answer></information>"
-    assert count_tags(text) == {"think": 0, "search": 1, "information": 1, "answer": 0}
 
 
 def test_extract_queries() -> None:

@@ -46,7 +46,6 @@ from simsearch.eval.metrics import (
 from simsearch.policy.rewards import format_score
 from simsearch.policy.tags import (
     Action,
-    count_tags,
     extract_queries,
     information_spans,
     parse_action,
@@ -110,13 +109,9 @@ def test_tag_parsers_accept_any_text(text: str) -> None:
     if action.kind == "invalid":
         assert action.payload == ""
 
-    counts = count_tags(text)
-    assert set(counts) == {"think", "search", "information", "answer"}
-    assert all(isinstance(n, int) and n >= 0 for n in counts.values())
-
     queries = extract_queries(text)
     assert all(q and q == q.strip() and "</search>" not in q for q in queries)
-    assert len(queries) <= counts["search"]
+    assert len(queries) <= text.count("</search>")
 
     spans = information_spans(text)
     position = 0
@@ -134,7 +129,6 @@ def test_tag_parsers_read_back_what_was_written(thought: str, queries: list[str]
     text = f"<think>{thought}</think>{searches}<answer>{answer}</answer>"
     assert parse_action(text) == Action("answer", answer.strip())
     assert extract_queries(text) == [q.strip() for q in queries if q.strip()]
-    assert count_tags(text) == {"think": 1, "search": len(queries), "information": len(queries), "answer": 1}
     assert len(information_spans(text)) == len(queries)
     if queries and queries[-1].strip():
         last_turn = f"<think>{thought}</think><search>{queries[-1]}</search>"

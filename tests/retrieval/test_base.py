@@ -9,16 +9,8 @@ import pytest
 
 from simsearch.data.corpus import load_passages
 from simsearch.config import RecipeError, SearchConfig
-from simsearch.retrieval.base import (
-    RENDER_STYLES,
-    RENDERERS,
-    VERBATIM_STYLE,
-    check_top_k,
-    render_documents,
-    render_information,
-    select_top_k,
-    wrap_information,
-)
+from simsearch.data.rendering import RENDER_STYLES, RENDERERS, VERBATIM_STYLE, render_documents, wrap_information
+from simsearch.retrieval.base import check_top_k, select_top_k
 from simsearch.types import Document, SearchRequest
 
 WIKI18 = Path(__file__).parents[1] / "data" / "fixtures" / "wiki18_sample.jsonl"
@@ -71,7 +63,6 @@ def test_search_r1_observation_is_byte_identical(docs):
         '\n\n<information>Doc 1(Title: "Evan Morris") ' + EVAN + "\n"
         'Doc 2(Title: "Pavia Cathedral") ' + PAVIA + "</information>\n\n"
     )
-    assert render_information(docs[:2]) == expected
     assert wrap_information(render_documents(docs[:2])) == expected
 
 
@@ -94,19 +85,19 @@ def test_title_with_newline_renders_as_through_a_search_r1_server():
 
 def test_wrap_strips_surrounding_whitespace_only():
     assert wrap_information("  \n a\n\nb \n") == "\n\n<information>a\n\nb</information>\n\n"
-    assert render_information([]) == "\n\n<information></information>\n\n"
+    assert wrap_information(render_documents([])) == "\n\n<information></information>\n\n"
 
 
 def test_plain_style():
     docs = [Document(title="A", text="alpha"), Document(title="B", text="beta\ngamma")]
     assert render_documents(docs, style="plain") == "A\nalpha\n\nB\nbeta\ngamma"
-    assert render_information(docs, style="plain") == "\n\n<information>A\nalpha\n\nB\nbeta\ngamma</information>\n\n"
+    assert wrap_information(render_documents(docs, style="plain")) == "\n\n<information>A\nalpha\n\nB\nbeta\ngamma</information>\n\n"
 
 
 def test_brief_style_drops_titles_and_keeps_each_text_on_one_line():
     docs = [Document(title='"Roru"', text="Roru is a  glassblower.\nBorn in Gesmere."), Document("B", "beta")]
     assert render_documents(docs, style="brief") == "Doc 1: Roru is a glassblower. Born in Gesmere.\nDoc 2: beta\n"
-    assert render_information(docs[1:], style="brief") == "\n\n<information>Doc 1: beta</information>\n\n"
+    assert wrap_information(render_documents(docs[1:], style="brief")) == "\n\n<information>Doc 1: beta</information>\n\n"
 
 
 def test_zerosearch_google_style_is_byte_identical_to_retrieve_from_google():
@@ -119,7 +110,7 @@ def test_zerosearch_google_style_is_byte_identical_to_retrieve_from_google():
     ]
     block = "Doc 1: Eiffel Tower - WikipediaThe tower is 330 metres tall.\nDoc 2: Paris – Britannica"
     assert render_documents(docs, style="zerosearch-google") == block
-    assert render_information(docs, style="zerosearch-google") == f"\n\n<information>{block}</information>\n\n"
+    assert wrap_information(render_documents(docs, style="zerosearch-google")) == f"\n\n<information>{block}</information>\n\n"
     assert render_documents([], style="zerosearch-google") == ""
 
 
@@ -127,7 +118,7 @@ def test_zerosearch_simulator_style_concatenates_the_texts_as_they_are():
     docs = [Document(title="", text=t) for t in ("Doc 1: a\n", "Doc 2: b\n\n", "")]
     assert render_documents(docs, style="zerosearch-simulator") == "Doc 1: a\nDoc 2: b\n\n"
     expected = "\n\n<information>Doc 1: a\nDoc 2: b</information>\n\n"
-    assert render_information(docs, style="zerosearch-simulator") == expected
+    assert wrap_information(render_documents(docs, style="zerosearch-simulator")) == expected
 
 
 def test_every_style_is_a_recipe_choice():

@@ -16,7 +16,7 @@ from simsearch.simulator.engine import (
     split_verbatim,
     zerosearch_postprocess,
 )
-from simsearch.retrieval.base import render_information
+from simsearch.data.rendering import render_documents, wrap_information
 from simsearch.simulator.prompts import PromptTemplates
 from simsearch.types import Completion, Document, SamplingParams, SearchRequest
 
@@ -322,6 +322,6 @@ def test_verbatim_engine_shows_the_policy_what_zerosearch_showed() -> None:
         "\n\n<information>Doc 1: Paris is the capital of France.\nDoc 2: The Eiffel Tower\nis in Paris.\n\n"
         "Doc 3: France borders Spain.</information>\n\n"
     )
-    assert render_information(docs, style="zerosearch-simulator") == expected
+    assert wrap_information(render_documents(docs, style="zerosearch-simulator")) == expected
     assert engine.stats["simulator/sets"] == 1  # the parse statistics are still kept
     assert SimulatedSearchEngine(FakeGenerator(_by_mode), preset="simsearch").fingerprint() != engine.fingerprint()
