@@ -210,8 +210,8 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
         "rl_search": _final_model(run / "train"),
         "rl_nosearch": _final_model(run / "train_nosearch"),
     }
-    for name, policy in policies.items():
-        _evaluate(recipe, recipes, run, paths, name, policy, [policy_fps[name], simulator_fp, world_fp])
+    for name, model_dir in policies.items():
+        _evaluate(recipe, recipes, run, paths, name, model_dir, [policy_fps[name], simulator_fp, world_fp])
     summaries = {name: json.loads((run / "eval" / name / "summary.json").read_text()) for name in POLICIES}
     page = write_page(run / "eval" / "rl_search")  # the RL policy's trajectories, engine by engine
 
@@ -286,7 +286,7 @@ def _stage(
     command resumes its own work (checkpoints, finished evaluation rows).
     """
     smoke = SMOKE.get(name.removesuffix("_nosearch"), []) if recipe.smoke else []
-    stage = load_recipe(schema, recipes / f"{name}.yaml", [*overrides, *smoke])
+    stage: Any = load_recipe(schema, recipes / f"{name}.yaml", [*overrides, *smoke])
     fingerprint = digest({"stage": name, "inputs": inputs, "recipe": asdict(stage)})
     if not _claim(Path(stage.run_dir), fingerprint):
         run(stage)
