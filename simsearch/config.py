@@ -810,7 +810,7 @@ class QuickstartRecipe:
     pretrain_lr: float = 2e-3
     pretrain_traces: int = 16000
     copy_loss_weight: float = 1.0  # auxiliary loss on copyable tokens inside <information>
-    typed_answer_share: float = 0.5  # traces answering with a value of the asked kind (a city for a birthplace)
+    typed_answer_share: float = 0.8  # traces answering with a value of the asked kind (a city for a birthplace)
     year_tokens: bool = True  # every year of the world one token of the tiny tokenizer (else four digit tokens)
     city_tokens: bool = True  # every city name one token (else the BPE's pieces)
     threads: int = 0  # torch threads (0 = torch's default: every core)
