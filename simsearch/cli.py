@@ -22,15 +22,26 @@ from simsearch.config import (
     CollectRecipe,
     EvalRecipe,
     FinetuneRecipe,
+    RECIPE_TEMPLATES,
     QuickstartRecipe,
     RecipeError,
     ServeRecipe,
     TrainRecipe,
     load_recipe,
 )
+from simsearch.commands.build import GENERATION_ENGINES, SEARCH_ENGINES
+from simsearch.curriculum.schedules import SCHEDULE_KINDS
 from simsearch.errors import SimsearchError
 
 _EPILOG = "Overrides are dotted keys, e.g. steps=10 policy.model.path=/models/qwen rollout.max_turns=3."
+_CHOICES = (
+    f"Choices: policy.kind {'|'.join(GENERATION_ENGINES)}; search.kind {'|'.join(SEARCH_ENGINES)}; "
+    f"rollout.template {'|'.join(RECIPE_TEMPLATES)}."
+)
+_TRAIN_CHOICES = (
+    f"{_CHOICES} curriculum.kind {'|'.join(SCHEDULE_KINDS)}; algorithm.estimator: a name in "
+    "simsearch.policy.advantages.ESTIMATORS."
+)
 
 
 def _add_recipe_args(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -64,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="curriculum RL of a search agent (GRPO, PPO, REINFORCE++, RLOO, ...)",
         description="Trains a policy to search and answer against the engine the recipe names "
         "(simulator, self-search, or a real retriever). Examples: recipes/train/.",
-        epilog=_EPILOG,
+        epilog=f"{_EPILOG} {_TRAIN_CHOICES}",
     )
     _add_recipe_args(train)
 
@@ -73,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="evaluate a policy against the simulator and real retrievers",
         description="Evaluates one policy on QA sets against several engines plus the direct "
         "and RAG baselines, and writes tables and plots. Examples: recipes/eval/.",
-        epilog=_EPILOG,
+        epilog=f"{_EPILOG} {_CHOICES}",
     )
     _add_recipe_args(evaluate)
 

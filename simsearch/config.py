@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from simsearch.curriculum.schedules import GRANULARITIES, SCHEDULE_KINDS
 from simsearch.curriculum.schedules import GRANULARITIES, SCHEDULE_KINDS
+from simsearch.curriculum.schedules import GRANULARITIES, SCHEDULE_KINDS
 from simsearch.eval.metrics import NORMALIZATIONS
 from simsearch.policy.rewards import REWARD_NAMES
 from simsearch.data.templates import TEMPLATE_NAMES
@@ -83,7 +84,7 @@ class ModelConfig:
 class GenerationConfig:
     """A text-generation engine: transformers in-process, an OpenAI-compatible server, or vLLM."""
 
-    kind: str = "hf"  # hf | openai | vllm
+    kind: str = "hf"  # a name in commands.build.GENERATION_ENGINES (hf: transformers in process)
     model: ModelConfig = field(default_factory=ModelConfig)
     batch_size: int = 64  # hf: prompts per forward batch
     base_urls: list[str] = field(default_factory=list)  # openai: server URLs (load balanced)
@@ -100,7 +101,9 @@ class GenerationConfig:
     max_model_len: int = 0  # vllm: context length (0 = the model's)
 
     def check(self, key: str) -> None:
-        _check_choice(f"{key}.kind", self.kind, ("hf", "openai", "vllm"))
+        from simsearch.commands.build import GENERATION_ENGINES  # here: that module imports this one
+
+        _check_choice(f"{key}.kind", self.kind, tuple(GENERATION_ENGINES))
         _check_positive(f"{key}.batch_size", self.batch_size)
         if self.kind == "openai" and not self.base_urls:
             raise RecipeError(f"{key}.kind=openai needs {key}.base_urls, e.g. [http://127.0.0.1:8000]")
@@ -184,7 +187,7 @@ class SimulatorConfig:
 class SearchConfig:
     """A search engine: a real retriever, the simulator, or none (self-search)."""
 
-    kind: str = "bm25"  # bm25 | dense | http | serper | serpapi | simulator | self | empty (finds nothing)
+    kind: str = "bm25"  # a name in commands.build.SEARCH_ENGINES (self: self-search, no engine)
     top_k: int = 3  # documents per search
     corpus: str = ""  # bm25/dense: corpus JSONL ({id, contents} or {id, title, text})
     index_dir: str = ""  # bm25/dense: where the index is saved; built on first use when empty
@@ -206,9 +209,9 @@ class SearchConfig:
     gpu_hour_price: float | None = None  # simulator: $ per hour of the GPUs serving it (all of them); null = unknown
 
     def check(self, key: str) -> None:
-        _check_choice(
-            f"{key}.kind", self.kind, ("bm25", "dense", "http", "serper", "serpapi", "simulator", "self", "empty")
-        )
+        from simsearch.commands.build import SEARCH_ENGINES  # here: that module imports this one
+
+        _check_choice(f"{key}.kind", self.kind, tuple(SEARCH_ENGINES))
         _check_positive(f"{key}.top_k", self.top_k)
         for name in ("price_per_1k_queries", "gpu_hour_price"):
             value = getattr(self, name)

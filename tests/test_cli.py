@@ -75,3 +75,14 @@ def test_a_file_the_os_did_not_find_keeps_its_traceback(monkeypatch, capsys: pyt
     code = main(["eval", "any.yaml"])
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" in err and "No such file or directory" in err
+
+
+def test_train_help_lists_the_choices_from_their_tables(capsys: pytest.CaptureFixture) -> None:
+    from simsearch.commands.build import SEARCH_ENGINES
+    from simsearch.curriculum.schedules import SCHEDULE_KINDS
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"search.kind {'|'.join(SEARCH_ENGINES)};" in out.replace("| ", "|")
+    assert f"curriculum.kind {'|'.join(SCHEDULE_KINDS)};" in out.replace("| ", "|")

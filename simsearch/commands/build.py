@@ -1,21 +1,25 @@
 """Recipe sections → the objects they describe: generation engines, search engines, schedules.
 
-The one place where a config `kind` picks an implementation (explicit `if`s, no registry).
+The one place where a config `kind` picks an implementation: `GENERATION_ENGINES` and
+`SEARCH_ENGINES` map each kind to the function that builds it (the recipe checks read them).
 Everything is built at a command's setup, so a recipe naming a missing model, corpus or API key
 fails before any work starts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from simsearch.config import CurriculumConfig, GenerationConfig, RecipeError, SearchConfig
 from simsearch.curriculum.schedules import NoiseSchedule, make_schedule
 from simsearch.engines.base import GenerationEngine
 from simsearch.fingerprints import digest, path_identity
 from simsearch.retrieval.accounting import Ledger
-from simsearch.retrieval.base import VERBATIM_STYLE, SearchEngine
+from simsearch.data.rendering import VERBATIM_STYLE
+from simsearch.retrieval.base import SearchEngine
 
 
 def build_generation_engine(
@@ -35,31 +39,42 @@ def build_generation_engine(
         trainer updates it in place, so the engine always generates with the latest weights),
         None for servers. `tokenizer` is the model's, or the one passed in for `openai`.
     """
-    if cfg.kind == "hf":
-        from simsearch.engines.hf import HFEngine
-        from simsearch.models import load_model
+    return GENERATION_ENGINES[cfg.kind](cfg, tokenizer, seed, distributed_executor_backend)
 
-        model, tok = load_model(cfg.model.path, adapter=cfg.model.adapter, dtype=cfg.model.dtype, device=cfg.model.device)
-        return HFEngine(model, tok, batch_size=cfg.batch_size), tok, model
-    if cfg.kind == "openai":
-        from simsearch.engines.openai import OpenAIEngine
 
-        if tokenizer is None and cfg.model.path:
-            from transformers import AutoTokenizer
+Built = tuple[GenerationEngine, object, object]
 
-            tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-        engine = OpenAIEngine(
-            cfg.base_urls,
-            cfg.served_model_name or cfg.model.path,
-            tokenizer=tokenizer,
-            api_key_env=cfg.api_key_env,
-            timeout_s=cfg.timeout_s,
-            max_retries=cfg.max_retries,
-            backoff_s=cfg.backoff_s,
-            max_concurrency=cfg.max_concurrency,
-            chat=cfg.chat,
-        )
-        return engine, tokenizer, None
+
+def _hf_engine(cfg: GenerationConfig, tokenizer: object, seed: int, backend: str | None) -> Built:
+    from simsearch.engines.hf import HFEngine
+    from simsearch.models import load_model
+
+    model, tok = load_model(cfg.model.path, adapter=cfg.model.adapter, dtype=cfg.model.dtype, device=cfg.model.device)
+    return HFEngine(model, tok, batch_size=cfg.batch_size), tok, model
+
+
+def _openai_engine(cfg: GenerationConfig, tokenizer: object, seed: int, backend: str | None) -> Built:
+    from simsearch.engines.openai import OpenAIEngine
+
+    if tokenizer is None and cfg.model.path:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    engine = OpenAIEngine(
+        cfg.base_urls,
+        cfg.served_model_name or cfg.model.path,
+        tokenizer=tokenizer,
+        api_key_env=cfg.api_key_env,
+        timeout_s=cfg.timeout_s,
+        max_retries=cfg.max_retries,
+        backoff_s=cfg.backoff_s,
+        max_concurrency=cfg.max_concurrency,
+        chat=cfg.chat,
+    )
+    return engine, tokenizer, None
+
+
+def _vllm_engine(cfg: GenerationConfig, tokenizer: object, seed: int, backend: str | None) -> Built:
     from simsearch.engines.vllm import VLLMEngine
 
     engine = VLLMEngine(  # GPU-only and not yet verified on a GPU (docs/scaling.md)
@@ -70,9 +85,17 @@ def build_generation_engine(
         dtype=cfg.model.dtype,
         seed=seed,
         max_model_len=cfg.max_model_len or None,
-        distributed_executor_backend=distributed_executor_backend,
+        distributed_executor_backend=backend,
     )
     return engine, engine.tokenizer, None
+
+
+GENERATION_ENGINES: dict[str, Callable[[GenerationConfig, object, int, str | None], Built]] = {
+    "hf": _hf_engine,  # transformers, in process
+    "openai": _openai_engine,  # an OpenAI-compatible server
+    "vllm": _vllm_engine,  # vLLM, in process (GPU)
+}
+"""Every generation engine kind (`GenerationConfig.kind`): kind -> (cfg, tokenizer, seed, executor backend) -> built."""
 
 
 def build_schedule(cfg: CurriculumConfig, trainer_total_steps: int = 0) -> NoiseSchedule:
@@ -178,37 +201,64 @@ def unmetered(engine: SearchEngine | None) -> SearchEngine | None:
 
 
 def _build_uncached(cfg: SearchConfig, *, seed: int) -> SearchEngine | None:
-    if cfg.kind == "self":
-        return None
-    if cfg.kind == "empty":
-        from simsearch.retrieval.empty import EmptySearchEngine
+    return SEARCH_ENGINES[cfg.kind](cfg, seed)
 
-        return EmptySearchEngine()
-    if cfg.kind in ("bm25", "dense"):
-        if not Path(cfg.corpus).is_file():
-            raise RecipeError(f"corpus {cfg.corpus!r} not found: give a JSONL file of passages")
-        return _build_local_index(cfg)
-    if cfg.kind == "http":
-        from simsearch.retrieval.http import HTTPSearchEngine
 
-        return HTTPSearchEngine(
-            cfg.url,
-            timeout_s=cfg.timeout_s,
-            max_retries=cfg.max_retries,
-            backoff_s=cfg.backoff_s,
-            api_key_env=cfg.api_key_env or None,  # bearer token of a guarded `simsearch serve`
-        )
-    if cfg.kind in ("serper", "serpapi"):
-        from simsearch.retrieval.web import SerpAPISearchEngine, SerperSearchEngine
+def _no_engine(cfg: SearchConfig, seed: int) -> None:
+    return None  # self-search: the policy writes its own information
 
-        cls = SerperSearchEngine if cfg.kind == "serper" else SerpAPISearchEngine
-        options = {"timeout_s": cfg.timeout_s, "max_retries": cfg.max_retries, "backoff_s": cfg.backoff_s}
-        if cfg.api_key_env:
-            options["api_key_env"] = cfg.api_key_env
-        if cfg.url:
-            options["base_url"] = cfg.url
-        return cls(**options)
+
+def _empty_engine(cfg: SearchConfig, seed: int) -> SearchEngine:
+    from simsearch.retrieval.empty import EmptySearchEngine
+
+    return EmptySearchEngine()
+
+
+def _local_engine(cfg: SearchConfig, seed: int) -> SearchEngine:
+    if not Path(cfg.corpus).is_file():
+        raise RecipeError(f"corpus {cfg.corpus!r} not found: give a JSONL file of passages")
+    return _build_local_index(cfg)
+
+
+def _http_engine(cfg: SearchConfig, seed: int) -> SearchEngine:
+    from simsearch.retrieval.http import HTTPSearchEngine
+
+    return HTTPSearchEngine(
+        cfg.url,
+        timeout_s=cfg.timeout_s,
+        max_retries=cfg.max_retries,
+        backoff_s=cfg.backoff_s,
+        api_key_env=cfg.api_key_env or None,  # bearer token of a guarded `simsearch serve`
+    )
+
+
+def _web_engine(cfg: SearchConfig, seed: int) -> SearchEngine:
+    from simsearch.retrieval.web import SerpAPISearchEngine, SerperSearchEngine
+
+    cls = SerperSearchEngine if cfg.kind == "serper" else SerpAPISearchEngine
+    options: dict[str, Any] = {"timeout_s": cfg.timeout_s, "max_retries": cfg.max_retries, "backoff_s": cfg.backoff_s}
+    if cfg.api_key_env:
+        options["api_key_env"] = cfg.api_key_env
+    if cfg.url:
+        options["base_url"] = cfg.url
+    return cls(**options)
+
+
+def _simulator_engine(cfg: SearchConfig, seed: int) -> SearchEngine:
     return build_simulator(cfg, seed=seed)
+
+
+SEARCH_ENGINES: dict[str, Callable[[SearchConfig, int], SearchEngine | None]] = {
+    "bm25": _local_engine,
+    "dense": _local_engine,
+    "http": _http_engine,  # a Search-R1 /retrieve server
+    "serper": _web_engine,
+    "serpapi": _web_engine,
+    "simulator": _simulator_engine,
+    "self": _no_engine,
+    "empty": _empty_engine,  # finds nothing
+}
+"""Every search engine kind (`SearchConfig.kind`): kind -> (cfg, seed) -> engine (None for self-search)."""
 
 
 def _build_local_index(cfg: SearchConfig) -> SearchEngine:

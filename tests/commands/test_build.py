@@ -120,3 +120,16 @@ def test_build_schedule_errors() -> None:
         build_schedule(_curriculum(kind="exp"))
     with pytest.raises(ValueError, match="base"):
         build_schedule(_curriculum(kind="exponential", base=1.0))
+
+
+def test_the_recipe_accepts_exactly_the_engine_kinds_built_here() -> None:
+    from simsearch.commands.build import GENERATION_ENGINES, SEARCH_ENGINES
+    from simsearch.config import GenerationConfig
+
+    assert list(GENERATION_ENGINES) == ["hf", "openai", "vllm"]
+    assert list(SEARCH_ENGINES) == ["bm25", "dense", "http", "serper", "serpapi", "simulator", "self", "empty"]
+    with pytest.raises(RecipeError, match="policy.kind='tgi' is not one of hf, openai, vllm"):
+        GenerationConfig(kind="tgi").check("policy")
+    with pytest.raises(RecipeError, match="search.kind='google' is not one of bm25, dense, http"):
+        SearchConfig(kind="google").check("search")
+    assert build_search_engine(_config(kind="self")) is None
