@@ -334,7 +334,8 @@ def test_the_table_names_every_estimator_the_recipe_accepts():
 
 def test_table_entries_call_their_estimator():
     # two groups of two: rewards (1, 0) and (3, 3); GRPO: (1 - 0.5) / (std 0.7071 + 1e-6) = +-0.7071, then 0, 0
-    x = EstimatorInputs(torch.tensor([1.0, 0.0, 3.0, 3.0]), torch.ones(4, 2), torch.tensor([0, 0, 1, 1]), torch.zeros(4))
+    rewards, groups = torch.tensor([1.0, 0.0, 3.0, 3.0]), torch.tensor([0, 0, 1, 1])
+    x = EstimatorInputs(rewards, torch.ones(4, 2), groups, torch.zeros(4))
     advantages, returns, _ = ESTIMATORS["grpo"].compute(x)
     assert returns is None
     torch.testing.assert_close(advantages, torch.tensor([0.7071058, -0.7071058, 0.0, 0.0]), rtol=0, atol=1e-6)

@@ -391,7 +391,8 @@ def test_token_logprobs_rejects_ignore_index_labels():
 
 
 def test_the_recipe_accepts_exactly_the_loss_aggregations():
-    assert list(LOSS_AGGREGATIONS) == ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+    names = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+    assert list(LOSS_AGGREGATIONS) == names
     for name in LOSS_AGGREGATIONS:
         AlgorithmConfig(loss_agg=name).check("algorithm")
     with pytest.raises(RecipeError, match="algorithm.loss_agg='sum' is not one of token-mean, seq-mean-token-mean"):
