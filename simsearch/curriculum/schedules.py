@@ -363,12 +363,3 @@ def num_noisy(p: float, top_k: int, granularity: str, rng: random.Random) -> int
         raise ValueError(f"num_noisy: granularity must be one of {', '.join(GRANULARITIES)}, got {granularity!r}")
     return GRANULARITIES[granularity](p, top_k, rng)
 
-
-def build(section: Any, trainer_total_steps: int = 0) -> NoiseSchedule:
-    """Transitional: `commands.build.build_schedule` under its old name and place.
-
-    Kept only until `commands/train.py` imports `build_schedule` from `commands.build`; then delete it.
-    `section` is a recipe's curriculum section (duck-typed: this package does not import the config).
-    """
-    settings = {**vars(section), "total_steps": section.total_steps or trainer_total_steps}
-    return make_schedule(section.kind, **settings)

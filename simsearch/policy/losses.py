@@ -299,7 +299,7 @@ def kl_loss(
     denominator: float | torch.Tensor | None = None,
     token_sum_normalizer: float | None = None,
 ) -> tuple[torch.Tensor, Stats]:
-    """KL to the frozen reference as a loss term (add it with +kl_coef; see `actor_loss`).
+    """KL to the frozen reference as a loss term (added with +kl_coef by `policy.batch.actor_micro_loss`).
 
     Args:
         logp: `[B, L]` log-probs under the policy (with grad).
