@@ -21,11 +21,11 @@ batch 2, 1000 steps.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
 from simsearch.config import FinetuneRecipe, save_recipe
@@ -40,49 +40,155 @@ from simsearch.simulator.sft import (
     step_batches,
     tokenize_pairs,
 )
-from simsearch.training.checkpoint import (
-    checkpoint_dir,
-    latest_checkpoint,
-    load_state,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
-from simsearch.training.distributed import (
-    HFExport,
-    all_reduce_sum,
-    backward,
-    deepspeed_config,
-    deepspeed_state_dir,
-    gathered_state_dict,
-    init_distributed,
-    load_for_training,
-    prune_deepspeed_dirs,
-)
-from simsearch.training.optim import adamw_with_schedule
+from simsearch.training.checkpoint import checkpoint_dir, rng_state
+from simsearch.training.distributed import HFExport, all_reduce_sum, backward, gathered_state_dict, load_for_training
 from simsearch.training.runlog import RunLogger
+from simsearch.training.session import Run, TrainedModel, deepspeed_device, open_run, train_model
 
 
 def main(recipe: FinetuneRecipe) -> Path:
     """Fine-tunes the simulator; returns the final checkpoint directory (its `model/` is the result)."""
     # ------------------------------------------------------------------ setup
-    use_ds, lora = recipe.deepspeed.stage > 0, recipe.lora.r > 0
-    rank, world = init_distributed(use_ds, task="fine-tuning")
-    run_dir = Path(recipe.run_dir)
-    if rank == 0:
-        save_recipe(recipe, run_dir)
-    torch.manual_seed(recipe.seed)
-    checkpoint = latest_checkpoint(run_dir) if recipe.resume else None
-    state = load_state(checkpoint) if checkpoint else None
+    use_ds = recipe.deepspeed.stage > 0
+    run = open_run(recipe.run_dir, seed=recipe.seed, deepspeed=use_ds, resume=recipe.resume, task="fine-tuning")
+    if run.rank == 0:
+        save_recipe(recipe, run.run_dir)
 
-    # Resumed weights: full or the LoRA adapter load here; under DeepSpeed `load_checkpoint` restores them below.
+    # Resumed weights: full or the LoRA adapter load here; under DeepSpeed `TrainedModel.restore` restores them below.
     model, tokenizer = load_for_training(
-        recipe.model.path, dtype=recipe.model.dtype, checkpoint=checkpoint, deepspeed=use_ds,
+        recipe.model.path, dtype=recipe.model.dtype, checkpoint=run.checkpoint, deepspeed=use_ds,
         lora_r=recipe.lora.r, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,
         lora_target_modules=recipe.lora.target_modules, gradient_checkpointing=recipe.gradient_checkpointing,
     )  # fmt: skip
     model.train()
+    train, val, dropped = _tokenized(recipe, tokenizer)
+    train_lengths = [len(pair.input_ids) for pair in train]
 
+    optim = recipe.optim
+    trained = train_model(
+        model, lr=optim.lr, warmup=optim.warmup_for(recipe.steps), total_steps=recipe.steps, optim=optim,
+        zero=recipe.deepspeed, batch=(recipe.batch_size, recipe.grad_accum, run.world), device=recipe.model.device,
+        bf16=recipe.bf16, schedule_in_deepspeed=True,
+    )  # fmt: skip
+    if run.state is not None:
+        trained.restore(run.state)
+    start = run.start
+    run.restore_rng()
+    sft = _SFT(recipe, run, trained, tokenizer, deepspeed_device() if use_ds else torch.device(recipe.model.device))
+    logger = RunLogger(run.run_dir, resume_step=start) if run.rank == 0 else None
+    if logger is not None and start == 0:
+        logger.log(0, {"data/train_pairs": len(train), "data/val_pairs": len(val), "data/dropped_too_long": dropped})
+
+    # ------------------------------------------------------------------ loop
+    last_saved = start if run.checkpoint is not None else -1
+    progress = tqdm(range(start, recipe.steps), initial=start, total=recipe.steps, disable=run.rank != 0, desc="sft")
+    for step in progress:
+        began = time.perf_counter()
+        micro = [
+            sft.on_device(indices, train)
+            for indices in step_batches(
+                len(train), step=step, batch_size=recipe.batch_size, grad_accum=recipe.grad_accum,
+                rank=run.rank, world_size=run.world, seed=recipe.seed, lengths=train_lengths,
+            )
+        ]  # fmt: skip
+        loss_sum, grad_norm = _train_step(sft, micro)
+        tokens = sum(int(b["attention_mask"].sum()) for b in micro)
+        summed = all_reduce_sum(torch.tensor([loss_sum, tokens], dtype=torch.float64), run.world).tolist()
+        metrics = {
+            "losses/train": summed[0] / run.world,
+            "optim/lr": trained.scheduler.get_last_lr()[0],
+            "optim/grad_norm": grad_norm,
+            "perf/tokens_per_s": summed[1] / (time.perf_counter() - began),
+        }
+        done = step + 1
+        if val and recipe.eval_every and (done % recipe.eval_every == 0 or done == recipe.steps):
+            metrics["losses/val"] = _validate(sft, val)
+        if logger is not None:
+            logger.log(done, metrics)
+            progress.set_postfix(loss=f"{metrics['losses/train']:.4f}")
+        if recipe.save_every and done % recipe.save_every == 0:
+            _save(sft, done)
+            last_saved = done
+
+    # ------------------------------------------------------------------ cleanup
+    final = checkpoint_dir(run.run_dir, recipe.steps) if last_saved == recipe.steps else _save(sft, recipe.steps)
+    if logger is not None:
+        logger.close()
+    return final
+
+
+@dataclass
+class _SFT:
+    """What the fine-tuning steps work with."""
+
+    recipe: FinetuneRecipe
+    run: Run
+    trained: TrainedModel
+    tokenizer: Any
+    device: torch.device
+
+    def on_device(self, indices: list[int], pairs: list[TokenizedPair]) -> dict[str, torch.Tensor]:
+        batch = collate([pairs[i] for i in indices], self.tokenizer.pad_token_id)
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+    def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        autocast = self.recipe.bf16 and not self.trained.deepspeed
+        with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=autocast):
+            logits = self.trained.engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return response_loss(logits, batch["labels"], batch["weights"])
+
+
+def _train_step(sft: _SFT, micro: list[dict[str, torch.Tensor]]) -> tuple[float, float]:
+    """Accumulates the micro-batches and steps; returns (this process's loss, the gradient norm)."""
+    trained, grad_clip = sft.trained, sft.recipe.optim.grad_clip
+    engine = trained.engine if trained.deepspeed else None
+    targets = max(1.0, sum(count_targets(b["weights"]) for b in micro))
+    loss_sum = 0.0
+    for batch in micro:
+        # Divided by the step's token count, so the accumulated gradient is the token mean.
+        loss = sft.loss(batch) / targets
+        loss_sum += loss.item()
+        backward(loss, engine)
+    if engine is not None:
+        return loss_sum, float(engine.get_global_grad_norm() or 0.0)
+    clip = grad_clip if grad_clip > 0 else float("inf")
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(trained.module.parameters(), clip))
+    trained.optimizer.step()
+    trained.scheduler.step()
+    trained.optimizer.zero_grad(set_to_none=True)
+    return loss_sum, grad_norm
+
+
+def _validate(sft: _SFT, val: list[TokenizedPair]) -> float:
+    """The token-mean response loss over every validation pair (each process a share)."""
+    forward, run = sft.trained.engine, sft.run
+    forward.eval()
+    total = torch.zeros(2, dtype=torch.float64)  # [loss sum, tokens]
+    with torch.no_grad():
+        for indices, counted in eval_batches(len(val), batch_size=sft.recipe.batch_size, rank=run.rank,
+                                             world_size=run.world):  # fmt: skip
+            batch = sft.on_device(indices, val)
+            loss = sft.loss(batch)
+            if counted:
+                total += torch.tensor([loss.item(), count_targets(batch["weights"])], dtype=torch.float64)
+    forward.train()
+    total = all_reduce_sum(total, run.world)
+    return float(total[0] / max(total[1], 1))
+
+
+def _save(sft: _SFT, step: int) -> Path:
+    recipe, trained = sft.recipe, sft.trained
+
+    def export() -> HFExport:
+        weights = gathered_state_dict(trained.module, zero3=False, rank=0)  # already gathered (ZeRO-3)
+        merge_from = recipe.model.path if recipe.lora.r > 0 and recipe.lora.merge_on_save else None
+        return HFExport(trained.module, weights, merge_from)
+
+    return sft.run.save(step, [trained], export, sft.tokenizer, lambda ds_dir: _trainer_state(trained, ds_dir))
+
+
+def _tokenized(recipe: FinetuneRecipe, tokenizer: Any) -> tuple[list[TokenizedPair], list[TokenizedPair], int]:
+    """(training pairs, validation pairs sorted by length, training pairs dropped as too long)."""
     train, dropped = tokenize_pairs(
         read_pairs(recipe.train_file), tokenizer, chat_template=recipe.chat_template, max_length=recipe.max_length,
         answer_weight=recipe.answer_loss_weight,
@@ -92,7 +198,6 @@ def main(recipe: FinetuneRecipe) -> Path:
             f"{recipe.train_file}: every prompt is at least max_length={recipe.max_length} tokens; "
             "raise max_length"
         )
-    train_lengths = [len(pair.input_ids) for pair in train]
     val: list[TokenizedPair] = []
     if recipe.val_file:
         val, _ = tokenize_pairs(
@@ -100,136 +205,12 @@ def main(recipe: FinetuneRecipe) -> Path:
         )
         # The validation loss is a sum over pairs, so their order is free: by length, batches pad less.
         val.sort(key=lambda pair: len(pair.input_ids))
+    return train, val, dropped
 
-    optim = recipe.optim
-    optimizer, scheduler = adamw_with_schedule(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay,
-        warmup_steps=optim.warmup_for(recipe.steps), total_steps=recipe.steps, schedule=optim.schedule,
-    )  # fmt: skip
-    if use_ds:
-        import deepspeed
 
-        config = deepspeed_config(
-            stage=recipe.deepspeed.stage,
-            offload_optimizer=recipe.deepspeed.offload_optimizer,
-            offload_params=recipe.deepspeed.offload_params,
-            micro_batch_size=recipe.batch_size,
-            grad_accum=recipe.grad_accum,
-            world_size=world,
-            grad_clip=optim.grad_clip,
-            bf16=recipe.bf16,
-        )
-        engine, optimizer, _, scheduler = deepspeed.initialize(
-            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config
-        )
-        if state is not None:
-            engine.load_checkpoint(state["deepspeed_dir"], tag="state")
-        device, forward = engine.device, engine
-    else:
-        device = torch.device(recipe.model.device)
-        model.to(device)
-        if state is not None:
-            optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-        engine, forward = None, model
-    start = int(state["step"]) if state else 0
-    if state is not None:
-        set_rng_state(state["rng"])
-    logger = RunLogger(run_dir, resume_step=start) if rank == 0 else None
-    if logger is not None and start == 0:
-        logger.log(0, {"data/train_pairs": len(train), "data/val_pairs": len(val), "data/dropped_too_long": dropped})
-
-    def batch_on_device(indices: list[int], pairs: list[TokenizedPair]) -> dict[str, torch.Tensor]:
-        return {k: v.to(device) for k, v in collate([pairs[i] for i in indices], tokenizer.pad_token_id).items()}
-
-    def forward_loss(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=recipe.bf16 and not use_ds):
-            logits = forward(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        return response_loss(logits, batch["labels"], batch["weights"])
-
-    def validate() -> float:
-        forward.eval()
-        total = torch.zeros(2, dtype=torch.float64)  # [loss sum, tokens]
-        with torch.no_grad():
-            for indices, counted in eval_batches(len(val), batch_size=recipe.batch_size, rank=rank, world_size=world):
-                batch = batch_on_device(indices, val)
-                loss = forward_loss(batch)
-                if counted:
-                    total += torch.tensor([loss.item(), count_targets(batch["weights"])], dtype=torch.float64)
-        forward.train()
-        total = all_reduce_sum(total, world)
-        return float(total[0] / max(total[1], 1))
-
-    def save(step: int) -> Path:
-        ds_dir = deepspeed_state_dir(run_dir, step)
-        if engine is not None:
-            engine.save_checkpoint(str(ds_dir), tag="state")  # every rank writes its partition
-        module = engine.module if engine is not None else model
-        weights = gathered_state_dict(module, zero3=recipe.deepspeed.stage == 3, rank=rank)
-        if rank == 0:
-            trainer: dict[str, Any] = {"rng": rng_state()}
-            if engine is not None:
-                trainer["deepspeed_dir"] = str(ds_dir)
-            else:
-                trainer["optimizer"] = optimizer.state_dict()
-                trainer["scheduler"] = scheduler.state_dict()
-            merge_from = recipe.model.path if lora and recipe.lora.merge_on_save else None
-            export = HFExport(module, weights, merge_from)
-            save_checkpoint(run_dir, step, model=export, tokenizer=tokenizer, state=trainer)
-            prune_deepspeed_dirs(run_dir)
-        if world > 1:
-            dist.barrier()
-        return checkpoint_dir(run_dir, step)
-
-    # ------------------------------------------------------------------ loop
-    last_saved = start if checkpoint is not None else -1
-    progress = tqdm(range(start, recipe.steps), initial=start, total=recipe.steps, disable=rank != 0, desc="sft")
-    for step in progress:
-        began = time.perf_counter()
-        micro = [
-            batch_on_device(indices, train)
-            for indices in step_batches(
-                len(train), step=step, batch_size=recipe.batch_size, grad_accum=recipe.grad_accum,
-                rank=rank, world_size=world, seed=recipe.seed, lengths=train_lengths,
-            )
-        ]
-        targets = max(1.0, sum(count_targets(b["weights"]) for b in micro))
-        loss_sum = 0.0
-        for batch in micro:
-            # Divided by the step's token count, so the accumulated gradient is the token mean.
-            loss = forward_loss(batch) / targets
-            loss_sum += loss.item()
-            backward(loss, engine)
-        if engine is not None:
-            grad_norm = float(engine.get_global_grad_norm() or 0.0)
-        else:
-            clip = optim.grad_clip if optim.grad_clip > 0 else float("inf")
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-
-        tokens = sum(int(b["attention_mask"].sum()) for b in micro)
-        loss_mean, tokens_all = all_reduce_sum(torch.tensor([loss_sum, tokens], dtype=torch.float64), world).tolist()
-        metrics = {
-            "losses/train": loss_mean / world,
-            "optim/lr": scheduler.get_last_lr()[0],
-            "optim/grad_norm": grad_norm,
-            "perf/tokens_per_s": tokens_all / (time.perf_counter() - began),
-        }
-        done = step + 1
-        if val and recipe.eval_every and (done % recipe.eval_every == 0 or done == recipe.steps):
-            metrics["losses/val"] = validate()
-        if logger is not None:
-            logger.log(done, metrics)
-            progress.set_postfix(loss=f"{metrics['losses/train']:.4f}")
-        if recipe.save_every and done % recipe.save_every == 0:
-            save(done)
-            last_saved = done
-
-    # ------------------------------------------------------------------ cleanup
-    final = checkpoint_dir(run_dir, recipe.steps) if last_saved == recipe.steps else save(recipe.steps)
-    if logger is not None:
-        logger.close()
-    return final
+def _trainer_state(trained: TrainedModel, ds_dir: Path) -> dict[str, Any]:
+    state: dict[str, Any] = {"rng": rng_state()}
+    if trained.deepspeed:
+        state["deepspeed_dir"] = str(ds_dir)
+    state.update(trained.state())
+    return state

@@ -23,15 +23,18 @@ import torch
 from safetensors.torch import load_file
 
 import simsearch.commands.train as train
+import simsearch.policy.validation as validation
 import simsearch.training.distributed as distributed
+import simsearch.training.rl as rl_module
+import simsearch.training.session as session
 from simsearch.config import RecipeError, TrainRecipe, load_recipe
 from simsearch.curriculum.schedules import exponential
+from simsearch.data.rendering import render_documents, wrap_information
 from simsearch.data.templates import SEARCH_R1_TEMPLATE, render_prompt
 from simsearch.errors import ServiceError
 from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
 from simsearch.policy.batch import ESTIMATORS
 from simsearch.policy.rollout import score_trajectories
-from simsearch.data.rendering import render_documents, wrap_information
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.retrieval.server import create_app
 from simsearch.training.checkpoint import latest_checkpoint, load_state
@@ -204,9 +207,8 @@ def test_each_estimator_trains_two_steps(world: Path, tmp_path: Path, estimator:
 
 
 def test_a_policy_that_is_not_in_process_is_refused(world: Path, tmp_path: Path) -> None:
-    recipe = _recipe(world, tmp_path / "run", **{"policy.kind": "openai", "policy.base_urls": "[http://127.0.0.1:9]"})
-    with pytest.raises(RecipeError, match="policy.kind=hf"):
-        train.main(recipe)
+    with pytest.raises(RecipeError, match="policy.kind=hf"):  # refused with the recipe, before any work
+        _recipe(world, tmp_path / "run", **{"policy.kind": "openai", "policy.base_urls": "[http://127.0.0.1:9]"})
 
 
 # --------------------------------------------------------------------------- resume
@@ -280,7 +282,7 @@ def test_lora_trains_the_adapter_only(world: Path, tmp_path: Path, monkeypatch: 
         loaded.append(model)
         return model, tokenizer
 
-    monkeypatch.setattr(train, "load_model", recording_load)
+    monkeypatch.setattr(rl_module, "load_model", recording_load)
     monkeypatch.setattr(distributed, "load_model", recording_load)  # the policy loads through load_for_training
     run = tmp_path / "run"
     overrides = {"lora.r": 4, "lora.target_modules": "[q_proj,v_proj]", "optim.lr": 1e-2, "algorithm.kl_coef": 0.01}
@@ -311,14 +313,14 @@ def test_a_dead_search_server_stops_the_run_with_the_last_checkpoint_intact(
     passages = [_passage(i, a) for i, (_, a) in enumerate(QUESTIONS)]
     server = serve_in_thread(create_app(BM25SearchEngine.build(passages, show_progress=False), default_top_k=1))
     url = server.__enter__()
-    real_save = train.save_checkpoint
+    real_save = session.save_checkpoint
 
     def save_then_kill_server(*args, **kwargs):
         saved = real_save(*args, **kwargs)
         server.__exit__(None, None, None)  # the server dies right after step 1's checkpoint
         return saved
 
-    monkeypatch.setattr(train, "save_checkpoint", save_then_kill_server)
+    monkeypatch.setattr(session, "save_checkpoint", save_then_kill_server)
     run = tmp_path / "run"
     recipe = _recipe(
         world, run, steps=3, save_every=1,
@@ -382,6 +384,7 @@ def test_the_reward_and_validation_score_with_the_recipes_normalization(
         return score_trajectories(trajectories, weights, normalization=normalization)
 
     monkeypatch.setattr(train, "score_trajectories", recording_score)
+    monkeypatch.setattr(validation, "score_trajectories", recording_score)
     overrides = _overrides(world, tmp_path, steps=1, eval_every=1, **{"reward.normalization": normalization})
     train.main(load_recipe(TrainRecipe, None, [*overrides, f"data.val=[{world / 'val.jsonl'}]"]))
     assert seen == [normalization, normalization]  # the step's reward, then validation

@@ -33,6 +33,7 @@ deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # gloo does the 
 from deepspeed.runtime.engine import DeepSpeedEngine
 
 import simsearch.commands.train as train
+import simsearch.policy.update as update_module
 from simsearch.config import TrainRecipe, load_recipe
 
 steps = []
@@ -49,7 +50,7 @@ out_file, overrides = sys.argv[1], sys.argv[2:]
 results = {}
 for name in ("skip", "every_row"):
     if name == "every_row":
-        train.rows_with_signal = lambda advantages: torch.ones(advantages.shape[0], dtype=torch.bool)
+        update_module.rows_with_signal = lambda advantages: torch.ones(advantages.shape[0], dtype=torch.bool)
     steps.clear()
     metrics = train.main(load_recipe(TrainRecipe, None, overrides + [f"run_dir={out_file}.{name}"]))
     results[name] = {"steps": len(steps), "skipped": metrics["perf/skipped_row_share"]}

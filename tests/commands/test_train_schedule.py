@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+import simsearch.training.session as session
 from simsearch.commands import train
 from simsearch.config import RecipeError
 from simsearch.training.runlog import read_metrics
@@ -29,7 +30,7 @@ def test_minibatch_epochs_take_several_steps_at_the_training_steps_warmup_rate(
     world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rates: list[float] = []  # the policy optimizer's learning rate at each of its steps
-    real = train.adamw_with_schedule
+    real = session.adamw_with_schedule
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         optimizer, scheduler = real(*args, **kwargs)
@@ -43,7 +44,7 @@ def test_minibatch_epochs_take_several_steps_at_the_training_steps_warmup_rate(
             optimizer.step = recorded_step  # type: ignore[method-assign]
         return optimizer, scheduler
 
-    monkeypatch.setattr(train, "adamw_with_schedule", recording)
+    monkeypatch.setattr(session, "adamw_with_schedule", recording)
     # 2 prompts x 4 rollouts = 8 trajectories: 2 minibatches of 4, 2 epochs -> 4 optimizer steps per
     # training step. warmup_ratio 0.75 of 4 steps -> 3 warm-up steps: rates 1/3, 2/3, 1, 1 x lr.
     settings = {"algorithm.ppo_epochs": 2, "algorithm.minibatch_size": 4, "optim.warmup_ratio": 0.75}
@@ -68,13 +69,13 @@ def test_the_critic_warms_up_over_its_own_share_of_the_run(
     world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     built: dict[float, int] = {}  # lr -> warm-up steps of each optimizer built
-    real = train.adamw_with_schedule
+    real = session.adamw_with_schedule
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         built[kwargs["lr"]] = kwargs["warmup_steps"]
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(train, "adamw_with_schedule", recording)
+    monkeypatch.setattr(session, "adamw_with_schedule", recording)
     # 4 steps: the actor warms up over int(0.75 x 4) = 3, the critic over int(0.25 x 4) = 1.
     settings = {"algorithm.estimator": "ppo", "optim.warmup_ratio": 0.75, "algorithm.critic_warmup_ratio": 0.25}
     train.main(_recipe(world, tmp_path / "run", steps=4, **{"optim.lr": LR}, **settings))

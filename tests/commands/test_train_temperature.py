@@ -17,6 +17,8 @@ import pytest
 import torch
 
 import simsearch.engines.hf as hf
+import simsearch.policy.update as update_module
+import simsearch.training.rl as rl_module
 from simsearch.commands import train
 from simsearch.config import RecipeError
 from simsearch.types import SamplingParams
@@ -32,14 +34,16 @@ T = 0.6
 def _record(monkeypatch: pytest.MonkeyPatch, name: str) -> list[tuple[tuple[Any, ...], Any]]:
     """Wraps `train.<name>`, recording (args, result) of every call."""
     calls: list[tuple[tuple[Any, ...], Any]] = []
-    real = getattr(train, name)
+    homes = [m for m in (train, update_module, rl_module) if hasattr(m, name)]  # where train's steps call it
+    real = getattr(homes[0], name)
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         out = real(*args, **kwargs)
         calls.append((args, out))
         return out
 
-    monkeypatch.setattr(train, name, recording)
+    for home in homes:
+        monkeypatch.setattr(home, name, recording)
     return calls
 
 

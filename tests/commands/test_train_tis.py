@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import torch
 
+import simsearch.policy.update as update_module
+import simsearch.training.rl as rl_module
 from simsearch.commands import train
 from simsearch.config import RecipeError
 from simsearch.engines.hf import HFEngine
@@ -33,14 +35,16 @@ LOG4 = math.log(4.0)
 def _record(monkeypatch: pytest.MonkeyPatch, name: str) -> list[tuple[tuple[Any, ...], dict[str, Any], Any]]:
     """Wraps `train.<name>`, recording (args, kwargs, result) of every call."""
     calls: list[tuple[tuple[Any, ...], dict[str, Any], Any]] = []
-    real = getattr(train, name)
+    homes = [m for m in (train, update_module, rl_module) if hasattr(m, name)]  # where train's steps call it
+    real = getattr(homes[0], name)
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         out = real(*args, **kwargs)
         calls.append((args, kwargs, out))
         return out
 
-    monkeypatch.setattr(train, name, recording)
+    for home in homes:
+        monkeypatch.setattr(home, name, recording)
     return calls
 
 
@@ -125,7 +129,7 @@ def test_shifted_rollout_logprobs_give_capped_and_shrunk_weights(
                 lengths.append(len(c.token_ids))
             return out
 
-    monkeypatch.setattr(train, "HFEngine", ShiftedEngine)
+    monkeypatch.setattr(rl_module, "HFEngine", ShiftedEngine)
     tis = _record(monkeypatch, "truncated_is_weights")
     estimator = _record(monkeypatch, "token_advantages")
     losses = _record(monkeypatch, "actor_micro_loss")

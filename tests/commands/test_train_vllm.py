@@ -19,6 +19,8 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
+import simsearch.policy.update as update_module
+import simsearch.training.session as session
 from simsearch.commands import train
 from simsearch.config import RecipeError
 from simsearch.engines.hf import HFEngine
@@ -255,14 +257,14 @@ def test_sleep_mode_frees_the_engine_for_the_update_and_wakes_it_in_order(
     fake_vllm,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    real_logprobs = train.logprobs_in_micro_batches
+    real_logprobs = update_module.logprobs_in_micro_batches
 
     def recording_logprobs(*args: Any, **kwargs: Any) -> torch.Tensor:
         # The reference model's pass (kl_coef > 0): the update phase has begun.
         fake_vllm[0].events.append(("trainer_forward",))
         return real_logprobs(*args, **kwargs)
 
-    monkeypatch.setattr(train, "logprobs_in_micro_batches", recording_logprobs)
+    monkeypatch.setattr(update_module, "logprobs_in_micro_batches", recording_logprobs)
     train.main(
         _recipe(world, tmp_path / "run", **VLLM, **{"policy.enable_sleep_mode": "true"})
     )
@@ -319,7 +321,7 @@ def test_tensor_parallelism_is_refused_with_several_processes(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(train, "init_distributed", lambda *args, **kwargs: (0, 2))
+    monkeypatch.setattr(session, "init_distributed", lambda *args, **kwargs: (0, 2))
     recipe = _recipe(
         world, tmp_path / "run", **VLLM, **{"policy.tensor_parallel_size": 2}
     )

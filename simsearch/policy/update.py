@@ -1,0 +1,305 @@
+"""The RL update of one training step, as functions over an explicit `Learner`.
+
+`forward_passes` computes what the update compares against (reference and old log-probs, critic
+values); `update` runs `ppo_epochs` passes over minibatches of micro-batches: masked actor loss
+(`batch.actor_micro_loss`), value loss, one optimizer step per minibatch, and the LR schedules
+once per training step, as verl's (ZeroSearch's `verl/workers/fsdp_workers.py:381`).
+
+Departures:
+- Old log-probs are recomputed only when a batch is reused (`ppo_epochs` > 1, several
+  minibatches, KL folded into the reward, or truncated importance sampling); otherwise the update
+  is on-policy and old = the current log-probs detached (ratio 1), exact and one forward pass less.
+- With neither KL loss nor entropy bonus (and no critic), rows whose advantages are all zero (GRPO
+  groups with equal rewards) skip the forward/backward; the loss denominators still count them,
+  so the gradient is the same. Under DeepSpeed the accumulation boundary is set at the last
+  micro-batch of each minibatch, and every process runs as many micro-batches (at least one),
+  topped up with skipped rows whose gradient is 0: their forward passes carry ZeRO's collectives.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from simsearch.policy.batch import (
+    ActorLossSettings,
+    TrainBatch,
+    actor_micro_loss,
+    logprobs_in_micro_batches,
+    loss_denominators,
+    micro_batches,
+    minibatches,
+    pad_micro_batches,
+    response_logits,
+    rows_with_signal,
+    values_in_micro_batches,
+    values_of,
+)
+from simsearch.policy.losses import value_loss
+from simsearch.training.distributed import all_reduce_max, backward
+from simsearch.training.session import TrainedModel
+
+_TOKEN_MEANS = ("clipfrac", "clipfrac_lower", "approx_kl", "entropy")
+
+
+@dataclass
+class Learner:
+    """The models one RL step trains and compares against.
+
+    Attributes:
+        actor: The policy under training.
+        critic: The value model (PPO-GAE), or None.
+        reference: The frozen initial policy, or None (no KL, or LoRA: the actor with its
+            adapter disabled is the reference).
+        lora: The actor is a PEFT model.
+        device: Where batches go.
+        autocast: bf16 autocast around forward passes (not under DeepSpeed, which has its own).
+        rank: This process.
+        world: Processes.
+    """
+
+    actor: TrainedModel
+    critic: TrainedModel | None
+    reference: Any | None
+    lora: bool
+    device: torch.device
+    autocast: bool
+    rank: int
+    world: int
+
+    def autocast_context(self) -> Any:
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16) if self.autocast else nullcontext()
+
+
+@dataclass
+class UpdateSettings:
+    """What `update` takes from the recipe.
+
+    Attributes:
+        loss: The actor loss's settings.
+        ppo_epochs: Passes over the batch.
+        minibatch_rows: This process's rows per optimizer step (0 = the whole batch).
+        micro_batch_size: Rows per forward/backward.
+        grad_clip: Gradient-norm clip (<= 0: none).
+        value_clip: The value loss's clip range.
+        value_coef: Weight of the value loss.
+        needs_reference: A KL term (loss or reward) is computed.
+        kl_in_reward: KL is folded into the reward rather than the loss.
+        tis_cap: Truncated importance sampling cap (0 = off).
+        seed: The recipe's seed (minibatch shuffles are drawn from it, the step and the process).
+    """
+
+    loss: ActorLossSettings
+    ppo_epochs: int
+    minibatch_rows: int
+    micro_batch_size: int
+    grad_clip: float
+    value_clip: float
+    value_coef: float
+    needs_reference: bool
+    kl_in_reward: bool
+    tis_cap: float
+    seed: int
+
+    def skips_flat_rows(self, has_critic: bool) -> bool:
+        """Rows without signal may skip the forward/backward only where nothing else acts on them."""
+        return not has_critic and self.loss.kl_coef == 0 and self.loss.entropy_coef == 0
+
+    def reuses(self, batch_size: int) -> bool:
+        """The batch is used by more than one optimizer step: old log-probs must be kept."""
+        return self.ppo_epochs > 1 or bool(self.minibatch_rows and self.minibatch_rows < batch_size)
+
+
+@dataclass
+class ForwardPasses:
+    """What the update compares against, each `[B, L]` or None when not needed.
+
+    Attributes:
+        ref_logp: Reference log-probs (tempered).
+        old_logp: The sampling policy's log-probs (tempered), recomputed when needed.
+        raw_logp: Untempered old log-probs, for truncated importance sampling.
+        old_values: The critic's values.
+    """
+
+    ref_logp: torch.Tensor | None = None
+    old_logp: torch.Tensor | None = None
+    raw_logp: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+
+
+def forward_passes(learner: Learner, settings: UpdateSettings, batch: TrainBatch) -> ForwardPasses:
+    """Reference and old log-probs and critic values of a freshly collated batch."""
+    out = ForwardPasses()
+    actor, mbs, temp = learner.actor, settings.micro_batch_size, settings.loss.temperature
+    with learner.autocast_context():
+        if settings.needs_reference:
+            with actor.module.disable_adapter() if learner.lora else nullcontext():
+                ref_model = actor.engine if learner.lora else learner.reference
+                out.ref_logp = logprobs_in_micro_batches(ref_model, batch, mbs, temp)
+        reused = settings.reuses(batch.size)
+        if reused or (settings.kl_in_reward and settings.needs_reference) or settings.tis_cap > 0:
+            out.old_logp = logprobs_in_micro_batches(actor.engine, batch, mbs, temp)
+        if settings.tis_cap > 0:  # the engines report raw log-probs: compare like with like
+            out.raw_logp = out.old_logp if temp == 1 else logprobs_in_micro_batches(actor.engine, batch, mbs)
+        if learner.critic is not None:
+            out.old_values = values_in_micro_batches(learner.critic.engine, batch, mbs)
+    return out
+
+
+def update(
+    learner: Learner,
+    settings: UpdateSettings,
+    batch: TrainBatch,
+    advantages: torch.Tensor,
+    passes: ForwardPasses,
+    returns: torch.Tensor | None,
+    step: int,
+) -> dict[str, float]:
+    """`ppo_epochs` passes over the minibatches, then one step of the LR schedules.
+
+    Args:
+        learner: The models.
+        settings: Loss and batching settings.
+        batch: The step's batch, on the learner's device.
+        advantages: `[B, L]` token advantages (already importance-weighted where that is on).
+        passes: `forward_passes` of the batch.
+        returns: `[B, L]` value targets (with a critic), or None.
+        step: The training step (seeds the minibatch shuffle).
+
+    Returns:
+        Metrics: `losses/*`, `optim/grad_norm` (and `optim/critic_grad_norm`), `perf/skipped_row_share`.
+    """
+    lengths = batch.prompt_lens + batch.response_lens
+    if settings.skips_flat_rows(learner.critic is not None):
+        keep = rows_with_signal(advantages)
+    else:
+        keep = torch.ones(batch.size, dtype=torch.bool, device=lengths.device)
+    old_logp = passes.old_logp if settings.reuses(batch.size) else None
+    sums: dict[str, float] = defaultdict(float)
+    inputs = _MicroInputs(advantages, old_logp, passes.ref_logp, returns, passes.old_values)
+    plan = _plan(learner, settings, batch.size, lengths, keep, step)
+    for rows, micros in plan:
+        denominators = loss_denominators(batch.loss_mask[rows])
+        for i, micro_rows in enumerate(micros):
+            _micro_step(learner, settings, batch.select(micro_rows), micro_rows, inputs, denominators, sums,
+                        boundary=i == len(micros) - 1)  # fmt: skip
+        sums["grad_norm"] += optimizer_step(learner.actor, settings.grad_clip)
+        if learner.critic is not None:
+            sums["critic_grad_norm"] += optimizer_step(learner.critic, settings.grad_clip)
+    learner.actor.scheduler.step()
+    if learner.critic is not None:
+        learner.critic.scheduler.step()
+    return _update_metrics(sums, len(plan), keep, settings.needs_reference, learner.critic is not None)
+
+
+def _plan(
+    learner: Learner, settings: UpdateSettings, size: int, lengths: torch.Tensor, keep: torch.Tensor, step: int
+) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+    """(minibatch rows, its micro-batches of kept rows) for every optimizer step of the update."""
+    shuffle = torch.Generator().manual_seed(derived_seed(settings.seed, "minibatch", step, learner.rank))
+    plan = [
+        (rows, micro_batches(rows[keep[rows]], lengths, settings.micro_batch_size))
+        for _ in range(settings.ppo_epochs)
+        for rows in (r.to(lengths.device) for r in minibatches(size, settings.minibatch_rows, shuffle))
+    ]
+    if learner.actor.deepspeed:
+        # DeepSpeed steps at the boundary we set, after the last micro-batch of each minibatch;
+        # every process runs as many micro-batches (each forward/backward has collectives) and
+        # at least one, so skipped rows never move or drop a step. Fillers are skipped rows
+        # (gradient 0).
+        counts = all_reduce_max(torch.tensor([max(len(micros), 1) for _, micros in plan]), learner.world)
+        plan = [
+            (rows, pad_micro_batches(micros, rows[~keep[rows]], lengths, int(n)))
+            for (rows, micros), n in zip(plan, counts, strict=True)
+        ]
+    return plan
+
+
+@dataclass
+class _MicroInputs:
+    advantages: torch.Tensor  # [B, L]
+    old_logp: torch.Tensor | None  # [B, L]
+    ref_logp: torch.Tensor | None  # [B, L]
+    returns: torch.Tensor | None  # [B, L]
+    old_values: torch.Tensor | None  # [B, L]
+
+    def rows(self, name: str, rows: torch.Tensor, width: int) -> torch.Tensor | None:
+        value = getattr(self, name)
+        return None if value is None else value[rows, :width]
+
+
+def _micro_step(
+    learner: Learner,
+    settings: UpdateSettings,
+    micro: TrainBatch,
+    micro_rows: torch.Tensor,
+    inputs: _MicroInputs,
+    denominators: tuple[float, float],
+    sums: dict[str, float],
+    *,
+    boundary: bool,
+) -> None:
+    """Forward and backward of one micro-batch (actor, then critic); adds its stats to `sums`."""
+    width = micro.response_width
+    actor, critic = learner.actor, learner.critic
+    with learner.autocast_context():
+        logits = response_logits(actor.engine, micro)
+    advantages = inputs.rows("advantages", micro_rows, width)
+    old_logp, ref_logp = inputs.rows("old_logp", micro_rows, width), inputs.rows("ref_logp", micro_rows, width)
+    loss, stats = actor_micro_loss(logits, micro, advantages, old_logp, ref_logp, settings.loss, denominators)
+    backward(loss, actor.engine if actor.deepspeed else None, boundary=boundary)
+    sums["policy"] += stats["policy"]
+    sums["kl"] += stats.get("kl", 0.0)
+    for name in _TOKEN_MEANS:
+        sums[name] += stats[name] * stats["tokens"]
+    sums["tokens"] += stats["tokens"]
+    if critic is None:
+        return
+    with learner.autocast_context():
+        values = values_of(critic.engine, micro)
+    aggregation = settings.loss.aggregation
+    vloss, _ = value_loss(
+        values, inputs.rows("old_values", micro_rows, width), inputs.rows("returns", micro_rows, width),
+        micro.loss_mask, settings.value_clip, aggregation,
+        denominators[0] if aggregation == "token-mean" else denominators[1], settings.loss.token_sum_normalizer,
+    )  # fmt: skip
+    backward(settings.value_coef * vloss, critic.engine if critic.deepspeed else None, boundary=boundary)
+    sums["value"] += float(vloss.detach())
+
+
+def _update_metrics(
+    sums: dict[str, float], updates: int, keep: torch.Tensor, with_kl: bool, with_critic: bool
+) -> dict[str, float]:
+    tokens = max(sums["tokens"], 1.0)  # 0 when every row was skipped
+    out = {"perf/skipped_row_share": 1.0 - float(keep.float().mean())}
+    parts = ("policy",) + (("kl",) if with_kl else ()) + (("value",) if with_critic else ())
+    out.update({f"losses/{k}": sums[k] / updates for k in parts})
+    out.update({f"losses/{k}": sums[k] / tokens for k in _TOKEN_MEANS})
+    out["optim/grad_norm"] = sums["grad_norm"] / updates
+    if with_critic:
+        out["optim/critic_grad_norm"] = sums["critic_grad_norm"] / updates
+    return out
+
+
+def optimizer_step(model: TrainedModel, grad_clip: float) -> float:
+    """Clips and steps (DeepSpeed already did at the boundary); returns the gradient norm."""
+    if model.deepspeed:
+        return float(model.engine.get_global_grad_norm() or 0.0)
+    params = [p for group in model.optimizer.param_groups for p in group["params"]]
+    for p in params:  # a minibatch whose rows were all skipped has gradient 0, not "no gradient"
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+    model.optimizer.step()
+    model.optimizer.zero_grad(set_to_none=True)
+    return float(norm)
+
+
+def derived_seed(seed: int, purpose: str, step: int, rank: int) -> int:
+    """A seed for one (purpose, step, process): resumed runs draw exactly what they would have."""
+    return random.Random(f"{purpose}:{seed}:{step}:{rank}").randrange(2**31)

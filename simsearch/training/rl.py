@@ -1,0 +1,213 @@
+"""What `simsearch train` builds from its recipe around the RL update: the learner and its
+rollout engine, the update's settings, the step's advantages, and its checkpoints.
+
+Under ZeRO-3 the `HFEngine` rollout runs on an unpartitioned copy of the policy (taken before
+ZeRO-3 partitions it) and the reference is an unpartitioned copy too; with vLLM no copy is kept.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from simsearch.commands.build import build_generation_engine
+from simsearch.engines.hf import HFEngine
+from simsearch.models import load_model
+from simsearch.policy.batch import (
+    ActorLossSettings,
+    TrainBatch,
+    ValueModel,
+    collate_rollout_logprobs,
+    sequence_kl,
+    token_advantages,
+)
+from simsearch.policy.offpolicy import truncated_is_weights
+from simsearch.policy.rollout import RolloutResult, RolloutSettings
+from simsearch.policy.sync import RolloutWeights
+from simsearch.policy.update import ForwardPasses, Learner, UpdateSettings
+from simsearch.training.checkpoint import rng_state
+from simsearch.training.distributed import HFExport, load_for_training
+from simsearch.training.session import Run, TrainedModel, deepspeed_device, train_model
+
+if TYPE_CHECKING:
+    from simsearch.config import AlgorithmConfig, SearchConfig, TrainRecipe
+
+
+def load_learner(recipe: TrainRecipe, run: Run, rows: int) -> tuple[Learner, RolloutWeights, Any]:
+    """The policy (resumed), its reference and critic, trained as the recipe says, and its rollout engine.
+
+    Args:
+        recipe: The recipe.
+        run: The run (resume state, processes).
+        rows: This process's rows per optimizer step (DeepSpeed's accumulation is counted from it).
+
+    Returns:
+        (learner, rollout weights, tokenizer).
+    """
+    use_ds, lora, model = recipe.deepspeed.stage > 0, recipe.lora.r > 0, recipe.policy.model
+    state = run.state
+    # Resumed weights (full or the LoRA adapter) load here; under DeepSpeed `TrainedModel.restore` below.
+    policy, tokenizer = load_for_training(
+        model.path, dtype=model.dtype, checkpoint=run.checkpoint, deepspeed=use_ds,
+        lora_r=recipe.lora.r, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,
+        lora_target_modules=recipe.lora.target_modules, gradient_checkpointing=recipe.gradient_checkpointing,
+    )  # fmt: skip
+    reference = None  # with LoRA the reference is the policy with its adapter disabled
+    if recipe.algorithm.kl_coef > 0 and not lora:
+        reference, _ = load_model(model.path, dtype=model.dtype)
+        reference.requires_grad_(False)
+    critic = _load_critic(recipe) if recipe.algorithm.estimator == "ppo" else None
+    if critic is not None and state is not None and not use_ds:
+        critic.load_state_dict(state["critic"])
+    use_vllm = recipe.policy.kind == "vllm"
+    rollout_copy = copy.deepcopy(policy) if recipe.deepspeed.stage == 3 and not use_vllm else None
+    common = dict(total_steps=recipe.steps, optim=recipe.optim, zero=recipe.deepspeed, device=model.device,
+                  batch=(recipe.micro_batch_size, -(-rows // recipe.micro_batch_size), run.world), bf16=recipe.bf16)
+    warmup = recipe.optim.warmup_for(recipe.steps)
+    actor = train_model(policy, lr=recipe.optim.lr, warmup=warmup, name="policy", **common)  # type: ignore[arg-type]
+    trained_critic = None
+    if critic is not None:
+        if recipe.algorithm.critic_warmup_ratio is not None:
+            warmup = int(recipe.algorithm.critic_warmup_ratio * recipe.steps)  # verl's rounding, as optim.warmup_ratio
+        trained_critic = train_model(critic, lr=recipe.algorithm.critic_lr, warmup=warmup, name="critic", **common)  # type: ignore[arg-type]
+    device = deepspeed_device() if use_ds else torch.device(model.device)
+    for extra in (reference, rollout_copy):
+        if extra is not None:
+            extra.to(device=device, dtype=torch.bfloat16 if use_ds and recipe.bf16 else None).eval()
+    for trained in (actor, trained_critic):
+        if trained is not None:
+            if state is not None:
+                trained.restore(state)
+            trained.engine.train()
+    autocast = recipe.bf16 and not use_ds and _bf16_supported(device)
+    if recipe.bf16 and not use_ds and not autocast and run.rank == 0:
+        print(f"simsearch train: bf16 is not supported on {device}; training in float32")
+    learner = Learner(actor, trained_critic, reference, lora, device, autocast, run.rank, run.world)
+    return learner, _rollout_weights(recipe, run, actor, rollout_copy, tokenizer), tokenizer
+
+
+def _load_critic(recipe: TrainRecipe) -> ValueModel:
+    base, _ = load_model(recipe.policy.model.path, dtype=recipe.policy.model.dtype)
+    if recipe.gradient_checkpointing:
+        base.gradient_checkpointing_enable()
+    return ValueModel(base.base_model, base.config.hidden_size)
+
+
+def _rollout_weights(
+    recipe: TrainRecipe, run: Run, actor: TrainedModel, rollout_copy: Any, tokenizer: Any
+) -> RolloutWeights:
+    use_vllm = recipe.policy.kind == "vllm"
+    if use_vllm:  # GPU-only (docs/scaling.md)
+        backend = "external_launcher" if run.world > 1 else None  # one engine per process, on its GPU
+        generator, _, _ = build_generation_engine(
+            recipe.policy, seed=recipe.seed + run.rank, distributed_executor_backend=backend
+        )
+    else:
+        module = rollout_copy if rollout_copy is not None else actor.module
+        generator = HFEngine(module, tokenizer, batch_size=recipe.policy.batch_size)
+    return RolloutWeights(generator, actor.module, use_vllm, recipe.lora.r > 0, actor.zero3, rollout_copy)
+
+
+def rollout_settings(recipe: TrainRecipe, search: SearchConfig) -> RolloutSettings:
+    """The rollout's settings for one search engine."""
+    rollout = recipe.rollout
+    return RolloutSettings(
+        template=rollout.template,  # type: ignore[arg-type]  # checked by the recipe
+        max_turns=rollout.max_turns,
+        max_obs_tokens=rollout.max_obs_tokens,
+        max_context_tokens=rollout.max_context_tokens,
+        top_k=search.top_k,
+        rendering=search.rendering,  # type: ignore[arg-type]
+        self_search_real_share=rollout.self_search_real_share,
+    )
+
+
+def _bf16_supported(device: torch.device) -> bool:
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu"
+
+
+def update_settings(recipe: TrainRecipe, minibatch_rows: int) -> UpdateSettings:
+    """What the update takes from the recipe."""
+    alg = recipe.algorithm
+    loss = ActorLossSettings(
+        clip_low=alg.clip_low,
+        clip_high=alg.clip_high,
+        aggregation=alg.loss_agg,  # type: ignore[arg-type]  # checked by the recipe
+        token_sum_normalizer=float(recipe.rollout.max_context_tokens) if alg.loss_agg == "seq-mean-token-sum-norm" else None,
+        kl_coef=0.0 if alg.kl_in_reward else alg.kl_coef,
+        kl_estimator=alg.kl_estimator,  # type: ignore[arg-type]
+        entropy_coef=alg.entropy_coef,
+        temperature=recipe.sampling.temperature,
+        clip_ratio_c=alg.clip_ratio_c,
+    )
+    return UpdateSettings(
+        loss=loss, ppo_epochs=alg.ppo_epochs, minibatch_rows=minibatch_rows, micro_batch_size=recipe.micro_batch_size,
+        grad_clip=recipe.optim.grad_clip, value_clip=alg.value_clip, value_coef=alg.value_coef,
+        needs_reference=alg.kl_coef > 0, kl_in_reward=alg.kl_in_reward, tis_cap=alg.tis_cap, seed=recipe.seed,
+    )  # fmt: skip
+
+
+
+
+def step_advantages(
+    alg: AlgorithmConfig, learner: Learner, settings: UpdateSettings, rewards: list[float], batch: TrainBatch,
+    passes: ForwardPasses, result: RolloutResult,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, float]]:  # fmt: skip
+    """(advantages, what the update trains on, returns, stats): the estimator's, then TIS-weighted."""
+    device = learner.device
+    kl_tokens = None
+    if alg.kl_in_reward and settings.needs_reference:
+        kl_tokens = sequence_kl(passes.old_logp, passes.ref_logp, batch.loss_mask, alg.kl_estimator)  # type: ignore[arg-type]
+    advantages, returns, adv_stats = token_advantages(
+        alg.estimator, torch.tensor(rewards, dtype=torch.float32), batch.to("cpu"),  # type: ignore[arg-type]
+        kl=None if kl_tokens is None else kl_tokens.cpu(), kl_coef=alg.kl_coef if kl_tokens is not None else 0.0,
+        values=None if passes.old_values is None else passes.old_values.cpu(),
+        gamma=alg.gamma, lam=alg.lam, stratified_alpha=alg.stratified_alpha,
+    )  # fmt: skip
+    advantages = advantages.to(device)
+    returns = None if returns is None else returns.to(device)
+    trained, tis_stats = advantages, dict[str, torch.Tensor]()
+    if alg.tis_cap > 0:
+        # Weights >= 0 scale each token's clipped surrogate exactly (policy.offpolicy); the logged
+        # advantages stay the estimator's. Both sides are raw (untempered) log-probs, so the weights
+        # measure the engines' disagreement; p_trainer is the old log-probs, then always computed.
+        rollout_logp = collate_rollout_logprobs(result.trajectories).to(device)  # [B, L]
+        weights, tis_stats = truncated_is_weights(passes.raw_logp, rollout_logp, alg.tis_cap, batch.loss_mask)  # type: ignore[arg-type]
+        trained = advantages * weights  # [B, L], 0 where not trained
+    stats = {f"advantages/{k}": float(v) for k, v in adv_stats.items()}
+    stats.update({f"offpolicy/{k}": float(v) for k, v in tis_stats.items()})
+    return advantages, trained, returns, stats
+
+
+def save_training(
+    recipe: TrainRecipe, run: Run, learner: Learner, tokenizer: Any, step: int, extra: dict[str, Any]
+) -> Path:
+    """The checkpoint of `step` finished steps (every process takes part).
+
+    Args:
+        extra: Trainer-state entries of the loop (curriculum, data position).
+    """
+    actor, critic = learner.actor, learner.critic
+    models = [actor] if critic is None else [actor, critic]
+
+    def export() -> Any:  # the live module saves itself (tied weights stay tied); merged LoRA through HFExport
+        if learner.lora and recipe.lora.merge_on_save:
+            return HFExport(actor.module, actor.module.state_dict(), recipe.policy.model.path)
+        return actor.module
+
+    def trainer_state(ds_dir: Path) -> dict[str, Any]:
+        state = {"rng": rng_state(), **extra}
+        for model in models:
+            state.update(model.state())
+        if actor.deepspeed:
+            state["deepspeed_dir"] = str(ds_dir)
+        elif critic is not None:
+            state["critic"] = critic.module.state_dict()
+        return state
+
+    return run.save(step, models, export, tokenizer, trainer_state)

@@ -1,0 +1,251 @@
+"""The set-up `train` and `simulator finetune` share: processes, seed, resume, trained models, saving.
+
+A command opens a `Run` (process group, seed, the checkpoint it resumes from), wraps each model
+it trains in a `TrainedModel` (AdamW and its LR schedule, under DeepSpeed or not, restored from
+the checkpoint) and saves through `Run.save`, which writes the DeepSpeed partitions of every
+process and the atomic Hugging Face checkpoint on process 0.
+
+Departure from the usual DeepSpeed set-up: the LR schedule stays ours, outside DeepSpeed, unless
+the command steps the optimizer once per schedule step (`simulator finetune`); `train` steps it
+once per training step, after all of that step's minibatch updates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from simsearch.training.checkpoint import (
+    checkpoint_dir,
+    latest_checkpoint,
+    load_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from simsearch.training.distributed import (
+    deepspeed_config,
+    deepspeed_state_dir,
+    init_distributed,
+    prune_deepspeed_dirs,
+)
+from simsearch.training.optim import adamw_with_schedule
+
+
+class OptimSpec(Protocol):
+    """What `TrainedModel.build` reads of a recipe's `optim` section."""
+
+    betas: Sequence[float]
+    weight_decay: float
+    schedule: str
+    grad_clip: float
+
+
+class ZeroSpec(Protocol):
+    """What `TrainedModel.build` reads of a recipe's `deepspeed` section."""
+
+    stage: int
+    offload_optimizer: bool
+    offload_params: bool
+
+
+@dataclass
+class Run:
+    """A training run's processes and the checkpoint it resumes from.
+
+    Attributes:
+        rank: This process.
+        world: The number of processes.
+        run_dir: Where checkpoints, metrics and the resolved recipe go.
+        checkpoint: The checkpoint resumed from, or None for a fresh start.
+        state: Its trainer state (`checkpoint.load_state`), or None.
+    """
+
+    rank: int
+    world: int
+    run_dir: Path
+    checkpoint: Path | None
+    state: dict[str, Any] | None
+
+    @property
+    def start(self) -> int:
+        """Steps already done: the resumed checkpoint's step, or 0."""
+        return int(self.state["step"]) if self.state else 0
+
+    def restore_rng(self) -> None:
+        """Puts back the resumed checkpoint's RNG states; call it last, just before the loop."""
+        if self.state is not None:
+            set_rng_state(self.state["rng"])
+
+    def save(
+        self,
+        step: int,
+        models: Sequence[TrainedModel],
+        export: Callable[[], Any],
+        tokenizer: Any,
+        trainer_state: Callable[[Path], dict[str, Any]],
+    ) -> Path:
+        """Writes the checkpoint of `step` finished steps; every process must call it.
+
+        Args:
+            step: Steps done.
+            models: The trained models; under DeepSpeed each writes its partitions.
+            export: Called on process 0 while the first model's parameters are gathered (ZeRO-3):
+                what `checkpoint.save_checkpoint` writes as `model/`.
+            tokenizer: Saved beside the model.
+            trainer_state: Called on process 0 with the step's DeepSpeed directory: the rest of the
+                checkpoint's trainer state.
+
+        Returns:
+            The checkpoint's directory.
+        """
+        ds_dir = deepspeed_state_dir(self.run_dir, step)
+        for model in models:
+            if model.deepspeed:  # every process writes its partitions
+                model.engine.save_checkpoint(str(ds_dir / model.name), tag="state")
+        with models[0].gathered():  # ZeRO-3: every process holds the full weights while process 0 writes
+            if self.rank == 0:
+                save_checkpoint(self.run_dir, step, model=export(), tokenizer=tokenizer, state=trainer_state(ds_dir))
+                prune_deepspeed_dirs(self.run_dir)
+        if self.world > 1:
+            dist.barrier()
+        return checkpoint_dir(self.run_dir, step)
+
+
+def open_run(run_dir: str, *, seed: int, deepspeed: bool, resume: bool, task: str) -> Run:
+    """Starts the processes, seeds torch and finds the checkpoint to resume from.
+
+    Args:
+        run_dir: The run directory.
+        seed: The same on every process: LoRA and head initialisations must agree.
+        deepspeed: The recipe's `deepspeed.stage > 0`.
+        resume: Continue from the run directory's last checkpoint if there is one.
+        task: What the command does ("training", "fine-tuning"), for error messages.
+    """
+    rank, world = init_distributed(deepspeed, task=task)
+    torch.manual_seed(seed)
+    checkpoint = latest_checkpoint(run_dir) if resume else None
+    return Run(rank, world, Path(run_dir), checkpoint, load_state(checkpoint) if checkpoint else None)
+
+
+@dataclass
+class TrainedModel:
+    """One model under training: what runs forward and backward, and its optimizer and LR schedule.
+
+    Attributes:
+        engine: What forward and backward go through: the DeepSpeed engine, or the module itself.
+        module: The unwrapped module (for saving and weight sync).
+        optimizer: AdamW (DeepSpeed's wrapper of it under DeepSpeed).
+        scheduler: Its LR schedule.
+        deepspeed: Trained under DeepSpeed.
+        zero3: Under ZeRO-3 (parameters partitioned over processes).
+        name: Its sub-directory in a checkpoint's DeepSpeed directory ("" = that directory), and
+            the prefix of its trainer-state keys ("" or e.g. "critic_").
+        schedule_in_deepspeed: DeepSpeed steps (and checkpoints) the LR schedule.
+    """
+
+    engine: Any
+    module: Any
+    optimizer: Any
+    scheduler: Any
+    deepspeed: bool
+    zero3: bool
+    name: str = ""
+    schedule_in_deepspeed: bool = False
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.name}_" if self.name and self.name != "policy" else ""
+
+    def gathered(self) -> Any:
+        """A context in which every process holds the full parameters (ZeRO-3; else nothing to do)."""
+        if not self.zero3:
+            return nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None)
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Loads the optimizer (or DeepSpeed) state and the LR schedule from a trainer state."""
+        if self.deepspeed:
+            self.engine.load_checkpoint(str(Path(state["deepspeed_dir"]) / self.name), tag="state")
+        else:
+            self.optimizer.load_state_dict(state[f"{self.prefix}optimizer"])
+        if not self.schedule_in_deepspeed:
+            self.scheduler.load_state_dict(state[f"{self.prefix}scheduler"])
+            for group, lr in zip(self.scheduler.optimizer.param_groups, self.scheduler.get_last_lr(), strict=True):
+                group["lr"] = lr  # whatever the optimizer state restored, the schedule decides
+
+    def state(self) -> dict[str, Any]:
+        """What a trainer state keeps of it beside DeepSpeed's own checkpoint."""
+        out: dict[str, Any] = {}
+        if not self.schedule_in_deepspeed:
+            out[f"{self.prefix}scheduler"] = self.scheduler.state_dict()
+        if not self.deepspeed:
+            out[f"{self.prefix}optimizer"] = self.optimizer.state_dict()
+        return out
+
+
+def train_model(
+    module: Any,
+    *,
+    lr: float,
+    warmup: int,
+    total_steps: int,
+    optim: OptimSpec,
+    zero: ZeroSpec,
+    batch: tuple[int, int, int],
+    device: str,
+    bf16: bool,
+    name: str = "",
+    schedule_in_deepspeed: bool = False,
+) -> TrainedModel:
+    """AdamW with its LR schedule over `module`'s trainable parameters, under DeepSpeed when `zero.stage > 0`.
+
+    Args:
+        module: The model; without DeepSpeed it is moved to `device`.
+        lr: Peak learning rate.
+        warmup: Warm-up steps of the schedule.
+        total_steps: Schedule length.
+        optim: Betas, weight decay, schedule kind and gradient clipping.
+        zero: The DeepSpeed ZeRO stage and offloads.
+        batch: (micro-batch size, micro-batches per optimizer step, processes) for DeepSpeed.
+        device: Where the module trains without DeepSpeed.
+        bf16: DeepSpeed's bf16 mode.
+        name: See `TrainedModel.name`.
+        schedule_in_deepspeed: Hand the schedule to DeepSpeed, which steps it with the optimizer.
+    """
+    optimizer, scheduler = adamw_with_schedule(
+        [p for p in module.parameters() if p.requires_grad],
+        lr=lr, betas=optim.betas, weight_decay=optim.weight_decay,
+        warmup_steps=warmup, total_steps=total_steps, schedule=optim.schedule,
+    )  # fmt: skip
+    if zero.stage == 0:
+        module.to(torch.device(device))
+        return TrainedModel(module, module, optimizer, scheduler, False, False, name)  # the schedule is ours
+    import deepspeed
+
+    micro, accum, world = batch
+    config = deepspeed_config(
+        stage=zero.stage, offload_optimizer=zero.offload_optimizer, offload_params=zero.offload_params,
+        micro_batch_size=micro, grad_accum=accum, world_size=world, grad_clip=optim.grad_clip, bf16=bf16,
+    )  # fmt: skip
+    handed = scheduler if schedule_in_deepspeed else None
+    engine, optimizer, _, ds_scheduler = deepspeed.initialize(
+        model=module, optimizer=optimizer, lr_scheduler=handed, config=config
+    )
+    if schedule_in_deepspeed:
+        scheduler = ds_scheduler
+    return TrainedModel(engine, engine.module, optimizer, scheduler, True, zero.stage == 3, name, schedule_in_deepspeed)
+
+
+def deepspeed_device() -> torch.device:
+    """This process's accelerator under DeepSpeed."""
+    from deepspeed.accelerator import get_accelerator
+
+    return torch.device(get_accelerator().current_device_name())
