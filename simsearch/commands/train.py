@@ -13,10 +13,9 @@ Launch:
     deepspeed --num_gpus 8 --no_local_rank --module simsearch.cli train RECIPE
 
 Run directory: `recipe.yaml`, `metrics.jsonl` (+ `tensorboard/`; search counts, latency and cost
-per engine under `search/`, `simulator/`, `cost/`), `cost.json` (their totals over every
-invocation), `trajectories.jsonl` (`trajectory_samples` trajectories every `trajectory_every`
-steps, for `simsearch view`), `checkpoints/step_N/` (`model/` in Hugging Face format, full
-weights or the LoRA adapter, and `trainer_state.pt`: optimizer, scheduler, curriculum, data
+under `search/`, `simulator/`, `cost/`), `cost.json` (totals over every invocation),
+`trajectories.jsonl` (samples for `simsearch view`), `checkpoints/step_N/` (`model/` in Hugging
+Face format, full or the LoRA adapter; `trainer_state.pt`: optimizer, scheduler, curriculum, data
 position, RNG, critic), and with DeepSpeed `deepspeed/step_N/` (its partitioned states).
 
 Departures from the textbook and from ZeroSearch's verl trainer:
@@ -32,13 +31,10 @@ Departures from the textbook and from ZeroSearch's verl trainer:
   named (ZeroSearch retried forever); validation keeps every question.
 - Sampling, noise coin flips and minibatch shuffles are seeded by (seed, step, process), so a
   resumed run replays exactly what an uninterrupted one would have done (given the same recipe).
-- Under DeepSpeed, batch-wide statistics (the REINFORCE baseline, REINFORCE++ / GAE whitening,
-  the token-mean denominator) are per process; groups never span processes, so GRPO, Dr.GRPO,
-  RLOO and stratified GRPO are exact. The reference is an unpartitioned copy.
-- With vLLM rollouts (GPU-only, docs/scaling.md) the update uses the trainer's log-probs, as
-  Search-R1 and ZeroSearch; `algorithm.tis_cap` > 0 corrects the engines' gap by truncated
-  importance sampling (`policy.offpolicy`). Each process runs its own engine
-  (`external_launcher`), so tensor parallelism is refused with several processes.
+- Under DeepSpeed, batch-wide statistics are per process (`policy.update`).
+- vLLM rollouts (GPU-only, docs/scaling.md) are trained with the trainer's log-probs, as in Search-R1
+  and ZeroSearch; `algorithm.tis_cap` > 0 corrects the gap by truncated importance sampling
+  (`policy.offpolicy`). Each process runs its own engine: no tensor parallelism with several.
 """
 
 from __future__ import annotations
@@ -53,20 +49,20 @@ from typing import Any
 from tqdm import tqdm
 
 from simsearch.commands.build import build_schedule, build_search_engine, meter_search_engine
-from simsearch.config import RecipeError, TrainRecipe, save_recipe
+from simsearch.config import TrainRecipe, save_recipe
 from simsearch.curriculum.schedules import NoiseSchedule, num_noisy
 from simsearch.data.qa import load_qa
 from simsearch.errors import ServiceError
-from simsearch.policy.batch import collate_trajectories, rank_share, stream_indices
+from simsearch.policy.batch import collate_trajectories, stream_indices
 from simsearch.policy.rollout import RolloutResult, generate_trajectories, score_trajectories
 from simsearch.policy.sync import RolloutWeights, sync_rollout_weights
 from simsearch.policy.update import Learner, UpdateSettings, derived_seed, forward_passes, update
 from simsearch.policy.validation import Validation, validate
 from simsearch.retrieval import accounting
 from simsearch.retrieval.accounting import EngineUsage, Ledger
+from simsearch.training import rl
 from simsearch.training.distributed import mean_over_ranks
 from simsearch.training.records import search_usage, trajectory_rows
-from simsearch.training.rl import load_learner, rollout_settings, save_training, step_advantages, update_settings
 from simsearch.training.runlog import RunLogger, read_metrics
 from simsearch.training.session import Run, open_run
 from simsearch.types import SamplingParams
@@ -102,9 +98,10 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
     run, logger = t.run, t.logger
     position = int(run.state["data_position"]) if run.state else 0
     last_saved, last_dir = (run.start, run.checkpoint) if run.checkpoint is not None else (-1, None)
-    metrics: dict[str, float] = {}
-    progress = tqdm(range(run.start, recipe.steps), initial=run.start, total=recipe.steps, disable=run.rank != 0)
-    step = run.start
+    metrics: dict[str, float] = {}  # stays empty when a finished run is resumed
+    progress = tqdm(range(run.start, recipe.steps), initial=run.start, total=recipe.steps, disable=run.rank != 0,
+                    desc="train")  # fmt: skip
+    step = run.start  # named by the error of a failed step
     try:
         for step in progress:
             began = time.perf_counter()
@@ -117,7 +114,7 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
                                         normalization=recipe.reward.normalization)  # fmt: skip
             batch = collate_trajectories(result.trajectories, t.tokenizer.pad_token_id).to(t.learner.device)
             passes = forward_passes(t.learner, t.settings, batch)
-            advantages, trained, returns, stats = step_advantages(
+            advantages, trained, returns, stats = rl.step_advantages(
                 recipe.algorithm, t.learner, t.settings, scored.total, batch, passes, result
             )
             update_began = time.perf_counter()
@@ -138,7 +135,8 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
             metrics.update(search_usage(t.ledger, t.run_usage, run.world))
             if logger is not None:
                 _log(t, logger, done, metrics, result, scored.total, p_noise)
-                progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}", p_noise=f"{p_noise:.2f}")
+                progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}", p_noise=f"{p_noise:.2f}",
+                                     kl=f"{metrics.get('losses/kl', 0.0):.4f}", s=f"{metrics['time/step_s']:.1f}")
             if recipe.save_every and done % recipe.save_every == 0:
                 last_dir, last_saved = _save(t, done, position), done
     except ServiceError as err:
@@ -157,56 +155,27 @@ def _set_up(recipe: TrainRecipe) -> _Training:
     """Processes, data, models, engines and the resumed state, in the order that seeds them alike."""
     run = open_run(recipe.run_dir, seed=recipe.seed, deepspeed=recipe.deepspeed.stage > 0, resume=recipe.resume,
                    task="training")  # fmt: skip
-    share, minibatch_rows = _process_shape(recipe, run.rank, run.world)
+    share, minibatch_rows = rl.process_shape(recipe, run.rank, run.world)
     if run.rank == 0:
         save_recipe(recipe, run.run_dir)
     train_data = [example for path in recipe.data.train for example in load_qa(path)]
     val_data = [ex for path in recipe.data.val for ex in load_qa(path)[: recipe.data.val_size or None]]
     rows = minibatch_rows or (share.stop - share.start) * recipe.rollout.group_size
-    learner, weights, tokenizer = load_learner(recipe, run, rows)
-    settings = update_settings(recipe, minibatch_rows)
+    learner, weights, tokenizer = rl.load_learner(recipe, run, rows)
+    settings = rl.update_settings(recipe, minibatch_rows)
     sync_rollout_weights(weights)  # a resumed DeepSpeed run restored its weights after the copy was taken
     ledger, previous_cost = Ledger(), accounting.read_cost(run.run_dir) if run.rank == 0 else None
-    search = build_search_engine(recipe.search, seed=recipe.seed + run.rank)
-    search = meter_search_engine(search, recipe.search, ledger, "search")
-    validation = None
-    if recipe.eval_every and val_data:
-        val_cfg, val_search = recipe.val_search or recipe.search, search
-        if recipe.val_search:
-            val_search = meter_search_engine(build_search_engine(val_cfg, seed=recipe.seed), val_cfg, ledger, "val_search")
-        validation = Validation(val_data, val_search, rollout_settings(recipe, val_cfg),
-                                recipe.sampling.max_new_tokens, recipe.reward.normalization, recipe.seed)  # fmt: skip
+    search = meter_search_engine(build_search_engine(recipe.search, seed=recipe.seed + run.rank), recipe.search,
+                                 ledger, "search")  # fmt: skip
+    validation = rl.build_validation(recipe, val_data, search, ledger) if recipe.eval_every and val_data else None
     schedule = build_schedule(recipe.curriculum, recipe.steps)
     if run.state is not None:
         schedule.load_state_dict(run.state["curriculum"])
     run.restore_rng()
-    logger = None
-    if run.rank == 0:
-        logger = RunLogger(run.run_dir, resume_step=run.start, tensorboard=recipe.tensorboard,
-                           wandb_project=recipe.wandb_project)  # fmt: skip
+    logger = RunLogger(run.run_dir, resume_step=run.start, tensorboard=recipe.tensorboard,
+                       wandb_project=recipe.wandb_project) if run.rank == 0 else None  # fmt: skip
     return _Training(recipe, run, learner, weights, tokenizer, settings, schedule, share, train_data, validation,
                      search, ledger, logger, previous_cost, {})  # fmt: skip
-
-
-def _process_shape(recipe: TrainRecipe, rank: int, world: int) -> tuple[slice, int]:
-    """This process's share of each step's questions and its rows per minibatch (0 = all of them)."""
-    if recipe.policy.kind == "vllm" and world > 1 and recipe.policy.tensor_parallel_size > 1:
-        raise RecipeError(
-            f"policy.tensor_parallel_size={recipe.policy.tensor_parallel_size} with {world} processes: each "
-            "process runs its own vLLM engine on its own GPU and rolls out its own questions; set "
-            "policy.tensor_parallel_size=1 (or train in one process)"
-        )
-    share = rank_share(recipe.prompts_per_step, rank, world)
-    rows_per_rank = (share.stop - share.start) * recipe.rollout.group_size
-    minibatch = recipe.algorithm.minibatch_size
-    if minibatch % world:
-        raise RecipeError(f"algorithm.minibatch_size={minibatch} must be a multiple of the {world} processes")
-    if minibatch and rows_per_rank % (minibatch // world):
-        raise RecipeError(
-            f"algorithm.minibatch_size={minibatch} over {world} processes must divide each process's "
-            f"{rows_per_rank} trajectories"
-        )
-    return share, minibatch // world
 
 
 def _rollout(t: _Training, examples: list, p_noise: float, step: int) -> RolloutResult:
@@ -221,7 +190,8 @@ def _rollout(t: _Training, examples: list, p_noise: float, step: int) -> Rollout
     with t.generation():
         result = generate_trajectories(
             examples, policy=t.weights.generator, tokenizer=t.tokenizer, search=t.search,
-            settings=rollout_settings(recipe, recipe.search), sampling=sampling, group_size=recipe.rollout.group_size,
+            settings=rl.rollout_settings(recipe, recipe.search), sampling=sampling,
+            group_size=recipe.rollout.group_size,
             noise=lambda top_k: num_noisy(p_noise, top_k, recipe.curriculum.granularity, noise_rng),
             rng=random.Random(f"real:{recipe.seed}:{step}:{rank}"),
         )  # fmt: skip
@@ -230,12 +200,13 @@ def _rollout(t: _Training, examples: list, p_noise: float, step: int) -> Rollout
     return result
 
 
-def _finish_metrics(t: _Training, metrics: dict[str, float], tokens: float, began: float, position: int) -> dict[str, float]:
+def _finish_metrics(
+    t: _Training, metrics: dict[str, float], tokens: float, began: float, position: int
+) -> dict[str, float]:
     """Averaged over processes, with throughput and data position; the curriculum observes them."""
-    world = t.run.world
-    metrics = mean_over_ranks(metrics, world)
+    metrics = mean_over_ranks(metrics, t.run.world)
     step_s = time.perf_counter() - began
-    metrics["perf/tokens_per_s"] = tokens * world / step_s
+    metrics["perf/tokens_per_s"] = tokens * t.run.world / step_s
     metrics["time/step_s"] = step_s
     metrics["data/position"] = float(position)
     metrics["data/epoch"] = float(position // len(t.train_data))
@@ -243,22 +214,22 @@ def _finish_metrics(t: _Training, metrics: dict[str, float], tokens: float, bega
     return metrics
 
 
-def _log(
-    t: _Training, logger: RunLogger, done: int, metrics: dict[str, float], result: RolloutResult,
-    rewards: list[float], p_noise: float,
-) -> None:  # fmt: skip
+def _log(t: _Training, logger: RunLogger, done: int, metrics: dict[str, float], result: RolloutResult,
+         rewards: list[float], p_noise: float) -> None:  # fmt: skip
     recipe = t.recipe
     logger.log(done, metrics)
     if recipe.trajectory_samples and ((done - 1) % recipe.trajectory_every == 0 or done == recipe.steps):
-        rows = trajectory_rows(result.trajectories, rewards, p_noise, samples=recipe.trajectory_samples,
-                               group_size=recipe.rollout.group_size, normalization=recipe.reward.normalization)  # fmt: skip
+        rows = trajectory_rows(
+            result.trajectories, rewards, p_noise, samples=recipe.trajectory_samples,
+            group_size=recipe.rollout.group_size, normalization=recipe.reward.normalization,
+        )  # fmt: skip
         logger.log_trajectories(done, rows)
     accounting.write_cost(t.run.run_dir, t.previous_cost, t.run_usage)
 
 
 def _save(t: _Training, done: int, position: int) -> Path:
     extra = {"curriculum": t.schedule.state_dict(), "data_position": position}
-    return save_training(t.recipe, t.run, t.learner, t.tokenizer, done, extra)
+    return rl.save_training(t.recipe, t.run, t.learner, t.tokenizer, done, extra)
 
 
 def _clean_up(t: _Training, metrics: dict[str, float], position: int, last_saved: int) -> dict[str, float]:
@@ -268,10 +239,10 @@ def _clean_up(t: _Training, metrics: dict[str, float], position: int, last_saved
         _save(t, recipe.steps, position)
     if t.logger is not None:
         t.logger.close()
-    if not metrics and run.rank == 0:
-        rows = read_metrics(run.run_dir)
-        metrics = {k: v for k, v in rows[-1].items() if k != "step"} if rows else {}
     if run.rank == 0:
+        if not metrics:  # a finished run resumed: what it logged last
+            rows = read_metrics(run.run_dir)
+            metrics = {k: v for k, v in rows[-1].items() if k != "step"} if rows else {}
         line = accounting.simulator_line(accounting.merged_totals(t.previous_cost, t.run_usage))
         if line:
             print(f"simsearch train: {line}", flush=True)

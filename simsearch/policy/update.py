@@ -14,6 +14,9 @@ Departures:
   so the gradient is the same. Under DeepSpeed the accumulation boundary is set at the last
   micro-batch of each minibatch, and every process runs as many micro-batches (at least one),
   topped up with skipped rows whose gradient is 0: their forward passes carry ZeRO's collectives.
+- Under DeepSpeed, batch-wide statistics (the REINFORCE baseline, REINFORCE++ / GAE whitening,
+  the token-mean denominator) are per process; groups never span processes, so GRPO, Dr.GRPO,
+  RLOO and stratified GRPO are exact. The reference is an unpartitioned copy.
 """
 
 from __future__ import annotations

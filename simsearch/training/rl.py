@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from simsearch.commands.build import build_generation_engine
+from simsearch.commands.build import build_generation_engine, build_search_engine, meter_search_engine
+from simsearch.config import RecipeError
 from simsearch.engines.hf import HFEngine
 from simsearch.models import load_model
 from simsearch.policy.batch import (
@@ -21,6 +22,7 @@ from simsearch.policy.batch import (
     TrainBatch,
     ValueModel,
     collate_rollout_logprobs,
+    rank_share,
     sequence_kl,
     token_advantages,
 )
@@ -28,6 +30,8 @@ from simsearch.policy.offpolicy import truncated_is_weights
 from simsearch.policy.rollout import RolloutResult, RolloutSettings
 from simsearch.policy.sync import RolloutWeights
 from simsearch.policy.update import ForwardPasses, Learner, UpdateSettings
+from simsearch.policy.validation import Validation
+from simsearch.retrieval.accounting import Ledger
 from simsearch.training.checkpoint import rng_state
 from simsearch.training.distributed import HFExport, load_for_training
 from simsearch.training.session import Run, TrainedModel, deepspeed_device, train_model
@@ -111,6 +115,36 @@ def _rollout_weights(
     return RolloutWeights(generator, actor.module, use_vllm, recipe.lora.r > 0, actor.zero3, rollout_copy)
 
 
+def process_shape(recipe: TrainRecipe, rank: int, world: int) -> tuple[slice, int]:
+    """This process's share of each step's questions and its rows per minibatch (0 = all of them)."""
+    if recipe.policy.kind == "vllm" and world > 1 and recipe.policy.tensor_parallel_size > 1:
+        raise RecipeError(
+            f"policy.tensor_parallel_size={recipe.policy.tensor_parallel_size} with {world} processes: each "
+            "process runs its own vLLM engine on its own GPU and rolls out its own questions; set "
+            "policy.tensor_parallel_size=1 (or train in one process)"
+        )
+    share = rank_share(recipe.prompts_per_step, rank, world)
+    rows_per_rank = (share.stop - share.start) * recipe.rollout.group_size
+    minibatch = recipe.algorithm.minibatch_size
+    if minibatch % world:
+        raise RecipeError(f"algorithm.minibatch_size={minibatch} must be a multiple of the {world} processes")
+    if minibatch and rows_per_rank % (minibatch // world):
+        raise RecipeError(
+            f"algorithm.minibatch_size={minibatch} over {world} processes must divide each process's "
+            f"{rows_per_rank} trajectories"
+        )
+    return share, minibatch // world
+
+
+def build_validation(recipe: TrainRecipe, examples: list[Any], search: Any, ledger: Ledger) -> Validation:
+    """Validation on `examples` with `val_search` (metered as "val_search"), else the training engine."""
+    cfg = recipe.val_search or recipe.search
+    if recipe.val_search:
+        search = meter_search_engine(build_search_engine(cfg, seed=recipe.seed), cfg, ledger, "val_search")
+    return Validation(examples, search, rollout_settings(recipe, cfg), recipe.sampling.max_new_tokens,
+                      recipe.reward.normalization, recipe.seed)  # fmt: skip
+
+
 def rollout_settings(recipe: TrainRecipe, search: SearchConfig) -> RolloutSettings:
     """The rollout's settings for one search engine."""
     rollout = recipe.rollout
@@ -131,6 +165,9 @@ def _bf16_supported(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+SUM_NORM = "seq-mean-token-sum-norm"  # its constant is rollout.max_context_tokens
+
+
 def update_settings(recipe: TrainRecipe, minibatch_rows: int) -> UpdateSettings:
     """What the update takes from the recipe."""
     alg = recipe.algorithm
@@ -138,7 +175,7 @@ def update_settings(recipe: TrainRecipe, minibatch_rows: int) -> UpdateSettings:
         clip_low=alg.clip_low,
         clip_high=alg.clip_high,
         aggregation=alg.loss_agg,  # type: ignore[arg-type]  # checked by the recipe
-        token_sum_normalizer=float(recipe.rollout.max_context_tokens) if alg.loss_agg == "seq-mean-token-sum-norm" else None,
+        token_sum_normalizer=float(recipe.rollout.max_context_tokens) if alg.loss_agg == SUM_NORM else None,
         kl_coef=0.0 if alg.kl_in_reward else alg.kl_coef,
         kl_estimator=alg.kl_estimator,  # type: ignore[arg-type]
         entropy_coef=alg.entropy_coef,
