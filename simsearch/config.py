@@ -19,8 +19,6 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from simsearch.curriculum.schedules import GRANULARITIES, SCHEDULE_KINDS
-from simsearch.curriculum.schedules import GRANULARITIES, SCHEDULE_KINDS
-from simsearch.curriculum.schedules import GRANULARITIES, SCHEDULE_KINDS
 from simsearch.eval.metrics import NORMALIZATIONS
 from simsearch.policy.rewards import REWARD_NAMES
 from simsearch.data.templates import TEMPLATE_NAMES
@@ -819,8 +817,15 @@ class QuickstartRecipe:
     threads: int = 0  # torch threads (0 = torch's default: every core)
 
     def check(self, key: str) -> None:
-        for name in ("n_entities", "n_train_entities", "vocab_size", "pretrain_steps",
-                     "pretrain_batch_size", "pretrain_lr", "pretrain_traces"):
+        for name in (
+            "n_entities",
+            "n_train_entities",
+            "vocab_size",
+            "pretrain_steps",
+            "pretrain_batch_size",
+            "pretrain_lr",
+            "pretrain_traces",
+        ):
             _check_positive(name, getattr(self, name))
         _check_range("typed_answer_share", self.typed_answer_share, 0.0, 1.0)
         for name in ("n_background_entities", "drill_steps"):
@@ -911,8 +916,7 @@ def _parse_overrides(overrides: list[str]) -> DictConfig:
             OmegaConf.from_dotlist([override])
         except yaml.YAMLError as err:
             raise RecipeError(
-                f"override {override!r}: the value is not valid YAML ({_yaml_problem(err)}); "
-                "quote it, e.g. key='[text'"
+                f"override {override!r}: the value is not valid YAML ({_yaml_problem(err)}); quote it, e.g. key='[text'"
             ) from None
     raise AssertionError("unreachable: the overrides failed together but parse one by one")
 

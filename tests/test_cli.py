@@ -11,8 +11,15 @@ from simsearch.cli import build_parser, main
 
 
 @pytest.mark.parametrize(
-    "argv", [["train", "--help"], ["eval", "--help"], ["serve", "--help"], ["quickstart", "--help"],
-             ["simulator", "collect", "--help"], ["simulator", "finetune", "--help"]]
+    "argv",
+    [
+        ["train", "--help"],
+        ["eval", "--help"],
+        ["serve", "--help"],
+        ["quickstart", "--help"],
+        ["simulator", "collect", "--help"],
+        ["simulator", "finetune", "--help"],
+    ],
 )
 def test_every_command_has_help_pointing_at_recipes(argv: list[str], capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exit_info:
@@ -34,7 +41,6 @@ def test_console_script_help_runs_without_heavy_imports() -> None:
     code = "import sys; from simsearch.cli import main; \ntry:\n main(['--help'])\nexcept SystemExit: pass\nprint('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().endswith("False")
-
 
 
 def _eval_recipe(tmp_path: Path, model: Path | str, data: Path) -> str:

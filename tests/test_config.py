@@ -55,8 +55,7 @@ def test_wrong_type_names_key(train_yaml: Path) -> None:
 
 
 def test_missing_required_value(tmp_path: Path) -> None:
-    path = _write(tmp_path, {"policy": {"model": {"path": "m"}}, "data": {"train": ["t"]},
-                             "search": {"corpus": "c"}})
+    path = _write(tmp_path, {"policy": {"model": {"path": "m"}}, "data": {"train": ["t"]}, "search": {"corpus": "c"}})
     with pytest.raises(RecipeError, match=r"missing required value\(s\) run_dir"):
         load_recipe(TrainRecipe, path)
 
@@ -97,9 +96,15 @@ def test_missing_file_and_bad_override(tmp_path: Path) -> None:
 
 
 def test_eval_engines_are_checked_by_name(tmp_path: Path) -> None:
-    path = _write(tmp_path, {"run_dir": "r", "policy": {"model": {"path": "m"}},
-                             "datasets": [{"name": "nq", "path": "nq.jsonl"}],
-                             "engines": {"bm25": {"kind": "bm25"}}})
+    path = _write(
+        tmp_path,
+        {
+            "run_dir": "r",
+            "policy": {"model": {"path": "m"}},
+            "datasets": [{"name": "nq", "path": "nq.jsonl"}],
+            "engines": {"bm25": {"kind": "bm25"}},
+        },
+    )
     with pytest.raises(RecipeError, match=r"engines\.bm25\.kind=bm25 needs engines\.bm25\.corpus"):
         load_recipe(EvalRecipe, path)
 
@@ -138,13 +143,20 @@ def test_eval_rows_are_checked_with_the_recipe(tmp_path: Path) -> None:
     assert load_recipe(EvalRecipe, path).engines["bm25"].kind == "bm25"
     refused = {
         r"policy.kind=openai needs policy.model.path \(the policy's tokenizer": [
-            "policy.kind=openai", "policy.model.path=''", "policy.base_urls=[http://h:1]"],
+            "policy.kind=openai",
+            "policy.model.path=''",
+            "policy.base_urls=[http://h:1]",
+        ],
         r"engines.b/m: use letters, digits": ["engines={'b/m': {kind: bm25, corpus: c.jsonl}}"],
         r"datasets: name 'n q': use letters": ["datasets=[{name: 'n q', path: a}]"],
         r"datasets: name 'nq' is used twice": ["datasets=[{name: nq, path: a}, {name: nq, path: b}]"],
         r"engines.bm25.kind=self needs rollout.template=self-search": ["engines.bm25.kind=self"],
         r"rag_engine='own' is kind=self; the RAG baseline needs a retriever": [
-            "engines={own: {kind: self}}", "rag_engine=own", "rollout.template=self-search", "baselines=[rag]"],
+            "engines={own: {kind: self}}",
+            "rag_engine=own",
+            "rollout.template=self-search",
+            "baselines=[rag]",
+        ],
     }
     for message, overrides in refused.items():
         with pytest.raises(RecipeError, match=message):
@@ -165,9 +177,15 @@ def test_answer_weight_and_hidden_question_are_checked(train_yaml: Path, tmp_pat
         load_recipe(TrainRecipe, train_yaml, simulator)
     with pytest.raises(RecipeError, match=r"search\.simulator\.show_answer=false: preset=zerosearch always shows"):
         load_recipe(TrainRecipe, train_yaml, [*simulator[:-1], "search.simulator.show_answer=false"])
-    brief = load_recipe(TrainRecipe, train_yaml, [
-        *simulator[:2], "search.simulator.preset=simsearch-brief", "search.simulator.show_question=false",
-    ])
+    brief = load_recipe(
+        TrainRecipe,
+        train_yaml,
+        [
+            *simulator[:2],
+            "search.simulator.preset=simsearch-brief",
+            "search.simulator.show_question=false",
+        ],
+    )
     assert brief.search.simulator.preset == "simsearch-brief" and brief.search.simulator.show_question is False
     shown = load_recipe(TrainRecipe, train_yaml, simulator[:-1])
     assert shown.search.simulator.show_question is True and shown.search.simulator.show_answer is True

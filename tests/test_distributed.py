@@ -43,16 +43,32 @@ def _tiny(tokenizer):  # noqa: ANN001, ANN202
 
 def test_deepspeed_config() -> None:
     config = deepspeed_config(
-        stage=3, offload_optimizer=True, offload_params=True, micro_batch_size=2, grad_accum=4,
-        world_size=8, grad_clip=1.0, bf16=False,
+        stage=3,
+        offload_optimizer=True,
+        offload_params=True,
+        micro_batch_size=2,
+        grad_accum=4,
+        world_size=8,
+        grad_clip=1.0,
+        bf16=False,
     )
     assert config["train_batch_size"] == 64
     assert config["zero_optimization"] == {
-        "stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}
+        "stage": 3,
+        "offload_optimizer": {"device": "cpu"},
+        "offload_param": {"device": "cpu"},
     }
     with pytest.raises(ValueError, match="offload_params needs"):
-        deepspeed_config(stage=2, offload_optimizer=False, offload_params=True, micro_batch_size=1,
-                         grad_accum=1, world_size=1, grad_clip=1.0, bf16=False)
+        deepspeed_config(
+            stage=2,
+            offload_optimizer=False,
+            offload_params=True,
+            micro_batch_size=1,
+            grad_accum=1,
+            world_size=1,
+            grad_clip=1.0,
+            bf16=False,
+        )
 
 
 def test_deepspeed_config_zero2_and_a_bad_stage() -> None:
@@ -66,8 +82,16 @@ def test_deepspeed_config_zero2_and_a_bad_stage() -> None:
     assert config["gradient_clipping"] == 0.5 and config["bf16"] == {"enabled": True}
     assert "optimizer" not in config and "scheduler" not in config  # ours, passed as objects
     with pytest.raises(ValueError, match="stage=1 must be 2 or 3"):
-        deepspeed_config(stage=1, offload_optimizer=False, offload_params=False, micro_batch_size=1,
-                         grad_accum=1, world_size=1, grad_clip=1.0, bf16=False)
+        deepspeed_config(
+            stage=1,
+            offload_optimizer=False,
+            offload_params=False,
+            micro_batch_size=1,
+            grad_accum=1,
+            world_size=1,
+            grad_clip=1.0,
+            bf16=False,
+        )
 
 
 def test_init_distributed_without_deepspeed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -178,7 +202,9 @@ def test_backward_plain_and_through_an_engine() -> None:
     backward((3.0 * weight).sum(), engine, boundary=False)
     backward((3.0 * weight).sum(), engine, boundary=True)
     assert engine.calls == [("boundary", False), ("backward", False), ("step", None)] + [
-        ("boundary", True), ("backward", False), ("step", None)
+        ("boundary", True),
+        ("backward", False),
+        ("step", None),
     ]
 
 
@@ -222,7 +248,9 @@ def test_adapter_dir_prefers_the_adapter_kept_beside_merged_weights(tmp_path: Pa
 
 
 def test_load_for_training_resumes_full_weights_unless_deepspeed_restores_them(
-    tokenizer, base: Path, tmp_path: Path  # noqa: ANN001
+    tokenizer,
+    base: Path,
+    tmp_path: Path,  # noqa: ANN001
 ) -> None:
     checkpoint = tmp_path / "step_0000001"
     trained = build_tiny_model(tokenizer, hidden=32, layers=1, heads=2, kv_heads=1, ffn=64, seed=1)
@@ -238,7 +266,9 @@ def test_load_for_training_resumes_full_weights_unless_deepspeed_restores_them(
 
 
 def test_load_for_training_resumes_the_lora_adapter_unless_deepspeed_restores_it(
-    tokenizer, base: Path, tmp_path: Path  # noqa: ANN001
+    tokenizer,
+    base: Path,
+    tmp_path: Path,  # noqa: ANN001
 ) -> None:
     checkpoint = tmp_path / "step_0000001"
     saved = apply_lora(_tiny(tokenizer), r=2, alpha=4, dropout=0.0, target_modules=["q_proj", "v_proj"], adapter=None)

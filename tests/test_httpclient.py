@@ -148,9 +148,7 @@ def test_backoff_grows_between_retries(serve, client):
     server = serve(scripted(FAIL))
     delays: list[float] = []
     with pytest.raises(ServiceError):
-        request_json(
-            client, "POST", server.url, retries=3, backoff_s=0.1, timeout_s=2.0, sleep=delays.append
-        )
+        request_json(client, "POST", server.url, retries=3, backoff_s=0.1, timeout_s=2.0, sleep=delays.append)
     # Retry i sleeps in [0.1 * 2**i / 2, 0.1 * 2**i).
     assert len(delays) == 3
     for i, delay in enumerate(delays):
@@ -160,9 +158,7 @@ def test_backoff_grows_between_retries(serve, client):
 def test_429_retry_after_is_honoured_and_capped(serve, client):
     server = serve(scripted((429, b"slow down", {"Retry-After": "0.7"}), OK))
     delays: list[float] = []
-    data = request_json(
-        client, "GET", server.url, retries=2, backoff_s=5.0, timeout_s=2.0, sleep=delays.append
-    )
+    data = request_json(client, "GET", server.url, retries=2, backoff_s=5.0, timeout_s=2.0, sleep=delays.append)
     assert data == {"ok": True} and delays == [0.7]  # the server's 0.7 s, not the 5 s backoff
 
     server = serve(scripted((429, b"slow down", {"Retry-After": "100"}), OK))
@@ -182,9 +178,7 @@ def test_429_retry_after_is_honoured_and_capped(serve, client):
 
 def test_malformed_json_is_retried_then_reported(serve, client):
     server = serve(scripted((200, b"{not json", {}), OK))
-    assert post_json(client, server.url, {}, retries=1, backoff_s=0.001, timeout_s=2.0) == {
-        "ok": True
-    }
+    assert post_json(client, server.url, {}, retries=1, backoff_s=0.001, timeout_s=2.0) == {"ok": True}
     assert len(server.seen) == 2
 
     server = serve(scripted((200, b"{not json", {})))

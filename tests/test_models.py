@@ -47,7 +47,7 @@ ROUND_TRIP = [
     "  two  spaces, tabs\tand\nnew\n\nlines ",
     "digits 1987 and 20251 and 3.14",
     "unicode: café, 東京, emoji 🙂",
-    "<think>glued</think><search>q</search>\n\n<information>Doc 1(Title: \"A\") b</information>",
+    '<think>glued</think><search>q</search>\n\n<information>Doc 1(Title: "A") b</information>',
     "x<answer>y</answer>z",
 ]
 

@@ -195,8 +195,7 @@ def _tokenized(recipe: FinetuneRecipe, tokenizer: Any) -> tuple[list[TokenizedPa
     )  # fmt: skip
     if not train:
         raise DataError(
-            f"{recipe.train_file}: every prompt is at least max_length={recipe.max_length} tokens; "
-            "raise max_length"
+            f"{recipe.train_file}: every prompt is at least max_length={recipe.max_length} tokens; raise max_length"
         )
     val: list[TokenizedPair] = []
     if recipe.val_file:

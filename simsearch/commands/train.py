@@ -135,8 +135,12 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
             metrics.update(search_usage(t.ledger, t.run_usage, run.world))
             if logger is not None:
                 _log(t, logger, done, metrics, result, scored.total, p_noise)
-                progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}", p_noise=f"{p_noise:.2f}",
-                                     kl=f"{metrics.get('losses/kl', 0.0):.4f}", s=f"{metrics['time/step_s']:.1f}")
+                progress.set_postfix(
+                    reward=f"{metrics['reward/mean']:.3f}",
+                    p_noise=f"{p_noise:.2f}",
+                    kl=f"{metrics.get('losses/kl', 0.0):.4f}",
+                    s=f"{metrics['time/step_s']:.1f}",
+                )
             if recipe.save_every and done % recipe.save_every == 0:
                 last_dir, last_saved = _save(t, done, position), done
     except ServiceError as err:

@@ -362,4 +362,3 @@ def num_noisy(p: float, top_k: int, granularity: str, rng: random.Random) -> int
     if granularity not in GRANULARITIES:
         raise ValueError(f"num_noisy: granularity must be one of {', '.join(GRANULARITIES)}, got {granularity!r}")
     return GRANULARITIES[granularity](p, top_k, rng)
-

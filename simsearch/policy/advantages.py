@@ -183,9 +183,7 @@ def grpo_advantages(
     return advantages, group.stats()
 
 
-def dr_grpo_advantages(
-    rewards: torch.Tensor, group_ids: torch.Tensor
-) -> tuple[torch.Tensor, Stats]:
+def dr_grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, Stats]:
     """Dr.GRPO: group-mean baseline without std division, A_i = R_i - mean_g.
 
     The other half of Dr.GRPO (no per-response length normalization) is a loss choice: aggregate
@@ -202,9 +200,7 @@ def dr_grpo_advantages(
     return rewards - group.mean[group.index], group.stats()
 
 
-def reinforce_advantages(
-    rewards: torch.Tensor, batch_mean_baseline: bool = False
-) -> tuple[torch.Tensor, Stats]:
+def reinforce_advantages(rewards: torch.Tensor, batch_mean_baseline: bool = False) -> tuple[torch.Tensor, Stats]:
     """REINFORCE: the reward itself, or the reward minus the batch mean reward.
 
     ZeroSearch's recommended estimator. The batch-mean baseline is the mean over all B
@@ -552,8 +548,7 @@ def _token_rewards(
     _check_rewards(rewards, fn)
     if loss_mask.dim() != 2 or loss_mask.shape[0] != rewards.shape[0]:
         raise ValueError(
-            f"{fn}: loss_mask must be [B, L] with B = len(rewards) = {rewards.shape[0]}, got "
-            f"{tuple(loss_mask.shape)}"
+            f"{fn}: loss_mask must be [B, L] with B = len(rewards) = {rewards.shape[0]}, got {tuple(loss_mask.shape)}"
         )
     valid = loss_mask.bool()
     empty = (~valid.any(dim=1)).nonzero().flatten()
@@ -563,9 +558,7 @@ def _token_rewards(
             "token to put the outcome reward on; drop such trajectories before computing advantages"
         )
     if kl_coef < 0:
-        raise ValueError(
-            f"{fn}: kl_coef must be >= 0 (it is subtracted from the reward), got {kl_coef}"
-        )
+        raise ValueError(f"{fn}: kl_coef must be >= 0 (it is subtracted from the reward), got {kl_coef}")
     token_rewards = rewards.new_zeros(loss_mask.shape)  # [B, L]
     if kl_coef != 0.0:
         if kl is None:
@@ -584,8 +577,7 @@ def _token_rewards(
 def _check_rewards(rewards: torch.Tensor, fn: str) -> None:
     if rewards.dim() != 1 or not rewards.is_floating_point():
         raise ValueError(
-            f"{fn}: rewards must be a 1-D float tensor [B], got dtype {rewards.dtype} shape "
-            f"{tuple(rewards.shape)}"
+            f"{fn}: rewards must be a 1-D float tensor [B], got dtype {rewards.dtype} shape {tuple(rewards.shape)}"
         )
     if not bool(torch.isfinite(rewards).all()):
         raise ValueError(f"{fn}: rewards contain NaN or inf at rows {_nonfinite_rows(rewards)}")
@@ -594,8 +586,7 @@ def _check_rewards(rewards: torch.Tensor, fn: str) -> None:
 def _check_ids(ids: torch.Tensor, rewards: torch.Tensor, name: str, fn: str) -> None:
     if ids.dim() != 1 or ids.shape[0] != rewards.shape[0]:
         raise ValueError(
-            f"{fn}: {name} must be [B] with B = len(rewards) = {rewards.shape[0]}, got shape "
-            f"{tuple(ids.shape)}"
+            f"{fn}: {name} must be [B] with B = len(rewards) = {rewards.shape[0]}, got shape {tuple(ids.shape)}"
         )
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise ValueError(f"{fn}: {name} must be an integer tensor, got {ids.dtype}")
@@ -603,10 +594,7 @@ def _check_ids(ids: torch.Tensor, rewards: torch.Tensor, name: str, fn: str) -> 
 
 def _check_same_shape(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str) -> None:
     if a.shape != b.shape:
-        raise ValueError(
-            f"{name_a} and {name_b} must have the same shape, got {tuple(a.shape)} and "
-            f"{tuple(b.shape)}"
-        )
+        raise ValueError(f"{name_a} and {name_b} must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")
 
 
 def _nonfinite_rows(x: torch.Tensor) -> list[int]:

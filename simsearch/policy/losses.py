@@ -198,8 +198,7 @@ def policy_loss(
     _check_same_shape(logp, loss_mask, "logp", "loss_mask", "policy_loss")
     if clip_low < 0 or clip_high < 0 or clip_low >= 1:
         raise ValueError(
-            f"policy_loss: need 0 <= clip_low < 1 and clip_high >= 0, got clip_low={clip_low}, "
-            f"clip_high={clip_high}"
+            f"policy_loss: need 0 <= clip_low < 1 and clip_high >= 0, got clip_low={clip_low}, clip_high={clip_high}"
         )
     if clip_ratio_c != 0 and not clip_ratio_c > 1:  # `not >` also refuses NaN
         raise ValueError(f"policy_loss: clip_ratio_c must be 0 (no dual clip) or > 1, got {clip_ratio_c}")
@@ -227,12 +226,8 @@ def policy_loss(
             "clipfrac_lower": masked_mean(dual_clipped.to(logp.dtype), loss_mask),
             "approx_kl": masked_mean(-log_ratio, loss_mask),
             "ratio_mean": masked_mean(ratio_valid, loss_mask),
-            "ratio_min": torch.where(
-                any_valid, torch.where(valid, ratio_valid, torch.inf).min(), 1.0
-            ),
-            "ratio_max": torch.where(
-                any_valid, torch.where(valid, ratio_valid, -torch.inf).max(), 1.0
-            ),
+            "ratio_min": torch.where(any_valid, torch.where(valid, ratio_valid, torch.inf).min(), 1.0),
+            "ratio_max": torch.where(any_valid, torch.where(valid, ratio_valid, -torch.inf).max(), 1.0),
         }
     return loss, stats
 
@@ -536,10 +531,7 @@ def _accumulate_dtype(logits: torch.Tensor) -> torch.dtype:
 
 def _check_logits(logits: torch.Tensor, fn: str, chunk_size: int, temperature: float) -> None:
     if logits.dim() != 3 or not logits.is_floating_point():
-        raise ValueError(
-            f"{fn}: logits must be a float tensor [B, L, V], got {logits.dtype} "
-            f"{tuple(logits.shape)}"
-        )
+        raise ValueError(f"{fn}: logits must be a float tensor [B, L, V], got {logits.dtype} {tuple(logits.shape)}")
     if chunk_size < 1:
         raise ValueError(f"{fn}: chunk_size must be >= 1, got {chunk_size}")
     if not temperature > 0:  # `not >` also refuses NaN
@@ -549,6 +541,5 @@ def _check_logits(logits: torch.Tensor, fn: str, chunk_size: int, temperature: f
 def _check_same_shape(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str, fn: str) -> None:
     if a.shape != b.shape:
         raise ValueError(
-            f"{fn}: {name_a} and {name_b} must have the same shape, got {tuple(a.shape)} and "
-            f"{tuple(b.shape)}"
+            f"{fn}: {name_a} and {name_b} must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}"
         )

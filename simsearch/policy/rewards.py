@@ -52,9 +52,7 @@ SSRL_PLACEHOLDERS: dict[str, str] = {
 """`ssrl_format`: a block of this name whose lowercased content contains this phrase scores 0
 (SSRL, `verl/workers/reward_manager/naive.py`, lines 315-322)."""
 
-_ALLOWED_TAGS = frozenset(f"<{name}>" for name in TAG_NAMES) | frozenset(
-    f"</{name}>" for name in TAG_NAMES
-)
+_ALLOWED_TAGS = frozenset(f"<{name}>" for name in TAG_NAMES) | frozenset(f"</{name}>" for name in TAG_NAMES)
 # Anything shaped like an XML/HTML tag, attributes and self-closing slash included, so
 # `<think id=1>` or `<br/>` is caught as a foreign tag rather than read as plain text.
 _ANY_TAG = re.compile(r"</?[A-Za-z][A-Za-z0-9_:-]*(?:\s[^<>]*)?/?>")
@@ -348,9 +346,7 @@ def _component(
         return _answer_rewards(ANSWER_METRICS[name], responses, golden_answers, normalization)
     if name in FORMAT_SCORES:
         return [FORMAT_SCORES[name](response) for response in responses]
-    raise ValueError(
-        f"unknown reward {name!r} in the reward weights; use one of {list(REWARD_NAMES)}"
-    )
+    raise ValueError(f"unknown reward {name!r} in the reward weights; use one of {list(REWARD_NAMES)}")
 
 
 def weighted_reward(
@@ -387,10 +383,7 @@ def weighted_reward(
         if not math.isfinite(weight):
             raise ValueError(f"reward weight for {name!r} must be finite, got {weight}")
     components = {name: _component(name, responses, golden_answers, normalization) for name in weights}
-    total = [
-        sum(weights[name] * values[i] for name, values in components.items())
-        for i in range(len(responses))
-    ]
+    total = [sum(weights[name] * values[i] for name, values in components.items()) for i in range(len(responses))]
     stats = {"reward/mean": sum(total) / len(total)}
     for name, values in components.items():
         stats[f"reward/{name}"] = sum(values) / len(values)

@@ -79,12 +79,9 @@ _SIMSEARCH_HEAD = (
 _SIMSEARCH_QUESTION = "Question: {question}\n"
 _SIMSEARCH_ANSWER = "Answer: {answers}\n"
 _SIMSEARCH_USEFUL_RULE = (
-    "Write what a real search for this query returns: state the answer only in results this "
-    "query would find.\n"
+    "Write what a real search for this query returns: state the answer only in results this query would find.\n"
 )
-_SIMSEARCH_NOISY_RULE = (
-    "Write results that look related to the query but do not contain or imply the answer.\n"
-)
+_SIMSEARCH_NOISY_RULE = "Write results that look related to the query but do not contain or imply the answer.\n"
 _SIMSEARCH_TAIL = "Query: {query}\nResults:\n"
 _BRIEF_NOISY_TAIL = "Query: {query}\nNoisy results:\n"
 
@@ -104,28 +101,53 @@ _DEMO_QUERY = "which river flows through vienna"
 _DEMO_QUESTION = "Which river flows through Vienna?"
 _DEMO_ANSWER = "Danube"
 _DEMO_USEFUL = [
-    Document("Vienna", "Vienna, the capital of Austria, lies on the Danube, which crosses the city "
-             "from north-west to south-east and once carried most of its trade."),
-    Document("Danube", "The Danube rises in Germany's Black Forest and flows through four capitals, "
-             "Vienna among them, before reaching the Black Sea in Romania."),
-    Document("Donauinsel", "The Donauinsel is a long artificial island in Vienna, built between the "
-             "Danube and the New Danube channel to protect the city from floods."),
-    Document("Danube Canal", "The Danube Canal is a former arm of the Danube that runs past Vienna's "
-             "old town; its banks are lined with bars and murals."),
-    Document("Vienna geography", "Vienna sits where the Alps meet the Pannonian plain; the Danube and "
-             "the smaller Wien river flow through the city."),
+    Document(
+        "Vienna",
+        "Vienna, the capital of Austria, lies on the Danube, which crosses the city "
+        "from north-west to south-east and once carried most of its trade.",
+    ),
+    Document(
+        "Danube",
+        "The Danube rises in Germany's Black Forest and flows through four capitals, "
+        "Vienna among them, before reaching the Black Sea in Romania.",
+    ),
+    Document(
+        "Donauinsel",
+        "The Donauinsel is a long artificial island in Vienna, built between the "
+        "Danube and the New Danube channel to protect the city from floods.",
+    ),
+    Document(
+        "Danube Canal",
+        "The Danube Canal is a former arm of the Danube that runs past Vienna's "
+        "old town; its banks are lined with bars and murals.",
+    ),
+    Document(
+        "Vienna geography",
+        "Vienna sits where the Alps meet the Pannonian plain; the Danube and "
+        "the smaller Wien river flow through the city.",
+    ),
 ]
 _DEMO_NOISY = [
-    Document("Vienna coffee houses", "Vienna's coffee houses date from the 17th century; guests sit "
-             "for hours over a single cup and a newspaper."),
-    Document("Vienna State Opera", "The Vienna State Opera opened in 1869 and stages more than fifty "
-             "operas each season."),
-    Document("River cruise", "A river cruise is a holiday on a boat that stops at a different town "
-             "each day; cabins range from small to luxurious."),
-    Document("Rivers of Europe", "Europe's rivers have shaped its borders and trade routes; many "
-             "cities grew up at fords and river crossings."),
-    Document("Vienna, Virginia", "Vienna is a town in Fairfax County, Virginia, known for its quiet "
-             "streets and the W&OD trail."),
+    Document(
+        "Vienna coffee houses",
+        "Vienna's coffee houses date from the 17th century; guests sit for hours over a single cup and a newspaper.",
+    ),
+    Document(
+        "Vienna State Opera", "The Vienna State Opera opened in 1869 and stages more than fifty operas each season."
+    ),
+    Document(
+        "River cruise",
+        "A river cruise is a holiday on a boat that stops at a different town "
+        "each day; cabins range from small to luxurious.",
+    ),
+    Document(
+        "Rivers of Europe",
+        "Europe's rivers have shaped its borders and trade routes; many cities grew up at fords and river crossings.",
+    ),
+    Document(
+        "Vienna, Virginia",
+        "Vienna is a town in Fairfax County, Virginia, known for its quiet streets and the W&OD trail.",
+    ),
 ]
 
 
@@ -151,8 +173,7 @@ def check_templates(templates: PromptTemplates) -> None:
             fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
         except ValueError as err:
             raise ValueError(
-                f"the custom {name} template is not valid format syntax ({err}); write literal "
-                "braces as {{ and }}"
+                f"the custom {name} template is not valid format syntax ({err}); write literal braces as {{{{ and }}}}"
             ) from None
         unknown = sorted(fields - set(CUSTOM_FIELDS))
         if unknown:
@@ -308,7 +329,5 @@ def as_chat(prompt: str, tokenizer: PreTrainedTokenizerBase) -> str:
             f"tokenizer {tokenizer.name_or_path!r} has no chat_template; use chat=False for a base "
             "model, or a tokenizer with a chat template (an instruct model's, or a tiny model's)"
         )
-    rendered = tokenizer.apply_chat_template(
-        chat_messages(prompt), add_generation_prompt=True, tokenize=False
-    )
+    rendered = tokenizer.apply_chat_template(chat_messages(prompt), add_generation_prompt=True, tokenize=False)
     return str(rendered)

@@ -68,8 +68,14 @@ def load_learner(recipe: TrainRecipe, run: Run, rows: int) -> tuple[Learner, Rol
         critic.load_state_dict(state["critic"])
     use_vllm = recipe.policy.kind == "vllm"
     rollout_copy = copy.deepcopy(policy) if recipe.deepspeed.stage == 3 and not use_vllm else None
-    common = dict(total_steps=recipe.steps, optim=recipe.optim, zero=recipe.deepspeed, device=model.device,
-                  batch=(recipe.micro_batch_size, -(-rows // recipe.micro_batch_size), run.world), bf16=recipe.bf16)
+    common = dict(
+        total_steps=recipe.steps,
+        optim=recipe.optim,
+        zero=recipe.deepspeed,
+        device=model.device,
+        batch=(recipe.micro_batch_size, -(-rows // recipe.micro_batch_size), run.world),
+        bf16=recipe.bf16,
+    )
     warmup = recipe.optim.warmup_for(recipe.steps)
     actor = train_model(policy, lr=recipe.optim.lr, warmup=warmup, name="policy", **common)  # type: ignore[arg-type]
     trained_critic = None
@@ -187,8 +193,6 @@ def update_settings(recipe: TrainRecipe, minibatch_rows: int) -> UpdateSettings:
         grad_clip=recipe.optim.grad_clip, value_clip=alg.value_clip, value_coef=alg.value_coef,
         needs_reference=alg.kl_coef > 0, kl_in_reward=alg.kl_in_reward, tis_cap=alg.tis_cap, seed=recipe.seed,
     )  # fmt: skip
-
-
 
 
 def step_advantages(

@@ -59,7 +59,9 @@ class RunLogger:
             try:
                 import wandb
             except ImportError as err:
-                raise ImportError("wandb_project is set but wandb is not installed: pip install 'simsearch[wandb]'") from err
+                raise ImportError(
+                    "wandb_project is set but wandb is not installed: pip install 'simsearch[wandb]'"
+                ) from err
             self._wandb = wandb.init(project=wandb_project, dir=str(self.run_dir), config=config, resume="allow")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

@@ -45,8 +45,9 @@ def test_cache_wraps_the_engine_and_namespaces_by_configuration(world_files, tmp
     assert engine.stats()["cache/hits"] == 1
     other = _config(kind="bm25", corpus=str(files["corpus"]), cache=cfg.cache, top_k=2, rendering="plain")
     assert search_fingerprint(other) != search_fingerprint(cfg)
-    assert search_fingerprint(_config(kind="bm25", corpus=str(files["corpus"]), top_k=2, timeout_s=1)) == \
-        search_fingerprint(_config(kind="bm25", corpus=str(files["corpus"]), top_k=2, timeout_s=9))
+    assert search_fingerprint(
+        _config(kind="bm25", corpus=str(files["corpus"]), top_k=2, timeout_s=1)
+    ) == search_fingerprint(_config(kind="bm25", corpus=str(files["corpus"]), top_k=2, timeout_s=9))
 
 
 def test_a_corpus_or_simulator_rewritten_in_place_gets_a_new_cache_namespace(tmp_path: Path) -> None:

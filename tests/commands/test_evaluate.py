@@ -250,8 +250,16 @@ def test_eval_checkpoint_against_simulator_bm25_dense_and_baselines(world, check
     training_run = tmp_path / "train_run"
     logger = RunLogger(training_run)
     for step in range(1, 4):  # a few logged training steps for the curves
-        logger.log(step, {"reward/mean": 0.1 * step, "reward/f1": 0.1 * step, "search/calls_per_traj": 1.0,
-                          "rollout/response_len": 40.0 + step, "curriculum/p_noise": 0.05 * step})
+        logger.log(
+            step,
+            {
+                "reward/mean": 0.1 * step,
+                "reward/f1": 0.1 * step,
+                "search/calls_per_traj": 1.0,
+                "rollout/response_len": 40.0 + step,
+                "curriculum/p_noise": 0.05 * step,
+            },
+        )
     logger.close()
     recipe = load_recipe(
         EvalRecipe,
@@ -388,7 +396,9 @@ def test_rag_prompts_over_the_context_have_their_documents_cut(world, tokenizer,
     bm25 = BM25SearchEngine.build(load_passages(paths["corpus"]))
     examples = evaluate.load_dataset(load_recipe(EvalRecipe, None, _overrides(tmp_path, paths)).datasets[0])
     docs = [bm25.search([SearchRequest(query=ex.question, top_k=3)])[0] for ex in examples]
-    full = [len(tokenizer.encode(render_prompt(ex.question, template="rag", documents=d))) for ex, d in zip(examples, docs)]
+    full = [
+        len(tokenizer.encode(render_prompt(ex.question, template="rag", documents=d))) for ex, d in zip(examples, docs)
+    ]
     bare = [len(tokenizer.encode(render_prompt(ex.question, template="rag", documents=[]))) for ex in examples]
     max_new_tokens, context = 4, min(full) - 1
     budget = context - max_new_tokens
@@ -596,6 +606,7 @@ def test_resume_skips_finished_examples(world, tokenizer, tmp_path, monkeypatch)
     assert set(second.questions_seen()) == {q for q, (i, _) in golds.items() if i in (2, 3, 4)}
 
     for method in ("direct", "bm25"):
+
         def rows(root):
             lines = (root / "run" / "examples" / method / "heldout.jsonl").read_text().splitlines()
             return [{k: v for k, v in json.loads(line).items() if k != "wall_s"} for line in lines]
@@ -628,8 +639,7 @@ def test_row_without_golden_answers_names_file_and_line(world, tokenizer, tmp_pa
     _install_policy(monkeypatch, policy, tokenizer)
     bad = tmp_path / "bad.jsonl"
     bad.write_text(
-        '{"id": "a", "question": "q?", "golden_answers": ["x"]}\n'
-        '{"id": "b", "question": "r?", "golden_answers": []}\n'
+        '{"id": "a", "question": "q?", "golden_answers": ["x"]}\n{"id": "b", "question": "r?", "golden_answers": []}\n'
     )
     with pytest.raises(QADataError, match=r"bad.jsonl: line 2: .*no golden answers"):
         evaluate.main(_recipe(tmp_path, paths, f"datasets=[{{name: bad, path: {bad}}}]"))

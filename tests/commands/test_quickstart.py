@@ -81,7 +81,9 @@ def test_the_same_recipe_gives_the_same_numbers(smoke_run, tmp_path: Path) -> No
     """Same recipe, seed and threads on the same machine: every metric equal, not just close."""
     first_dir, first = smoke_run
     second = _smoke(tmp_path)
-    assert {k: v for k, v in second.items() if k not in VOLATILE} == {k: v for k, v in first.items() if k not in VOLATILE}
+    assert {k: v for k, v in second.items() if k not in VOLATILE} == {
+        k: v for k, v in first.items() if k not in VOLATILE
+    }
     for run in ("train", "train_nosearch"):
         assert _train_metrics(tmp_path / run) == _train_metrics(first_dir / run)
 
@@ -93,7 +95,14 @@ def test_a_rerun_reuses_unchanged_stages_and_rebuilds_changed_ones(smoke_run, tm
     again = _smoke(run_dir)
     assert _mtimes(run_dir).keys() == before.keys()
     changed = {name for name, mtime in _mtimes(run_dir).items() if mtime != before[name]}
-    assert changed <= {"recipe.yaml", "report.json", "report.md", "bars.png", "curves.png", "eval/rl_search/view.html"}, changed
+    assert changed <= {
+        "recipe.yaml",
+        "report.json",
+        "report.md",
+        "bars.png",
+        "curves.png",
+        "eval/rl_search/view.html",
+    }, changed
     assert again["em"] == first["em"]
 
     # One value of the eval recipe changes: only the evaluations are rebuilt.

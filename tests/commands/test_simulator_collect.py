@@ -27,7 +27,7 @@ class ScriptedPolicy:
         out = []
         for ids in prompts:
             text = self.tokenizer.decode(ids)
-            question = text[text.rindex("Question:"):]
+            question = text[text.rindex("Question:") :]
             name = next(n for n in self.names if n in question)
             # Alternate a good query (the name) and a bad one (question words only).
             query = name if len(out) % 2 == 0 else "who was born"
@@ -51,11 +51,20 @@ def _collect(tmp_path: Path, world_files, monkeypatch, *overrides: str) -> tuple
     tokenizer = train_tokenizer(world.texts_for_tokenizer(300), vocab_size=600)
     policy = ScriptedPolicy(tokenizer, world)
     monkeypatch.setattr(simulator_collect, "build_generation_engine", lambda cfg: (policy, tokenizer, None))
-    recipe = load_recipe(CollectRecipe, None, [
-        f"run_dir={tmp_path / 'collect'}", "policy.model.path=scripted",
-        f"data.train=[{files['train']}]", f"search.corpus={files['corpus']}", "search.top_k=2",
-        "rollout.max_turns=1", "target=retrieved", *overrides,
-    ])
+    recipe = load_recipe(
+        CollectRecipe,
+        None,
+        [
+            f"run_dir={tmp_path / 'collect'}",
+            "policy.model.path=scripted",
+            f"data.train=[{files['train']}]",
+            f"search.corpus={files['corpus']}",
+            "search.top_k=2",
+            "rollout.max_turns=1",
+            "target=retrieved",
+            *overrides,
+        ],
+    )
     return simulator_collect.main(recipe), policy
 
 
@@ -102,16 +111,34 @@ def test_collect_refuses_a_simulator_as_its_retriever(tmp_path: Path) -> None:
     from simsearch.config import RecipeError
 
     with pytest.raises(RecipeError, match="collect needs a real retriever"):
-        load_recipe(CollectRecipe, None, [f"run_dir={tmp_path}", "policy.model.path=m", "data.train=[t]",
-                                          "search.kind=simulator", "search.simulator.generation.model.path=m"])
+        load_recipe(
+            CollectRecipe,
+            None,
+            [
+                f"run_dir={tmp_path}",
+                "policy.model.path=m",
+                "data.train=[t]",
+                "search.kind=simulator",
+                "search.simulator.generation.model.path=m",
+            ],
+        )
 
 
 def test_collect_refuses_negative_contrast_queries(tmp_path: Path) -> None:
     from simsearch.config import RecipeError
 
     with pytest.raises(RecipeError, match="contrast_queries=-1"):
-        load_recipe(CollectRecipe, None, [f"run_dir={tmp_path}", "policy.model.path=m", "data.train=[t]",
-                                          "search.corpus=c.jsonl", "contrast_queries=-1"])
+        load_recipe(
+            CollectRecipe,
+            None,
+            [
+                f"run_dir={tmp_path}",
+                "policy.model.path=m",
+                "data.train=[t]",
+                "search.corpus=c.jsonl",
+                "contrast_queries=-1",
+            ],
+        )
 
 
 def test_collect_takes_every_preset_but_custom(tmp_path: Path) -> None:
@@ -142,9 +169,7 @@ def test_trajectory_target_labels_every_search_by_its_trajectory_s_answer(
 ) -> None:
     # The scripted policy always answers "x", never a gold answer: under the paper's labelling every
     # search it made is noisy, even those whose BM25 results hold the answer.
-    stats, _ = _collect(
-        tmp_path, world_files, monkeypatch, "target=trajectory", "balance=false", "val_fraction=0.0"
-    )
+    stats, _ = _collect(tmp_path, world_files, monkeypatch, "target=trajectory", "balance=false", "val_fraction=0.0")
     pairs = [json.loads(line) for line in (tmp_path / "collect" / "train.jsonl").read_text().splitlines()]
     assert stats["collect/trajectory_noisy"] == len(pairs) == stats["collect/records"] > 0
     assert stats["collect/trajectory_useful"] == 0
@@ -153,12 +178,27 @@ def test_trajectory_target_labels_every_search_by_its_trajectory_s_answer(
 
 def test_collect_refuses_contrast_queries_with_the_trajectory_target(tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match="contrast_queries=1 with target=trajectory"):
-        load_recipe(CollectRecipe, None, [
-            f"run_dir={tmp_path}", "policy.model.path=m", "data.train=[q.jsonl]", "search.corpus=c.jsonl",
-            "target=trajectory", "contrast_queries=1",
-        ])
+        load_recipe(
+            CollectRecipe,
+            None,
+            [
+                f"run_dir={tmp_path}",
+                "policy.model.path=m",
+                "data.train=[q.jsonl]",
+                "search.corpus=c.jsonl",
+                "target=trajectory",
+                "contrast_queries=1",
+            ],
+        )
     with pytest.raises(RecipeError, match="outcome_metric='f1' is not one of substring_em, em"):
-        load_recipe(CollectRecipe, None, [
-            f"run_dir={tmp_path}", "policy.model.path=m", "data.train=[q.jsonl]", "search.corpus=c.jsonl",
-            "outcome_metric=f1",
-        ])
+        load_recipe(
+            CollectRecipe,
+            None,
+            [
+                f"run_dir={tmp_path}",
+                "policy.model.path=m",
+                "data.train=[q.jsonl]",
+                "search.corpus=c.jsonl",
+                "outcome_metric=f1",
+            ],
+        )

@@ -51,8 +51,12 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _recipe(base: Path, run: Path, **overrides: object) -> FinetuneRecipe:
     recipe = FinetuneRecipe(
-        run_dir=str(run), train_file=str(base / "pairs.jsonl"), val_file=str(base / "pairs.jsonl"),
-        steps=3, batch_size=2, eval_every=1,
+        run_dir=str(run),
+        train_file=str(base / "pairs.jsonl"),
+        val_file=str(base / "pairs.jsonl"),
+        steps=3,
+        batch_size=2,
+        eval_every=1,
     )
     recipe.model.path = str(base / "base")
     recipe.optim.lr = 1e-2
@@ -173,10 +177,25 @@ def test_deepspeed_zero3_two_cpu_processes(base: Path, tmp_path: Path) -> None:
         probe.bind(("127.0.0.1", 0))
         port = str(probe.getsockname()[1])
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-         "--master_port", port,
-         str(tmp_path / "launch.py"), "simulator", "finetune", str(tmp_path / "recipe.yaml")],
-        capture_output=True, text=True, timeout=180, env=env,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            port,
+            str(tmp_path / "launch.py"),
+            "simulator",
+            "finetune",
+            str(tmp_path / "recipe.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [r for r in read_metrics(tmp_path / "ds") if "losses/train" in r]

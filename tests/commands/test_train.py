@@ -91,7 +91,10 @@ def _teach_format(model: torch.nn.Module, tokenizer, passages: list[Passage]) ->
     sequences = []
     for (question, _), passage in zip(QUESTIONS, passages):
         prompt = tokenizer.encode(render_prompt(question, template="search-r1"))
-        search, info = encode(SEARCH_TURN), encode(wrap_information(render_documents([Document(passage.title, passage.text)])))
+        search, info = (
+            encode(SEARCH_TURN),
+            encode(wrap_information(render_documents([Document(passage.title, passage.text)]))),
+        )
         for color in COLORS:
             answer = encode(f"<think> ok </think>\n<answer> {color} </answer>") + [tokenizer.eos_token_id]
             ids = prompt + search + info + answer
@@ -176,7 +179,9 @@ def test_each_estimator_trains_two_steps(world: Path, tmp_path: Path, estimator:
     run = tmp_path / "run"
     extra: dict[str, object] = {"algorithm.estimator": estimator}
     if estimator == "grpo":  # one run also validates and aggregates per sequence
-        extra.update({"data.val": f"[{world / 'val.jsonl'}]", "eval_every": 1, "algorithm.loss_agg": "seq-mean-token-mean"})
+        extra.update(
+            {"data.val": f"[{world / 'val.jsonl'}]", "eval_every": 1, "algorithm.loss_agg": "seq-mean-token-mean"}
+        )
     if estimator == "reinforce_pp":
         extra.update({"algorithm.kl_in_reward": "true", "algorithm.kl_estimator": "k2"})
     if estimator == "rloo":  # several minibatches and epochs: old log-probs are recomputed; dual clip
@@ -247,7 +252,9 @@ def test_resume_after_a_sigkill(world: Path, tmp_path: Path, uninterrupted: list
     (tmp_path / "recipe.yaml").write_text("seed: 0\n")  # everything else comes as overrides
     process = subprocess.Popen(
         [sys.executable, "-m", "simsearch.cli", "train", str(tmp_path / "recipe.yaml"), *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     first = run / "checkpoints" / "step_0000001" / "trainer_state.pt"
     deadline = time.monotonic() + 120
@@ -370,7 +377,6 @@ def test_recipes_point_at_their_own_command() -> None:
     for path in sorted(Path(__file__).resolve().parents[2].joinpath("recipes", "train").glob("*.yaml")):
         first = path.read_text().splitlines()[0]
         assert first.startswith("#") and "train" in first and path.name in first, path
-
 
 
 @pytest.mark.parametrize("normalization", ["squad", "unicode"])

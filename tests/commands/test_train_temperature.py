@@ -78,7 +78,7 @@ def test_old_reference_and_current_logprobs_are_those_of_the_sampling_distributi
     recipe = _recipe(world, tmp_path / "run", steps=1, **{"sampling.temperature": T, "algorithm.ppo_epochs": 2})
     train.main(recipe)
 
-    result, = rollouts
+    (result,) = rollouts
     (_, ref_logp), (_, old_logp) = logprobs  # the reference pass comes first
     expected = torch.zeros_like(old_logp)
     raw = torch.zeros_like(old_logp)

@@ -142,7 +142,7 @@ def test_shifted_rollout_logprobs_give_capped_and_shrunk_weights(
     # counts over the engine's completions are those over the loss mask:
     # N tokens, n0 first tokens (weight 2), n1 second tokens (weight 1/4), N - n0 - n1 at 1.
     total, n0, n1 = sum(lengths), len(lengths), sum(n >= 2 for n in lengths)
-    (args, _, (weights, _)), = tis
+    ((args, _, (weights, _)),) = tis
     mask = args[3]
     assert int(mask.sum()) == total
     assert row["offpolicy/truncated_frac"] == pytest.approx(n0 / total, abs=1e-6)
@@ -165,10 +165,12 @@ def test_shifted_rollout_logprobs_give_capped_and_shrunk_weights(
     assert turns == n0 > mask.shape[0]  # some rows have two turns
 
     # The update trains on the estimator's advantages times these weights, row by row.
-    (est_args, _, (advantages, _, _)), = estimator
+    ((est_args, _, (advantages, _, _)),) = estimator
     batch = est_args[2]
     weighted = advantages * weights.cpu()
-    by_row = {tuple(batch.input_ids[b][batch.attention_mask[b].bool()].tolist()): weighted[b] for b in range(batch.size)}
+    by_row = {
+        tuple(batch.input_ids[b][batch.attention_mask[b].bool()].tolist()): weighted[b] for b in range(batch.size)
+    }
     checked = 0
     for (_, micro, micro_adv, *_), _, _ in losses:
         for i in range(micro.size):

@@ -51,9 +51,7 @@ def _as_vllm(index: int, completion: Completion) -> Out:
     # is left out (as a tokenizer that skips it would give).
     steps = None
     if completion.logprobs is not None:
-        steps = [
-            {t: Logprob(lp)} for t, lp in zip(completion.token_ids, completion.logprobs)
-        ]
+        steps = [{t: Logprob(lp)} for t, lp in zip(completion.token_ids, completion.logprobs)]
     return Out(
         index,
         completion.text,
@@ -149,9 +147,7 @@ def _collapsed(events: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return [e for i, e in enumerate(events) if i == 0 or e != events[i - 1]]
 
 
-def _assert_sync_matches(
-    synced: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]
-) -> None:
+def _assert_sync_matches(synced: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
     for name, tensor in synced.items():
         # Merged LoRA: W + B A s here in place vs. a fresh merge at save; a few ulps apart.
         torch.testing.assert_close(tensor, expected[name], rtol=0, atol=1e-6, msg=name)
@@ -160,9 +156,7 @@ def _assert_sync_matches(
 # --------------------------------------------------------------------------- plain weights
 
 
-def test_vllm_rollouts_train_and_every_update_is_synced(
-    world: Path, tmp_path: Path, fake_vllm
-) -> None:
+def test_vllm_rollouts_train_and_every_update_is_synced(world: Path, tmp_path: Path, fake_vllm) -> None:
     run = tmp_path / "run"
     train.main(_recipe(world, run, **VLLM))
 
@@ -187,9 +181,7 @@ def test_vllm_rollouts_train_and_every_update_is_synced(
         assert {n: t.shape for n, t in synced.items()} == shapes
     _assert_sync_matches(llm.syncs[0], dict(fresh.named_parameters()))
     for step in (1, 2):
-        _assert_sync_matches(
-            llm.syncs[step], _weights(checkpoint_dir(run, step) / "model")
-        )
+        _assert_sync_matches(llm.syncs[step], _weights(checkpoint_dir(run, step) / "model"))
     moved = [n for n in shapes if not torch.equal(llm.syncs[1][n], llm.syncs[0][n])]
     assert moved, "step 1 changed no synced weight: the comparison above proves nothing"
     assert any(not torch.equal(llm.syncs[2][n], llm.syncs[1][n]) for n in shapes)
@@ -215,9 +207,7 @@ def test_a_tensor_parallel_engine_in_one_process_is_synced_through_vllms_transpo
 # --------------------------------------------------------------------------- LoRA
 
 
-def test_lora_syncs_the_merged_weights_under_base_names(
-    world: Path, tmp_path: Path, fake_vllm
-) -> None:
+def test_lora_syncs_the_merged_weights_under_base_names(world: Path, tmp_path: Path, fake_vllm) -> None:
     run = tmp_path / "run"
     lora = {
         "lora.r": 4,
@@ -230,22 +220,14 @@ def test_lora_syncs_the_merged_weights_under_base_names(
     [llm] = fake_vllm
     fresh, _ = load_model(world / "policy")
     assert len(llm.syncs) == 3
-    assert all(
-        set(synced) == {n for n, _ in fresh.named_parameters()} for synced in llm.syncs
-    )
+    assert all(set(synced) == {n for n, _ in fresh.named_parameters()} for synced in llm.syncs)
     # The checkpoint's merged model: base + B A alpha / r, merged afresh from the base.
     for step in (1, 2):
-        _assert_sync_matches(
-            llm.syncs[step], _weights(checkpoint_dir(run, step) / "model")
-        )
+        _assert_sync_matches(llm.syncs[step], _weights(checkpoint_dir(run, step) / "model"))
     q_proj = "model.layers.0.self_attn.q_proj.weight"
-    assert not torch.equal(llm.syncs[1][q_proj], llm.syncs[0][q_proj]), (
-        "the adapter was not merged in"
-    )
+    assert not torch.equal(llm.syncs[1][q_proj], llm.syncs[0][q_proj]), "the adapter was not merged in"
     untouched = "model.layers.0.mlp.up_proj.weight"  # no adapter: the base weight
-    assert torch.equal(
-        llm.syncs[2][untouched], dict(fresh.named_parameters())[untouched]
-    )
+    assert torch.equal(llm.syncs[2][untouched], dict(fresh.named_parameters())[untouched])
 
 
 # --------------------------------------------------------------------------- sleep mode
@@ -265,9 +247,7 @@ def test_sleep_mode_frees_the_engine_for_the_update_and_wakes_it_in_order(
         return real_logprobs(*args, **kwargs)
 
     monkeypatch.setattr(update_module, "logprobs_in_micro_batches", recording_logprobs)
-    train.main(
-        _recipe(world, tmp_path / "run", **VLLM, **{"policy.enable_sleep_mode": "true"})
-    )
+    train.main(_recipe(world, tmp_path / "run", **VLLM, **{"policy.enable_sleep_mode": "true"}))
 
     [llm] = fake_vllm
     assert llm.kwargs["enable_sleep_mode"] is True
@@ -292,9 +272,7 @@ def test_sleep_mode_frees_the_engine_for_the_update_and_wakes_it_in_order(
 # --------------------------------------------------------------------------- refused
 
 
-def test_a_served_policy_is_refused_saying_what_works(
-    world: Path, tmp_path: Path
-) -> None:
+def test_a_served_policy_is_refused_saying_what_works(world: Path, tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match="policy.kind='openai'") as error:
         _recipe(world, tmp_path / "run", **{"policy.kind": "openai", "policy.base_urls": "[http://127.0.0.1:9]"})
     message = str(error.value)
@@ -302,9 +280,7 @@ def test_a_served_policy_is_refused_saying_what_works(
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
-def test_a_vllm_context_shorter_than_a_trajectory_is_refused(
-    world: Path, tmp_path: Path
-) -> None:
+def test_a_vllm_context_shorter_than_a_trajectory_is_refused(world: Path, tmp_path: Path) -> None:
     with pytest.raises(
         RecipeError,
         match=r"policy.max_model_len=128 is below rollout.max_context_tokens=256",
@@ -322,10 +298,6 @@ def test_tensor_parallelism_is_refused_with_several_processes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(session, "init_distributed", lambda *args, **kwargs: (0, 2))
-    recipe = _recipe(
-        world, tmp_path / "run", **VLLM, **{"policy.tensor_parallel_size": 2}
-    )
-    with pytest.raises(
-        RecipeError, match="policy.tensor_parallel_size=2 with 2 processes"
-    ):
+    recipe = _recipe(world, tmp_path / "run", **VLLM, **{"policy.tensor_parallel_size": 2})
+    with pytest.raises(RecipeError, match="policy.tensor_parallel_size=2 with 2 processes"):
         train.main(recipe)

@@ -98,9 +98,7 @@ def test_page_data_pairs_engines_per_question_and_marks_noisy(eval_run):
     first = data["items"][0]
     assert first["question"] == _rows(run, "bm25")[0]["question"]
     assert set(first["runs"]) == {"sim", "bm25"}
-    noisy_rows = [
-        d["noisy"] for row in _rows(run, "sim") for t in row["samples"][0]["turns"] for d in t["documents"]
-    ]
+    noisy_rows = [d["noisy"] for row in _rows(run, "sim") for t in row["samples"][0]["turns"] for d in t["documents"]]
     shown = [
         d["noisy"] for item in data["items"] for t in item["runs"]["sim"]["samples"][0]["turns"] for d in t["documents"]
     ]

@@ -233,9 +233,21 @@ def test_invalid_parameters_name_the_field(make, field_name: str) -> None:
 def test_every_kind_is_built_by_name_and_ignores_settings_it_does_not_take() -> None:
     assert SCHEDULE_KINDS == ("exponential", "linear", "cosine", "step", "constant", "adaptive")
     assert set(P_NOISE) == set(SCHEDULE_KINDS) - {"adaptive"}
-    settings = dict(p_start=0.2, p_end=0.5, total_steps=100, base=4.0, milestones=[10], values=[0.5],
-                    p_min=0.1, p_max=0.4, delta=0.1, window=2, target_reward=0.6, collapse_reward=0.2,
-                    granularity="call")
+    settings = dict(
+        p_start=0.2,
+        p_end=0.5,
+        total_steps=100,
+        base=4.0,
+        milestones=[10],
+        values=[0.5],
+        p_min=0.1,
+        p_max=0.4,
+        delta=0.1,
+        window=2,
+        target_reward=0.6,
+        collapse_reward=0.2,
+        granularity="call",
+    )
     # at step 50: exponential 0.2 + (1/3) * 0.3; linear and cosine halfway; step past 10; constant; adaptive p_start
     expected = {"exponential": 0.3, "linear": 0.35, "cosine": 0.35, "step": 0.5, "constant": 0.2, "adaptive": 0.2}
     for kind in SCHEDULE_KINDS:

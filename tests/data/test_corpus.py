@@ -30,7 +30,11 @@ def write_lines(path: Path, lines: list[str]) -> Path:
 def test_wiki18_rows_keep_quoted_title_and_unicode_text():
     passages = load_passages(WIKI18)
     assert [p.id for p in passages] == ["0", "4", "7"]
-    assert [p.title for p in passages] == ['"Evan Morris"', '"Pavia Cathedral"', '"E.T. the Extra-Terrestrial (video game)"']
+    assert [p.title for p in passages] == [
+        '"Evan Morris"',
+        '"Pavia Cathedral"',
+        '"E.T. the Extra-Terrestrial (video game)"',
+    ]
     evan = passages[0]
     assert evan.text.startswith("Evan Morris Evan L. Morris (January 26, 1977 \u2013 July 9, 2015) was a lobbyist")
     assert evan.text.endswith("which states that \u201cshaping up to be one of the biggest U.S. investigations into")
@@ -70,7 +74,9 @@ def test_contents_wins_over_title_and_text():
 
 
 def test_blank_lines_are_skipped(tmp_path):
-    path = write_lines(tmp_path / "c.jsonl", ['{"id": "a", "contents": "A\\nx"}', "", "   ", '{"id": "b", "title": "B", "text": "y"}'])
+    path = write_lines(
+        tmp_path / "c.jsonl", ['{"id": "a", "contents": "A\\nx"}', "", "   ", '{"id": "b", "title": "B", "text": "y"}']
+    )
     assert [p.id for p in iter_passages(path)] == ["a", "b"]
 
 
@@ -126,7 +132,10 @@ def test_empty_corpus_is_an_error(tmp_path, content):
 
 
 def test_jsonl_corpus_random_access_matches_streaming(tmp_path):
-    path = write_lines(tmp_path / "c.jsonl", [*WIKI18.read_text(encoding="utf-8").splitlines(), "", '{"id": "z", "title": "Z", "text": "last"}'])
+    path = write_lines(
+        tmp_path / "c.jsonl",
+        [*WIKI18.read_text(encoding="utf-8").splitlines(), "", '{"id": "z", "title": "Z", "text": "last"}'],
+    )
     corpus = JsonlCorpus(path)
     expected = load_passages(path)
     assert len(corpus) == 4
@@ -162,7 +171,10 @@ def test_check_fingerprint_explains_the_mismatch():
     passages = load_passages(WIKI18)
     fp = corpus_fingerprint(passages)
     check_fingerprint(fp, passages, index_dir="idx", corpus="c.jsonl")  # the same corpus passes
-    with pytest.raises(ValueError, match=r"index in idx was built for another corpus than c\.jsonl: it was built for 3 passages, c\.jsonl has 2"):
+    with pytest.raises(
+        ValueError,
+        match=r"index in idx was built for another corpus than c\.jsonl: it was built for 3 passages, c\.jsonl has 2",
+    ):
         check_fingerprint(fp, passages[:2], index_dir="idx", corpus="c.jsonl")
     with pytest.raises(ValueError, match="same size .3 passages. but different passages or order"):
         check_fingerprint(fp, passages[::-1], index_dir="idx", corpus="c.jsonl")

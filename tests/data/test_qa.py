@@ -158,8 +158,10 @@ def test_verl_parquet_with_bare_question_and_split_answers(tmp_path: Path) -> No
         },
         {
             "data_source": "popqa",
-            "prompt": [{"role": "system", "content": "Use <search> and <answer>."},
-                       {"role": "user", "content": " capital of peru? \n"}],
+            "prompt": [
+                {"role": "system", "content": "Use <search> and <answer>."},
+                {"role": "user", "content": " capital of peru? \n"},
+            ],
             "reward_model": {"ground_truth": "Lima", "style": "rule"},
             "extra_info": {"index": 8, "split": "test"},
         },
@@ -197,16 +199,33 @@ def test_as_answer_list_accepts_numpy_arrays() -> None:
         ({"id": "2", "question": "  ", "golden_answers": ["a"]}, r"line 3: key 'question' is empty"),
         ({"id": "2", "question": "q"}, r"line 3: no golden answers"),
         ({"id": "2", "question": "q", "golden_answers": []}, r"line 3: key 'golden_answers': no golden answers"),
-        ({"id": "2", "question": "q", "golden_answers": ["a", 3]}, r"line 3: key 'golden_answers': golden answers must be"),
+        (
+            {"id": "2", "question": "q", "golden_answers": ["a", 3]},
+            r"line 3: key 'golden_answers': golden answers must be",
+        ),
         ({"id": "2", "question": "q", "golden_answers": {"a": 1}}, r"line 3: key 'golden_answers'"),
         ({"id": ["x"], "question": "q", "golden_answers": ["a"]}, r"line 3: key 'id' must be"),
         (["not", "an", "object"], r"line 3: a row must be a JSON object"),
-        ({"prompt": "no marker here", "reward_model": {"ground_truth": {"target": ["a"]}}}, r"line 3: .*no 'Question: '"),
+        (
+            {"prompt": "no marker here", "reward_model": {"ground_truth": {"target": ["a"]}}},
+            r"line 3: .*no 'Question: '",
+        ),
         # a templated user message (it names the tags) without the marker is not a bare question
-        ({"prompt": [{"role": "user", "content": "Answer in <answer> tags: q"}], "reward_model": {"ground_truth": "a"}},
-         r"line 3: .*no 'Question: '"),
-        ({"question": "q", "reward_model": {"ground_truth": {"style": "rule"}}}, r"line 3: key 'reward_model.ground_truth.target' is missing"),
-        ({"question": "q", "prompt": [{"role": "system", "content": "x"}], "golden_answers": ["a"]}, r"line 3: key 'prompt'"),
+        (
+            {
+                "prompt": [{"role": "user", "content": "Answer in <answer> tags: q"}],
+                "reward_model": {"ground_truth": "a"},
+            },
+            r"line 3: .*no 'Question: '",
+        ),
+        (
+            {"question": "q", "reward_model": {"ground_truth": {"style": "rule"}}},
+            r"line 3: key 'reward_model.ground_truth.target' is missing",
+        ),
+        (
+            {"question": "q", "prompt": [{"role": "system", "content": "x"}], "golden_answers": ["a"]},
+            r"line 3: key 'prompt'",
+        ),
     ],
 )
 def test_bad_jsonl_row_names_file_line_and_key(tmp_path: Path, bad_row: object, message: str) -> None:
@@ -221,7 +240,9 @@ def test_bad_jsonl_row_names_file_line_and_key(tmp_path: Path, bad_row: object, 
 
 def test_invalid_json_line(tmp_path: Path) -> None:
     path = tmp_path / "broken.jsonl"
-    path.write_text('{"id": "1", "question": "q", "golden_answers": ["a"]}\n{"id": "2", "question": \n', encoding="utf-8")
+    path.write_text(
+        '{"id": "1", "question": "q", "golden_answers": ["a"]}\n{"id": "2", "question": \n', encoding="utf-8"
+    )
     with pytest.raises(QADataError, match=r"broken.jsonl: line 2: not valid JSON"):
         load_qa(path)
 

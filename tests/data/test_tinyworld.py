@@ -72,7 +72,10 @@ def test_other_passages_about_an_entity_hold_wrong_values(world: World) -> None:
 
 
 def test_answers_are_short_and_relations_do_not_share_answers(world: World) -> None:
-    answers = {r: {world.facts[q.id].answer for q in world.train + world.test if world.facts[q.id].relation == r} for r in RELATIONS}
+    answers = {
+        r: {world.facts[q.id].answer for q in world.train + world.test if world.facts[q.id].relation == r}
+        for r in RELATIONS
+    }
     assert all(re.fullmatch(r"1[6-8]\d\d", a) for a in answers["founding_year"])
     assert all(len(a.split()) == 1 and a[0].isupper() for a in answers["birth_city"])
     assert all(1 <= len(a.split()) <= 2 and a.islower() for a in answers["occupation"])
@@ -172,7 +175,9 @@ def test_background_entities_add_questions_and_passages_but_leave_the_splits_alo
     assert build_world(seed=4, n_entities=30, n_train_entities=20, n_cities=6, n_background_entities=0) == plain
     assert plain.background == []
     assert (len(world.passages), len(world.train), len(world.test), len(world.background)) == (3 * 45 + 6, 60, 30, 45)
-    asked = {split: {world.facts[q.id].entity for q in getattr(world, split)} for split in ("train", "test", "background")}
+    asked = {
+        split: {world.facts[q.id].entity for q in getattr(world, split)} for split in ("train", "test", "background")
+    }
     assert len(asked["background"]) == 15
     assert not asked["background"] & (asked["train"] | asked["test"])
     by_id = {p.id: p for p in world.passages}

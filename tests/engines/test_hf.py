@@ -36,10 +36,7 @@ def tokenizer():
     rng = random.Random(0)
     # Frequent words become single tokens (" Varn", " founded"): the stop tests rely on it.
     words = ["Alma", "Varn", "Oslo", "founded", "born", "answer", "the", "is", "1987", "was", "in"]
-    texts = [
-        " ".join(rng.choices(words, k=10)) + " <search> q </search> <answer> a </answer>"
-        for _ in range(300)
-    ]
+    texts = [" ".join(rng.choices(words, k=10)) + " <search> q </search> <answer> a </answer>" for _ in range(300)]
     # Random words fill the rest of the vocabulary, so that random-weight models see variety.
     made_up = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=4)) for _ in range(200)]
     texts += [" ".join(rng.choice(made_up) for _ in range(10)) for _ in range(100)]
@@ -71,14 +68,17 @@ class ScriptedLM(torch.nn.Module):
         self.vocab = vocab
         self.anchor = torch.nn.Parameter(torch.zeros(1))  # gives the engine a device
         self.config = Qwen2Config(
-            vocab_size=vocab, hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
-            num_key_value_heads=1, intermediate_size=8,
+            vocab_size=vocab,
+            hidden_size=8,
+            num_hidden_layers=1,
+            num_attention_heads=1,
+            num_key_value_heads=1,
+            intermediate_size=8,
         )
         self.generation_config = GenerationConfig(eos_token_id=eos)
         self.contexts: list[list[int]] = []
 
-    def forward(self, input_ids, attention_mask, position_ids, past_key_values, use_cache,
-                logits_to_keep=0):
+    def forward(self, input_ids, attention_mask, position_ids, past_key_values, use_cache, logits_to_keep=0):
         entry = torch.stack([position_ids, input_ids], dim=-1).float()[:, None]  # [B, 1, T, 2]
         keys, _ = past_key_values.update(entry, entry, 0)  # [B, 1, cached + T, 2]
         assert keys.shape[2] == attention_mask.shape[1]
@@ -86,9 +86,7 @@ class ScriptedLM(torch.nn.Module):
             shown = [pair for pair, m in zip(row, mask) if m]
             assert [position for position, _ in shown] == list(range(len(shown)))
             self.contexts.append([token for _, token in shown])
-        targets = torch.tensor(
-            [[self.script[p + 1] for p in row] for row in position_ids.tolist()]
-        )  # [B, T]
+        targets = torch.tensor([[self.script[p + 1] for p in row] for row in position_ids.tolist()])  # [B, T]
         logits = torch.nn.functional.one_hot(targets, self.vocab).float() * 30.0  # [B, T, V]
         return SimpleNamespace(logits=logits)
 
@@ -173,8 +171,7 @@ def test_rows_finish_at_different_steps_in_one_batch(tokenizer):
     # Position-scripted: a prompt of length L continues with script[L:].
     text = "Alma Varn <search> Oslo </search> was founded in 1987 <answer> 1987 </answer> end"
     script = ids(tokenizer, text) + [0] * 40
-    engine = HFEngine(ScriptedLM(script, len(tokenizer), tokenizer.eos_token_id), tokenizer,
-                      batch_size=8)
+    engine = HFEngine(ScriptedLM(script, len(tokenizer), tokenizer.eos_token_id), tokenizer, batch_size=8)
     params = SamplingParams(temperature=0.0, max_new_tokens=6, stop=["</search>", "</answer>"])
     prompts = [script[:length] for length in (2, 6, 9, 4)]
     batched = engine.generate(prompts, params)
@@ -187,8 +184,9 @@ def test_rows_finish_at_different_steps_in_one_batch(tokenizer):
 
 def test_n_samples_are_prompt_major(tokenizer):
     script = ids(tokenizer, "one two three four five six seven eight nine ten") + [0] * 40
-    engine = HFEngine(ScriptedLM(script, len(tokenizer), tokenizer.eos_token_id), tokenizer,
-                      batch_size=4)  # 4 // 3 = 1 prompt per chunk
+    engine = HFEngine(
+        ScriptedLM(script, len(tokenizer), tokenizer.eos_token_id), tokenizer, batch_size=4
+    )  # 4 // 3 = 1 prompt per chunk
     params = SamplingParams(temperature=1.0, max_new_tokens=2, n=3, seed=0)
     prompts = [script[:2], script[:5]]  # the engine reorders internally (longest first)
     out = engine.generate(prompts, params)
@@ -200,25 +198,37 @@ def test_greedy_matches_transformers_generate(model, tokenizer):
     for text in ["Alma Varn was", "Where was Alma Varn born? <search>", "the"]:
         prompt = ids(tokenizer, text)
         expected = model.generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            do_sample=False, max_new_tokens=12, eos_token_id=None, pad_token_id=0,
-        )[0, len(prompt):].tolist()
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=12,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, len(prompt) :].tolist()
         out = engine.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=12))[0]
         # eos_token_id=None above: transformers never stops early, so compare up to our stop.
         assert out.token_ids == expected[: len(out.token_ids)]
 
 
 def test_greedy_is_the_same_alone_and_in_batches(model, tokenizer):
-    prompts = [ids(tokenizer, t) for t in [
-        "Alma", "Where was Alma Varn born?", "founded in 1987 by the", "Oslo is", "x y z w v u t s",
-    ]]
+    prompts = [
+        ids(tokenizer, t)
+        for t in [
+            "Alma",
+            "Where was Alma Varn born?",
+            "founded in 1987 by the",
+            "Oslo is",
+            "x y z w v u t s",
+        ]
+    ]
     params = SamplingParams(temperature=0.0, max_new_tokens=16, stop=["</search>"])
     alone = [HFEngine(model, tokenizer).generate([p], params)[0] for p in prompts]
     assert HFEngine(model, tokenizer, batch_size=64).generate(prompts, params) == alone
     assert HFEngine(model, tokenizer, batch_size=2).generate(prompts, params) == alone
     # Greedy n=2: both copies equal the n=1 result.
-    doubled = HFEngine(model, tokenizer).generate(prompts, SamplingParams(
-        temperature=0.0, max_new_tokens=16, stop=["</search>"], n=2))
+    doubled = HFEngine(model, tokenizer).generate(
+        prompts, SamplingParams(temperature=0.0, max_new_tokens=16, stop=["</search>"], n=2)
+    )
     assert doubled == [c for c in alone for _ in range(2)]
 
 
@@ -229,8 +239,7 @@ def test_seed_reproducibility_and_n_samples_differ(model, tokenizer):
     first = engine.generate(prompts, params)
     assert len(first) == 8
     assert engine.generate(prompts, params) == first
-    other = engine.generate(prompts, SamplingParams(temperature=1.0, top_p=0.95,
-                                                    max_new_tokens=10, n=4, seed=8))
+    other = engine.generate(prompts, SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=10, n=4, seed=8))
     assert [c.token_ids for c in other] != [c.token_ids for c in first]
     # The 4 samples of one prompt are not copies of each other (random weights: near-uniform).
     assert len({tuple(c.token_ids) for c in first[:4]}) > 1
@@ -246,8 +255,7 @@ def test_logprobs_match_a_manual_forward(model, tokenizer):
         with torch.no_grad():
             logits = model(sequence).logits[0, len(prompt) - 1 : -1]  # predicts each generated id
         # Temperature-1 log-softmax of the raw logits, whatever temperature sampled the token.
-        expected = torch.log_softmax(logits, dim=-1).gather(
-            -1, torch.tensor(out.token_ids)[:, None]).squeeze(-1)
+        expected = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(out.token_ids)[:, None]).squeeze(-1)
         assert torch.allclose(torch.tensor(out.logprobs), expected, atol=1e-5)
     greedy = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=4))
     assert all(c.logprobs is None for c in greedy)
@@ -382,9 +390,7 @@ def test_prefix_reuse_changes_no_output_over_three_turns(model, tokenizer, param
             (c.token_ids, c.text, c.finish_reason, c.stop) for c in turn_off
         ]
         for c_on, c_off in zip(turn_on, turn_off):
-            assert torch.allclose(
-                torch.tensor(c_on.logprobs), torch.tensor(c_off.logprobs), atol=1e-5, rtol=0
-            )
+            assert torch.allclose(torch.tensor(c_on.logprobs), torch.tensor(c_off.logprobs), atol=1e-5, rtol=0)
     assert off.stats["reused_tokens"] == 0 and off.kept_tokens == 0
     assert on.stats["reused_tokens"] > 0
     assert on.stats["prompt_tokens"] == off.stats["prompt_tokens"]

@@ -179,7 +179,13 @@ def test_completions_with_token_prompts_map_every_field(serve):
 # The values `vllm serve` (0.32-0.33, `ModelConfig.get_diff_sampling_param`) takes from the model's
 # generation_config.json for each one a request leaves out (max_new_tokens: we always send max_tokens).
 GENERATION_CONFIG_SAMPLING = (
-    "repetition_penalty", "presence_penalty", "frequency_penalty", "temperature", "top_k", "top_p", "min_p"
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
 )
 
 

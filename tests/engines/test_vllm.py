@@ -281,10 +281,22 @@ class FakeSamplingParams:
     """
 
     DEFAULTS: dict[str, Any] = {
-        "n": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
-        "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None, "stop": None,
-        "include_stop_str_in_output": False, "max_tokens": 16, "logprobs": None, "detokenize": True,
-        "skip_special_tokens": True, "spaces_between_special_tokens": True,
+        "n": 1,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "repetition_penalty": 1.0,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "seed": None,
+        "stop": None,
+        "include_stop_str_in_output": False,
+        "max_tokens": 16,
+        "logprobs": None,
+        "detokenize": True,
+        "skip_special_tokens": True,
+        "spaces_between_special_tokens": True,
     }
 
     def __init__(self, **kwargs: Any) -> None:
@@ -310,8 +322,10 @@ class FakeSamplingParams:
             (not isinstance(v["n"], int) or not 1 <= v["n"] <= 16384, "n must be in [1, 16384]"),
             (not -2.0 <= v["presence_penalty"] <= 2.0, "presence_penalty must be in [-2, 2]"),
             (not -2.0 <= v["frequency_penalty"] <= 2.0, "frequency_penalty must be in [-2, 2]"),
-            (not (math.isfinite(v["repetition_penalty"]) and v["repetition_penalty"] > 0),
-             "repetition_penalty must be a finite number greater than zero"),
+            (
+                not (math.isfinite(v["repetition_penalty"]) and v["repetition_penalty"] > 0),
+                "repetition_penalty must be a finite number greater than zero",
+            ),
             (not math.isfinite(v["temperature"]), "temperature must be a finite number"),
             (v["temperature"] < 0.0, "temperature must be non-negative"),
             (v["temperature"] > 2.0, "temperature must be in [0, 2]"),
@@ -319,8 +333,10 @@ class FakeSamplingParams:
             (not isinstance(v["top_k"], int) or v["top_k"] < -1, "top_k must be 0 (disable), or at least 1"),
             (not 0.0 <= v["min_p"] <= 1.0, "min_p must be in [0, 1]"),
             (v["max_tokens"] is not None and v["max_tokens"] < 1, "max_tokens must be at least 1"),
-            (v["logprobs"] is not None and v["logprobs"] != -1 and v["logprobs"] < 0,
-             "logprobs must be non-negative or -1"),
+            (
+                v["logprobs"] is not None and v["logprobs"] != -1 and v["logprobs"] < 0,
+                "logprobs must be non-negative or -1",
+            ),
             (any(not stop for stop in v["stop"]), "stop cannot contain an empty string."),
             (bool(v["stop"]) and not v["detokenize"], "stop strings are only supported when detokenize is True."),
         ]

@@ -67,7 +67,9 @@ def test_average_is_unweighted_over_datasets_and_sums_counts() -> None:
 def test_score_answer_and_pass_at_n_row() -> None:
     # "it is paris" vs "paris": precision 1/3, recall 1 -> F1 = 2 * (1/3) / (4/3) = 0.5
     assert report.score_answer("it is Paris", ["Paris"], normalization="squad") == {
-        "substring_em": 1.0, "em": 0.0, "f1": 0.5
+        "substring_em": 1.0,
+        "em": 0.0,
+        "f1": 0.5,
     }
     assert report.score_answer(None, ["Paris"], normalization="squad") == {"substring_em": 0.0, "em": 0.0, "f1": 0.0}
     example = QAExample(id="q1", question="Capital of France?", golden_answers=["Paris"])
@@ -100,12 +102,22 @@ def test_example_row_scores_with_the_given_normalization(normalization: str, exp
 
 def test_trajectory_sample_keeps_turns_and_counts_policy_tokens() -> None:
     doc = Document(title="Paris", text="capital of France", score=1.5, source="bm25", id="7")
-    turns = [Turn(text="<search> france </search>", action="search", query="france", documents=[doc], executed=True),
-             Turn(text="<answer> Paris </answer>", action="answer")]
+    turns = [
+        Turn(text="<search> france </search>", action="search", query="france", documents=[doc], executed=True),
+        Turn(text="<answer> Paris </answer>", action="answer"),
+    ]
     trajectory = Trajectory(
-        prompt_id=0, example=QAExample("q", "?", ["Paris"]), prompt_ids=[1, 2], response_ids=[3, 4, 5, 6, 7],
-        loss_mask=[1, 1, 0, 0, 1], turns=turns, response_text="...", answer="Paris", num_searches=1,
-        num_invalid=0, finish="answer",
+        prompt_id=0,
+        example=QAExample("q", "?", ["Paris"]),
+        prompt_ids=[1, 2],
+        response_ids=[3, 4, 5, 6, 7],
+        loss_mask=[1, 1, 0, 0, 1],
+        turns=turns,
+        response_text="...",
+        answer="Paris",
+        num_searches=1,
+        num_invalid=0,
+        finish="answer",
     )
     sample = report.trajectory_sample(trajectory)
     assert sample["policy_tokens"] == 3  # inserted tokens (mask 0) are not the policy's
@@ -139,8 +151,18 @@ def test_rows_file_append_repair_and_errors(tmp_path) -> None:
 
 
 def _metrics(sub, em=0.0, f1=0.0):
-    return {"substring_em": sub, "em": em, "f1": f1, "answer_rate": 1.0, "searches_per_question": 1.0,
-            "invalid_actions": 0.0, "tokens_per_question": 10.0, "questions": 5.0, "samples": 5.0, "wall_s": 1.0}
+    return {
+        "substring_em": sub,
+        "em": em,
+        "f1": f1,
+        "answer_rate": 1.0,
+        "searches_per_question": 1.0,
+        "invalid_actions": 0.0,
+        "tokens_per_question": 10.0,
+        "questions": 5.0,
+        "samples": 5.0,
+        "wall_s": 1.0,
+    }
 
 
 def _summary(n=1, fidelity=()):
@@ -152,10 +174,20 @@ def _summary(n=1, fidelity=()):
         "header": {"policy": "/models/p"},
         "normalization": "squad",
         "rows": {
-            "bm25": {"kind": "bm25", "search": "bm25 top-3", "top_k": 3, "results": full,
-                     "average": report.average(full)},
-            "sim": {"kind": "simulator", "search": "simulator top-3, p_noise 0", "top_k": 3, "results": partial,
-                    "average": report.average(partial)},
+            "bm25": {
+                "kind": "bm25",
+                "search": "bm25 top-3",
+                "top_k": 3,
+                "results": full,
+                "average": report.average(full),
+            },
+            "sim": {
+                "kind": "simulator",
+                "search": "simulator top-3, p_noise 0",
+                "top_k": 3,
+                "results": partial,
+                "average": report.average(partial),
+            },
         },
         "fidelity": list(fidelity),
     }
@@ -177,8 +209,15 @@ def test_markdown_report_sections() -> None:
     text = report.markdown_report(_summary())
     assert "## Substring EM" in text and "## Exact match (EM" in text and "## Token F1, %" in text
     assert "pass@" not in text and "Simulator fidelity" not in text
-    entry = {"simulator": "sim", "reference": "bm25", "dataset": "nq", "policy_queries": 3, "question_queries": 1,
-             "fidelity/useful_contains_answer": 0.75, "fidelity/gap": 0.5}
+    entry = {
+        "simulator": "sim",
+        "reference": "bm25",
+        "dataset": "nq",
+        "policy_queries": 3,
+        "question_queries": 1,
+        "fidelity/useful_contains_answer": 0.75,
+        "fidelity/gap": 0.5,
+    }
     text = report.markdown_report(_summary(n=4, fidelity=[entry]))
     assert '## Exact match (EM; what Search-R1 and SSRL report as "EM"), %, pass@4' in text
     fidelity_line = next(line for line in text.splitlines() if line.startswith("| sim | bm25 | nq"))
@@ -218,7 +257,11 @@ def test_csv_and_json_round_trip(tmp_path) -> None:
         lines = list(csv.DictReader(handle))
     # bm25: nq, popqa, average; sim: nq, average
     assert [(r["method"], r["dataset"]) for r in lines] == [
-        ("bm25", "nq"), ("bm25", "popqa"), ("bm25", "average"), ("sim", "nq"), ("sim", "average")
+        ("bm25", "nq"),
+        ("bm25", "popqa"),
+        ("bm25", "average"),
+        ("sim", "nq"),
+        ("sim", "average"),
     ]
     assert float(lines[2]["substring_em"]) == pytest.approx(0.375)
     assert float(lines[2]["questions"]) == 10.0  # summed over datasets
@@ -252,8 +295,14 @@ def test_plot_bars_png_of_the_requested_size(tmp_path) -> None:
 
 def test_curve_panels_group_keys() -> None:
     rows = [
-        {"step": 1, "reward/mean": 0.1, "reward/f1": 0.2, "val/nq/substring_em": 0.3, "curriculum/p_noise": 0.0,
-         "losses/policy": 1.0},
+        {
+            "step": 1,
+            "reward/mean": 0.1,
+            "reward/f1": 0.2,
+            "val/nq/substring_em": 0.3,
+            "curriculum/p_noise": 0.0,
+            "losses/policy": 1.0,
+        },
         {"step": 2, "reward/mean": None, "reward/f1": 0.4, "search/calls_per_traj": 1.5},
         {"reward/mean": 9.0},  # no step: skipped
     ]
@@ -265,8 +314,10 @@ def test_curve_panels_group_keys() -> None:
 
 
 def test_plot_training_curves(tmp_path) -> None:
-    rows = [{"step": s, "reward/mean": 0.1 * s, "rollout/response_len": 50.0 - s, "curriculum/p_noise": 0.01 * s}
-            for s in range(1, 6)]
+    rows = [
+        {"step": s, "reward/mean": 0.1 * s, "rollout/response_len": 50.0 - s, "curriculum/p_noise": 0.01 * s}
+        for s in range(1, 6)
+    ]
     image = _png(report.plot_training_curves(rows, tmp_path / "curves.png", size_px=(900, 600)))
     assert image.size == (900, 600)
     assert len(image.getcolors(maxcolors=1 << 20)) > 10

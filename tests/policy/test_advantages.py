@@ -176,9 +176,7 @@ RPP_REWARDS = torch.tensor([1.0, 0.0], dtype=torch.float64)
 
 
 def test_reinforce_plus_plus_skips_masked_tokens_and_whitens_over_the_batch():
-    adv, returns, _ = reinforce_plus_plus_advantages(
-        RPP_REWARDS, RPP_MASK, kl=RPP_KL, kl_coef=0.5, gamma=0.5
-    )
+    adv, returns, _ = reinforce_plus_plus_advantages(RPP_REWARDS, RPP_MASK, kl=RPP_KL, kl_coef=0.5, gamma=0.5)
     # token rewards (-0.5 * kl at valid tokens, + R at the last valid token):
     #   row 0: t0 -0.05, t1 masked, t2 -0.1, t3 -0.15 + 1 = 0.85
     #   row 1: t0 -0.1,  t1 -0.2 + 0 = -0.2
@@ -227,9 +225,7 @@ GAE_REWARD = torch.tensor([1.0], dtype=torch.float64)
 
 
 def test_gae_runs_over_valid_tokens_only():
-    adv, returns, _ = gae_advantages(
-        GAE_REWARD, GAE_VALUES, GAE_MASK, gamma=0.9, lam=0.8, whiten=False
-    )
+    adv, returns, _ = gae_advantages(GAE_REWARD, GAE_VALUES, GAE_MASK, gamma=0.9, lam=0.8, whiten=False)
     # valid tokens t0, t1, t3; reward 1 at t3; gamma * lam = 0.72
     #   t3: delta = 1 + 0.9*0 - 0.4 = 0.6                 A3 = 0.6
     #   t1: delta = 0 + 0.9*V3 - 0.2 = 0.36 - 0.2 = 0.16  A1 = 0.16 + 0.72*0.6 = 0.592

@@ -33,7 +33,9 @@ from simsearch.types import QAExample, Trajectory
 PAD = 0
 
 
-def trajectory(prompt: list[int], response: list[int], mask: list[int], prompt_id: int = 0, searches: int = 0) -> Trajectory:
+def trajectory(
+    prompt: list[int], response: list[int], mask: list[int], prompt_id: int = 0, searches: int = 0
+) -> Trajectory:
     return Trajectory(
         prompt_id=prompt_id,
         example=QAExample(id="q", question="q?", golden_answers=["a"]),

@@ -112,7 +112,13 @@ def _logp() -> torch.Tensor:
 )
 def test_policy_loss_asymmetric_clip(mode, normalizer, expected):
     loss, _ = policy_loss(
-        _logp(), OLD, ADV, MASK, clip_low=0.2, clip_high=0.28, aggregation=mode,
+        _logp(),
+        OLD,
+        ADV,
+        MASK,
+        clip_low=0.2,
+        clip_high=0.28,
+        aggregation=mode,
         token_sum_normalizer=normalizer,
     )
     assert close(loss.detach(), expected)

@@ -107,7 +107,7 @@ def test_trace_is_prompt_search_information_answer_with_masks(world, tokenizer):
     assert sum(trace.copy_mask[:start]) == 0 and sum(trace.copy_mask[end:]) == 0
     text = tokenizer.decode(trace.input_ids, skip_special_tokens=False)
     assert text.endswith(
-        f"</search>\n\n<information>Doc 1(Title: \"{name}\") {docs[0].text}</information>\n\n"
+        f'</search>\n\n<information>Doc 1(Title: "{name}") {docs[0].text}</information>\n\n'
         f"<answer> {trace.answer} </answer>"
     )
 
@@ -117,8 +117,15 @@ def test_traces_show_results_in_the_rollout_s_rendering(world, tokenizer):
     name = world.facts[example.id].entity
     docs = [Document(title=f'"{name}"', text=f"{name} was born in {world.cities[0]}.")]
     (trace,) = make_traces(
-        world, RecordingEngine(docs), tokenizer, n=1, seed=0, top_k=1, query_mix=(1.0, 0.0, 0.0),
-        examples=[example], rendering="brief",
+        world,
+        RecordingEngine(docs),
+        tokenizer,
+        n=1,
+        seed=0,
+        top_k=1,
+        query_mix=(1.0, 0.0, 0.0),
+        examples=[example],
+        rendering="brief",
     )
     information = tokenizer.encode(wrap_information(render_documents(docs, "brief")), add_special_tokens=False)
     start = trace.loss_mask.index(0, trace.loss_mask.index(1))  # after the search call

@@ -146,15 +146,27 @@ ROUND = "<search>q</search><information>d</information>"
         # one search, no think after it: min(0.5, 1) * min(1, 2) / max(1, 2) = 0.25
         ("<think>a</think>" + ROUND + "<answer>c</answer>", 0.25, 0.25),
         # placeholders: SSRL's phrases anywhere in a block, any case
-        ("<think>a</think><search>Your Query here</search><information>d</information>"
-         "<think>b</think><answer>c</answer>", 0.0, 1.0),
+        (
+            "<think>a</think><search>Your Query here</search><information>d</information>"
+            "<think>b</think><answer>c</answer>",
+            0.0,
+            1.0,
+        ),
         ("<think>a</think><answer>your answer: Paris</answer>", 0.0, 0.5),
         ("<think>Your thoughts</think><answer>x</answer>", 0.0, 0.5),
-        ("<think>a</think><search>q</search><information>see YOUR INFORMATION</information>"
-         "<think>b</think><answer>c</answer>", 0.0, 1.0),
+        (
+            "<think>a</think><search>q</search><information>see YOUR INFORMATION</information>"
+            "<think>b</think><answer>c</answer>",
+            0.0,
+            1.0,
+        ),
         # ... but not the Search-R1 template text that ours refuses
-        ("<think>a</think><search> query </search><information>d</information>"
-         "<think>b</think><answer>Beijing</answer>", 1.0, 0.0),
+        (
+            "<think>a</think><search> query </search><information>d</information>"
+            "<think>b</think><answer>Beijing</answer>",
+            1.0,
+            0.0,
+        ),
         # any "<...>" is a tag, across lines too, and must be one of the eight
         ("<think>x < y and z > w</think><answer>b</answer>", 0.0, 0.5),
         ("<think>if a <\nb> c</think><answer>x</answer>", 0.0, 0.5),
@@ -170,16 +182,25 @@ ROUND = "<search>q</search><information>d</information>"
         # nesting puts <think> second: fails the opening check
         ("<think>a<think>b</think></think><answer>c</answer>", 0.0, 0.0),
         # a search round must be exactly </search> <information> </information>; text between is fine
-        ("<think>a</think><search>q</search> so <information>d</information>"
-         "<think>b</think><answer>c</answer>", 1.0, 0.0),
+        (
+            "<think>a</think><search>q</search> so <information>d</information><think>b</think><answer>c</answer>",
+            1.0,
+            0.0,
+        ),
         ("<think>a</think><search>q<information>d</information><think>b</think><answer>c</answer>", 0.0, 0.0),
         # information without search: 0 searches != 1 information
         ("<think>a</think><information>d</information><answer>c</answer>", 0.0, 0.0),
         # a search line: only "\n" breaks it for SSRL, "\r" too for ours
-        ("<think>a</think><search>q\nr</search><information>d</information><think>b</think><answer>c</answer>",
-         0.0, 0.0),
-        ("<think>a</think><search>q\rr</search><information>d</information><think>b</think><answer>c</answer>",
-         1.0, 0.0),
+        (
+            "<think>a</think><search>q\nr</search><information>d</information><think>b</think><answer>c</answer>",
+            0.0,
+            0.0,
+        ),
+        (
+            "<think>a</think><search>q\rr</search><information>d</information><think>b</think><answer>c</answer>",
+            1.0,
+            0.0,
+        ),
         # empty block, fewer than four known tags, wrong start or end
         ("<think> </think><answer>b</answer>", 0.0, 0.0),
         ("<think>a</answer>", 0.0, 0.0),
@@ -264,9 +285,7 @@ def test_weighted_reward_ssrl() -> None:
     assert out.components == {"em": [1.0, 0.0], "format": [1.0, 0.5]}
     # 0.9 * 1 + 0.1 * 1 = 1.0;  0.9 * 0 + 0.1 * 0.5 = 0.05
     assert out.total == pytest.approx([1.0, 0.05], abs=1e-12)
-    assert out.stats == pytest.approx(
-        {"reward/mean": 0.525, "reward/em": 0.5, "reward/format": 0.75}, abs=1e-12
-    )
+    assert out.stats == pytest.approx({"reward/mean": 0.525, "reward/em": 0.5, "reward/format": 0.75}, abs=1e-12)
 
 
 def test_weighted_reward_f1_only() -> None:

@@ -260,9 +260,7 @@ def test_final_turn_that_runs_out_of_tokens_finishes_with_length(tokenizer):
 
 
 def test_one_generate_and_one_search_call_per_turn(tokenizer):
-    result, policy, search = run(
-        tokenizer, by_turn(SEARCH_TURN, ANSWER_TURN), examples=EXAMPLES, group_size=2
-    )
+    result, policy, search = run(tokenizer, by_turn(SEARCH_TURN, ANSWER_TURN), examples=EXAMPLES, group_size=2)
     assert len(policy.calls) == 2
     assert len(search.calls) == 1 and len(search.calls[0]) == 6
     # The first turn sends each question once with n = group_size; later turns one row each.
@@ -472,8 +470,11 @@ def test_search_template_without_engine_is_rejected(tokenizer):
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"template": "rag"}, "template"), ({"max_turns": -1}, "max_turns"),
-     ({"self_search_real_share": 0.5}, "self-search")],
+    [
+        ({"template": "rag"}, "template"),
+        ({"max_turns": -1}, "max_turns"),
+        ({"self_search_real_share": 0.5}, "self-search"),
+    ],
 )
 def test_settings_reject_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -552,7 +553,10 @@ def test_two_turns_end_to_end_with_a_tiny_model(tokenizer):
         # The engine's own ids, then the observation's ids (mask 0), then the engine's ids.
         assert traj.response_ids == first + observation + second
         assert traj.loss_mask == [1] * len(first) + [0] * len(observation) + [1] * len(second)
-        assert traj.response_text == SEARCH_TURN + wrap_information(render_documents(documents("orvale founder", 1))) + ANSWER_TURN
+        assert (
+            traj.response_text
+            == SEARCH_TURN + wrap_information(render_documents(documents("orvale founder", 1))) + ANSWER_TURN
+        )
         assert all(lp < 0 for lp, m in zip(traj.logprobs, traj.loss_mask) if m == 1)
         assert all(lp == 0 for lp, m in zip(traj.logprobs, traj.loss_mask) if m == 0)
     assert result.metrics["perf/decoded_tokens"] == 2 * (len(first) + len(second))

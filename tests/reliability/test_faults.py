@@ -136,7 +136,11 @@ def servers():
     started: list[FaultyServer] = []
 
     def start(
-        answer: Callable[[dict], Any], *, healthy: int = 10**9, fault: str | None = None, until: int | None = None,
+        answer: Callable[[dict], Any],
+        *,
+        healthy: int = 10**9,
+        fault: str | None = None,
+        until: int | None = None,
         port: int = 0,
     ) -> FaultyServer:
         server = FaultyServer(answer, healthy=healthy, fault=fault, until=until, port=port)
@@ -156,19 +160,31 @@ def simulator_answer(body: dict) -> dict:
 
 def retrieve_answer(body: dict) -> dict:
     """A Search-R1 /retrieve answer: `topk` documents per query."""
-    return {"result": [[{"document": {"id": f"{q}-{i}", "contents": f'"{q}"\npassage {i}'}, "score": 1.0}
-                        for i in range(body["topk"])] for q in body["queries"]]}
+    return {
+        "result": [
+            [
+                {"document": {"id": f"{q}-{i}", "contents": f'"{q}"\npassage {i}'}, "score": 1.0}
+                for i in range(body["topk"])
+            ]
+            for q in body["queries"]
+        ]
+    }
 
 
 def simulator(url: str) -> SimulatedSearchEngine:
     # One request per search call (both prompts in it), so requests can be counted.
-    client = OpenAIEngine([url], "simulator", timeout_s=TIMEOUT_S, max_retries=RETRIES, backoff_s=BACKOFF_S,
-                          max_concurrency=1)
+    client = OpenAIEngine(
+        [url], "simulator", timeout_s=TIMEOUT_S, max_retries=RETRIES, backoff_s=BACKOFF_S, max_concurrency=1
+    )
     return SimulatedSearchEngine(client, preset="simsearch", seed=0)
 
 
-REQUESTS = [SearchRequest("capital of France", top_k=3, question="What is the capital of France?",
-                          golden_answers=["Paris"], num_noisy=n) for n in (0, 3)]
+REQUESTS = [
+    SearchRequest(
+        "capital of France", top_k=3, question="What is the capital of France?", golden_answers=["Paris"], num_noisy=n
+    )
+    for n in (0, 3)
+]
 
 
 def timed_failure(call: Callable[[], Any], error: type[Exception]) -> tuple[Exception, float]:
@@ -198,7 +214,9 @@ def test_simulator_server_fault_mid_run_is_a_bounded_clear_error(servers, fault:
         assert "timeout" in message
     if fault != "dies":  # every attempt reached the server: bounded retries, not one more
         assert server.requests == 2 + RETRIES + 1
-    expected = {"500s": "HTTP 500", "malformed_json": "malformed JSON", "drops_connection": "RemoteProtocolError"}.get(fault)
+    expected = {"500s": "HTTP 500", "malformed_json": "malformed JSON", "drops_connection": "RemoteProtocolError"}.get(
+        fault
+    )
     if expected:
         assert expected in message
 
@@ -219,8 +237,12 @@ def test_simulator_recovers_from_a_transient_fault_without_losing_a_request(serv
 
 @pytest.mark.parametrize(
     ("text", "padded"),
-    [("", 3), ("I cannot help with that.", 2), ("Doc 1 (Title: A) a\nDoc 2 (Title: B) b\nDoc 9 x\nDoc 4 overflow", 0),
-     ("\x00\ufffd<information></search>", 2)],
+    [
+        ("", 3),
+        ("I cannot help with that.", 2),
+        ("Doc 1 (Title: A) a\nDoc 2 (Title: B) b\nDoc 9 x\nDoc 4 overflow", 0),
+        ("\x00\ufffd<information></search>", 2),
+    ],
 )
 def test_a_malformed_generation_still_gives_top_k_documents(servers, text: str, padded: int) -> None:
     def answer(body: dict) -> dict:
@@ -323,13 +345,23 @@ def test_retrieve_server_dying_mid_evaluation_loses_no_finished_chunk(world, ser
     paths, tokenizer = world
     # Chunks of 2 questions, one /retrieve POST per chunk: the server dies on the second chunk.
     server = servers(retrieve_answer, healthy=1, fault="dies")
-    recipe = load_recipe(EvalRecipe, None, [
-        f"run_dir={tmp_path / 'run'}", "policy.model.path=scripted", "sampling.max_new_tokens=32",
-        "chunk_size=2", "fidelity_size=0", f"datasets=[{{name: heldout, path: {paths['test']}, limit: 6}}]",
-        "engines.remote.kind=http", f"engines.remote.url={server.url}/retrieve",
-        f"engines.remote.timeout_s={TIMEOUT_S}", f"engines.remote.max_retries={RETRIES}",
-        f"engines.remote.backoff_s={BACKOFF_S}",
-    ])
+    recipe = load_recipe(
+        EvalRecipe,
+        None,
+        [
+            f"run_dir={tmp_path / 'run'}",
+            "policy.model.path=scripted",
+            "sampling.max_new_tokens=32",
+            "chunk_size=2",
+            "fidelity_size=0",
+            f"datasets=[{{name: heldout, path: {paths['test']}, limit: 6}}]",
+            "engines.remote.kind=http",
+            f"engines.remote.url={server.url}/retrieve",
+            f"engines.remote.timeout_s={TIMEOUT_S}",
+            f"engines.remote.max_retries={RETRIES}",
+            f"engines.remote.backoff_s={BACKOFF_S}",
+        ],
+    )
     policy = SearchThenAnswer(tokenizer)
     monkeypatch.setattr(evaluate, "build_generation_engine", lambda cfg, **_: (policy, tokenizer, None))
 
@@ -440,8 +472,13 @@ def killed_runs(tmp_path_factory) -> dict[str, Path]:
     """One writer process per phase, each SIGKILLed at its kill point; their run directories."""
     base = tmp_path_factory.mktemp("killed")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    parent = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(base), *PHASES], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, str(base), *PHASES],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         pids = {}
         for _ in PHASES:

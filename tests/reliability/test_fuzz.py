@@ -73,9 +73,27 @@ def fuzz(kind: str, deadline_ms: int):
 # --------------------------------------------------------------------------- strategies
 
 TAG_PIECES = [
-    "<think>", "</think>", "<search>", "</search>", "<information>", "</information>",
-    "<answer>", "</answer>", "<answer", "</search", "<b>", "<br/>", "<think id=1>", "\n", " ",
-    "Doc 1", "Doc 4", "(Title: ", ")", "query", "Beijing",
+    "<think>",
+    "</think>",
+    "<search>",
+    "</search>",
+    "<information>",
+    "</information>",
+    "<answer>",
+    "</answer>",
+    "<answer",
+    "</search",
+    "<b>",
+    "<br/>",
+    "<think id=1>",
+    "\n",
+    " ",
+    "Doc 1",
+    "Doc 4",
+    "(Title: ",
+    ")",
+    "query",
+    "Beijing",
 ]
 # Characters that break naive line handling (str.splitlines splits on all of these).
 AWKWARD_CHARS = ["\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\r", "\t", "\x00", "é", "\u0301"]
@@ -85,8 +103,11 @@ tag_free_text = any_text.filter(lambda t: "<" not in t and ">" not in t)
 tagged_text = st.lists(st.one_of(st.sampled_from(TAG_PIECES), any_text), max_size=12).map("".join)
 
 json_scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=False, allow_infinity=False), any_text,
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    any_text,
 )
 json_values = st.recursive(
     json_scalars,
@@ -175,9 +196,7 @@ def test_extract_answer_reads_the_last_complete_answer(prefix: str, answer: str,
 
 # --------------------------------------------------------------------------- format reward
 
-FORMAT_VALUES = {
-    min(0.5 * t, 1.0) * min(t, s + 1) / max(t, s + 1) for t in range(1, 9) for s in range(0, 40)
-} | {0.0}
+FORMAT_VALUES = {min(0.5 * t, 1.0) * min(t, s + 1) / max(t, s + 1) for t in range(1, 9) for s in range(0, 40)} | {0.0}
 
 
 @fuzz("fast", 500)
@@ -189,8 +208,10 @@ def test_format_score_is_one_of_the_defined_values(text: str) -> None:
 
 
 @fuzz("fast", 500)
-@given(st.lists(st.tuples(tag_free_text, tag_free_text.filter(lambda q: "\n" not in q and "\r" not in q)), max_size=3),
-       tag_free_text)
+@given(
+    st.lists(st.tuples(tag_free_text, tag_free_text.filter(lambda q: "\n" not in q and "\r" not in q)), max_size=3),
+    tag_free_text,
+)
 def test_well_formed_responses_score_above_zero(turns: list[tuple[str, str]], answer: str) -> None:
     assume(all(t.strip() and q.strip() and q.strip().lower() != "query" for t, q in turns))
     assume(answer.strip() and answer.strip().lower() != "beijing")
@@ -204,13 +225,19 @@ def test_well_formed_responses_score_above_zero(turns: list[tuple[str, str]], an
 
 
 @fuzz("fast", 500)
-@given(st.lists(st.one_of(st.sampled_from(["Doc 1", "Doc 2:", "**Doc 3**", "Document 4.", "\n\n", "(Title: ", ")"]),
-                          any_text), max_size=15).map("".join),
-       st.integers(min_value=1, max_value=8))
+@given(
+    st.lists(
+        st.one_of(st.sampled_from(["Doc 1", "Doc 2:", "**Doc 3**", "Document 4.", "\n\n", "(Title: ", ")"]), any_text),
+        max_size=15,
+    ).map("".join),
+    st.integers(min_value=1, max_value=8),
+)
 def test_parse_documents_always_returns_exactly_top_k(text: str, top_k: int) -> None:
     result = parse_documents(text, top_k)
     assert len(result.documents) == top_k
-    assert all(isinstance(d.title, str) and isinstance(d.text, str) and d.source == "simulator" for d in result.documents)
+    assert all(
+        isinstance(d.title, str) and isinstance(d.text, str) and d.source == "simulator" for d in result.documents
+    )
     assert result.padded == top_k - min(result.found, top_k)
     assert result.trimmed == max(0, result.found - top_k)
     assert [d.text for d in result.documents[top_k - result.padded :]] == [PAD_TEXT] * result.padded
@@ -234,16 +261,45 @@ def _keys(node, prefix: str = "") -> list[str]:
 
 SCHEMA_KEYS = {schema: _keys(OmegaConf.structured(schema)) for schema in SCHEMAS}
 AWKWARD_VALUES = [
-    "", "null", "???", "[1", "{", "}", "${run_dir}", "${oc.env:SIMSEARCH_FUZZ_UNSET}", "${nope}", "1e999", "-1", "0",
-    "nan", ".inf", "true", "[a, b]", "{a: 1}", "'quoted'", "!!binary aGk=", "&a [*a]", "a: b", "- 1",
-    "[{name: x, path: y}]", "{f1: 1.0, em: x}", "3", "openai", "simulator", "custom", "bm25", "http",
+    "",
+    "null",
+    "???",
+    "[1",
+    "{",
+    "}",
+    "${run_dir}",
+    "${oc.env:SIMSEARCH_FUZZ_UNSET}",
+    "${nope}",
+    "1e999",
+    "-1",
+    "0",
+    "nan",
+    ".inf",
+    "true",
+    "[a, b]",
+    "{a: 1}",
+    "'quoted'",
+    "!!binary aGk=",
+    "&a [*a]",
+    "a: b",
+    "- 1",
+    "[{name: x, path: y}]",
+    "{f1: 1.0, em: x}",
+    "3",
+    "openai",
+    "simulator",
+    "custom",
+    "bm25",
+    "http",
 ]
 override_values = st.one_of(st.sampled_from(AWKWARD_VALUES), any_text.filter(lambda v: "\x00" not in v))
 
 
 @st.composite
 def overrides_for(draw, schema):
-    keys = st.one_of(st.sampled_from(SCHEMA_KEYS[schema]), st.sampled_from(["", "a..b", "x", "search.nope", "=", "run_dir.x"]))
+    keys = st.one_of(
+        st.sampled_from(SCHEMA_KEYS[schema]), st.sampled_from(["", "a..b", "x", "search.nope", "=", "run_dir.x"])
+    )
     items = draw(st.lists(st.tuples(keys, override_values), max_size=4))
     return [f"{k}={v}" for k, v in items] + draw(st.lists(st.sampled_from(["noequals", "a b"]), max_size=1))
 
@@ -304,13 +360,17 @@ def retrieve_url():
 FIELDS = ["queries", "topk", "return_scores", "question", "golden_answers", "noisy", "p_noise"]
 plausible = {
     "queries": st.lists(st.one_of(any_text, st.sampled_from(["alpha", "word3 delta", ""])), max_size=10),
-    "topk": st.one_of(st.none(), st.integers(min_value=-3, max_value=10), st.integers(min_value=-(2**70), max_value=2**70)),
+    "topk": st.one_of(
+        st.none(), st.integers(min_value=-3, max_value=10), st.integers(min_value=-(2**70), max_value=2**70)
+    ),
     "return_scores": st.one_of(st.booleans(), json_scalars),
     "question": st.lists(st.one_of(st.none(), any_text), max_size=4),
     "golden_answers": st.lists(st.lists(any_text, max_size=2), max_size=4),
     "noisy": st.lists(st.one_of(st.booleans(), st.integers(min_value=-2, max_value=12)), max_size=4),
     "p_noise": st.one_of(st.floats(allow_nan=False, allow_infinity=False), json_scalars),
 }
+
+
 @st.composite
 def valid_bodies(draw) -> dict:
     """Requests the server must accept, with aligned optional fields: odd but legal input for the engine."""
@@ -326,7 +386,9 @@ def valid_bodies(draw) -> dict:
     if draw(st.booleans()):
         body["golden_answers"] = draw(st.lists(st.lists(any_text, max_size=2), min_size=n, max_size=n))
     if draw(st.booleans()):
-        body["noisy"] = draw(st.lists(st.one_of(st.booleans(), st.integers(min_value=0, max_value=3)), min_size=n, max_size=n))
+        body["noisy"] = draw(
+            st.lists(st.one_of(st.booleans(), st.integers(min_value=0, max_value=3)), min_size=n, max_size=n)
+        )
     elif draw(st.booleans()):
         body["p_noise"] = draw(st.floats(min_value=0.0, max_value=1.0))
     return body
@@ -336,10 +398,20 @@ retrieve_bodies = st.one_of(
     valid_bodies().map(lambda d: json.dumps(d).encode()),
     json_values.map(lambda v: json.dumps(v).encode()),
     st.fixed_dictionaries({}, optional={k: st.one_of(plausible[k], json_values) for k in FIELDS}).map(
-        lambda d: json.dumps(d).encode()),
+        lambda d: json.dumps(d).encode()
+    ),
     st.binary(max_size=200),
-    st.sampled_from([b'{"queries": ["a"], "topk": NaN}', b'{"queries": ["\\ud800"]}', b"[" * 5000,
-                     b'{"queries": ["a"]}' + b" " * 30_000, b'{"queries": ["a"], "topk": 1e400}', b"", b"null"]),
+    st.sampled_from(
+        [
+            b'{"queries": ["a"], "topk": NaN}',
+            b'{"queries": ["\\ud800"]}',
+            b"[" * 5000,
+            b'{"queries": ["a"]}' + b" " * 30_000,
+            b'{"queries": ["a"], "topk": 1e400}',
+            b"",
+            b"null",
+        ]
+    ),
 )
 
 
@@ -361,8 +433,18 @@ def test_retrieve_answers_any_body_with_json_and_never_5xx(retrieve_url, body: b
 
 # --------------------------------------------------------------------------- data files
 
-row_keys = ["id", "question", "golden_answers", "contents", "title", "text", "prompt", "reward_model",
-            "extra_info", "data_source"]
+row_keys = [
+    "id",
+    "question",
+    "golden_answers",
+    "contents",
+    "title",
+    "text",
+    "prompt",
+    "reward_model",
+    "extra_info",
+    "data_source",
+]
 plausible_rows = st.fixed_dictionaries(
     {},
     optional={
@@ -372,8 +454,15 @@ plausible_rows = st.fixed_dictionaries(
         "contents": st.one_of(any_text, json_values),
         "title": st.one_of(any_text, json_values),
         "text": st.one_of(any_text, json_values),
-        "prompt": st.one_of(any_text, st.lists(st.fixed_dictionaries({"role": st.just("user"), "content": any_text}), max_size=2), json_values),
-        "reward_model": st.one_of(st.fixed_dictionaries({"ground_truth": st.fixed_dictionaries({"target": st.lists(any_text, max_size=2)})}), json_values),
+        "prompt": st.one_of(
+            any_text,
+            st.lists(st.fixed_dictionaries({"role": st.just("user"), "content": any_text}), max_size=2),
+            json_values,
+        ),
+        "reward_model": st.one_of(
+            st.fixed_dictionaries({"ground_truth": st.fixed_dictionaries({"target": st.lists(any_text, max_size=2)})}),
+            json_values,
+        ),
         "extra_info": st.one_of(st.fixed_dictionaries({}, optional={"index": json_scalars}), json_values),
         "data_source": st.one_of(any_text, json_values),
     },
@@ -393,7 +482,11 @@ jsonl_lines = st.one_of(
 
 
 @fuzz("medium", 3000)
-@given(st.lists(st.one_of(jsonl_lines, st.sampled_from([LONE_SURROGATE, HUGE_INTEGER, DEEP_NESTING])), min_size=1, max_size=4))
+@given(
+    st.lists(
+        st.one_of(jsonl_lines, st.sampled_from([LONE_SURROGATE, HUGE_INTEGER, DEEP_NESTING])), min_size=1, max_size=4
+    )
+)
 @example([RAW_LINE_SEPARATOR])
 @example([RAW_LINE_SEPARATOR, LONE_SURROGATE])
 @example([HUGE_INTEGER])
@@ -430,14 +523,18 @@ def test_corpus_lines_give_passages_or_an_error_naming_file_and_line(lines: list
 
 
 @fuzz("medium", 3000)
-@given(st.lists(st.tuples(st.one_of(any_text, st.integers()), any_text, any_text), min_size=1, max_size=4), st.booleans())
+@given(
+    st.lists(st.tuples(st.one_of(any_text, st.integers()), any_text, any_text), min_size=1, max_size=4), st.booleans()
+)
 def test_corpus_rows_read_back_as_written(rows: list[tuple], wiki18: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "corpus.jsonl"
         with path.open("w", encoding="utf-8") as f:
             for pid, title, text in rows:
                 title = title.replace("\n", " ")
-                row = {"id": pid, "contents": f"{title}\n{text}"} if wiki18 else {"id": pid, "title": title, "text": text}
+                row = (
+                    {"id": pid, "contents": f"{title}\n{text}"} if wiki18 else {"id": pid, "title": title, "text": text}
+                )
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
         passages = load_passages(path)
     expected = [(str(pid), title.replace("\n", " "), text) for pid, title, text in rows]
@@ -446,7 +543,9 @@ def test_corpus_rows_read_back_as_written(rows: list[tuple], wiki18: bool) -> No
 
 def test_qa_file_that_is_not_utf8_names_the_line(tmp_path: Path) -> None:
     path = tmp_path / "latin1.jsonl"
-    path.write_bytes(b'{"question": "q?", "golden_answers": ["a"]}\n{"question": "caf\xe9?", "golden_answers": ["a"]}\n')
+    path.write_bytes(
+        b'{"question": "q?", "golden_answers": ["a"]}\n{"question": "caf\xe9?", "golden_answers": ["a"]}\n'
+    )
     with pytest.raises(QADataError, match=r"latin1.jsonl: line 2: not UTF-8"):
         load_qa(path)
 
@@ -519,13 +618,16 @@ class SlowEngine:
         if any(r.top_k > 3 for r in requests):
             raise ValueError("top_k must be between 1 and the corpus size, 3")
         time.sleep(1.0 if any(r.query == "hold" for r in requests) else 0.0)
-        return [[Document(self.title, f"{r.query} {i}", score=self.score, id=str(i)) for i in range(r.top_k)]
-                for r in requests]
+        return [
+            [Document(self.title, f"{r.query} {i}", score=self.score, id=str(i)) for i in range(r.top_k)]
+            for r in requests
+        ]
 
 
 def test_a_request_the_engine_refuses_gets_422_and_does_not_fail_the_requests_coalesced_with_it() -> None:
     engine = SlowEngine()
     with serve_in_thread(create_app(engine)) as url:
+
         def post(topk: int, query: str = "q") -> httpx.Response:
             return httpx.post(f"{url}/retrieve", json={"queries": [query], "topk": topk}, timeout=10)
 

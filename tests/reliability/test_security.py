@@ -60,7 +60,9 @@ def served(monkeypatch):
     """Runs `serve.main` without a network: captures the app and the host instead."""
     captured: dict[str, Any] = {}
     monkeypatch.setattr(serve, "build_search_engine", lambda cfg: EchoEngine())
-    monkeypatch.setattr(serve.uvicorn, "run", lambda app, host, port, **_: captured.update(app=app, host=host, port=port))
+    monkeypatch.setattr(
+        serve.uvicorn, "run", lambda app, host, port, **_: captured.update(app=app, host=host, port=port)
+    )
     return captured
 
 
@@ -131,19 +133,32 @@ REPLIES: dict[str, Callable[[str], tuple[int, bytes]]] = {
     # The secret straddles the 300th character, where error messages cut a quoted body.
     "500 echo at the cut": lambda c: (500, ("x" * (290 - c.index(SECRET)) + c).encode()),
     # A JSON object with the credentials where each client expects its results.
-    "200 wrong shape": lambda c: (200, (
-        f'{{"error": "key {c}", "organic": "{c}", "organic_results": "{c}", "result": "{c}", '
-        f'"choices": "{c}"}}').encode()),
-    "200 wrong items": lambda c: (200, (
-        f'{{"organic": [{{"snippet": "{c}"}}], "organic_results": [{{"snippet": "{c}"}}], '
-        f'"result": [["{c}"]], "choices": [{{"index": 0, "text": "{c}", "finish_reason": "{c}"}}]}}').encode()),
+    "200 wrong shape": lambda c: (
+        200,
+        (
+            f'{{"error": "key {c}", "organic": "{c}", "organic_results": "{c}", "result": "{c}", "choices": "{c}"}}'
+        ).encode(),
+    ),
+    "200 wrong items": lambda c: (
+        200,
+        (
+            f'{{"organic": [{{"snippet": "{c}"}}], "organic_results": [{{"snippet": "{c}"}}], '
+            f'"result": [["{c}"]], "choices": [{{"index": 0, "text": "{c}", "finish_reason": "{c}"}}]}}'
+        ).encode(),
+    ),
 }
 
 CLIENTS: dict[str, Callable[[str], Any]] = {
     "openai": lambda url: OpenAIEngine([url], "m", api_key_env=KEY_ENV, max_retries=1, backoff_s=0.001, timeout_s=2),
-    "serper": lambda url: SerperSearchEngine(api_key_env=KEY_ENV, base_url=url, max_retries=1, backoff_s=0.001, timeout_s=2),
-    "serpapi": lambda url: SerpAPISearchEngine(api_key_env=KEY_ENV, base_url=url, max_retries=1, backoff_s=0.001, timeout_s=2),
-    "http": lambda url: HTTPSearchEngine(f"{url}/retrieve", api_key_env=KEY_ENV, max_retries=1, backoff_s=0.001, timeout_s=2),
+    "serper": lambda url: SerperSearchEngine(
+        api_key_env=KEY_ENV, base_url=url, max_retries=1, backoff_s=0.001, timeout_s=2
+    ),
+    "serpapi": lambda url: SerpAPISearchEngine(
+        api_key_env=KEY_ENV, base_url=url, max_retries=1, backoff_s=0.001, timeout_s=2
+    ),
+    "http": lambda url: HTTPSearchEngine(
+        f"{url}/retrieve", api_key_env=KEY_ENV, max_retries=1, backoff_s=0.001, timeout_s=2
+    ),
 }
 
 
@@ -154,13 +169,24 @@ def call(client: Any) -> Any:
 
 
 def everything_said_about(err: BaseException, client: Any, caplog) -> str:
-    return "\n".join([str(err), repr(err), "".join(traceback.format_exception(err)), repr(client), str(client),
-                      caplog.text, *(r.getMessage() for r in caplog.records)])
+    return "\n".join(
+        [
+            str(err),
+            repr(err),
+            "".join(traceback.format_exception(err)),
+            repr(client),
+            str(client),
+            caplog.text,
+            *(r.getMessage() for r in caplog.records),
+        ]
+    )
 
 
 @pytest.mark.parametrize("reply", list(REPLIES))
 @pytest.mark.parametrize("kind", list(CLIENTS))
-def test_api_keys_never_reach_errors_reprs_or_logs_whatever_the_server_says(kind: str, reply: str, monkeypatch, caplog) -> None:
+def test_api_keys_never_reach_errors_reprs_or_logs_whatever_the_server_says(
+    kind: str, reply: str, monkeypatch, caplog
+) -> None:
     monkeypatch.setenv(KEY_ENV, SECRET)
     caplog.set_level(logging.DEBUG)  # httpx and httpcore log every request at INFO / DEBUG
     server = echo_server(REPLIES[reply])
@@ -229,9 +255,19 @@ def test_no_recipe_field_can_hold_a_secret_only_the_name_of_a_variable() -> None
 
 def test_the_run_directory_holds_variable_names_not_keys(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(KEY_ENV, SECRET)
-    recipe = load_recipe(TrainRecipe, None, [
-        f"run_dir={tmp_path}", "data.train=[q.jsonl]", "policy.kind=openai", "policy.base_urls=[http://127.0.0.1:1]",
-        f"policy.api_key_env={KEY_ENV}", "search.kind=serper", f"search.api_key_env={KEY_ENV}"])
+    recipe = load_recipe(
+        TrainRecipe,
+        None,
+        [
+            f"run_dir={tmp_path}",
+            "data.train=[q.jsonl]",
+            "policy.kind=openai",
+            "policy.base_urls=[http://127.0.0.1:1]",
+            f"policy.api_key_env={KEY_ENV}",
+            "search.kind=serper",
+            f"search.api_key_env={KEY_ENV}",
+        ],
+    )
     saved = save_recipe(recipe, tmp_path).read_text()
     assert KEY_ENV in saved and SECRET not in saved
 

@@ -91,13 +91,18 @@ def test_wrap_strips_surrounding_whitespace_only():
 def test_plain_style():
     docs = [Document(title="A", text="alpha"), Document(title="B", text="beta\ngamma")]
     assert render_documents(docs, style="plain") == "A\nalpha\n\nB\nbeta\ngamma"
-    assert wrap_information(render_documents(docs, style="plain")) == "\n\n<information>A\nalpha\n\nB\nbeta\ngamma</information>\n\n"
+    assert (
+        wrap_information(render_documents(docs, style="plain"))
+        == "\n\n<information>A\nalpha\n\nB\nbeta\ngamma</information>\n\n"
+    )
 
 
 def test_brief_style_drops_titles_and_keeps_each_text_on_one_line():
     docs = [Document(title='"Roru"', text="Roru is a  glassblower.\nBorn in Gesmere."), Document("B", "beta")]
     assert render_documents(docs, style="brief") == "Doc 1: Roru is a glassblower. Born in Gesmere.\nDoc 2: beta\n"
-    assert wrap_information(render_documents(docs[1:], style="brief")) == "\n\n<information>Doc 1: beta</information>\n\n"
+    assert (
+        wrap_information(render_documents(docs[1:], style="brief")) == "\n\n<information>Doc 1: beta</information>\n\n"
+    )
 
 
 def test_zerosearch_google_style_is_byte_identical_to_retrieve_from_google():
@@ -110,7 +115,10 @@ def test_zerosearch_google_style_is_byte_identical_to_retrieve_from_google():
     ]
     block = "Doc 1: Eiffel Tower - WikipediaThe tower is 330 metres tall.\nDoc 2: Paris – Britannica"
     assert render_documents(docs, style="zerosearch-google") == block
-    assert wrap_information(render_documents(docs, style="zerosearch-google")) == f"\n\n<information>{block}</information>\n\n"
+    assert (
+        wrap_information(render_documents(docs, style="zerosearch-google"))
+        == f"\n\n<information>{block}</information>\n\n"
+    )
     assert render_documents([], style="zerosearch-google") == ""
 
 
@@ -152,7 +160,9 @@ def test_select_top_k_orders_by_score_then_position():
 
 def test_check_top_k_names_the_bad_request():
     check_top_k([SearchRequest("a", top_k=1), SearchRequest("b", top_k=5)], corpus_size=5)
-    with pytest.raises(ValueError, match=r"request 1 \(query 'b'\) has top_k=0; top_k must be between 1 and the corpus size, 5"):
+    with pytest.raises(
+        ValueError, match=r"request 1 \(query 'b'\) has top_k=0; top_k must be between 1 and the corpus size, 5"
+    ):
         check_top_k([SearchRequest("a", top_k=1), SearchRequest("b", top_k=0)], corpus_size=5)
     with pytest.raises(ValueError, match="has top_k=-2"):
         check_top_k([SearchRequest("a", top_k=-2)], corpus_size=5)

@@ -26,7 +26,9 @@ FRUIT = [
 
 
 def write_corpus(path: Path, passages: list[Passage]) -> Path:
-    path.write_text("".join(json.dumps({"id": p.id, "contents": p.contents}) + "\n" for p in passages), encoding="utf-8")
+    path.write_text(
+        "".join(json.dumps({"id": p.id, "contents": p.contents}) + "\n" for p in passages), encoding="utf-8"
+    )
     return path
 
 
@@ -84,13 +86,17 @@ def test_batch_keeps_order_and_each_top_k(fruit):
 
 def test_query_without_known_words_returns_nothing_and_leaves_vocabulary(fruit):
     vocab_size = len(fruit.tokenizer.word_to_id)
-    assert fruit.search([SearchRequest("zebra quokka", top_k=2), SearchRequest("", top_k=2), SearchRequest("the of", top_k=2)]) == [[], [], []]
+    assert fruit.search(
+        [SearchRequest("zebra quokka", top_k=2), SearchRequest("", top_k=2), SearchRequest("the of", top_k=2)]
+    ) == [[], [], []]
     assert len(fruit.tokenizer.word_to_id) == vocab_size
 
 
 @pytest.mark.parametrize("top_k", [0, -1, 4])
 def test_bad_top_k_is_an_error(fruit, top_k):
-    with pytest.raises(ValueError, match=f"request 1 \\(query 'x'\\) has top_k={top_k}; top_k must be between 1 and the corpus size, 3"):
+    with pytest.raises(
+        ValueError, match=f"request 1 \\(query 'x'\\) has top_k={top_k}; top_k must be between 1 and the corpus size, 3"
+    ):
         fruit.search([SearchRequest("banana", top_k=1), SearchRequest("x", top_k=top_k)])
 
 
@@ -112,7 +118,9 @@ def test_save_load_round_trip(fruit, tmp_path, mmap):
 def test_load_with_another_corpus_is_refused(fruit, tmp_path):
     fruit.save(tmp_path / "index")
     shorter = write_corpus(tmp_path / "short.jsonl", FRUIT[:2])
-    with pytest.raises(ValueError, match=r"built for another corpus than .*short\.jsonl: it was built for 3 passages, .* has 2"):
+    with pytest.raises(
+        ValueError, match=r"built for another corpus than .*short\.jsonl: it was built for 3 passages, .* has 2"
+    ):
         BM25SearchEngine.load(tmp_path / "index", shorter)
     edited = write_corpus(tmp_path / "edited.jsonl", [FRUIT[0], FRUIT[1], Passage("p2", "Date", "dates")])
     with pytest.raises(ValueError, match="different passages or order"):

@@ -47,7 +47,9 @@ def passages() -> list[Passage]:
 @pytest.fixture(scope="module")
 def engine(passages, tmp_path_factory) -> DenseSearchEngine:
     # The bundled all-MiniLM-L6-v2, loaded from the installed package with local_files_only.
-    return DenseSearchEngine.build(passages, tmp_path_factory.mktemp("dense"), batch_size=2, device="cpu", show_progress=False)
+    return DenseSearchEngine.build(
+        passages, tmp_path_factory.mktemp("dense"), batch_size=2, device="cpu", show_progress=False
+    )
 
 
 def test_paraphrased_queries_find_their_passage(engine):
@@ -104,12 +106,16 @@ def test_prefixes_are_applied_and_stored(engine, tmp_path, reuse_encoder):
 def test_save_load_round_trip_and_corpus_check(passages, engine, tmp_path, reuse_encoder):
     index_dir = Path(engine.embeddings.filename).parent
     corpus = tmp_path / "c.jsonl"
-    corpus.write_text("".join(json.dumps({"id": p.id, "contents": p.contents}) + "\n" for p in passages), encoding="utf-8")
+    corpus.write_text(
+        "".join(json.dumps({"id": p.id, "contents": p.contents}) + "\n" for p in passages), encoding="utf-8"
+    )
     loaded = DenseSearchEngine.load(index_dir, corpus, device="cpu")
     requests = [SearchRequest("cathedral dome", top_k=2), SearchRequest("video game", top_k=3)]
     expected, got = engine.search(requests), loaded.search(requests)
     assert [[d.id for d in docs] for docs in got] == [[d.id for d in docs] for docs in expected]
-    assert [d.score for docs in got for d in docs] == pytest.approx([d.score for docs in expected for d in docs], abs=1e-6)
+    assert [d.score for docs in got for d in docs] == pytest.approx(
+        [d.score for docs in expected for d in docs], abs=1e-6
+    )
 
     other = tmp_path / "other.jsonl"
     other.write_text(json.dumps({"id": "x", "title": "T", "text": "t"}) + "\n")
@@ -122,7 +128,9 @@ def test_in_memory_build_then_save_and_copy(passages, engine, tmp_path, reuse_en
     assert not isinstance(in_memory.embeddings, np.memmap)
     np.testing.assert_allclose(in_memory.embeddings, engine.embeddings, atol=1e-5)
     corpus = tmp_path / "c.jsonl"
-    corpus.write_text("".join(json.dumps({"id": p.id, "contents": p.contents}) + "\n" for p in passages), encoding="utf-8")
+    corpus.write_text(
+        "".join(json.dumps({"id": p.id, "contents": p.contents}) + "\n" for p in passages), encoding="utf-8"
+    )
     in_memory.save(tmp_path / "saved")
     loaded = DenseSearchEngine.load(tmp_path / "saved", corpus)
     assert isinstance(loaded.embeddings, np.memmap)

@@ -66,12 +66,8 @@ def test_parse_document_keeps_the_title_line_as_stored():
         id="0",
     )
     # Plain documents (return_scores false) and title/text corpora.
-    assert parse_document(CORPUS[1], "u") == Document(
-        '"Lyon"', "Lyon is a city in France.", None, "http", "1"
-    )
-    assert parse_document({"id": 7, "title": "T", "text": "body"}, "u") == Document(
-        "T", "body", None, "http", "7"
-    )
+    assert parse_document(CORPUS[1], "u") == Document('"Lyon"', "Lyon is a city in France.", None, "http", "1")
+    assert parse_document({"id": 7, "title": "T", "text": "body"}, "u") == Document("T", "body", None, "http", "7")
     message = "http://x/retrieve returned a document without 'contents'"
     with pytest.raises(SearchServiceError, match=message):
         parse_document({"document": {"id": "9"}}, "http://x/retrieve")
@@ -98,9 +94,7 @@ def test_one_post_per_distinct_top_k_and_results_in_request_order(serve):
 def test_simulator_context_travels_aligned_with_queries(serve):
     server = serve(retrieve)
     requests = [
-        SearchRequest(
-            "q1", top_k=3, question="Capital of France?", golden_answers=["Paris"], num_noisy=3
-        ),
+        SearchRequest("q1", top_k=3, question="Capital of France?", golden_answers=["Paris"], num_noisy=3),
         SearchRequest("q2", top_k=3),
     ]
     engine(server.url + "/retrieve").search(requests)
@@ -115,9 +109,7 @@ def test_simulator_context_travels_aligned_with_queries(serve):
 
 def test_batch_size_splits_large_groups(serve):
     server = serve(retrieve)
-    out = engine(server.url + "/retrieve", batch_size=2).search(
-        [SearchRequest(f"q{i}", top_k=1) for i in range(5)]
-    )
+    out = engine(server.url + "/retrieve", batch_size=2).search([SearchRequest(f"q{i}", top_k=1) for i in range(5)])
     assert [len(s.json()["queries"]) for s in server.seen] == [2, 2, 1]
     # Within each POST query j gets doc j: batches (0, 1), (2, 3), (4).
     assert [docs[0].id for docs in out] == ["0", "1", "0", "1", "0"]

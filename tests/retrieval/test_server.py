@@ -30,8 +30,15 @@ class RecordingEngine:
         if self.fail:
             raise RuntimeError("index unavailable")
         return [
-            [Document(title=f'"{r.query}"', text=f"passage {i} noisy={r.num_noisy}", score=1.0 / (i + 1), id=f"{r.query}-{i}")
-             for i in range(r.top_k)]
+            [
+                Document(
+                    title=f'"{r.query}"',
+                    text=f"passage {i} noisy={r.num_noisy}",
+                    score=1.0 / (i + 1),
+                    id=f"{r.query}-{i}",
+                )
+                for i in range(r.top_k)
+            ]
             for r in requests
         ]
 
@@ -39,19 +46,31 @@ class RecordingEngine:
 def test_search_r1_response_shape_with_and_without_scores() -> None:
     engine = RecordingEngine()
     with serve_in_thread(create_app(engine, default_top_k=2)) as url:
-        scored = httpx.post(f"{url}/retrieve", json={"queries": ["alpha", "beta"], "topk": 2, "return_scores": True}).json()
+        scored = httpx.post(
+            f"{url}/retrieve", json={"queries": ["alpha", "beta"], "topk": 2, "return_scores": True}
+        ).json()
         plain = httpx.post(f"{url}/retrieve", json={"queries": ["alpha"], "topk": None}).json()
     assert scored == {
         "result": [
-            [{"document": {"id": "alpha-0", "contents": '"alpha"\npassage 0 noisy=0'}, "score": 1.0},
-             {"document": {"id": "alpha-1", "contents": '"alpha"\npassage 1 noisy=0'}, "score": 0.5}],
-            [{"document": {"id": "beta-0", "contents": '"beta"\npassage 0 noisy=0'}, "score": 1.0},
-             {"document": {"id": "beta-1", "contents": '"beta"\npassage 1 noisy=0'}, "score": 0.5}],
+            [
+                {"document": {"id": "alpha-0", "contents": '"alpha"\npassage 0 noisy=0'}, "score": 1.0},
+                {"document": {"id": "alpha-1", "contents": '"alpha"\npassage 1 noisy=0'}, "score": 0.5},
+            ],
+            [
+                {"document": {"id": "beta-0", "contents": '"beta"\npassage 0 noisy=0'}, "score": 1.0},
+                {"document": {"id": "beta-1", "contents": '"beta"\npassage 1 noisy=0'}, "score": 0.5},
+            ],
         ]
     }
     # topk null -> the server's default; plain lists of documents without scores.
-    assert plain == {"result": [[{"id": "alpha-0", "contents": '"alpha"\npassage 0 noisy=0'},
-                                 {"id": "alpha-1", "contents": '"alpha"\npassage 1 noisy=0'}]]}
+    assert plain == {
+        "result": [
+            [
+                {"id": "alpha-0", "contents": '"alpha"\npassage 0 noisy=0'},
+                {"id": "alpha-1", "contents": '"alpha"\npassage 1 noisy=0'},
+            ]
+        ]
+    }
 
 
 @pytest.mark.parametrize(
@@ -82,13 +101,22 @@ def test_bad_requests_get_4xx_with_a_message(body: bytes, status: int, fragment:
 def test_simulator_fields_reach_the_engine() -> None:
     engine = RecordingEngine()
     with serve_in_thread(create_app(engine)) as url:
-        httpx.post(f"{url}/retrieve", json={
-            "queries": ["q1", "q2"], "topk": 3, "question": ["Who?", None],
-            "golden_answers": [["Ann"], []], "noisy": [True, 1]})
+        httpx.post(
+            f"{url}/retrieve",
+            json={
+                "queries": ["q1", "q2"],
+                "topk": 3,
+                "question": ["Who?", None],
+                "golden_answers": [["Ann"], []],
+                "noisy": [True, 1],
+            },
+        )
         httpx.post(f"{url}/retrieve", json={"queries": ["q3"], "topk": 3, "p_noise": 1.0})
     first, second = engine.calls
     assert [(r.query, r.question, r.golden_answers, r.num_noisy) for r in first] == [
-        ("q1", "Who?", ["Ann"], 3), ("q2", None, [], 1)]
+        ("q1", "Who?", ["Ann"], 3),
+        ("q2", None, [], 1),
+    ]
     assert second[0].num_noisy == 3  # p_noise=1: every coin says noisy, all of top-k
 
 
@@ -112,10 +140,12 @@ def test_concurrent_requests_are_coalesced_into_fewer_engine_calls() -> None:
     engine = GatedEngine(expected=16)
     engine.app = app = create_app(engine, max_batch=64)
     with serve_in_thread(app) as url:
+
         def one(i: int) -> int:
             response = httpx.post(f"{url}/retrieve", json={"queries": [f"q{i}"], "topk": 1}, timeout=30)
             assert response.json()["result"][0][0]["id"] == f"q{i}-0"  # each gets its own answer
             return response.status_code
+
         with ThreadPoolExecutor(16) as pool:
             codes = list(pool.map(one, range(16)))
     assert codes == [200] * 16

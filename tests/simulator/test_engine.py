@@ -216,8 +216,11 @@ class _CharTokenizer:
 def test_chat_mode_sends_chat_templated_token_ids() -> None:
     gen = FakeGenerator(lambda p: "Doc 1: x")
     engine = SimulatedSearchEngine(
-        gen, preset="custom", templates=PromptTemplates("U:{query}", "N:{query}"),
-        tokenizer=_CharTokenizer(), chat=True,  # type: ignore[arg-type]
+        gen,
+        preset="custom",
+        templates=PromptTemplates("U:{query}", "N:{query}"),
+        tokenizer=_CharTokenizer(),
+        chat=True,  # type: ignore[arg-type]
     )
     engine.search([_request("q", top_k=1)])
     sent = gen.calls[0][0][0]

@@ -68,7 +68,9 @@ def test_prompt_tokens_are_masked_and_eos_is_learned(tokenizer) -> None:  # noqa
 
 def test_answer_tokens_get_the_answer_weight(tokenizer) -> None:  # noqa: ANN001
     prompt, response = "Query: capital of france\nResults:\n", "Doc 1(Title: Paris) Paris is the capital."
-    pair = tokenize_pair(tokenizer, prompt, response, chat_template=False, max_length=100, answers=["Paris"], answer_weight=5.0)
+    pair = tokenize_pair(
+        tokenizer, prompt, response, chat_template=False, max_length=100, answers=["Paris"], answer_weight=5.0
+    )
     n_prompt = len(tokenizer(prompt)["input_ids"])
     weighted = [tokenizer.decode([t]) for t, w in zip(pair.input_ids, pair.weights) if w == 5.0]
     # Both whole-word occurrences, every token of each, and nothing else.
@@ -96,15 +98,15 @@ def test_truncation_cuts_the_response_and_drops_overlong_prompts(tokenizer) -> N
     assert tokenize_pair(tokenizer, prompt, "x", chat_template=False, max_length=n_prompt) is None
     kept, dropped = tokenize_pairs(
         [{"prompt": prompt, "response": "a"}, {"prompt": prompt * 5, "response": "b"}],
-        tokenizer, chat_template=False, max_length=n_prompt + 3,
+        tokenizer,
+        chat_template=False,
+        max_length=n_prompt + 3,
     )
     assert (len(kept), dropped) == (1, 1)
 
 
 def test_collate_right_pads() -> None:
-    batch = collate(
-        [TokenizedPair([5, 6, 7], [-100, 6, 7], [0.0, 1.0, 3.0]), TokenizedPair([8], [8], [1.0])], pad_id=0
-    )
+    batch = collate([TokenizedPair([5, 6, 7], [-100, 6, 7], [0.0, 1.0, 3.0]), TokenizedPair([8], [8], [1.0])], pad_id=0)
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["labels"].tolist() == [[-100, 6, 7], [8, -100, -100]]
@@ -126,10 +128,14 @@ def test_response_loss_by_hand() -> None:
     assert response_loss(logits, torch.tensor([[1, 0, 1]]), ones).item() == pytest.approx(math.log(8 / 3), abs=1e-6)
     # Masking position 2's label removes the ln(4/3) term.
     masked = torch.tensor([[IGNORE_INDEX, 0, IGNORE_INDEX]])
-    assert response_loss(logits, masked, torch.tensor([[0.0, 1.0, 0.0]])).item() == pytest.approx(math.log(2.0), abs=1e-6)
+    assert response_loss(logits, masked, torch.tensor([[0.0, 1.0, 0.0]])).item() == pytest.approx(
+        math.log(2.0), abs=1e-6
+    )
     # Weight 3 on position 2: ln 2 + 3 ln(4/3).
     weighted = torch.tensor([[0.0, 1.0, 3.0]])
-    assert response_loss(logits, labels, weighted).item() == pytest.approx(math.log(2.0) + 3 * math.log(4 / 3), abs=1e-6)
+    assert response_loss(logits, labels, weighted).item() == pytest.approx(
+        math.log(2.0) + 3 * math.log(4 / 3), abs=1e-6
+    )
 
 
 def test_step_batches_cover_each_epoch_once_across_ranks() -> None:

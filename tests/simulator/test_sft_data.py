@@ -51,8 +51,16 @@ def test_rule_judge() -> None:
 
 @pytest.mark.parametrize(
     ("reply", "verdict"),
-    [("Yes", True), (" no.", False), ("**YES**", True), ("Answer: yes, they do", True),
-     ("I don't know, no", False), ("maybe", None), ("", None), ("Not enough", False)],
+    [
+        ("Yes", True),
+        (" no.", False),
+        ("**YES**", True),
+        ("Answer: yes, they do", True),
+        ("I don't know, no", False),
+        ("maybe", None),
+        ("", None),
+        ("Not enough", False),
+    ],
 )
 def test_parse_verdict(reply: str, verdict: bool | None) -> None:
     assert parse_verdict(reply) is verdict
@@ -121,8 +129,11 @@ def test_judged_target_counts() -> None:
 def test_judged_target_without_balance_and_with_unsure_judge() -> None:
     verdicts = iter([True, None, False, True, True, None])
     data = build_sft_pairs(
-        _records(), preset="simsearch", judge=lambda rs: [next(verdicts) for _ in rs],
-        balance=False, val_fraction=0.0,
+        _records(),
+        preset="simsearch",
+        judge=lambda rs: [next(verdicts) for _ in rs],
+        balance=False,
+        val_fraction=0.0,
     )
     assert data.stats["collect/unjudged"] == 2 and data.stats["collect/train"] == 4
 
@@ -175,8 +186,9 @@ def test_pairs_can_hide_the_question_from_the_prompt_but_keep_it_for_the_split()
 
 def test_pairs_can_hide_the_answer_from_the_prompt_but_keep_it_for_the_labels() -> None:
     good = _record("Capital of France?", "Paris", "capital france", [PARIS, LYON])
-    data = build_sft_pairs([good], preset="simsearch", target="retrieved", val_fraction=0.0,
-                           show_question=False, show_answer=False)
+    data = build_sft_pairs(
+        [good], preset="simsearch", target="retrieved", val_fraction=0.0, show_question=False, show_answer=False
+    )
     for pair in data.train:
         assert "Paris" not in pair["prompt"] and "Capital of France?" not in pair["prompt"]
         assert pair["golden_answers"] == ["Paris"]
@@ -192,7 +204,10 @@ def test_retrieved_target_with_top_k_keeps_empty_results_as_empty_responses() ->
         assert "Write 3 search results" in pair["prompt"]
     assert {p["response"] for p in data.train if p["query"] == "fra"} == {""}
     # Without top_k a record's own count would have to set the prompt: empty ones are dropped.
-    assert {p["query"] for p in build_sft_pairs([empty, short], preset="simsearch", target="retrieved", val_fraction=0.0).train} == {"capital france"}
+    assert {
+        p["query"]
+        for p in build_sft_pairs([empty, short], preset="simsearch", target="retrieved", val_fraction=0.0).train
+    } == {"capital france"}
 
 
 def _edit_kind(query: str, variant: str, donors: set[str]) -> str:
@@ -265,22 +280,37 @@ def test_records_from_trajectories_keep_executed_searches_only() -> None:
         Turn(text="..", action="answer"),
     ]
     trajectory = Trajectory(
-        prompt_id=0, example=example, prompt_ids=[], response_ids=[], loss_mask=[], turns=turns,
-        response_text="", answer=None, num_searches=1, num_invalid=1, finish="answer",
+        prompt_id=0,
+        example=example,
+        prompt_ids=[],
+        response_ids=[],
+        loss_mask=[],
+        turns=turns,
+        response_text="",
+        answer=None,
+        num_searches=1,
+        num_invalid=1,
+        finish="answer",
     )
     assert records_from_trajectories([trajectory]) == [
         SearchRecord("Capital of France?", ["Paris"], "capital france", [PARIS], answered_correctly=False)
     ]
 
 
-def _trajectory(
-    question: str, gold: str, answer: str | None, searches: list[tuple[str, list[Document]]]
-) -> Trajectory:
+def _trajectory(question: str, gold: str, answer: str | None, searches: list[tuple[str, list[Document]]]) -> Trajectory:
     turns = [Turn(text="..", action="search", query=q, documents=docs, executed=True) for q, docs in searches]
     return Trajectory(
-        prompt_id=0, example=QAExample(id=question, question=question, golden_answers=[gold]), prompt_ids=[],
-        response_ids=[], loss_mask=[], turns=turns, response_text="", answer=answer, num_searches=len(turns),
-        num_invalid=0, finish="answer",
+        prompt_id=0,
+        example=QAExample(id=question, question=question, golden_answers=[gold]),
+        prompt_ids=[],
+        response_ids=[],
+        loss_mask=[],
+        turns=turns,
+        response_text="",
+        answer=answer,
+        num_searches=len(turns),
+        num_invalid=0,
+        finish="answer",
     )
 
 
@@ -305,9 +335,7 @@ def test_trajectory_target_labels_by_outcome_not_by_content() -> None:
     # A correct trajectory whose first search found nothing useful, and a wrong one whose search
     # did find the answer: the paper labels by outcome, so the first set is useful and the second
     # noisy, the opposite of what a content judge says.
-    right = _trajectory(
-        "Capital of France?", "Paris", "Paris", [("france rivers", [LYON]), ("capital", [PARIS])]
-    )
+    right = _trajectory("Capital of France?", "Paris", "Paris", [("france rivers", [LYON]), ("capital", [PARIS])])
     wrong = _trajectory("Capital city of France?", "Paris", "Lyon", [("capital france", [PARIS, NICE])])
     records = records_from_trajectories([right, wrong])
     data = build_sft_pairs(records, preset="simsearch", target="trajectory", balance=False, val_fraction=0.0)
@@ -319,15 +347,21 @@ def test_trajectory_target_labels_by_outcome_not_by_content() -> None:
     assert (s["collect/trajectory_useful"], s["collect/trajectory_noisy"], s["collect/unjudged"]) == (2, 1, 0)
     judged = build_sft_pairs(records, preset="simsearch", target="judged", balance=False, val_fraction=0.0)
     assert {(p["query"], p["label"]) for p in judged.train} == {
-        ("france rivers", "noisy"), ("capital", "useful"), ("capital france", "useful")
+        ("france rivers", "noisy"),
+        ("capital", "useful"),
+        ("capital france", "useful"),
     }
 
 
 def test_trajectory_target_balances_and_keeps_a_set_seen_with_both_outcomes() -> None:
     same = [("capital", [PARIS])]
     records = records_from_trajectories(
-        [_trajectory("q?", "Paris", "Paris", same), _trajectory("q?", "Paris", "Lyon", same),
-         _trajectory("q?", "Paris", "Paris", same), _trajectory("r?", "Paris", "Paris", [("x", [LYON])])]
+        [
+            _trajectory("q?", "Paris", "Paris", same),
+            _trajectory("q?", "Paris", "Lyon", same),
+            _trajectory("q?", "Paris", "Paris", same),
+            _trajectory("r?", "Paris", "Paris", [("x", [LYON])]),
+        ]
     )
     data = build_sft_pairs(records, preset="simsearch", target="trajectory", val_fraction=0.0, seed=0)
     s = data.stats
@@ -341,5 +375,6 @@ def test_trajectory_target_refuses_records_without_an_outcome() -> None:
     with pytest.raises(ValueError, match="record 1 \\(query 'b'\\) has no trajectory outcome"):
         build_sft_pairs(
             [SearchRecord("q", ["A"], "a", [PARIS], True), _record("q", "A", "b", [PARIS])],
-            preset="simsearch", target="trajectory",
+            preset="simsearch",
+            target="trajectory",
         )
