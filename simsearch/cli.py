@@ -18,18 +18,18 @@ import argparse
 import sys
 import traceback
 
+from simsearch.commands.build import GENERATION_ENGINES, SEARCH_ENGINES
 from simsearch.config import (
+    RECIPE_TEMPLATES,
     CollectRecipe,
     EvalRecipe,
     FinetuneRecipe,
-    RECIPE_TEMPLATES,
     QuickstartRecipe,
     RecipeError,
     ServeRecipe,
     TrainRecipe,
     load_recipe,
 )
-from simsearch.commands.build import GENERATION_ENGINES, SEARCH_ENGINES
 from simsearch.curriculum.schedules import SCHEDULE_KINDS
 from simsearch.errors import SimsearchError
 
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("simsearch: interrupted; finished work is kept in the run directory", file=sys.stderr)
         return 130
-    except Exception:  # noqa: BLE001 - an unexpected failure: show the whole traceback
+    except Exception:  # an unexpected failure: show the whole traceback
         traceback.print_exc()
         return 1
     return 0

@@ -19,9 +19,9 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from simsearch.curriculum.schedules import GRANULARITIES, SCHEDULE_KINDS
+from simsearch.data.templates import TEMPLATE_NAMES
 from simsearch.eval.metrics import NORMALIZATIONS
 from simsearch.policy.rewards import REWARD_NAMES
-from simsearch.data.templates import TEMPLATE_NAMES
 from simsearch.retrieval.base import RENDER_STYLES, VERBATIM_STYLE
 from simsearch.simulator.prompts import ALWAYS_SHOWS_CONTEXT, ANY_RESPONSE_STYLE, PRESETS
 from simsearch.simulator.sft_data import OUTCOME_METRICS, TARGETS

@@ -33,11 +33,11 @@ from simsearch.training.distributed import (
 
 
 @pytest.fixture(scope="module")
-def tokenizer():  # noqa: ANN201
+def tokenizer():
     return train_tokenizer(["Query: capital of france\nResults:\nDoc 1(Title: Paris) Paris."] * 10, vocab_size=300)
 
 
-def _tiny(tokenizer):  # noqa: ANN001, ANN202
+def _tiny(tokenizer):
     return build_tiny_model(tokenizer, hidden=32, layers=1, heads=2, kv_heads=1, ffn=64, seed=0)
 
 
@@ -213,15 +213,15 @@ NO_LORA = {**LORA, "lora_r": 0}
 
 
 @pytest.fixture(scope="module")
-def base(tokenizer, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: ANN001
+def base(tokenizer, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny(_tiny(tokenizer), tokenizer, tmp_path_factory.mktemp("base") / "model")
 
 
-def _lora_weights(model) -> dict[str, torch.Tensor]:  # noqa: ANN001
+def _lora_weights(model) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
 
 
-def test_apply_lora_trains_the_adapter_only_and_resumes_its_weights(tokenizer, tmp_path: Path) -> None:  # noqa: ANN001
+def test_apply_lora_trains_the_adapter_only_and_resumes_its_weights(tokenizer, tmp_path: Path) -> None:
     model = apply_lora(_tiny(tokenizer), r=2, alpha=4, dropout=0.0, target_modules=["q_proj", "v_proj"], adapter=None)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
@@ -250,7 +250,7 @@ def test_adapter_dir_prefers_the_adapter_kept_beside_merged_weights(tmp_path: Pa
 def test_load_for_training_resumes_full_weights_unless_deepspeed_restores_them(
     tokenizer,
     base: Path,
-    tmp_path: Path,  # noqa: ANN001
+    tmp_path: Path,
 ) -> None:
     checkpoint = tmp_path / "step_0000001"
     trained = build_tiny_model(tokenizer, hidden=32, layers=1, heads=2, kv_heads=1, ffn=64, seed=1)
@@ -268,7 +268,7 @@ def test_load_for_training_resumes_full_weights_unless_deepspeed_restores_them(
 def test_load_for_training_resumes_the_lora_adapter_unless_deepspeed_restores_it(
     tokenizer,
     base: Path,
-    tmp_path: Path,  # noqa: ANN001
+    tmp_path: Path,
 ) -> None:
     checkpoint = tmp_path / "step_0000001"
     saved = apply_lora(_tiny(tokenizer), r=2, alpha=4, dropout=0.0, target_modules=["q_proj", "v_proj"], adapter=None)
@@ -298,7 +298,7 @@ def test_gradient_checkpointing_with_lora_still_reaches_the_adapter(base: Path) 
     assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
 
 
-def test_gathered_state_dict_without_zero3_is_a_cpu_copy_on_rank_0(tokenizer) -> None:  # noqa: ANN001
+def test_gathered_state_dict_without_zero3_is_a_cpu_copy_on_rank_0(tokenizer) -> None:
     model = _tiny(tokenizer)
     weights = gathered_state_dict(model, zero3=False, rank=0)
     assert weights is not None and set(weights) == set(model.state_dict())

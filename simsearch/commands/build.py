@@ -15,10 +15,10 @@ from typing import Any
 
 from simsearch.config import CurriculumConfig, GenerationConfig, RecipeError, SearchConfig
 from simsearch.curriculum.schedules import NoiseSchedule, make_schedule
+from simsearch.data.rendering import VERBATIM_STYLE
 from simsearch.engines.base import GenerationEngine
 from simsearch.fingerprints import digest, path_identity
 from simsearch.retrieval.accounting import Ledger
-from simsearch.data.rendering import VERBATIM_STYLE
 from simsearch.retrieval.base import SearchEngine
 
 

@@ -70,7 +70,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -311,7 +311,7 @@ def _training_metrics(training_run: str) -> list[dict[str, Any]]:
 def _record_command(run_dir: Path) -> None:
     program = "simsearch" if Path(sys.argv[0]).stem == "simsearch" else sys.argv[0]
     line = shlex.join([program, *sys.argv[1:]])
-    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    stamp = datetime.now(UTC).isoformat(timespec="seconds")
     with (run_dir / "command.txt").open("a", encoding="utf-8") as handle:
         handle.write(f"# {stamp}\n{line}\n")
 

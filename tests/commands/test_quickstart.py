@@ -13,7 +13,6 @@ from PIL import Image
 from simsearch.commands import quickstart
 from simsearch.config import QuickstartRecipe, RecipeError, load_recipe
 
-
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "quickstart"
 # What may differ between two runs of the same recipe: clocks and memory.
 VOLATILE = {"wall_s", "stage_s", "peak_rss_gb"}

@@ -115,7 +115,7 @@ def test_encode_prompt_keeps_the_older_templates_tokenization() -> None:
 
 
 def test_one_table_names_every_template() -> None:
-    assert TEMPLATE_NAMES == tuple(TEMPLATES)
+    assert tuple(TEMPLATES) == TEMPLATE_NAMES
     assert [t for t in TEMPLATE_NAMES if uses_tokenizer(t)] == ["search-r1-chat", "search-r1-auto"]
 
 

@@ -310,9 +310,8 @@ def test_injected_500s_are_retried_within_the_bound(serve):
 def test_persistent_500s_give_a_clear_error_after_bounded_retries(serve):
     server = serve(FakeOpenAI(fail=lambda n: (500, b"CUDA out of memory", {})))
     start = time.monotonic()
-    with engine([server.url], max_retries=2) as gen:
-        with pytest.raises(GenerationServiceError) as info:
-            gen.generate(["a"], SamplingParams(max_new_tokens=9))
+    with engine([server.url], max_retries=2) as gen, pytest.raises(GenerationServiceError) as info:
+        gen.generate(["a"], SamplingParams(max_new_tokens=9))
     assert time.monotonic() - start < 2.0
     assert len(server.seen) == 3
     message = str(info.value)
@@ -332,18 +331,16 @@ def test_slow_server_times_out_and_the_error_says_so(serve):
 
 def test_malformed_json_is_retried_then_reported(serve):
     server = serve(FakeOpenAI(fail=lambda n: (200, b'{"choices": [', {})))
-    with engine([server.url], max_retries=2) as gen:
-        with pytest.raises(GenerationServiceError, match="malformed JSON"):
-            gen.generate(["a"], SamplingParams(max_new_tokens=9))
+    with engine([server.url], max_retries=2) as gen, pytest.raises(GenerationServiceError, match="malformed JSON"):
+        gen.generate(["a"], SamplingParams(max_new_tokens=9))
     assert len(server.seen) == 3
 
 
 def test_dead_port_fails_fast_naming_the_url():
     url = dead_url()
     start = time.monotonic()
-    with engine([url], max_retries=2) as gen:
-        with pytest.raises(GenerationServiceError) as info:
-            gen.generate([[1]], SamplingParams())
+    with engine([url], max_retries=2) as gen, pytest.raises(GenerationServiceError) as info:
+        gen.generate([[1]], SamplingParams())
     assert time.monotonic() - start < 2.0
     assert url in str(info.value) and "ConnectError" in str(info.value)
 
@@ -383,9 +380,8 @@ def test_replica_killed_mid_run_fails_over_without_losing_or_repeating_work(serv
 
 def test_all_replicas_down_is_a_clear_error():
     urls = [dead_url(), dead_url()]
-    with engine(urls, max_retries=3) as gen:
-        with pytest.raises(GenerationServiceError) as info:
-            gen.generate(["a"], SamplingParams())
+    with engine(urls, max_retries=3) as gen, pytest.raises(GenerationServiceError) as info:
+        gen.generate(["a"], SamplingParams())
     assert all(u in str(info.value) for u in urls) and "4 attempt(s)" in str(info.value)
 
 
@@ -402,9 +398,8 @@ def test_api_key_comes_from_the_environment_and_never_leaks(serve, monkeypatch):
 
     # A server that echoes the credentials in its error body.
     echo = serve(lambda seen: (401, seen.headers["authorization"].encode(), {}))
-    with engine([echo.url], api_key_env="TEST_VLLM_KEY") as gen:
-        with pytest.raises(GenerationServiceError) as info:
-            gen.generate(["a"], SamplingParams())
+    with engine([echo.url], api_key_env="TEST_VLLM_KEY") as gen, pytest.raises(GenerationServiceError) as info:
+        gen.generate(["a"], SamplingParams())
     assert "sk-very-secret" not in str(info.value) and "HTTP 401" in str(info.value)
 
     monkeypatch.delenv("TEST_VLLM_KEY")

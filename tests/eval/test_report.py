@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import csv
 import json
+import math
 
 import pytest
 from PIL import Image

@@ -10,6 +10,7 @@ import random
 import pytest
 import torch
 
+from simsearch.data.rendering import render_documents, wrap_information
 from simsearch.data.templates import render_prompt
 from simsearch.data.tinyworld import RELATIONS, build_world
 from simsearch.models import build_tiny_model, train_tokenizer
@@ -23,7 +24,6 @@ from simsearch.policy.pretrain import (
     value_kind,
     value_spans,
 )
-from simsearch.data.rendering import render_documents, wrap_information
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.types import Document, QAExample, SearchRequest
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from simsearch.data.rendering import render_documents, wrap_information
 from simsearch.data.templates import SEARCH_R1_TEMPLATE, SELF_SEARCH_TEMPLATE
 from simsearch.engines.hf import HFEngine
 from simsearch.models import EOS_TOKEN, PAD_TOKEN, build_tiny_model, train_tokenizer
@@ -24,7 +25,6 @@ from simsearch.policy.rollout import (
     score_trajectories,
 )
 from simsearch.policy.tags import INVALID_ACTION_MESSAGE
-from simsearch.data.rendering import render_documents, wrap_information
 from simsearch.types import Completion, Document, QAExample, SamplingParams, SearchRequest
 
 QUESTIONS = ["who founded orvale?", "where was mira tal born?", "when did kesto open?"]

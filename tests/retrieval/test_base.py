@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simsearch.data.corpus import load_passages
 from simsearch.config import RecipeError, SearchConfig
+from simsearch.data.corpus import load_passages
 from simsearch.data.rendering import RENDER_STYLES, RENDERERS, VERBATIM_STYLE, render_documents, wrap_information
 from simsearch.retrieval.base import check_top_k, select_top_k
 from simsearch.types import Document, SearchRequest
@@ -138,7 +138,7 @@ def test_every_style_is_a_recipe_choice():
 @pytest.mark.parametrize("kind", ["bm25", "serpapi", "http"])
 def test_recipe_refuses_the_simulator_rendering_for_a_real_engine(kind):
     cfg = SearchConfig(kind=kind, corpus="c.jsonl", url="http://x/retrieve", rendering="zerosearch-simulator")
-    with pytest.raises(RecipeError, match=f"search.rendering=zerosearch-simulator .* needs search.kind=simulator"):
+    with pytest.raises(RecipeError, match="search.rendering=zerosearch-simulator .* needs search.kind=simulator"):
         cfg.check("search")
     SearchConfig(kind=kind, corpus="c.jsonl", url="http://x/retrieve", rendering="zerosearch-google").check("search")
 

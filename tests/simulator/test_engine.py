@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simsearch.data.rendering import render_documents, wrap_information
 from simsearch.simulator.engine import (
     PAD_TEXT,
     SimulatedSearchEngine,
@@ -16,7 +17,6 @@ from simsearch.simulator.engine import (
     split_verbatim,
     zerosearch_postprocess,
 )
-from simsearch.data.rendering import render_documents, wrap_information
 from simsearch.simulator.prompts import PromptTemplates
 from simsearch.types import Completion, Document, SamplingParams, SearchRequest
 
@@ -205,7 +205,7 @@ class _CharTokenizer:
     chat_template = "set"
     name_or_path = "char"
 
-    def apply_chat_template(self, messages, add_generation_prompt, tokenize):  # noqa: ANN001, ANN201
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
         return "".join(f"[{m['role'][0].upper()}]{m['content']}" for m in messages) + "[A]"
 
     def __call__(self, text: str, add_special_tokens: bool) -> dict:

@@ -25,7 +25,7 @@ from simsearch.simulator.sft import (
 
 
 @pytest.fixture(scope="module")
-def tokenizer():  # noqa: ANN201
+def tokenizer():
     texts = ["Query: capital of france\nResults:\nDoc 1(Title: Paris) Paris is the capital."] * 10
     return train_tokenizer(texts, vocab_size=300)
 
@@ -56,7 +56,7 @@ def test_read_pairs_and_its_errors(tmp_path: Path) -> None:
         read_pairs(tmp_path / "empty.jsonl")
 
 
-def test_prompt_tokens_are_masked_and_eos_is_learned(tokenizer) -> None:  # noqa: ANN001
+def test_prompt_tokens_are_masked_and_eos_is_learned(tokenizer) -> None:
     prompt, response = "Query: capital of france\nResults:\n", "Doc 1(Title: Paris) Paris"
     pair = tokenize_pair(tokenizer, prompt, response, chat_template=False, max_length=100)
     prompt_ids = tokenizer(prompt)["input_ids"]
@@ -66,7 +66,7 @@ def test_prompt_tokens_are_masked_and_eos_is_learned(tokenizer) -> None:  # noqa
     assert pair.weights == [0.0] * len(prompt_ids) + [1.0] * (len(response_ids) + 1)
 
 
-def test_answer_tokens_get_the_answer_weight(tokenizer) -> None:  # noqa: ANN001
+def test_answer_tokens_get_the_answer_weight(tokenizer) -> None:
     prompt, response = "Query: capital of france\nResults:\n", "Doc 1(Title: Paris) Paris is the capital."
     pair = tokenize_pair(
         tokenizer, prompt, response, chat_template=False, max_length=100, answers=["Paris"], answer_weight=5.0
@@ -83,14 +83,14 @@ def test_answer_tokens_get_the_answer_weight(tokenizer) -> None:  # noqa: ANN001
     assert set(plain.weights[n_prompt:]) == {1.0}
 
 
-def test_chat_template_prompt_matches_the_engine(tokenizer) -> None:  # noqa: ANN001
+def test_chat_template_prompt_matches_the_engine(tokenizer) -> None:
     pair = tokenize_pair(tokenizer, "Query: x", "Doc 1: y", chat_template=True, max_length=100)
     n_prompt = sum(label == IGNORE_INDEX for label in pair.labels)
     # The tiny chat template: "role: content" lines, then "assistant: " (empty system message first).
     assert tokenizer.decode(pair.input_ids[:n_prompt]) == "system: \nuser: Query: x\nassistant: "
 
 
-def test_truncation_cuts_the_response_and_drops_overlong_prompts(tokenizer) -> None:  # noqa: ANN001
+def test_truncation_cuts_the_response_and_drops_overlong_prompts(tokenizer) -> None:
     prompt = "Query: capital of france\n"
     n_prompt = len(tokenizer(prompt)["input_ids"])
     pair = tokenize_pair(tokenizer, prompt, "Paris is the capital.", chat_template=False, max_length=n_prompt + 2)
