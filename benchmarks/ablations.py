@@ -1,0 +1,714 @@
+"""ZeroSearch's and SSRL's findings, measured in miniature: one RL policy per arm on the quickstart's world.
+
+    python benchmarks/ablations.py --seeds 0 1                # the full benchmark: docs/ablations.md
+    python benchmarks/ablations.py --arms default ppo         # some arms only (the others stay "-")
+    python benchmarks/ablations.py --smoke                    # every arm for two steps, in a temp dir
+
+For each seed: `simsearch quickstart` in its run directory first (a finished run is reused stage
+by stage through its fingerprints, so an existing run costs nothing; `--quickstart-dir` points at
+one), then on its world, base and simulator one RL run per arm with `recipes/quickstart/train.yaml`
+plus the arm's overrides and the same budget (`--steps`, the quickstart's 8 questions x 16
+rollouts a step), then `recipes/quickstart/eval.yaml` on the held-out questions for each policy
+against the simulator, BM25 and dense retrieval. Every stage of this benchmark is fingerprinted as
+the quickstart's are: a rerun skips what is finished and rebuilds what changed.
+
+The arms (`ARMS`), each answering one of the five questions of `QUESTIONS`:
+
+1. curriculum: `default` (ZeroSearch's exponential noise schedule, the quickstart's) vs
+   `constant` (p_noise fixed at the exponential schedule's mean over the run's steps) vs
+   `no_noise` (p_end 0);
+2. what is in the loop: the fine-tuned simulator (`default`) vs real BM25 (`loop_bm25`, the
+   upper bound) vs empty results (`loop_none`); real engines get no noise curriculum;
+3. what the simulator is told: ours (`default`: the query only) vs ZeroSearch's design (`told`:
+   a second simulator, collected and fine-tuned with the question and gold answer in its prompt
+   and labelled by trajectory outcome, ZeroSearch's Search Simulation Tuning; no contrast
+   queries, which that target cannot label). Next to EM, each simulator's answer leakage on
+   training questions (`answer_leakage`);
+4. algorithm: REINFORCE (`reinforce`, no baseline, as ZeroSearch's) vs GRPO (`default`) vs PPO
+   (`ppo`: GAE with gamma = lambda = 1; the critic, a copy of the base with a value head, at the
+   actor's learning rate, as a tiny model learns nothing in a few dozen steps at ZeroSearch's
+   1e-5);
+5. self-search (SSRL): `ssrl`, trained with `rollout.template=self-search` and `search.kind=self`
+   from a base that knows the training entities' facts (`train_knowing_base`), evaluated writing
+   its own information (engine `self`) and with real BM25 (and dense, and the simulator) in its
+   place (`simsearch eval` sends a self-search policy's searches to any engine not of kind self).
+   Reward EM, as every other arm (SSRL's format reward asks for `<think>`, which no tiny base
+   writes).
+
+Where it departs from the papers: the tiny world and models of the quickstart; EM is strict
+exact match on held-out entities (ZeroSearch reports substring match); far fewer RL steps than
+either paper.
+
+Output: `docs/ablations.md` (`--out`; its table blocks are rewritten, the prose around them is
+kept), one PNG bar chart per table in `docs/ablations/`, and as the last line one JSON object:
+the EM points on BM25, mean over seeds, under `FIGURES`' keys; `leak_told_answer` and
+`leak_query_only` (answer leakage without the name, percent); `wall_s`; and the detail (`by_seed`,
+`leak_noisy_*`, `constant_p_noise`, `steps`, `seeds`, `smoke`). `--smoke` runs on the quickstart's
+smoke pipeline, two steps an arm, and writes into its run directory (a temporary one by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from simsearch.commands import evaluate, quickstart, simulator_collect, simulator_finetune, train
+from simsearch.commands.build import build_search_engine
+from simsearch.config import CollectRecipe, EvalRecipe, FinetuneRecipe, QuickstartRecipe, TrainRecipe, load_recipe
+from simsearch.curriculum.schedules import exponential
+from simsearch.data.tinyworld import World, build_world
+from simsearch.fingerprints import digest
+from simsearch.models import load_model, save_tiny
+from simsearch.policy.pretrain import make_traces, pretrain
+from simsearch.retrieval.base import SearchEngine
+from simsearch.retrieval.bm25 import BM25SearchEngine
+from simsearch.simulator.sft_data import contains_answer
+from simsearch.training.checkpoint import latest_checkpoint
+from simsearch.types import SearchRequest
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "quickstart"
+STAGE_FILE = "stage.json"  # as the quickstart's: {"fingerprint", "done"}
+ENGINES = ("simulator", "bm25", "dense")
+SELF_ENGINES = ("self", *ENGINES)  # a self-search policy also writes its own information
+STEPS = 60  # RL steps per arm (the quickstart runs 250): the 60-minute budget, see docs/ablations.md
+SELF_SEARCH_TOKENS = 160  # one self-search generation holds the query, ~3 written results and the answer
+KNOWING_STEPS, KNOWING_BATCH, KNOWING_LR = 400, 32, 1e-3  # the SSRL arm's base: pretraining on facts
+LEAK_QUESTIONS = 200  # training questions per leakage probe
+
+# Smoke: every stage for a step or two, as the quickstart's smoke does.
+SMOKE_TRAIN = ["prompts_per_step=2", "rollout.group_size=2", "eval_every=0"]
+SMOKE_EVAL = ["chunk_size=8"]
+SMOKE_COLLECT = ["max_questions=32", "balance=false"]  # 32 questions may hold no correct trajectory
+SMOKE_SIMULATOR = ["steps=2", "eval_every=1", "batch_size=4"]
+SMOKE_STEPS, SMOKE_KNOWING = 2, (2, 4)  # RL steps; knowing-base steps and batch
+SMOKE_LIMIT, SMOKE_LEAK = 4, 4  # held-out questions per evaluation; questions per leakage probe
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One RL run: overrides on the quickstart's train.yaml, and what it is trained from."""
+
+    overrides: tuple[str, ...]
+    simulator: str = "simulator"  # the quickstart's simulator, or "told" (`train_told_simulator`)
+    base: str = "base"  # the quickstart's base, or "knowing" (`train_knowing_base`)
+
+
+# Engines other than the simulator: no noise to schedule, and no cache (it would hold the simulator's).
+NO_NOISE = ("curriculum.kind=constant", "curriculum.p_start=0.0", "search.cache=''")
+ARMS: dict[str, Arm] = {
+    "default": Arm(()),  # the quickstart's recipe: exponential curriculum, simulator, query only, GRPO
+    "constant": Arm(("curriculum.kind=constant", "curriculum.p_start={constant_p}")),
+    "no_noise": Arm(("curriculum.p_end=0.0",)),
+    "loop_bm25": Arm(("search.kind=bm25", "search.corpus={corpus}", "search.index_dir={bm25}", *NO_NOISE)),
+    "loop_none": Arm(("search.kind=empty", *NO_NOISE)),
+    "told": Arm(("search.simulator.show_question=true", "search.simulator.show_answer=true"), simulator="told"),
+    "reinforce": Arm(("algorithm.estimator=reinforce",)),
+    "ppo": Arm(("algorithm.estimator=ppo", "algorithm.critic_lr={lr}")),
+    "ssrl": Arm(
+        ("rollout.template=self-search", "search.kind=self", f"sampling.max_new_tokens={SELF_SEARCH_TOKENS}", *NO_NOISE),
+        base="knowing",
+    ),
+}
+
+# JSON key -> (row, engine): EM on BM25 of the arm that answers it.
+FIGURES: dict[str, tuple[str, str]] = {
+    "curriculum_exp": ("default", "bm25"),
+    "curriculum_constant": ("constant", "bm25"),
+    "curriculum_none": ("no_noise", "bm25"),
+    "loop_simulator": ("default", "bm25"),
+    "loop_bm25": ("loop_bm25", "bm25"),
+    "loop_none": ("loop_none", "bm25"),
+    "told_answer": ("told", "bm25"),
+    "query_only": ("default", "bm25"),
+    "algo_reinforce": ("reinforce", "bm25"),
+    "algo_grpo": ("default", "bm25"),
+    "algo_ppo": ("ppo", "bm25"),
+    "ssrl_selfsearch": ("ssrl", "self"),
+    "ssrl_sim2real_bm25": ("ssrl", "bm25"),
+}
+LEAK_FIGURES = {"leak_told_answer": "told", "leak_query_only": "query_only"}
+
+
+@dataclass(frozen=True)
+class Question:
+    """One table of the doc: its rows (label, row name) and columns (engines)."""
+
+    key: str
+    title: str
+    rows: tuple[tuple[str, str], ...]
+    engines: tuple[str, ...] = ENGINES
+
+
+QUESTIONS = (
+    Question(
+        "curriculum",
+        "1. Curriculum: exponential vs constant noise vs none",
+        (
+            ("exponential, p_noise 0 to 0.25 (quickstart)", "default"),
+            ("constant p_noise, the exponential's mean", "constant"),
+            ("no noise", "no_noise"),
+            ("reference: base, no RL", "base"),
+            ("reference: quickstart RL, 250 steps", "quickstart_rl"),
+        ),
+    ),
+    Question(
+        "loop",
+        "2. What is in the loop: simulator vs real BM25 vs no search",
+        (
+            ("fine-tuned simulator", "default"),
+            ("real BM25 (upper bound)", "loop_bm25"),
+            ("no search (empty results)", "loop_none"),
+            ("reference: base, no RL", "base"),
+        ),
+    ),
+    Question(
+        "told",
+        "3. What the simulator is told: question and answer (ZeroSearch) vs the query only (ours)",
+        (
+            ("question and gold answer in the prompt", "told"),
+            ("query only", "default"),
+            ("reference: base, no RL", "base"),
+        ),
+    ),
+    Question(
+        "algorithm",
+        "4. Algorithm: REINFORCE vs GRPO vs PPO",
+        (("REINFORCE", "reinforce"), ("GRPO", "default"), ("PPO", "ppo"), ("reference: base, no RL", "base")),
+    ),
+    Question(
+        "ssrl",
+        "5. Self-search (SSRL): its own information vs real engines in its place",
+        (("self-search RL", "ssrl"), ("reference: knowing base, no RL", "knowing_base")),
+        SELF_ENGINES,
+    ),
+)
+LEAK_ROWS = (
+    ("question and gold answer in the prompt", "told"),
+    ("query only", "query_only"),
+    ("reference: real BM25", "bm25"),
+)
+
+
+@dataclass
+class Seed:
+    """Where one seed's runs live and what they were built from."""
+
+    seed: int
+    smoke: bool
+    steps: int
+    root: Path  # this benchmark's stages
+    quickstart: Path  # the quickstart run reused
+    qs_recipe: QuickstartRecipe
+    fingerprints: dict[str, str]  # stage -> fingerprint: world, base, simulator, told, knowing
+    paths: dict[str, str]  # corpus, train, test, bm25, dense, base, simulator, told, knowing
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = _parse(argv)
+    began = time.perf_counter()
+    run_dir = Path(args.run_dir or (tempfile.mkdtemp(prefix="ablations-smoke-") if args.smoke else "runs/ablations"))
+    out = Path(args.out or (run_dir / "ablations.md" if args.smoke else "docs/ablations.md"))
+    steps = args.steps or (SMOKE_STEPS if args.smoke else STEPS)
+    results = {seed: run_seed(seed, args, run_dir, steps) for seed in args.seeds}
+    figures = summarize(results, args, steps, wall_s=time.perf_counter() - began)
+    write_doc(out, results, figures)
+    print(f"ablations: {out}", flush=True)
+    print(json.dumps(figures))
+    return figures
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", help="one world, base and simulator per seed (default 0 1)")
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS), help="RL runs (default all)")
+    parser.add_argument("--steps", type=int, default=0, help=f"RL steps per arm (default {STEPS}; smoke 2)")
+    parser.add_argument("--run-dir", default="", help="runs/ablations, or a temporary directory with --smoke")
+    parser.add_argument(
+        "--quickstart-dir", default="", help="the quickstart run of each seed, '{seed}' filled in "
+        "(default RUN_DIR/seed_{seed}/quickstart); e.g. 'runs/bench_quickstart/seed_{seed}' reuses those runs",
+    )  # fmt: skip
+    parser.add_argument("--out", default="", help="the doc (docs/ablations.md; with --smoke, in the run directory)")
+    parser.add_argument("--smoke", action="store_true", help="every arm for two steps on the quickstart's smoke run")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = every core), as the quickstart's")
+    args = parser.parse_args(argv)
+    args.seeds = args.seeds if args.seeds is not None else ([0] if args.smoke else [0, 1])
+    return args
+
+
+# --------------------------------------------------------------------------- one seed
+
+
+def run_seed(seed: int, args: argparse.Namespace, run_dir: Path, steps: int) -> dict[str, Any]:
+    """Every stage of one seed; returns its EM rows, leakage and stage times."""
+    clock: dict[str, float] = {}
+    began = time.perf_counter()
+    ctx, report = prepare(seed, args, run_dir, steps)
+    clock["quickstart"] = time.perf_counter() - began
+    world = build_world(
+        seed=seed, n_entities=ctx.qs_recipe.n_entities, n_train_entities=ctx.qs_recipe.n_train_entities,
+        n_background_entities=ctx.qs_recipe.n_background_entities,
+    )  # fmt: skip
+    if "told" in args.arms:
+        _timed(clock, "told_simulator", lambda: train_told_simulator(ctx))
+    if "ssrl" in args.arms:
+        _timed(clock, "knowing_base", lambda: knowing_base_stage(ctx, world))
+    em: dict[str, dict[str, float]] = {name: report["em"][key] for name, key in (("base", "base"), ("quickstart_rl", "rl_search"))}
+    for name in args.arms:
+        arm = ARMS[name]
+        policy_fp = _timed(clock, f"rl_{name}", lambda: train_arm(ctx, name, arm))
+        em[name] = _timed(clock, f"eval_{name}", lambda: evaluate_policy(ctx, name, arm, policy_fp))
+    if "ssrl" in args.arms:
+        em["knowing_base"] = evaluate_policy(ctx, "knowing_base", ARMS["ssrl"], ctx.fingerprints["knowing"])
+    leak = _timed(clock, "leakage", lambda: measure_leakage(ctx, world, "told" in args.arms))
+    return {"em": em, "leak": leak, "stage_s": {k: round(v, 1) for k, v in clock.items()}}
+
+
+def _timed(clock: dict[str, float], key: str, work: Callable[[], Any]) -> Any:
+    began = time.perf_counter()
+    result = work()
+    clock[key] = time.perf_counter() - began
+    return result
+
+
+def prepare(seed: int, args: argparse.Namespace, run_dir: Path, steps: int) -> tuple[Seed, dict[str, Any]]:
+    """Runs (or reuses) the seed's quickstart; returns the paths and fingerprints the arms build on."""
+    root = run_dir / f"seed_{seed}"
+    qs_dir = Path(args.quickstart_dir.format(seed=seed)) if args.quickstart_dir else root / "quickstart"
+    qs_recipe = load_recipe(
+        QuickstartRecipe, None, [f"run_dir={qs_dir}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}"]
+    )  # the quickstart sets the process's torch threads
+    report = quickstart.main(qs_recipe)
+    paths = {name: str(qs_dir / "world" / f"{name}.jsonl") for name in ("corpus", "train", "test")}
+    paths.update(bm25=str(qs_dir / "index" / "bm25"), dense=str(qs_dir / "index" / "dense"), base=str(qs_dir / "base"))
+    paths.update(
+        simulator=str(_final_model(qs_dir / "simulator")),
+        told=str(root / "simulator_told"),  # the run directory until its model exists (train_told_simulator)
+        knowing=str(root / "knowing_base"),
+    )
+    fingerprints = {stage: _fingerprint(qs_dir / stage) for stage in ("world", "base", "simulator")}
+    return Seed(seed, args.smoke, steps, root, qs_dir, qs_recipe, fingerprints, paths), report
+
+
+def _fingerprint(stage_dir: Path) -> str:
+    return json.loads((stage_dir / STAGE_FILE).read_text())["fingerprint"]
+
+
+def _final_model(run: Path) -> Path:
+    checkpoint = latest_checkpoint(run)
+    if checkpoint is None:
+        raise RuntimeError(f"{run}: the run wrote no checkpoint")
+    return checkpoint / "model"
+
+
+def run_stage(schema: type, recipe_file: Path, overrides: list[str], command: Callable[[Any], Any], inputs: list[str]) -> str:
+    """One command on a recipe plus overrides, skipped when it finished under the same fingerprint.
+
+    Returns the fingerprint (resolved recipe and inputs' fingerprints). A directory built from
+    anything else is deleted first, as the quickstart's stages are.
+    """
+    stage = load_recipe(schema, recipe_file, overrides)
+    fingerprint = digest({"recipe": asdict(stage), "inputs": inputs})
+    directory = Path(stage.run_dir)
+    if not _claim(directory, fingerprint):
+        command(stage)
+        _mark(directory, fingerprint, done=True)
+    return fingerprint
+
+
+def _claim(directory: Path, fingerprint: str) -> bool:
+    """True when `directory` finished under `fingerprint`; else it is emptied and claimed for it."""
+    mark = directory / STAGE_FILE
+    if mark.is_file():
+        kept = json.loads(mark.read_text())
+        if kept.get("fingerprint") == fingerprint:
+            return bool(kept.get("done"))
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    _mark(directory, fingerprint, done=False)
+    return False
+
+
+def _mark(directory: Path, fingerprint: str, *, done: bool) -> None:
+    (directory / STAGE_FILE).write_text(json.dumps({"fingerprint": fingerprint, "done": done}) + "\n")
+
+
+# --------------------------------------------------------------------------- the arms' extra stages
+
+
+def train_told_simulator(ctx: Seed) -> None:
+    """ZeroSearch's simulator design on the quickstart's base: told question and answer, pairs by outcome."""
+    collect_dir = ctx.root / "collect_told"
+    collect_fp = run_stage(
+        CollectRecipe,
+        RECIPES / "collect.yaml",
+        [
+            f"run_dir={collect_dir}", f"seed={ctx.seed}", f"policy.model.path={ctx.paths['base']}",
+            f"data.train=[{ctx.paths['train']}]", f"search.corpus={ctx.paths['corpus']}",
+            f"search.index_dir={ctx.paths['bm25']}", "show_question=true", "show_answer=true",
+            "target=trajectory", "contrast_queries=0", *(SMOKE_COLLECT if ctx.smoke else []),
+        ],
+        simulator_collect.main,
+        [ctx.fingerprints["base"]],
+    )  # fmt: skip
+    ctx.fingerprints["told"] = run_stage(
+        FinetuneRecipe,
+        RECIPES / "simulator.yaml",
+        [
+            f"run_dir={ctx.paths['told']}", f"seed={ctx.seed}", f"model.path={ctx.paths['base']}",
+            f"train_file={collect_dir / 'train.jsonl'}", f"val_file={collect_dir / 'val.jsonl'}",
+            *(SMOKE_SIMULATOR if ctx.smoke else []),
+        ],
+        simulator_finetune.main,
+        [collect_fp],
+    )  # fmt: skip
+    ctx.paths["told"] = str(_final_model(Path(ctx.paths["told"])))
+
+
+def knowing_base_stage(ctx: Seed, world: World) -> None:
+    """The SSRL arm's base, built once per fingerprint into ctx.paths['knowing']."""
+    steps, batch = SMOKE_KNOWING if ctx.smoke else (KNOWING_STEPS, KNOWING_BATCH)
+    settings = {"steps": steps, "batch": batch, "lr": KNOWING_LR, "seed": ctx.seed}
+    fingerprint = digest({"stage": "knowing_base", "inputs": [ctx.fingerprints["base"]], "settings": settings})
+    out = Path(ctx.paths["knowing"])
+    if not _claim(out, fingerprint):
+        rl = load_recipe(TrainRecipe, RECIPES / "train.yaml", ["run_dir=unused"])
+        train_knowing_base(
+            ctx.paths["base"], world, out, steps=steps, batch_size=batch, lr=KNOWING_LR, seed=ctx.seed,
+            typed_answer_share=ctx.qs_recipe.typed_answer_share, top_k=rl.search.top_k, rendering=rl.search.rendering,
+        )  # fmt: skip
+        _mark(out, fingerprint, done=True)
+    ctx.fingerprints["knowing"] = fingerprint
+
+
+def train_knowing_base(
+    base: str,
+    world: World,
+    out: Path,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    typed_answer_share: float,
+    top_k: int,
+    rendering: str,
+) -> None:
+    """The quickstart's base, further pretrained so that it knows the training entities' facts.
+
+    A real LLM knows Wikipedia; the quickstart's base knows no fact of the world (its traces'
+    information blocks are out of the loss). This base continues on self-search traces
+    (`make_traces` with the self-search template: the question, a random query, the BM25
+    results for it, an answer copied from them) about the training entities only, with the
+    information block IN the loss: it learns to write, for a query, what BM25 would return,
+    so it memorizes the training entities' passages as far as `steps` allow. Held-out entities
+    stay unseen, so writing their results it can only invent.
+    """
+    model, tokenizer = load_model(base)
+    engine = BM25SearchEngine.build(world.passages, show_progress=False)
+    traces = make_traces(
+        world, engine, tokenizer, n=steps * batch_size, seed=seed, top_k=top_k, template="self-search",
+        examples=world.train, typed_answer_share=typed_answer_share, rendering=rendering,
+    )  # fmt: skip
+    for trace in traces:
+        first = trace.loss_mask.index(1)  # the search turn opens the generated part
+        trace.loss_mask[first:] = [1] * (len(trace.loss_mask) - first)
+    pretrain(model, traces, steps=steps, batch_size=batch_size, lr=lr, copy_loss_weight=0.0, seed=seed)
+    save_tiny(model, tokenizer, out)
+
+
+# --------------------------------------------------------------------------- RL and evaluation
+
+
+def train_arm(ctx: Seed, name: str, arm: Arm) -> str:
+    """One arm's RL run (train.yaml plus its overrides, same budget as every arm); its fingerprint."""
+    rl = load_recipe(TrainRecipe, RECIPES / "train.yaml", ["run_dir=unused"])
+    c = rl.curriculum
+    values = {
+        "constant_p": f"{constant_p_noise(c.p_start, c.p_end, c.base, ctx.steps):.6f}",
+        "corpus": ctx.paths["corpus"],
+        "bm25": ctx.paths["bm25"],
+        "lr": f"{rl.optim.lr:g}",
+    }
+    overrides = [
+        f"seed={ctx.seed}", f"run_dir={ctx.root / 'train' / name}", f"policy.model.path={ctx.paths[arm.base]}",
+        f"data.train=[{ctx.paths['train']}]", f"steps={ctx.steps}", "save_every=0",
+        f"search.simulator.generation.model.path={ctx.paths[arm.simulator]}",
+        f"search.cache={ctx.root / 'cache' / arm.simulator}.sqlite",
+        *(SMOKE_TRAIN if ctx.smoke else []),
+        *(o.format(**values) for o in arm.overrides),
+    ]  # fmt: skip
+    inputs = [ctx.fingerprints[arm.base], ctx.fingerprints[arm.simulator]]
+    return run_stage(TrainRecipe, RECIPES / "train.yaml", overrides, train.main, inputs)
+
+
+def constant_p_noise(p_start: float, p_end: float, base: float, steps: int) -> float:
+    """The mean of ZeroSearch's exponential schedule over a run's steps 0 .. steps - 1 (the constant arm's p)."""
+    return statistics.fmean(exponential(i, p_start, p_end, steps, base) for i in range(steps))
+
+
+def evaluate_policy(ctx: Seed, name: str, arm: Arm, policy_fp: str) -> dict[str, float]:
+    """eval.yaml for one policy on the held-out questions; returns EM (percent) per engine."""
+    told = arm.simulator == "told"
+    model = ctx.paths["knowing"] if name == "knowing_base" else _final_model(ctx.root / "train" / name)
+    self_search = arm.base == "knowing"
+    overrides = [
+        f"run_dir={ctx.root / 'eval' / name}", f"seed={ctx.seed}", f"policy.model.path={model}",
+        f"datasets=[{{name: heldout, path: {ctx.paths['test']}, limit: {SMOKE_LIMIT if ctx.smoke else 0}}}]",
+        f"engines.simulator.simulator.generation.model.path={ctx.paths[arm.simulator]}",
+        f"engines.bm25.corpus={ctx.paths['corpus']}", f"engines.bm25.index_dir={ctx.paths['bm25']}",
+        f"engines.dense.corpus={ctx.paths['corpus']}", f"engines.dense.index_dir={ctx.paths['dense']}",
+        "training_run=''", "baselines=[]", "fidelity_size=0",
+        *(["engines.simulator.simulator.show_question=true", "engines.simulator.simulator.show_answer=true"] if told else []),
+        *(["engines.self.kind=self", "rollout.template=self-search", f"sampling.max_new_tokens={SELF_SEARCH_TOKENS}"]
+          if self_search else []),
+        *(SMOKE_EVAL if ctx.smoke else []),
+    ]  # fmt: skip
+    inputs = [policy_fp, ctx.fingerprints[arm.simulator], ctx.fingerprints["world"]]
+    run_stage(EvalRecipe, RECIPES / "eval.yaml", overrides, evaluate.main, inputs)
+    summary = json.loads((ctx.root / "eval" / name / "summary.json").read_text())
+    return {engine: 100.0 * row["average"]["em"] for engine, row in summary["rows"].items()}
+
+
+# --------------------------------------------------------------------------- answer leakage
+
+
+def question_without_name(question: str, name: str) -> str:
+    """The question's words without the entity's name: a query that names no one."""
+    return " ".join(w for w in re.findall(r"[A-Za-z0-9]+", question) if w != name)
+
+
+def answer_leakage(engine: SearchEngine, world: World, *, n: int, top_k: int) -> dict[str, float]:
+    """Shares of result sets holding a gold answer (`contains_answer`) on the first `n` training questions.
+
+    - `no_name`: useful results (num_noisy 0) for the question's words without the entity's
+      name; a real engine finds the answer with such a query only by chance;
+    - `noisy`: noisy results (num_noisy = top_k) for the question itself, which names the entity;
+      the curriculum counts on them not holding the answer.
+
+    One `search` call with every request; the requests carry the question and gold answers, which
+    a simulator shows only when told to. Returns fractions in [0, 1].
+    """
+    examples = world.train[:n]
+
+    def request(query: str, example: Any, num_noisy: int) -> SearchRequest:
+        return SearchRequest(
+            query=query, top_k=top_k, question=example.question, golden_answers=list(example.golden_answers),
+            num_noisy=num_noisy,
+        )  # fmt: skip
+
+    requests = [request(question_without_name(e.question, world.facts[e.id].entity), e, 0) for e in examples]
+    requests += [request(e.question, e, top_k) for e in examples]
+    results = engine.search(requests)
+    hits = [contains_answer(docs, r.golden_answers) for docs, r in zip(results, requests)]
+    return {"no_name": statistics.fmean(hits[:n]), "noisy": statistics.fmean(hits[n:])}
+
+
+def measure_leakage(ctx: Seed, world: World, told: bool) -> dict[str, dict[str, float]]:
+    """Leakage of the simulators as the RL runs configured them (uncached), and of BM25 for reference."""
+    n = SMOKE_LEAK if ctx.smoke else LEAK_QUESTIONS
+    rl = load_recipe(TrainRecipe, RECIPES / "train.yaml", ["run_dir=unused"])
+    simulators = [("query_only", ctx.paths["simulator"], False)] + ([("told", ctx.paths["told"], True)] if told else [])
+    leak: dict[str, dict[str, float]] = {}
+    for key, path, shown in simulators:
+        cfg = load_recipe(
+            TrainRecipe, RECIPES / "train.yaml",
+            ["run_dir=unused", f"search.simulator.generation.model.path={path}", "search.cache=''",
+             f"search.simulator.show_question={shown}", f"search.simulator.show_answer={shown}"],
+        ).search  # fmt: skip
+        engine = build_search_engine(cfg, seed=ctx.seed)
+        assert engine is not None  # kind=simulator
+        leak[key] = answer_leakage(engine, world, n=n, top_k=rl.search.top_k)
+    bm25 = BM25SearchEngine.build(world.passages, show_progress=False)
+    # A real engine has no noisy mode: only its no-name share is a reference.
+    leak["bm25"] = {"no_name": answer_leakage(bm25, world, n=n, top_k=rl.search.top_k)["no_name"]}
+    return leak
+
+
+# --------------------------------------------------------------------------- figures and the doc
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def summarize(results: dict[int, dict[str, Any]], args: argparse.Namespace, steps: int, *, wall_s: float) -> dict[str, Any]:
+    """The JSON figures: FIGURES' keys (EM points, mean over seeds; None for an arm not run), leakage, detail."""
+    figures: dict[str, Any] = {}
+    for key, (row, engine) in FIGURES.items():
+        values = [r["em"][row][engine] for r in results.values() if row in r["em"]]
+        figures[key] = round(statistics.fmean(values), 2) if values else None
+    for key, simulator in LEAK_FIGURES.items():
+        for probe, prefix in (("no_name", "leak_"), ("noisy", "leak_noisy_")):
+            values = [100.0 * r["leak"][simulator][probe] for r in results.values() if simulator in r["leak"]]
+            figures[prefix + key.removeprefix("leak_")] = round(statistics.fmean(values), 2) if values else None
+    rl = load_recipe(TrainRecipe, RECIPES / "train.yaml", ["run_dir=unused"]).curriculum
+    figures.update(
+        wall_s=round(wall_s, 1),
+        steps=steps,
+        seeds=list(results),
+        smoke=args.smoke,
+        constant_p_noise=round(constant_p_noise(rl.p_start, rl.p_end, rl.base, steps), 6),
+        by_seed={str(seed): r for seed, r in results.items()},
+    )
+    return figures
+
+
+def _cell(values: list[float]) -> str:
+    if not values:
+        return "-"
+    mean, sd = mean_sd(values)
+    return f"{mean:.1f} ± {sd:.1f}"
+
+
+def table_lines(question: Question, results: dict[int, dict[str, Any]]) -> list[str]:
+    """The markdown table of one question: EM (%) per engine, mean ± sd over seeds."""
+    head = "| policy | " + " | ".join(question.engines) + " |"
+    lines = [head, "|---|" + "---|" * len(question.engines)]
+    for label, row in question.rows:
+        cells = [_cell([r["em"][row][e] for r in results.values() if row in r["em"]]) for e in question.engines]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if question.key == "told":
+        lines += ["", "Answer leakage on training questions (% of result sets holding a gold answer):", ""]
+        lines += ["| simulator | query without the name | noisy results, query names the entity |", "|---|---|---|"]
+        for label, sim in LEAK_ROWS:
+            cells = [
+                _cell([100.0 * r["leak"][sim][p] for r in results.values() if p in r["leak"].get(sim, {})])
+                for p in ("no_name", "noisy")
+            ]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot_question(question: Question, results: dict[int, dict[str, Any]], path: Path) -> Path:
+    """Grouped bars: engines as groups, the table's rows as bars, sd over seeds as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, ax = plt.subplots(figsize=(12, 6), dpi=100)
+    rows = [(label, row) for label, row in question.rows if any(row in r["em"] for r in results.values())]
+    width = 0.8 / max(1, len(rows))
+    for i, (label, row) in enumerate(rows):
+        stats = [mean_sd([r["em"][row][e] for r in results.values() if row in r["em"]]) for e in question.engines]
+        offsets = [g - 0.4 + width * (i + 0.5) for g in range(len(question.engines))]
+        bars = ax.bar(offsets, [m for m, _ in stats], width, yerr=[s for _, s in stats], capsize=3, label=label)
+        ax.bar_label(bars, labels=[f"{m:.1f}" for m, _ in stats], fontsize="x-small", padding=2)
+    ax.set_xticks(range(len(question.engines)), question.engines)
+    ax.set_ylabel("held-out EM (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(question.title)
+    ax.legend(fontsize="small", loc="upper left")
+    ax.grid(axis="y", alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)
+    return path
+
+
+def write_doc(out: Path, results: dict[int, dict[str, Any]], figures: dict[str, Any]) -> None:
+    """Fills each question's block of `out` (`<!-- table:KEY -->` ... `<!-- /table:KEY -->`), keeping the prose.
+
+    A missing doc, or one without the blocks, is started from `SKELETON`. Charts go to the
+    folder named like the doc without its suffix (docs/ablations/KEY.png).
+    """
+    text = out.read_text() if out.is_file() else SKELETON
+    if not all(f"<!-- table:{q.key} -->" in text and f"<!-- /table:{q.key} -->" in text for q in QUESTIONS):
+        text = SKELETON
+    charts = out.with_suffix("")
+    seeds = ", ".join(str(s) for s in figures["seeds"])
+    for question in QUESTIONS:
+        chart = plot_question(question, results, charts / f"{question.key}.png")
+        block = [
+            f"Held-out EM (%), greedy, mean ± sd over seeds {seeds}; {figures['steps']} RL steps an arm"
+            + (" (smoke: a pipeline check, not a result)" if figures["smoke"] else "") + ".",
+            "",
+            *table_lines(question, results),
+            "",
+            f"![{question.title}]({charts.name}/{chart.name})",
+        ]
+        begin, end = f"<!-- table:{question.key} -->", f"<!-- /table:{question.key} -->"
+        text = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: "\n".join([begin, *block, end]), text, flags=re.S)
+    minutes = figures["wall_s"] / 60
+    text = re.sub(r"<!-- wall -->.*?<!-- /wall -->", f"<!-- wall -->{minutes:.1f} min<!-- /wall -->", text, flags=re.S)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+
+
+def _skeleton() -> str:
+    blocks = {q.key: f"<!-- table:{q.key} -->\nNot measured yet.\n<!-- /table:{q.key} -->" for q in QUESTIONS}
+    return SKELETON_TEXT.format(**blocks, steps=STEPS)
+
+
+SKELETON_TEXT = """# Ablations: ZeroSearch's and SSRL's findings, measured in miniature
+
+    python benchmarks/ablations.py --seeds 0 1
+
+On the quickstart's tiny world, base and simulator (reused from a quickstart run of the same seed
+when its stages' fingerprints match), one RL policy per arm, each with the quickstart's RL recipe
+(`recipes/quickstart/train.yaml`) plus the arm's overrides and the same budget: {steps} steps of 8
+questions x 16 rollouts (the quickstart runs 250), so the numbers here sit below the quickstart's.
+Each policy is evaluated greedily on the held-out entities' questions against the simulator, BM25
+and dense retrieval (`recipes/quickstart/eval.yaml`). EM is strict exact match. Wall time of the
+last full run: <!-- wall -->not measured yet<!-- /wall -->. The arms and how each is built: the
+docstring of `benchmarks/ablations.py`. The tables below are rewritten by each run; the text
+around them is not.
+
+## 1. Curriculum
+
+ZeroSearch raises the share of noisy searches along an exponential curve and reports it ahead of
+a schedule without that easy-to-hard order. Here: the quickstart's exponential schedule (p_noise
+0 to 0.25), a constant p_noise equal to that schedule's mean over the run, and no noise.
+
+{curriculum}
+
+## 2. What is in the loop
+
+ZeroSearch reports its fine-tuned 14B simulator ahead of real Google search in the loop (34.47 vs
+32.81, Qwen-2.5-3B-base). Here: the fine-tuned tiny simulator, real BM25 (an upper bound: the
+engine the policy is evaluated on) and no search at all (empty results).
+
+{loop}
+
+## 3. What the simulator is told
+
+ZeroSearch's simulator sees the question and its gold answer; ours sees the query only. The
+ZeroSearch-design simulator is a second simulator on the same base, collected with the question
+and answer in its prompt and its pairs labelled by the outcome of the trajectory (ZeroSearch's
+Search Simulation Tuning). Leakage: the share of result sets that hold the answer when the query
+does not name the entity, and of noisy results.
+
+{told}
+
+## 4. Algorithm
+
+ZeroSearch recommends REINFORCE (GRPO sometimes collapsed for them) and also reports PPO. Same
+budget, same batches; PPO's critic learns at the actor's learning rate.
+
+{algorithm}
+
+## 5. Self-search (SSRL)
+
+SSRL trains a policy that writes its own search results, then evaluates it with real search in
+their place and reports large gains (Qwen2.5-7B-Instruct 30.2 with self-search, about 47 with real
+search). Self-search needs a base that knows facts: this arm's base is the quickstart's base
+further pretrained on self-search traces about the training entities with the information block in
+the loss (`train_knowing_base`), so it knows some of their facts, as a real LLM knows Wikipedia,
+and none of the held-out entities'.
+
+{ssrl}
+"""
+SKELETON = _skeleton()
+
+
+if __name__ == "__main__":
+    main()
