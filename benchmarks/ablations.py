@@ -607,7 +607,8 @@ def plot_question(question: Question, results: dict[int, dict[str, Any]], path: 
     ax.set_ylabel("held-out EM (%)")
     ax.set_ylim(0, 100)
     ax.set_title(question.title)
-    ax.legend(fontsize="small", loc="upper left")
+    if rows:
+        ax.legend(fontsize="small", loc="upper left")
     ax.grid(axis="y", alpha=0.3)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path)

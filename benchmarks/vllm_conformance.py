@@ -47,9 +47,10 @@ from packaging.version import Version
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from simsearch.config import RecipeError, SamplingConfig  # noqa: E402
+from simsearch.config import SamplingConfig  # noqa: E402
 from simsearch.engines.openai import NEUTRAL_SAMPLING, OpenAIEngine  # noqa: E402
 from simsearch.engines.vllm import SLEEP_TAGS, sampling_kwargs  # noqa: E402
+from simsearch.errors import RecipeError  # noqa: E402
 from simsearch.types import SamplingParams  # noqa: E402
 
 # Where simsearch's protocols meet vLLM's classes: (our protocol, vLLM module, vLLM class).

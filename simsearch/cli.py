@@ -25,13 +25,12 @@ from simsearch.config import (
     EvalRecipe,
     FinetuneRecipe,
     QuickstartRecipe,
-    RecipeError,
     ServeRecipe,
     TrainRecipe,
     load_recipe,
 )
 from simsearch.curriculum.schedules import SCHEDULE_KINDS
-from simsearch.errors import SimsearchError
+from simsearch.errors import RecipeError, SimsearchError
 
 _EPILOG = "Overrides are dotted keys, e.g. steps=10 policy.model.path=/models/qwen rollout.max_turns=3."
 _CHOICES = (

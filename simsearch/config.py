@@ -20,16 +20,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 from simsearch.curriculum.schedules import GRANULARITIES, SCHEDULE_KINDS
 from simsearch.data.templates import TEMPLATE_NAMES
+from simsearch.errors import RecipeError
 from simsearch.eval.metrics import NORMALIZATIONS
 from simsearch.policy.rewards import REWARD_NAMES
 from simsearch.retrieval.base import RENDER_STYLES, VERBATIM_STYLE
 from simsearch.simulator.prompts import ALWAYS_SHOWS_CONTEXT, ANY_RESPONSE_STYLE, PRESETS
 from simsearch.simulator.sft_data import OUTCOME_METRICS, TARGETS
-
-
-class RecipeError(ValueError):
-    """A recipe that cannot run: says which file and key, and what to do."""
-
 
 RECIPE_TEMPLATES = tuple(name for name in TEMPLATE_NAMES if name not in ("direct", "rag"))
 """Policy templates a recipe may name; `simsearch eval` runs the direct and RAG baselines itself."""

@@ -11,3 +11,7 @@ class DataError(SimsearchError, ValueError):
 
 class ServiceError(SimsearchError, RuntimeError):
     """A server that failed after bounded retries: names the URL, the attempts, the last error."""
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot run: says which file and key, and what to do."""

@@ -5,15 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simsearch.config import (
-    EvalRecipe,
-    FinetuneRecipe,
-    RecipeError,
-    ServeRecipe,
-    TrainRecipe,
-    load_recipe,
-    save_recipe,
-)
+from simsearch.config import EvalRecipe, FinetuneRecipe, ServeRecipe, TrainRecipe, load_recipe, save_recipe
+from simsearch.errors import RecipeError
 
 
 def _write(tmp_path: Path, body: dict) -> Path:

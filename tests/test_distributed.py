@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from simsearch.config import RecipeError
+from simsearch.errors import RecipeError
 from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
 from simsearch.training.checkpoint import checkpoint_dir
 from simsearch.training.distributed import (

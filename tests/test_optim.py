@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from simsearch.config import OptimConfig, RecipeError
+from simsearch.config import OptimConfig
+from simsearch.errors import RecipeError
 from simsearch.training.optim import adamw_with_schedule, lr_factor
 
 

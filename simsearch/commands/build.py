@@ -13,10 +13,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from simsearch.config import CurriculumConfig, GenerationConfig, RecipeError, SearchConfig
+from simsearch.config import CurriculumConfig, GenerationConfig, SearchConfig
 from simsearch.curriculum.schedules import NoiseSchedule, make_schedule
 from simsearch.data.rendering import VERBATIM_STYLE
 from simsearch.engines.base import GenerationEngine
+from simsearch.errors import RecipeError
 from simsearch.fingerprints import digest, path_identity
 from simsearch.retrieval.accounting import Ledger
 from simsearch.retrieval.base import SearchEngine

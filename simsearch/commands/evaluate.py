@@ -81,12 +81,12 @@ from simsearch.commands.build import (
     search_fingerprint,
     unmetered,
 )
-from simsearch.config import EvalDataset, EvalRecipe, RecipeError, SearchConfig, save_recipe
+from simsearch.config import EvalDataset, EvalRecipe, SearchConfig, save_recipe
 from simsearch.curriculum.schedules import num_noisy
 from simsearch.data.qa import load_qa
 from simsearch.data.templates import render_prompt
 from simsearch.engines.base import GenerationEngine
-from simsearch.errors import DataError
+from simsearch.errors import DataError, RecipeError
 from simsearch.eval import report
 from simsearch.eval.metrics import extract_answer
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from simsearch.config import RecipeError
+from simsearch.errors import RecipeError
 from simsearch.models import load_model
 
 # --------------------------------------------------------------------------- processes

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from simsearch.commands.build import build_schedule, build_search_engine, search_fingerprint
-from simsearch.config import CurriculumConfig, RecipeError, SearchConfig
+from simsearch.config import CurriculumConfig, SearchConfig
 from simsearch.data.tinyworld import build_world
+from simsearch.errors import RecipeError
 from simsearch.types import SearchRequest
 
 

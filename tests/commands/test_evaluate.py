@@ -18,12 +18,12 @@ import pytest
 from PIL import Image
 
 from simsearch.commands import build, evaluate
-from simsearch.config import EvalRecipe, RecipeError, load_recipe
+from simsearch.config import EvalRecipe, load_recipe
 from simsearch.data.corpus import load_passages
 from simsearch.data.qa import QADataError, load_qa
 from simsearch.data.templates import DIRECT_TEMPLATE, RAG_TEMPLATE, SEARCH_R1_TEMPLATE, render_prompt
 from simsearch.data.tinyworld import build_world
-from simsearch.errors import DataError, ServiceError
+from simsearch.errors import DataError, RecipeError, ServiceError
 from simsearch.eval.metrics import exact_match, f1_score, substring_exact_match
 from simsearch.models import build_tiny_model, save_tiny, train_tokenizer
 from simsearch.retrieval.bm25 import BM25SearchEngine

@@ -11,7 +11,8 @@ import torch
 from PIL import Image
 
 from simsearch.commands import quickstart
-from simsearch.config import QuickstartRecipe, RecipeError, load_recipe
+from simsearch.config import QuickstartRecipe, load_recipe
+from simsearch.errors import RecipeError
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "quickstart"
 # What may differ between two runs of the same recipe: clocks and memory.

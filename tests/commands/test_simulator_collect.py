@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from simsearch.commands import simulator_collect
-from simsearch.config import CollectRecipe, RecipeError, load_recipe
+from simsearch.config import CollectRecipe, load_recipe
 from simsearch.data.tinyworld import build_world
+from simsearch.errors import RecipeError
 from simsearch.models import train_tokenizer
 from simsearch.types import Completion
 
@@ -108,7 +109,7 @@ def test_contrast_queries_are_searched_with_the_real_retriever(tmp_path: Path, w
 
 
 def test_collect_refuses_a_simulator_as_its_retriever(tmp_path: Path) -> None:
-    from simsearch.config import RecipeError
+    from simsearch.errors import RecipeError
 
     with pytest.raises(RecipeError, match="collect needs a real retriever"):
         load_recipe(
@@ -125,7 +126,7 @@ def test_collect_refuses_a_simulator_as_its_retriever(tmp_path: Path) -> None:
 
 
 def test_collect_refuses_negative_contrast_queries(tmp_path: Path) -> None:
-    from simsearch.config import RecipeError
+    from simsearch.errors import RecipeError
 
     with pytest.raises(RecipeError, match="contrast_queries=-1"):
         load_recipe(
@@ -142,7 +143,7 @@ def test_collect_refuses_negative_contrast_queries(tmp_path: Path) -> None:
 
 
 def test_collect_takes_every_preset_but_custom(tmp_path: Path) -> None:
-    from simsearch.config import RecipeError
+    from simsearch.errors import RecipeError
 
     base = [f"run_dir={tmp_path}", "policy.model.path=m", "data.train=[t]", "search.corpus=c.jsonl"]
     assert load_recipe(CollectRecipe, None, [*base, "preset=simsearch-brief"]).preset == "simsearch-brief"
@@ -153,7 +154,7 @@ def test_collect_takes_every_preset_but_custom(tmp_path: Path) -> None:
 def test_collect_renders_responses_as_the_policy_reads_them_only_with_the_brief_preset(
     tmp_path: Path, world_files, monkeypatch
 ) -> None:
-    from simsearch.config import RecipeError
+    from simsearch.errors import RecipeError
 
     _collect(tmp_path, world_files, monkeypatch, "val_fraction=0.0", "preset=simsearch-brief", "search.rendering=brief")
     pairs = [json.loads(line) for line in (tmp_path / "collect" / "train.jsonl").read_text().splitlines()]

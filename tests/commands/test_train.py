@@ -27,11 +27,11 @@ import simsearch.policy.validation as validation
 import simsearch.training.distributed as distributed
 import simsearch.training.rl as rl_module
 import simsearch.training.session as session
-from simsearch.config import RecipeError, TrainRecipe, load_recipe
+from simsearch.config import TrainRecipe, load_recipe
 from simsearch.curriculum.schedules import exponential
 from simsearch.data.rendering import render_documents, wrap_information
 from simsearch.data.templates import SEARCH_R1_TEMPLATE, render_prompt
-from simsearch.errors import ServiceError
+from simsearch.errors import RecipeError, ServiceError
 from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
 from simsearch.policy.batch import ESTIMATORS
 from simsearch.policy.rollout import score_trajectories

@@ -15,7 +15,7 @@ import torch
 
 import simsearch.training.session as session
 from simsearch.commands import train
-from simsearch.config import RecipeError
+from simsearch.errors import RecipeError
 from simsearch.training.runlog import read_metrics
 from tests.commands import test_train
 from tests.commands.test_train import _finite_losses, _recipe

@@ -20,7 +20,7 @@ import simsearch.engines.hf as hf
 import simsearch.policy.update as update_module
 import simsearch.training.rl as rl_module
 from simsearch.commands import train
-from simsearch.config import RecipeError
+from simsearch.errors import RecipeError
 from simsearch.types import SamplingParams
 from tests.commands import test_train
 from tests.commands.test_train import _recipe

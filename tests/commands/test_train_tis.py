@@ -19,8 +19,8 @@ import torch
 import simsearch.policy.update as update_module
 import simsearch.training.rl as rl_module
 from simsearch.commands import train
-from simsearch.config import RecipeError
 from simsearch.engines.hf import HFEngine
+from simsearch.errors import RecipeError
 from simsearch.training.runlog import read_metrics
 from simsearch.types import Completion, SamplingParams
 from tests.commands import test_train

@@ -22,8 +22,8 @@ import torch
 import simsearch.policy.update as update_module
 import simsearch.training.session as session
 from simsearch.commands import train
-from simsearch.config import RecipeError
 from simsearch.engines.hf import HFEngine
+from simsearch.errors import RecipeError
 from simsearch.models import load_model
 from simsearch.training.checkpoint import checkpoint_dir
 from simsearch.training.runlog import read_metrics

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from simsearch.commands.build import build_generation_engine
-from simsearch.config import EvalRecipe, GenerationConfig, ModelConfig, RecipeError, load_recipe
+from simsearch.config import EvalRecipe, GenerationConfig, ModelConfig, load_recipe
 from simsearch.engines.vllm import (
     VLLMEngine,
     VLLMNotInstalledError,
@@ -42,6 +42,7 @@ from simsearch.engines.vllm import (
     vllm_param_name,
     zero3_named_params_for_vllm,
 )
+from simsearch.errors import RecipeError
 from simsearch.models import build_tiny_model, train_tokenizer
 from simsearch.types import Completion, SamplingParams
 

@@ -9,8 +9,8 @@ import math
 import pytest
 from PIL import Image
 
-from simsearch.config import EvalRecipe, RecipeError, load_recipe
-from simsearch.errors import DataError
+from simsearch.config import EvalRecipe, load_recipe
+from simsearch.errors import DataError, RecipeError
 from simsearch.eval import report
 from simsearch.eval.metrics import NORMALIZATIONS
 from simsearch.types import Document, QAExample, Trajectory, Turn

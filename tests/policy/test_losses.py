@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from simsearch.config import AlgorithmConfig, RecipeError
+from simsearch.config import AlgorithmConfig
+from simsearch.errors import RecipeError
 from simsearch.policy.losses import (
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,

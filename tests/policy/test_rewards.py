@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from simsearch.config import RecipeError, RewardConfig
+from simsearch.config import RewardConfig
+from simsearch.errors import RecipeError
 from simsearch.policy.rewards import (
     REWARD_NAMES,
     em_rewards,

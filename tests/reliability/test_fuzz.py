@@ -28,14 +28,13 @@ from simsearch.config import (
     EvalRecipe,
     FinetuneRecipe,
     QuickstartRecipe,
-    RecipeError,
     ServeRecipe,
     TrainRecipe,
     load_recipe,
 )
 from simsearch.data.corpus import CorpusFormatError, corpus_fingerprint, load_passages, parse_passage
 from simsearch.data.qa import QADataError, load_qa, write_qa_jsonl
-from simsearch.errors import DataError
+from simsearch.errors import DataError, RecipeError
 from simsearch.eval.metrics import (
     exact_match,
     extract_answer,

@@ -7,9 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simsearch.config import RecipeError, SearchConfig
+from simsearch.config import SearchConfig
 from simsearch.data.corpus import load_passages
 from simsearch.data.rendering import RENDER_STYLES, RENDERERS, VERBATIM_STYLE, render_documents, wrap_information
+from simsearch.errors import RecipeError
 from simsearch.retrieval.base import check_top_k, select_top_k
 from simsearch.types import Document, SearchRequest
 
