@@ -18,7 +18,6 @@ import argparse
 import sys
 import traceback
 
-from simsearch.commands.build import GENERATION_ENGINES, SEARCH_ENGINES
 from simsearch.config import (
     RECIPE_TEMPLATES,
     CollectRecipe,
@@ -31,6 +30,7 @@ from simsearch.config import (
 )
 from simsearch.curriculum.schedules import SCHEDULE_KINDS
 from simsearch.errors import RecipeError, SimsearchError
+from simsearch.factory.build import GENERATION_ENGINES, SEARCH_ENGINES
 
 _EPILOG = "Overrides are dotted keys, e.g. steps=10 policy.model.path=/models/qwen rollout.max_turns=3."
 _CHOICES = (

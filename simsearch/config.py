@@ -78,7 +78,7 @@ class ModelConfig:
 class GenerationConfig:
     """A text-generation engine: transformers in-process, an OpenAI-compatible server, or vLLM."""
 
-    kind: str = "hf"  # a name in commands.build.GENERATION_ENGINES (hf: transformers in process)
+    kind: str = "hf"  # a name in factory.build.GENERATION_ENGINES (hf: transformers in process)
     model: ModelConfig = field(default_factory=ModelConfig)
     batch_size: int = 64  # hf: prompts per forward batch
     base_urls: list[str] = field(default_factory=list)  # openai: server URLs (load balanced)
@@ -95,7 +95,7 @@ class GenerationConfig:
     max_model_len: int = 0  # vllm: context length (0 = the model's)
 
     def check(self, key: str) -> None:
-        from simsearch.commands.build import GENERATION_ENGINES  # here: that module imports this one
+        from simsearch.factory.build import GENERATION_ENGINES  # here: that module imports this one
 
         _check_choice(f"{key}.kind", self.kind, tuple(GENERATION_ENGINES))
         _check_positive(f"{key}.batch_size", self.batch_size)
@@ -181,7 +181,7 @@ class SimulatorConfig:
 class SearchConfig:
     """A search engine: a real retriever, the simulator, or none (self-search)."""
 
-    kind: str = "bm25"  # a name in commands.build.SEARCH_ENGINES (self: self-search, no engine)
+    kind: str = "bm25"  # a name in factory.build.SEARCH_ENGINES (self: self-search, no engine)
     top_k: int = 3  # documents per search
     corpus: str = ""  # bm25/dense: corpus JSONL ({id, contents} or {id, title, text})
     index_dir: str = ""  # bm25/dense: where the index is saved; built on first use when empty
@@ -203,7 +203,7 @@ class SearchConfig:
     gpu_hour_price: float | None = None  # simulator: $ per hour of the GPUs serving it (all of them); null = unknown
 
     def check(self, key: str) -> None:
-        from simsearch.commands.build import SEARCH_ENGINES  # here: that module imports this one
+        from simsearch.factory.build import SEARCH_ENGINES  # here: that module imports this one
 
         _check_choice(f"{key}.kind", self.kind, tuple(SEARCH_ENGINES))
         _check_positive(f"{key}.top_k", self.top_k)

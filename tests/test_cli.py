@@ -84,8 +84,8 @@ def test_a_file_the_os_did_not_find_keeps_its_traceback(monkeypatch, capsys: pyt
 
 
 def test_train_help_lists_the_choices_from_their_tables(capsys: pytest.CaptureFixture) -> None:
-    from simsearch.commands.build import SEARCH_ENGINES
     from simsearch.curriculum.schedules import SCHEDULE_KINDS
+    from simsearch.factory.build import SEARCH_ENGINES
 
     with pytest.raises(SystemExit):
         main(["train", "--help"])

@@ -74,13 +74,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from simsearch.commands.build import (
-    build_generation_engine,
-    build_search_engine,
-    meter_search_engine,
-    search_fingerprint,
-    unmetered,
-)
 from simsearch.config import EvalDataset, EvalRecipe, SearchConfig, save_recipe
 from simsearch.curriculum.schedules import num_noisy
 from simsearch.data.qa import load_qa
@@ -89,6 +82,13 @@ from simsearch.engines.base import GenerationEngine
 from simsearch.errors import DataError, RecipeError
 from simsearch.eval import report
 from simsearch.eval.metrics import extract_answer
+from simsearch.factory.build import (
+    build_generation_engine,
+    build_search_engine,
+    meter_search_engine,
+    search_fingerprint,
+    unmetered,
+)
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories
 from simsearch.policy.tags import ANSWER_STOP, parse_action
 from simsearch.retrieval import accounting

@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from simsearch.commands import evaluate, simulator_collect, simulator_finetune, train
-from simsearch.commands.build import build_search_engine
+from simsearch.factory.build import build_search_engine
 from simsearch.config import (
     CollectRecipe,
     EvalRecipe,

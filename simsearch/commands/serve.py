@@ -12,9 +12,9 @@ import warnings
 
 import uvicorn
 
-from simsearch.commands.build import build_search_engine, meter_search_engine
 from simsearch.config import ServeRecipe
 from simsearch.errors import RecipeError
+from simsearch.factory.build import build_search_engine, meter_search_engine
 from simsearch.retrieval.accounting import EngineUsage, Ledger, money
 from simsearch.retrieval.server import create_app
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from simsearch.commands.build import build_generation_engine, build_search_engine
 from simsearch.config import CollectRecipe, save_recipe
 from simsearch.data.qa import load_qa
 from simsearch.errors import SimsearchError
+from simsearch.factory.build import build_generation_engine, build_search_engine
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories
 from simsearch.simulator.sft_data import (
     LLMJudge,

@@ -48,21 +48,21 @@ from typing import Any
 
 from tqdm import tqdm
 
-from simsearch.commands.build import build_schedule, build_search_engine, meter_search_engine
 from simsearch.config import TrainRecipe, save_recipe
 from simsearch.curriculum.schedules import NoiseSchedule, num_noisy
 from simsearch.data.qa import load_qa
 from simsearch.errors import ServiceError
+from simsearch.factory import train as rl
+from simsearch.factory.build import build_schedule, build_search_engine, meter_search_engine
 from simsearch.policy.batch import collate_trajectories, stream_indices
+from simsearch.policy.records import search_usage, trajectory_rows
 from simsearch.policy.rollout import RolloutResult, generate_trajectories, score_trajectories
 from simsearch.policy.sync import RolloutWeights, sync_rollout_weights
 from simsearch.policy.update import Learner, UpdateSettings, derived_seed, forward_passes, update
 from simsearch.policy.validation import Validation, validate
 from simsearch.retrieval import accounting
 from simsearch.retrieval.accounting import EngineUsage, Ledger
-from simsearch.training import rl
 from simsearch.training.distributed import mean_over_ranks
-from simsearch.training.records import search_usage, trajectory_rows
 from simsearch.training.runlog import RunLogger, read_metrics
 from simsearch.training.session import Run, open_run
 from simsearch.types import SamplingParams

@@ -1,7 +1,7 @@
 """What search cost: counts, latency and estimated dollars per engine, for every run.
 
 A `Ledger` holds one `EngineUsage` per named engine. Three thin wrappers feed it, each around
-one layer of an engine (`commands.build.meter_search_engine` puts them in place):
+one layer of an engine (`factory.build.meter_search_engine` puts them in place):
 
 - `MeteredSearchEngine`, outermost: searches asked and the latency of each `search` call (one
   call per rollout turn, so a latency is a batch's), and the cache hits of a

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from simsearch.commands import build, evaluate
+from simsearch.commands import evaluate
 from simsearch.config import EvalRecipe, load_recipe
 from simsearch.data.corpus import load_passages
 from simsearch.data.qa import QADataError, load_qa
@@ -25,6 +25,7 @@ from simsearch.data.templates import DIRECT_TEMPLATE, RAG_TEMPLATE, SEARCH_R1_TE
 from simsearch.data.tinyworld import build_world
 from simsearch.errors import DataError, RecipeError, ServiceError
 from simsearch.eval.metrics import exact_match, f1_score, substring_exact_match
+from simsearch.factory import build
 from simsearch.models import build_tiny_model, save_tiny, train_tokenizer
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.simulator.engine import SimulatedSearchEngine

@@ -23,9 +23,9 @@ import torch
 from safetensors.torch import load_file
 
 import simsearch.commands.train as train
+import simsearch.factory.train as rl_module
 import simsearch.policy.validation as validation
 import simsearch.training.distributed as distributed
-import simsearch.training.rl as rl_module
 import simsearch.training.session as session
 from simsearch.config import TrainRecipe, load_recipe
 from simsearch.curriculum.schedules import exponential

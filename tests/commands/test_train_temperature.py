@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import simsearch.engines.hf as hf
+import simsearch.factory.train as rl_module
 import simsearch.policy.update as update_module
-import simsearch.training.rl as rl_module
 from simsearch.commands import train
 from simsearch.errors import RecipeError
 from simsearch.types import SamplingParams

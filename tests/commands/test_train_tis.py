@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import torch
 
+import simsearch.factory.train as rl_module
 import simsearch.policy.update as update_module
-import simsearch.training.rl as rl_module
 from simsearch.commands import train
 from simsearch.engines.hf import HFEngine
 from simsearch.errors import RecipeError

@@ -25,7 +25,6 @@ from typing import Any
 import pytest
 import torch
 
-from simsearch.commands.build import build_generation_engine
 from simsearch.config import EvalRecipe, GenerationConfig, ModelConfig, load_recipe
 from simsearch.engines.vllm import (
     VLLMEngine,
@@ -43,6 +42,7 @@ from simsearch.engines.vllm import (
     zero3_named_params_for_vllm,
 )
 from simsearch.errors import RecipeError
+from simsearch.factory.build import build_generation_engine
 from simsearch.models import build_tiny_model, train_tokenizer
 from simsearch.types import Completion, SamplingParams
 

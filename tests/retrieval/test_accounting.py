@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from simsearch.commands.build import meter_search_engine, unmetered
 from simsearch.config import SearchConfig
 from simsearch.errors import RecipeError
+from simsearch.factory.build import meter_search_engine, unmetered
 from simsearch.retrieval import accounting
 from simsearch.retrieval.accounting import EngineUsage, LatencyHistogram, Ledger
 from simsearch.retrieval.cache import CachedSearchEngine

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from simsearch.commands.build import build_schedule, build_search_engine, search_fingerprint
 from simsearch.config import CurriculumConfig, SearchConfig
 from simsearch.data.tinyworld import build_world
 from simsearch.errors import RecipeError
+from simsearch.factory.build import build_schedule, build_search_engine, search_fingerprint
 from simsearch.types import SearchRequest
 
 
@@ -125,8 +125,8 @@ def test_build_schedule_errors() -> None:
 
 
 def test_the_recipe_accepts_exactly_the_engine_kinds_built_here() -> None:
-    from simsearch.commands.build import GENERATION_ENGINES, SEARCH_ENGINES
     from simsearch.config import GenerationConfig
+    from simsearch.factory.build import GENERATION_ENGINES, SEARCH_ENGINES
 
     assert list(GENERATION_ENGINES) == ["hf", "openai", "vllm"]
     assert list(SEARCH_ENGINES) == ["bm25", "dense", "http", "serper", "serpapi", "simulator", "self", "empty"]
