@@ -30,7 +30,7 @@ import time
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from simsearch.engines.hf import HFEngine
+from simsearch.generation.hf import HFEngine
 from simsearch.models import TAG_TOKENS, build_tiny_model, train_tokenizer
 from simsearch.types import SamplingParams
 

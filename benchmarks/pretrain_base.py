@@ -27,8 +27,8 @@ import torch
 
 from simsearch.data.templates import SEARCH_R1_TEMPLATE
 from simsearch.data.tinyworld import build_world
-from simsearch.engines.hf import HFEngine
 from simsearch.eval.metrics import exact_match
+from simsearch.generation.hf import HFEngine
 from simsearch.models import build_tiny_model, train_tokenizer
 from simsearch.policy.pretrain import make_copy_drills, make_traces, pretrain
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories

@@ -49,7 +49,7 @@ import torch
 
 from simsearch.data.templates import SEARCH_R1_TEMPLATE
 from simsearch.data.tinyworld import build_world
-from simsearch.engines.hf import HFEngine
+from simsearch.generation.hf import HFEngine
 from simsearch.models import build_tiny_model, load_model, train_tokenizer
 from simsearch.policy.pretrain import make_traces, pretrain
 from simsearch.policy.rollout import RolloutResult, RolloutSettings, generate_trajectories

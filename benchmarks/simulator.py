@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from simsearch.engines.hf import HFEngine
+from simsearch.generation.hf import HFEngine
 from simsearch.models import build_tiny_model, train_tokenizer
 from simsearch.simulator.engine import SimulatedSearchEngine
 from simsearch.simulator.prompts import render

@@ -7,7 +7,7 @@
 Fetches the vLLM wheel with `pip download --no-deps` (about 330 MB; reused when already in
 `--dest`), never installs or imports it, and reads its Python sources with `ast`. What simsearch
 uses is read from simsearch itself where it can be (the keywords of the `vllm.LLM(...)` call and
-of every `self.llm.<method>(...)` call in `engines/vllm.py`, the keys of `sampling_kwargs`, the
+of every `self.llm.<method>(...)` call in `generation/vllm.py`, the keys of `sampling_kwargs`, the
 fields of the output protocols, the body `OpenAIEngine` sends, the flags of every `vllm serve`
 command in the recipes and docs), and each is looked up in the wheel:
 
@@ -48,9 +48,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from simsearch.config import SamplingConfig  # noqa: E402
-from simsearch.engines.openai import NEUTRAL_SAMPLING, OpenAIEngine  # noqa: E402
-from simsearch.engines.vllm import SLEEP_TAGS, sampling_kwargs  # noqa: E402
 from simsearch.errors import RecipeError  # noqa: E402
+from simsearch.generation.openai import NEUTRAL_SAMPLING, OpenAIEngine  # noqa: E402
+from simsearch.generation.vllm import SLEEP_TAGS, sampling_kwargs  # noqa: E402
 from simsearch.types import SamplingParams  # noqa: E402
 
 # Where simsearch's protocols meet vLLM's classes: (our protocol, vLLM module, vLLM class).
@@ -59,7 +59,7 @@ OUTPUT_CLASSES = [
     ("CompletionOutputLike", "vllm/outputs.py", "CompletionOutput"),
     ("LogprobLike", "vllm/logprobs.py", "Logprob"),
 ]
-# The response fields `OpenAIEngine` reads (engines/openai.py), by vLLM response model.
+# The response fields `OpenAIEngine` reads (generation/openai.py), by vLLM response model.
 RESPONSE_FIELDS = [
     (
         "vllm/entrypoints/openai/completion/protocol.py",
@@ -210,8 +210,8 @@ def _params(func: ast.AST) -> tuple[set[str], bool]:
 
 
 def simsearch_llm_calls() -> tuple[list[str], dict[str, set[str]]]:
-    """The keywords of `vllm.LLM(...)` and of each `self.llm.<method>(...)` in engines/vllm.py."""
-    tree = ast.parse((ROOT / "simsearch/engines/vllm.py").read_text())
+    """The keywords of `vllm.LLM(...)` and of each `self.llm.<method>(...)` in generation/vllm.py."""
+    tree = ast.parse((ROOT / "simsearch/generation/vllm.py").read_text())
     constructor: list[str] = []
     methods: dict[str, set[str]] = {}
     for node in ast.walk(tree):
@@ -227,11 +227,11 @@ def simsearch_llm_calls() -> tuple[list[str], dict[str, set[str]]]:
 
 
 def simsearch_protocol_fields(protocol: str) -> list[str]:
-    tree = ast.parse((ROOT / "simsearch/engines/vllm.py").read_text())
+    tree = ast.parse((ROOT / "simsearch/generation/vllm.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == protocol:
             return [n.target.id for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
-    raise ValueError(f"simsearch/engines/vllm.py has no protocol {protocol}")
+    raise ValueError(f"simsearch/generation/vllm.py has no protocol {protocol}")
 
 
 def simsearch_request_keys(chat: bool) -> list[str]:
@@ -305,7 +305,7 @@ def check_output_fields(wheel: Wheel) -> list[Check]:
         members = wheel.members(module, cls)
         for name in simsearch_protocol_fields(protocol):
             checks.append(Check("output", f"{cls}.{name}", module, name in members))
-    openai_source = (ROOT / "simsearch/engines/openai.py").read_text()
+    openai_source = (ROOT / "simsearch/generation/openai.py").read_text()
     for module, cls, names in RESPONSE_FIELDS:
         members = wheel.members(module, cls)
         for name in names:
@@ -446,7 +446,7 @@ def _recipe_refuses(temperature: float) -> bool:
 
 
 def _loader_is_dataclass() -> bool:
-    tree = ast.parse((ROOT / "simsearch/engines/vllm.py").read_text())
+    tree = ast.parse((ROOT / "simsearch/generation/vllm.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == "_LoadWeights":
             return any("dataclass" in ast.unparse(d) for d in node.decorator_list)

@@ -27,7 +27,7 @@ LAYERS: list[list[str]] = [
     ["commands"],
     ["factory"],
     ["simulator", "policy"],
-    ["engines", "retrieval", "training"],
+    ["generation", "retrieval", "training"],
     ["models", "curriculum", "data"],
     ["eval"],
     ["types"],

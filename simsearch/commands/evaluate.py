@@ -78,7 +78,6 @@ from simsearch.config import EvalDataset, EvalRecipe, SearchConfig, save_recipe
 from simsearch.curriculum.schedules import num_noisy
 from simsearch.data.qa import load_qa
 from simsearch.data.templates import render_prompt
-from simsearch.engines.base import GenerationEngine
 from simsearch.errors import DataError, RecipeError
 from simsearch.eval import report
 from simsearch.eval.metrics import extract_answer
@@ -89,6 +88,7 @@ from simsearch.factory.build import (
     search_fingerprint,
     unmetered,
 )
+from simsearch.generation.base import GenerationEngine
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories
 from simsearch.policy.tags import ANSWER_STOP, parse_action
 from simsearch.retrieval import accounting

@@ -16,9 +16,9 @@ from typing import Any
 from simsearch.config import CurriculumConfig, GenerationConfig, SearchConfig
 from simsearch.curriculum.schedules import NoiseSchedule, make_schedule
 from simsearch.data.rendering import VERBATIM_STYLE
-from simsearch.engines.base import GenerationEngine
 from simsearch.errors import RecipeError
 from simsearch.fingerprints import digest, path_identity
+from simsearch.generation.base import GenerationEngine
 from simsearch.retrieval.accounting import Ledger
 from simsearch.retrieval.base import SearchEngine
 
@@ -47,7 +47,7 @@ Built = tuple[GenerationEngine, object, object]
 
 
 def _hf_engine(cfg: GenerationConfig, tokenizer: object, seed: int, backend: str | None) -> Built:
-    from simsearch.engines.hf import HFEngine
+    from simsearch.generation.hf import HFEngine
     from simsearch.models import load_model
 
     model, tok = load_model(cfg.model.path, adapter=cfg.model.adapter, dtype=cfg.model.dtype, device=cfg.model.device)
@@ -55,7 +55,7 @@ def _hf_engine(cfg: GenerationConfig, tokenizer: object, seed: int, backend: str
 
 
 def _openai_engine(cfg: GenerationConfig, tokenizer: object, seed: int, backend: str | None) -> Built:
-    from simsearch.engines.openai import OpenAIEngine
+    from simsearch.generation.openai import OpenAIEngine
 
     if tokenizer is None and cfg.model.path:
         from transformers import AutoTokenizer
@@ -76,7 +76,7 @@ def _openai_engine(cfg: GenerationConfig, tokenizer: object, seed: int, backend:
 
 
 def _vllm_engine(cfg: GenerationConfig, tokenizer: object, seed: int, backend: str | None) -> Built:
-    from simsearch.engines.vllm import VLLMEngine
+    from simsearch.generation.vllm import VLLMEngine
 
     engine = VLLMEngine(  # GPU-only and not yet verified on a GPU (docs/scaling.md)
         cfg.model.path,

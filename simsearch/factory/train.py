@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from simsearch.engines.hf import HFEngine
 from simsearch.errors import RecipeError
 from simsearch.factory.build import build_generation_engine, build_search_engine, meter_search_engine
+from simsearch.generation.hf import HFEngine
 from simsearch.models import load_model
 from simsearch.policy.batch import (
     ActorLossSettings,

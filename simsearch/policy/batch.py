@@ -10,7 +10,7 @@ column P + j. Response-aligned tensors (`responses`, `loss_mask`, log-probs, adv
 are `[B, L]`, and the logits that predict the responses are the contiguous slice
 `logits[:, P - 1 : T - 1]`, which the forward asks for with `logits_to_keep = L + 1`, so no
 logits are computed over the prompt. Position ids count real tokens only, so a padded row sees
-exactly what it would see alone (as `engines.hf` does at generation time).
+exactly what it would see alone (as `generation.hf` does at generation time).
 
 `TrainBatch.select` takes rows for a micro-batch and trims the padding those rows do not need
 (left columns that are padding in every selected row, right columns past their longest

@@ -54,8 +54,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from simsearch.data.templates import TemplateName, render_prompt
 from simsearch.data.tinyworld import OCCUPATIONS, World
-from simsearch.engines.hf import HFEngine
 from simsearch.eval.metrics import extract_answer
+from simsearch.generation.hf import HFEngine
 from simsearch.retrieval.base import RenderStyle, SearchEngine, render_documents, wrap_information
 from simsearch.types import Document, QAExample, SamplingParams, SearchRequest
 

@@ -56,8 +56,8 @@ from typing import cast
 from transformers import PreTrainedTokenizerBase
 
 from simsearch.data.templates import TEMPLATE_NAMES, TemplateName, encode_prompt
-from simsearch.engines.base import GenerationEngine
 from simsearch.eval.metrics import extract_answer
+from simsearch.generation.base import GenerationEngine
 from simsearch.policy.rewards import RewardOutput, weighted_reward
 from simsearch.policy.tags import (
     ANSWER_STOP,

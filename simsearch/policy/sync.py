@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from simsearch.engines.vllm import trained_params_for_vllm
+from simsearch.generation.vllm import trained_params_for_vllm
 
 
 @dataclass

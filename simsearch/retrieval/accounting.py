@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from simsearch.types import Completion, Document, SamplingParams, SearchRequest
 
 if TYPE_CHECKING:
-    from simsearch.engines.base import GenerationEngine
+    from simsearch.generation.base import GenerationEngine
     from simsearch.retrieval.base import SearchEngine
 
 QUERY_PRICES: dict[str, tuple[float | None, str]] = {

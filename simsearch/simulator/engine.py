@@ -63,7 +63,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from simsearch.engines.base import GenerationEngine
+from simsearch.generation.base import GenerationEngine
 from simsearch.simulator.prompts import (
     ALWAYS_SHOWS_CONTEXT,
     PRESETS,

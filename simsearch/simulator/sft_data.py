@@ -66,8 +66,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tqdm import tqdm
 
-from simsearch.engines.base import GenerationEngine
 from simsearch.eval.metrics import exact_match, normalize_answer, substring_exact_match
+from simsearch.generation.base import GenerationEngine
 from simsearch.retrieval.base import RenderStyle, SearchEngine
 from simsearch.simulator.engine import PAD_TEXT
 from simsearch.simulator.prompts import (

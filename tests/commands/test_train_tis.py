@@ -19,8 +19,8 @@ import torch
 import simsearch.factory.train as rl_module
 import simsearch.policy.update as update_module
 from simsearch.commands import train
-from simsearch.engines.hf import HFEngine
 from simsearch.errors import RecipeError
+from simsearch.generation.hf import HFEngine
 from simsearch.training.runlog import read_metrics
 from simsearch.types import Completion, SamplingParams
 from tests.commands import test_train

@@ -18,18 +18,6 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-
-import simsearch.policy.update as update_module
-import simsearch.training.session as session
-from simsearch.commands import train
-from simsearch.engines.hf import HFEngine
-from simsearch.errors import RecipeError
-from simsearch.models import load_model
-from simsearch.training.checkpoint import checkpoint_dir
-from simsearch.training.runlog import read_metrics
-from simsearch.types import Completion, SamplingParams
-from tests.commands import test_train
-from tests.commands.test_train import _finite_losses, _recipe, _weights
 from tests.engines.test_vllm import (  # fakes of vLLM's objects, its transport and its checks
     FakeModel,
     FakeSamplingParams,
@@ -39,6 +27,18 @@ from tests.engines.test_vllm import (  # fakes of vLLM's objects, its transport 
     deliver_to_workers,
     install_fake_vllm,
 )
+
+import simsearch.policy.update as update_module
+import simsearch.training.session as session
+from simsearch.commands import train
+from simsearch.errors import RecipeError
+from simsearch.generation.hf import HFEngine
+from simsearch.models import load_model
+from simsearch.training.checkpoint import checkpoint_dir
+from simsearch.training.runlog import read_metrics
+from simsearch.types import Completion, SamplingParams
+from tests.commands import test_train
+from tests.commands.test_train import _finite_losses, _recipe, _weights
 
 # The module-scoped fixture of test_train.py: QA files, a corpus, a tiny policy that searches.
 world = test_train.world

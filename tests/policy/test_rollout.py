@@ -16,7 +16,7 @@ import torch
 
 from simsearch.data.rendering import render_documents, wrap_information
 from simsearch.data.templates import SEARCH_R1_TEMPLATE, SELF_SEARCH_TEMPLATE
-from simsearch.engines.hf import HFEngine
+from simsearch.generation.hf import HFEngine
 from simsearch.models import EOS_TOKEN, PAD_TOKEN, build_tiny_model, train_tokenizer
 from simsearch.policy.rollout import (
     RolloutSettings,

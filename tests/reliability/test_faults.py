@@ -28,8 +28,8 @@ from simsearch.commands import evaluate
 from simsearch.config import EvalRecipe, load_recipe
 from simsearch.data.templates import SEARCH_R1_TEMPLATE
 from simsearch.data.tinyworld import build_world
-from simsearch.engines.openai import OpenAIEngine
 from simsearch.errors import ServiceError
+from simsearch.generation.openai import OpenAIEngine
 from simsearch.httpclient import GenerationServiceError, SearchServiceError
 from simsearch.models import train_tokenizer
 from simsearch.retrieval.http import HTTPSearchEngine

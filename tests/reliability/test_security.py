@@ -28,8 +28,8 @@ from fastapi.testclient import TestClient
 from simsearch import config
 from simsearch.commands import serve
 from simsearch.config import ServeRecipe, TrainRecipe, load_recipe, save_recipe
-from simsearch.engines.openai import OpenAIEngine
 from simsearch.errors import RecipeError, ServiceError
+from simsearch.generation.openai import OpenAIEngine
 from simsearch.retrieval.http import HTTPSearchEngine
 from simsearch.retrieval.server import create_app
 from simsearch.retrieval.web import SerpAPISearchEngine, SerperSearchEngine

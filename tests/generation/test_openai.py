@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from simsearch.engines.openai import OpenAIEngine
+from simsearch.generation.openai import OpenAIEngine
 from simsearch.httpclient import GenerationServiceError
 from simsearch.types import SamplingParams
 from tests.servers import (  # the `serve` fixture is in conftest.py

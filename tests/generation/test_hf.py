@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import GenerationConfig, Qwen2Config
 
-from simsearch.engines.hf import HFEngine, sample_next, similar_lengths, top_p_filter
+from simsearch.generation.hf import HFEngine, sample_next, similar_lengths, top_p_filter
 from simsearch.models import build_tiny_model, train_tokenizer
 from simsearch.types import Completion, SamplingParams
 

@@ -26,7 +26,9 @@ import pytest
 import torch
 
 from simsearch.config import EvalRecipe, GenerationConfig, ModelConfig, load_recipe
-from simsearch.engines.vllm import (
+from simsearch.errors import RecipeError
+from simsearch.factory.build import build_generation_engine
+from simsearch.generation.vllm import (
     VLLMEngine,
     VLLMNotInstalledError,
     VLLMOutputError,
@@ -41,8 +43,6 @@ from simsearch.engines.vllm import (
     vllm_param_name,
     zero3_named_params_for_vllm,
 )
-from simsearch.errors import RecipeError
-from simsearch.factory.build import build_generation_engine
 from simsearch.models import build_tiny_model, train_tokenizer
 from simsearch.types import Completion, SamplingParams
 
@@ -736,7 +736,7 @@ def test_abandoning_the_lora_export_still_unmerges(tokenizer):
 
 
 def test_trained_params_for_vllm_picks_the_helper_for_how_the_policy_is_held(monkeypatch):
-    import simsearch.engines.vllm as vllm_module
+    import simsearch.generation.vllm as vllm_module
 
     seen: list[tuple[str, object, dict]] = []
 
@@ -766,7 +766,7 @@ ZERO3_SCRIPT = textwrap.dedent(
     import torch.distributed as dist
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # no C++ build; gloo does it
     from peft import LoraConfig, get_peft_model
-    from simsearch.engines.vllm import peft_named_params_for_vllm, zero3_named_params_for_vllm
+    from simsearch.generation.vllm import peft_named_params_for_vllm, zero3_named_params_for_vllm
     from simsearch.models import build_tiny_model, train_tokenizer
 
     dist.init_process_group("gloo", rank=0, world_size=1)

@@ -1,6 +1,6 @@
 """OpenAIEngine over several replicas that are real processes on 127.0.0.1.
 
-tests/engines/test_openai.py covers the request mapping, retries, and failover when an in-thread
+tests/generation/test_openai.py covers the request mapping, retries, and failover when an in-thread
 server closes its port. Here each replica is its own process (a fake of `vllm serve`'s
 /v1/completions), so the tests see what a training run sees when a node dies: a process killed
 with SIGKILL in the middle of a request (connection reset, no answer), a replica restarted on the
@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from simsearch.engines.openai import OpenAIEngine
+from simsearch.generation.openai import OpenAIEngine
 from simsearch.httpclient import GenerationServiceError
 from simsearch.types import SamplingParams
 
