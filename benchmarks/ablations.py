@@ -56,16 +56,17 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from simsearch.commands import evaluate, quickstart, simulator_collect, simulator_finetune, train
-from simsearch.commands.build import build_search_engine
 from simsearch.config import CollectRecipe, EvalRecipe, FinetuneRecipe, QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.curriculum.schedules import exponential
 from simsearch.data.tinyworld import World, build_world
+from simsearch.factory.build import build_search_engine
 from simsearch.fingerprints import digest
 from simsearch.models import load_model, save_tiny
 from simsearch.policy.pretrain import make_traces, pretrain
@@ -114,7 +115,12 @@ ARMS: dict[str, Arm] = {
     "reinforce": Arm(("algorithm.estimator=reinforce",)),
     "ppo": Arm(("algorithm.estimator=ppo", "algorithm.critic_lr={lr}")),
     "ssrl": Arm(
-        ("rollout.template=self-search", "search.kind=self", f"sampling.max_new_tokens={SELF_SEARCH_TOKENS}", *NO_NOISE),
+        (
+            "rollout.template=self-search",
+            "search.kind=self",
+            f"sampling.max_new_tokens={SELF_SEARCH_TOKENS}",
+            *NO_NOISE,
+        ),
         base="knowing",
     ),
 }
@@ -250,33 +256,38 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def run_seed(seed: int, args: argparse.Namespace, run_dir: Path, steps: int) -> dict[str, Any]:
     """Every stage of one seed; returns its EM rows, leakage and stage times."""
     clock: dict[str, float] = {}
-    began = time.perf_counter()
-    ctx, report = prepare(seed, args, run_dir, steps)
-    clock["quickstart"] = time.perf_counter() - began
+    with timed(clock, "quickstart"):
+        ctx, report = prepare(seed, args, run_dir, steps)
     world = build_world(
         seed=seed, n_entities=ctx.qs_recipe.n_entities, n_train_entities=ctx.qs_recipe.n_train_entities,
         n_background_entities=ctx.qs_recipe.n_background_entities,
     )  # fmt: skip
     if "told" in args.arms:
-        _timed(clock, "told_simulator", lambda: train_told_simulator(ctx))
+        with timed(clock, "told_simulator"):
+            train_told_simulator(ctx)
     if "ssrl" in args.arms:
-        _timed(clock, "knowing_base", lambda: knowing_base_stage(ctx, world))
-    em: dict[str, dict[str, float]] = {name: report["em"][key] for name, key in (("base", "base"), ("quickstart_rl", "rl_search"))}
+        with timed(clock, "knowing_base"):
+            knowing_base_stage(ctx, world)
+    em = {"base": report["em"]["base"], "quickstart_rl": report["em"]["rl_search"]}
     for name in args.arms:
-        arm = ARMS[name]
-        policy_fp = _timed(clock, f"rl_{name}", lambda: train_arm(ctx, name, arm))
-        em[name] = _timed(clock, f"eval_{name}", lambda: evaluate_policy(ctx, name, arm, policy_fp))
+        with timed(clock, f"rl_{name}"):
+            policy_fp = train_arm(ctx, name, ARMS[name])
+        with timed(clock, f"eval_{name}"):
+            em[name] = evaluate_policy(ctx, name, ARMS[name], policy_fp)
     if "ssrl" in args.arms:
-        em["knowing_base"] = evaluate_policy(ctx, "knowing_base", ARMS["ssrl"], ctx.fingerprints["knowing"])
-    leak = _timed(clock, "leakage", lambda: measure_leakage(ctx, world, "told" in args.arms))
+        with timed(clock, "eval_knowing_base"):
+            em["knowing_base"] = evaluate_policy(ctx, "knowing_base", ARMS["ssrl"], ctx.fingerprints["knowing"])
+    with timed(clock, "leakage"):
+        leak = measure_leakage(ctx, world, "told" in args.arms)
     return {"em": em, "leak": leak, "stage_s": {k: round(v, 1) for k, v in clock.items()}}
 
 
-def _timed(clock: dict[str, float], key: str, work: Callable[[], Any]) -> Any:
+@contextmanager
+def timed(clock: dict[str, float], key: str) -> Iterator[None]:
+    """Adds the seconds the block took to clock[key]."""
     began = time.perf_counter()
-    result = work()
-    clock[key] = time.perf_counter() - began
-    return result
+    yield
+    clock[key] = clock.get(key, 0.0) + time.perf_counter() - began
 
 
 def prepare(seed: int, args: argparse.Namespace, run_dir: Path, steps: int) -> tuple[Seed, dict[str, Any]]:
@@ -309,7 +320,9 @@ def _final_model(run: Path) -> Path:
     return checkpoint / "model"
 
 
-def run_stage(schema: type, recipe_file: Path, overrides: list[str], command: Callable[[Any], Any], inputs: list[str]) -> str:
+def run_stage(
+    schema: type, recipe_file: Path, overrides: list[str], command: Callable[[Any], Any], inputs: list[str]
+) -> str:
     """One command on a recipe plus overrides, skipped when it finished under the same fingerprint.
 
     Returns the fingerprint (resolved recipe and inputs' fingerprints). A directory built from
@@ -467,7 +480,7 @@ def evaluate_policy(ctx: Seed, name: str, arm: Arm, policy_fp: str) -> dict[str,
         f"engines.bm25.corpus={ctx.paths['corpus']}", f"engines.bm25.index_dir={ctx.paths['bm25']}",
         f"engines.dense.corpus={ctx.paths['corpus']}", f"engines.dense.index_dir={ctx.paths['dense']}",
         "training_run=''", "baselines=[]", "fidelity_size=0",
-        *(["engines.simulator.simulator.show_question=true", "engines.simulator.simulator.show_answer=true"] if told else []),
+        *([f"engines.simulator.simulator.{shown}=true" for shown in ("show_question", "show_answer")] if told else []),
         *(["engines.self.kind=self", "rollout.template=self-search", f"sampling.max_new_tokens={SELF_SEARCH_TOKENS}"]
           if self_search else []),
         *(SMOKE_EVAL if ctx.smoke else []),
@@ -516,7 +529,9 @@ def measure_leakage(ctx: Seed, world: World, told: bool) -> dict[str, dict[str, 
     """Leakage of the simulators as the RL runs configured them (uncached), and of BM25 for reference."""
     n = SMOKE_LEAK if ctx.smoke else LEAK_QUESTIONS
     rl = load_recipe(TrainRecipe, RECIPES / "train.yaml", ["run_dir=unused"])
-    simulators = [("query_only", ctx.paths["simulator"], False)] + ([("told", ctx.paths["told"], True)] if told else [])
+    simulators = [("query_only", ctx.paths["simulator"], False)]
+    if told:
+        simulators.append(("told", ctx.paths["told"], True))
     leak: dict[str, dict[str, float]] = {}
     for key, path, shown in simulators:
         cfg = load_recipe(
@@ -540,7 +555,9 @@ def mean_sd(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def summarize(results: dict[int, dict[str, Any]], args: argparse.Namespace, steps: int, *, wall_s: float) -> dict[str, Any]:
+def summarize(
+    results: dict[int, dict[str, Any]], args: argparse.Namespace, steps: int, *, wall_s: float
+) -> dict[str, Any]:
     """The JSON figures: FIGURES' keys (EM points, mean over seeds; None for an arm not run), leakage, detail."""
     figures: dict[str, Any] = {}
     for key, (row, engine) in FIGURES.items():
@@ -631,18 +648,24 @@ def write_doc(out: Path, results: dict[int, dict[str, Any]], figures: dict[str, 
         chart = plot_question(question, results, charts / f"{question.key}.png")
         block = [
             f"Held-out EM (%), greedy, mean ± sd over seeds {seeds}; {figures['steps']} RL steps an arm"
-            + (" (smoke: a pipeline check, not a result)" if figures["smoke"] else "") + ".",
+            + (" (smoke: a pipeline check, not a result)" if figures["smoke"] else "")
+            + ".",
             "",
             *table_lines(question, results),
             "",
             f"![{question.title}]({charts.name}/{chart.name})",
         ]
-        begin, end = f"<!-- table:{question.key} -->", f"<!-- /table:{question.key} -->"
-        text = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: "\n".join([begin, *block, end]), text, flags=re.S)
-    minutes = figures["wall_s"] / 60
-    text = re.sub(r"<!-- wall -->.*?<!-- /wall -->", f"<!-- wall -->{minutes:.1f} min<!-- /wall -->", text, flags=re.S)
+        text = _replace_block(text, f"table:{question.key}", "\n".join(["", *block, ""]))
+    text = _replace_block(text, "wall", f"{figures['wall_s'] / 60:.1f} min")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
+
+
+def _replace_block(text: str, name: str, content: str) -> str:
+    """`text` with what stands between `<!-- name -->` and `<!-- /name -->` replaced by `content`."""
+    begin, end = f"<!-- {name} -->", f"<!-- /{name} -->"
+    start, stop = text.index(begin) + len(begin), text.index(end)
+    return text[:start] + content + text[stop:]
 
 
 def _skeleton() -> str:
@@ -663,6 +686,26 @@ and dense retrieval (`recipes/quickstart/eval.yaml`). EM is strict exact match. 
 last full run: <!-- wall -->not measured yet<!-- /wall -->. The arms and how each is built: the
 docstring of `benchmarks/ablations.py`. The tables below are rewritten by each run; the text
 around them is not.
+
+## Budget
+
+The issue's target is the whole benchmark in 60 minutes on a 2-core machine with its defaults
+(seeds 0 and 1, building both quickstart runs). The estimate behind the default of {steps} RL steps
+an arm, per seed, from the quickstart's stage times (docs/quickstart.md) and an RL step of about
+0.9 s against the simulator:
+
+| stage | estimate |
+|---|---|
+| quickstart (world, base, collect, simulator SFT, its own RL and evaluation) | 12.5 min |
+| ZeroSearch-design simulator: collect and SFT, as the quickstart's | 3 min |
+| knowing base for self-search: 400 steps of 32 traces | 2 min |
+| RL, {steps} steps of 9 arms: 5 on the simulator (0.9 s), BM25 (0.7), empty (0.6), PPO (1.3), self-search (2) | 9 min |
+| evaluation: 10 policies, 10-15 s each; leakage probes | 2.5 min |
+
+About 29 minutes a seed, 58 for two. With both quickstart runs already there
+(`--quickstart-dir 'runs/bench_quickstart/seed_{{seed}}'` reuses the quickstart benchmark's), a
+seed costs about 17 minutes, and `--steps 140` fits the hour. Torch threads contend badly with
+any other process on a 2-core machine (tiny models run 10-100x slower): run it on an idle machine.
 
 ## 1. Curriculum
 
