@@ -5,7 +5,7 @@
 
 Builds the tiny world (seed 0), a 1000-token byte-level BPE, the 0.92M-parameter Qwen2 of the
 quickstart's base policy (hidden 128, 4 layers, 4 heads / 2 KV heads, FFN 384, tied), pretrains it on
-`policy.pretrain.make_traces` traces, then rolls it out with `policy.rollout` on the held-out
+`tinyworld.pretrain.make_traces` traces, then rolls it out with `policy.rollout` on the held-out
 questions against real BM25 (top 3, one search then the answer, as in RL): greedy exact match,
 and the success rate when sampling at temperature 1 in groups of 16 (RL needs most groups to
 hold a success). Prints a table, then a JSON line with `pretrain_s`, `greedy_em` and
@@ -26,13 +26,13 @@ import time
 import torch
 
 from simsearch.data.templates import SEARCH_R1_TEMPLATE
-from simsearch.data.tinyworld import build_world
 from simsearch.eval.metrics import exact_match
 from simsearch.generation.hf import HFEngine
 from simsearch.models import build_tiny_model, train_tokenizer
-from simsearch.policy.pretrain import make_copy_drills, make_traces, pretrain
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories
 from simsearch.retrieval.bm25 import BM25SearchEngine
+from simsearch.tinyworld.pretrain import make_copy_drills, make_traces, pretrain
+from simsearch.tinyworld.world import build_world
 from simsearch.types import SamplingParams, Trajectory
 
 TEMPLATE_COPIES = 100  # enough for every word of the prompt to become one token

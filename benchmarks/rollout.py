@@ -6,10 +6,10 @@ Run:  python benchmarks/rollout.py [--questions 4] [--group-size 16] [--repeats 
       python benchmarks/rollout.py --model runs/base   # a model saved by
                                                        # benchmarks/pretrain_base.py --save runs/base
 
-Setup (seed 0): the tiny world (`data.tinyworld`, 940 passages), real BM25 over it
+Setup (seed 0): the tiny world (`tinyworld.world`, 940 passages), real BM25 over it
 (`retrieval.bm25`, top 3), a 1000-token byte-level BPE and the 0.92M-parameter Qwen2 of the
 quickstart's base policy (`models.build_tiny_model`). So that the policy actually searches and
-answers, it is first pretrained briefly on the tag format (`policy.pretrain`, 40 steps x 16 traces by
+answers, it is first pretrained briefly on the tag format (`tinyworld.pretrain`, 40 steps x 16 traces by
 default: enough to search on most trajectories, not to answer well; `--pretrain-steps 0` keeps
 the random weights, which never search), unless `--model` loads a saved one. `--threads` sets
 torch's thread count (0 = torch's default); on a loaded machine 1 thread can be much faster.
@@ -48,12 +48,12 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from simsearch.data.templates import SEARCH_R1_TEMPLATE
-from simsearch.data.tinyworld import build_world
 from simsearch.generation.hf import HFEngine
 from simsearch.models import build_tiny_model, load_model, train_tokenizer
-from simsearch.policy.pretrain import make_traces, pretrain
 from simsearch.policy.rollout import RolloutResult, RolloutSettings, generate_trajectories
 from simsearch.retrieval.bm25 import BM25SearchEngine
+from simsearch.tinyworld.pretrain import make_traces, pretrain
+from simsearch.tinyworld.world import build_world
 from simsearch.types import Completion, SamplingParams
 
 TEMPLATE_COPIES = 100  # as benchmarks/pretrain_base.py: the prompt's words become single tokens

@@ -20,12 +20,12 @@ import torch
 
 from simsearch.config import QuickstartRecipe, load_recipe
 from simsearch.data.qa import load_qa
-from simsearch.data.tinyworld import build_world
 from simsearch.generation.hf import HFEngine
 from simsearch.models import load_model
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.simulator.engine import SimulatedSearchEngine
 from simsearch.simulator.fidelity import FidelityExample, measure_fidelity
+from simsearch.tinyworld.world import build_world
 from simsearch.training.checkpoint import latest_checkpoint
 
 

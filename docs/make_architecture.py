@@ -26,7 +26,7 @@ LAYERS: list[list[str]] = [
     ["cli"],
     ["commands"],
     ["factory"],
-    ["simulator", "policy"],
+    ["simulator", "policy", "tinyworld"],
     ["generation", "retrieval", "training"],
     ["models", "curriculum", "data"],
     ["eval"],
@@ -154,7 +154,7 @@ def draw(edges: Counter[tuple[str, str]], type_only: set[tuple[str, str]], out: 
         y = len(LAYERS) - 1 - i
         ax.axhspan(y - 0.42, y + 0.42, xmin=0.0, xmax=6.6 / 8.6, color="#f2f2f2" if i % 2 else "#e6eef7", zorder=0)
         ax.text(-0.55, y, f"floor {i}", ha="right", va="center", fontsize=9, color="#555555")
-    ax.text(7.4, len(LAYERS) - 0.7, "entry points only", ha="center", fontsize=8, color="#555555")
+    ax.text(7.4, len(LAYERS) - 0.7, "entry points + factory only", ha="center", fontsize=8, color="#555555")
     ax.text(7.4, 2.75, "shared utilities", ha="center", fontsize=8, color="#555555")
     for (source, target), count in sorted(edges.items()):
         if source not in pos or target not in pos:

@@ -49,28 +49,27 @@ from typing import Any
 import torch
 
 from simsearch.commands import evaluate, simulator_collect, simulator_finetune, train
-from simsearch.factory.build import build_search_engine
 from simsearch.config import (
     CollectRecipe,
     EvalRecipe,
     FinetuneRecipe,
     QuickstartRecipe,
-    RecipeError,
     SearchConfig,
     TrainRecipe,
     load_recipe,
     save_recipe,
 )
 from simsearch.data.templates import render_prompt
-from simsearch.data.tinyworld import YEARS, World, build_world
-from simsearch.errors import SimsearchError
+from simsearch.errors import RecipeError, SimsearchError
 from simsearch.eval import report
 from simsearch.eval.view import write_page
+from simsearch.factory.build import build_search_engine
 from simsearch.fingerprints import digest
 from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
-from simsearch.policy.pretrain import make_copy_drills, make_traces, pretrain, reading_accuracy
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.simulator.prompts import render as render_simulator_prompt
+from simsearch.tinyworld.pretrain import make_copy_drills, make_traces, pretrain, reading_accuracy
+from simsearch.tinyworld.world import YEARS, World, build_world
 from simsearch.training.checkpoint import latest_checkpoint
 from simsearch.training.runlog import read_metrics
 from simsearch.types import QAExample

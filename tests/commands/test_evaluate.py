@@ -22,13 +22,13 @@ from simsearch.config import EvalRecipe, load_recipe
 from simsearch.data.corpus import load_passages
 from simsearch.data.qa import QADataError, load_qa
 from simsearch.data.templates import DIRECT_TEMPLATE, RAG_TEMPLATE, SEARCH_R1_TEMPLATE, render_prompt
-from simsearch.data.tinyworld import build_world
 from simsearch.errors import DataError, RecipeError, ServiceError
 from simsearch.eval.metrics import exact_match, f1_score, substring_exact_match
 from simsearch.factory import build
 from simsearch.models import build_tiny_model, save_tiny, train_tokenizer
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.simulator.engine import SimulatedSearchEngine
+from simsearch.tinyworld.world import build_world
 from simsearch.training.runlog import RunLogger
 from simsearch.types import Completion, QAExample, SamplingParams, SearchRequest
 from tests.servers import free_port

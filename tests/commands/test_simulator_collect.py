@@ -9,9 +9,9 @@ import pytest
 
 from simsearch.commands import simulator_collect
 from simsearch.config import CollectRecipe, load_recipe
-from simsearch.data.tinyworld import build_world
 from simsearch.errors import RecipeError
 from simsearch.models import train_tokenizer
+from simsearch.tinyworld.world import build_world
 from simsearch.types import Completion
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from simsearch.config import CurriculumConfig, SearchConfig
-from simsearch.data.tinyworld import build_world
 from simsearch.errors import RecipeError
 from simsearch.factory.build import build_schedule, build_search_engine, search_fingerprint
+from simsearch.tinyworld.world import build_world
 from simsearch.types import SearchRequest
 
 

@@ -27,7 +27,6 @@ import pytest
 from simsearch.commands import evaluate
 from simsearch.config import EvalRecipe, load_recipe
 from simsearch.data.templates import SEARCH_R1_TEMPLATE
-from simsearch.data.tinyworld import build_world
 from simsearch.errors import ServiceError
 from simsearch.generation.openai import OpenAIEngine
 from simsearch.httpclient import GenerationServiceError, SearchServiceError
@@ -35,6 +34,7 @@ from simsearch.models import train_tokenizer
 from simsearch.retrieval.http import HTTPSearchEngine
 from simsearch.retrieval.server import create_app
 from simsearch.simulator.engine import PAD_TEXT, SimulatedSearchEngine
+from simsearch.tinyworld.world import build_world
 from simsearch.training.checkpoint import STATE_FILE, latest_checkpoint, load_state, save_checkpoint
 from simsearch.types import Completion, SearchRequest
 from tests.servers import serve_in_thread

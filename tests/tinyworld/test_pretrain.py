@@ -12,9 +12,9 @@ import torch
 
 from simsearch.data.rendering import render_documents, wrap_information
 from simsearch.data.templates import render_prompt
-from simsearch.data.tinyworld import RELATIONS, build_world
 from simsearch.models import build_tiny_model, train_tokenizer
-from simsearch.policy.pretrain import (
+from simsearch.retrieval.bm25 import BM25SearchEngine
+from simsearch.tinyworld.pretrain import (
     RELATION_KINDS,
     copy_mask,
     make_copy_drills,
@@ -24,7 +24,7 @@ from simsearch.policy.pretrain import (
     value_kind,
     value_spans,
 )
-from simsearch.retrieval.bm25 import BM25SearchEngine
+from simsearch.tinyworld.world import RELATIONS, build_world
 from simsearch.types import Document, QAExample, SearchRequest
 
 

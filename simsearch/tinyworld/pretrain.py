@@ -53,10 +53,10 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from simsearch.data.templates import TemplateName, render_prompt
-from simsearch.data.tinyworld import OCCUPATIONS, World
 from simsearch.eval.metrics import extract_answer
 from simsearch.generation.hf import HFEngine
 from simsearch.retrieval.base import RenderStyle, SearchEngine, render_documents, wrap_information
+from simsearch.tinyworld.world import OCCUPATIONS, World
 from simsearch.types import Document, QAExample, SamplingParams, SearchRequest
 
 QUERY_KINDS: tuple[str, ...] = ("name", "words", "mixed")

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from simsearch.data.corpus import iter_passages
 from simsearch.data.qa import load_qa
-from simsearch.data.tinyworld import QUESTIONS, RELATIONS, World, build_world
+from simsearch.tinyworld.world import QUESTIONS, RELATIONS, World, build_world
 
 
 @pytest.fixture(scope="module")
