@@ -38,7 +38,10 @@ def test_recipe_error_is_one_line_and_exit_2(tmp_path, capsys: pytest.CaptureFix
 
 def test_console_script_help_runs_without_heavy_imports() -> None:
     # `simsearch --help` must answer without importing torch.
-    code = "import sys; from simsearch.cli import main; \ntry:\n main(['--help'])\nexcept SystemExit: pass\nprint('torch' in sys.modules)"
+    code = (
+        "import sys; from simsearch.cli import main; \n"
+        "try:\n main(['--help'])\nexcept SystemExit: pass\nprint('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().endswith("False")
 

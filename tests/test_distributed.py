@@ -98,7 +98,7 @@ def test_init_distributed_without_deepspeed(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert init_distributed(False, task="training") == (0, 1)
     monkeypatch.setenv("WORLD_SIZE", "4")
-    with pytest.raises(RecipeError, match="launched as 4 processes but deepspeed.stage=0: multi-process fine-tuning"):
+    with pytest.raises(RecipeError, match=r"launched as 4 processes but deepspeed.stage=0: multi-process fine-tuning"):
         init_distributed(False, task="fine-tuning")
 
 
@@ -116,7 +116,10 @@ from simsearch.training.distributed import mean_over_ranks
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 # Keys in different orders on the two ranks: the helper must line them up by name.
-metrics = {"loss": 1.0 + 2 * rank, "reward": 10.0 * rank} if rank == 0 else {"reward": 10.0 * rank, "loss": 1.0 + 2 * rank}
+if rank == 0:
+    metrics = {"loss": 1.0 + 2 * rank, "reward": 10.0 * rank}
+else:
+    metrics = {"reward": 10.0 * rank, "loss": 1.0 + 2 * rank}
 print(json.dumps(mean_over_ranks(metrics, dist.get_world_size())))
 dist.destroy_process_group()
 """
@@ -201,7 +204,10 @@ def test_backward_plain_and_through_an_engine() -> None:
     engine.calls.clear()
     backward((3.0 * weight).sum(), engine, boundary=False)
     backward((3.0 * weight).sum(), engine, boundary=True)
-    assert engine.calls == [("boundary", False), ("backward", False), ("step", None)] + [
+    assert engine.calls == [
+        ("boundary", False),
+        ("backward", False),
+        ("step", None),
         ("boundary", True),
         ("backward", False),
         ("step", None),

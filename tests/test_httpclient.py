@@ -139,7 +139,7 @@ def test_retries_are_bounded_and_the_error_names_url_attempts_and_cause(serve, c
 
 def test_client_errors_are_not_retried(serve, client):
     server = serve(scripted((404, b"no such route", {})))
-    with pytest.raises(ServiceError, match="HTTP 404.*no such route"):
+    with pytest.raises(ServiceError, match=r"HTTP 404.*no such route"):
         post_json(client, server.url, {}, retries=5, backoff_s=0.001, timeout_s=2.0)
     assert len(server.seen) == 1
 

@@ -117,7 +117,7 @@ def test_build_tiny_model_rejects_bad_heads(tokenizer):
 def test_save_load_round_trip(tiny_dir, tokenizer):
     directory, model = tiny_dir
     loaded, loaded_tokenizer = load_model(directory)
-    texts = ROUND_TRIP + ["year 1987 in Oslo, founded 20251"]
+    texts = [*ROUND_TRIP, "year 1987 in Oslo, founded 20251"]
     for text in texts:
         assert loaded_tokenizer(text)["input_ids"] == tokenizer(text)["input_ids"]
     ids = torch.tensor([tokenizer(ROUND_TRIP[0])["input_ids"]])
@@ -142,7 +142,7 @@ def test_load_model_missing_paths(tmp_path):
         load_model(missing)
     with pytest.raises(FileNotFoundError, match="no-such-model does not exist"):
         load_model(str(missing))
-    with pytest.raises(FileNotFoundError, match="has no config.json"):
+    with pytest.raises(FileNotFoundError, match=r"has no config.json"):
         load_model(tmp_path)
 
 

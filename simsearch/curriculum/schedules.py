@@ -22,6 +22,7 @@ the adaptive one is `AdaptiveSchedule`. `make_schedule` binds either to its para
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections import deque
@@ -134,7 +135,7 @@ def piecewise(step: int, p_start: float, milestones: list[int], values: list[flo
             f"{owner}: milestones and values must have the same length (values[j] applies from step "
             f"milestones[j] on), got {len(milestones)} milestones and {len(values)} values"
         )
-    if any(m < 0 for m in milestones) or not all(a < b for a, b in zip(milestones, milestones[1:])):
+    if any(m < 0 for m in milestones) or not all(a < b for a, b in itertools.pairwise(milestones)):
         raise ValueError(f"{owner}: milestones must be >= 0 and strictly increasing, got {milestones}")
     p = p_start
     for j, (milestone, value) in enumerate(zip(milestones, values)):

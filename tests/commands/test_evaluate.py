@@ -608,7 +608,7 @@ def test_resume_skips_finished_examples(world, tokenizer, tmp_path, monkeypatch)
 
     for method in ("direct", "bm25"):
 
-        def rows(root):
+        def rows(root, method=method):
             lines = (root / "run" / "examples" / method / "heldout.jsonl").read_text().splitlines()
             return [{k: v for k, v in json.loads(line).items() if k != "wall_s"} for line in lines]
 

@@ -96,7 +96,7 @@ def _teach_format(model: torch.nn.Module, tokenizer, passages: list[Passage]) ->
             encode(wrap_information(render_documents([Document(passage.title, passage.text)]))),
         )
         for color in COLORS:
-            answer = encode(f"<think> ok </think>\n<answer> {color} </answer>") + [tokenizer.eos_token_id]
+            answer = [*encode(f"<think> ok </think>\n<answer> {color} </answer>"), tokenizer.eos_token_id]
             ids = prompt + search + info + answer
             mask = [0] * len(prompt) + [1] * len(search) + [0] * len(info) + [1] * len(answer)
             sequences.append((ids, mask))
@@ -212,7 +212,7 @@ def test_each_estimator_trains_two_steps(world: Path, tmp_path: Path, estimator:
 
 
 def test_a_policy_that_is_not_in_process_is_refused(world: Path, tmp_path: Path) -> None:
-    with pytest.raises(RecipeError, match="policy.kind=hf"):  # refused with the recipe, before any work
+    with pytest.raises(RecipeError, match=r"policy.kind=hf"):  # refused with the recipe, before any work
         _recipe(world, tmp_path / "run", **{"policy.kind": "openai", "policy.base_urls": "[http://127.0.0.1:9]"})
 
 

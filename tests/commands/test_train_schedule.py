@@ -61,7 +61,7 @@ def test_minibatch_epochs_take_several_steps_at_the_training_steps_warmup_rate(
 
 
 def test_warmup_steps_and_ratio_are_exclusive(world: Path, tmp_path: Path) -> None:
-    with pytest.raises(RecipeError, match="optim.warmup_steps=2 and optim.warmup_ratio=0.5 both set"):
+    with pytest.raises(RecipeError, match=r"optim.warmup_steps=2 and optim.warmup_ratio=0.5 both set"):
         _recipe(world, tmp_path / "run", **{"optim.warmup_steps": 2, "optim.warmup_ratio": 0.5})
 
 

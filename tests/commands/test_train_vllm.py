@@ -273,7 +273,7 @@ def test_sleep_mode_frees_the_engine_for_the_update_and_wakes_it_in_order(
 
 
 def test_a_served_policy_is_refused_saying_what_works(world: Path, tmp_path: Path) -> None:
-    with pytest.raises(RecipeError, match="policy.kind='openai'") as error:
+    with pytest.raises(RecipeError, match=r"policy.kind='openai'") as error:
         _recipe(world, tmp_path / "run", **{"policy.kind": "openai", "policy.base_urls": "[http://127.0.0.1:9]"})
     message = str(error.value)
     assert "policy.kind=hf" in message and "policy.kind=vllm" in message
@@ -299,5 +299,5 @@ def test_tensor_parallelism_is_refused_with_several_processes(
 ) -> None:
     monkeypatch.setattr(session, "init_distributed", lambda *args, **kwargs: (0, 2))
     recipe = _recipe(world, tmp_path / "run", **VLLM, **{"policy.tensor_parallel_size": 2})
-    with pytest.raises(RecipeError, match="policy.tensor_parallel_size=2 with 2 processes"):
+    with pytest.raises(RecipeError, match=r"policy.tensor_parallel_size=2 with 2 processes"):
         train.main(recipe)

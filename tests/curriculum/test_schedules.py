@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -66,7 +67,7 @@ def test_exponential_is_monotone_and_below_linear() -> None:
     exponential = ExponentialSchedule(0.0, 0.5, total_steps=100)
     linear = LinearSchedule(0.0, 0.5, total_steps=100)
     values = [exponential(i) for i in range(101)]
-    assert all(a < b for a, b in zip(values, values[1:]))
+    assert all(a < b for a, b in itertools.pairwise(values))
     assert all(exponential(i) < linear(i) for i in range(1, 100))
 
 
@@ -255,7 +256,7 @@ def test_every_kind_is_built_by_name_and_ignores_settings_it_does_not_take() -> 
         schedule = make_schedule(kind, **settings)
         assert schedule(50) == pytest.approx(expected[kind], abs=1e-12)
         assert schedule.state_dict()["kind"] == kind
-    with pytest.raises(ValueError, match="curriculum.kind 'exp' is unknown"):
+    with pytest.raises(ValueError, match=r"curriculum.kind 'exp' is unknown"):
         make_schedule("exp", **settings)
 
 

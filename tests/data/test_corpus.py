@@ -81,7 +81,7 @@ def test_blank_lines_are_skipped(tmp_path):
 
 
 def test_missing_file_fails_at_the_call(tmp_path):
-    with pytest.raises(FileNotFoundError, match="corpus file not found: .*nope.jsonl"):
+    with pytest.raises(FileNotFoundError, match=r"corpus file not found: .*nope.jsonl"):
         iter_passages(tmp_path / "nope.jsonl")  # not iterated: the check must not wait for next()
     with pytest.raises(FileNotFoundError):
         JsonlCorpus(tmp_path / "nope.jsonl")
@@ -176,5 +176,5 @@ def test_check_fingerprint_explains_the_mismatch():
         match=r"index in idx was built for another corpus than c\.jsonl: it was built for 3 passages, c\.jsonl has 2",
     ):
         check_fingerprint(fp, passages[:2], index_dir="idx", corpus="c.jsonl")
-    with pytest.raises(ValueError, match="same size .3 passages. but different passages or order"):
+    with pytest.raises(ValueError, match=r"same size .3 passages. but different passages or order"):
         check_fingerprint(fp, passages[::-1], index_dir="idx", corpus="c.jsonl")

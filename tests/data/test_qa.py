@@ -270,7 +270,7 @@ def test_empty_parquet_file(tmp_path: Path) -> None:
 
 
 def test_missing_and_unknown_files(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="missing.jsonl: QA file not found"):
+    with pytest.raises(FileNotFoundError, match=r"missing.jsonl: QA file not found"):
         load_qa(tmp_path / "missing.jsonl")
     other = tmp_path / "data.csv"
     other.write_text("question,answer\n", encoding="utf-8")

@@ -113,12 +113,12 @@ def test_build_schedule_total_steps_zero_means_the_trainers() -> None:
     assert build_schedule(cfg, trainer_total_steps=200)(50) == pytest.approx(0.125, abs=1e-12)
     # an explicit total_steps wins: 0.5 * 50/100
     assert build_schedule(_curriculum(kind="linear"), trainer_total_steps=200)(50) == pytest.approx(0.25, abs=1e-12)
-    with pytest.raises(ValueError, match="curriculum.total_steps"):
+    with pytest.raises(ValueError, match=r"curriculum.total_steps"):
         build_schedule(cfg)
 
 
 def test_build_schedule_errors() -> None:
-    with pytest.raises(ValueError, match="curriculum.kind 'exp'"):
+    with pytest.raises(ValueError, match=r"curriculum.kind 'exp'"):
         build_schedule(_curriculum(kind="exp"))
     with pytest.raises(ValueError, match="base"):
         build_schedule(_curriculum(kind="exponential", base=1.0))
@@ -130,8 +130,8 @@ def test_the_recipe_accepts_exactly_the_engine_kinds_built_here() -> None:
 
     assert list(GENERATION_ENGINES) == ["hf", "openai", "vllm"]
     assert list(SEARCH_ENGINES) == ["bm25", "dense", "http", "serper", "serpapi", "simulator", "self", "empty"]
-    with pytest.raises(RecipeError, match="policy.kind='tgi' is not one of hf, openai, vllm"):
+    with pytest.raises(RecipeError, match=r"policy.kind='tgi' is not one of hf, openai, vllm"):
         GenerationConfig(kind="tgi").check("policy")
-    with pytest.raises(RecipeError, match="search.kind='google' is not one of bm25, dense, http"):
+    with pytest.raises(RecipeError, match=r"search.kind='google' is not one of bm25, dense, http"):
         SearchConfig(kind="google").check("search")
     assert build_search_engine(_config(kind="self")) is None

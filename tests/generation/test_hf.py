@@ -144,11 +144,11 @@ def test_first_ending_stop_string_wins(tokenizer):
 
 def test_eos_ends_with_stop_reason_and_no_stop_string(tokenizer):
     eos = tokenizer.eos_token_id
-    continuation = ids(tokenizer, "Alma") + [eos] + ids(tokenizer, " never seen")
+    continuation = [*ids(tokenizer, "Alma"), eos, *ids(tokenizer, " never seen")]
     engine = scripted_engine(tokenizer, continuation)
     params = SamplingParams(temperature=0.0, max_new_tokens=30, stop=["</answer>"])
     [out] = engine.generate([PROMPT], params)
-    assert out == Completion(ids(tokenizer, "Alma") + [eos], "Alma", "stop", None)
+    assert out == Completion([*ids(tokenizer, "Alma"), eos], "Alma", "stop", None)
 
 
 def test_length_finish_and_stop_on_the_last_allowed_token(tokenizer):

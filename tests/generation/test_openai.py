@@ -112,10 +112,7 @@ class FakeOpenAI:
                 return answer
         time.sleep(self.delay_s)
         body = seen.json()
-        if "messages" in body:
-            prompts = [body["messages"][-1]["content"]]
-        else:
-            prompts = body["prompt"]
+        prompts = [body["messages"][-1]["content"]] if "messages" in body else body["prompt"]
         choices = []
         for prompt in prompts:
             for j in range(body["n"]):
@@ -245,7 +242,7 @@ def test_token_ids_fall_back_to_the_tokenizer_or_fail_clearly(serve):
         assert gen.generate([[9]], params)[0].token_ids == list(b"ids9#0")
     with engine([server.url]) as gen:
         assert gen.generate(["text prompt"], params)[0].token_ids == []
-        with pytest.raises(GenerationServiceError, match="return_token_ids.*tokenizer="):
+        with pytest.raises(GenerationServiceError, match=r"return_token_ids.*tokenizer="):
             gen.generate([[9]], params)
 
 
@@ -290,9 +287,11 @@ def test_base_url_with_v1_suffix_is_accepted(serve):
 
 def test_wrong_number_of_choices_is_a_clear_error(serve):
     server = serve(FakeOpenAI(wrong_count=True))
-    with engine([server.url], max_retries=3, max_concurrency=1) as gen:
-        with pytest.raises(GenerationServiceError, match="expected 2 choices, got 1"):
-            gen.generate(["a", "b"], SamplingParams(max_new_tokens=9))
+    with (
+        engine([server.url], max_retries=3, max_concurrency=1) as gen,
+        pytest.raises(GenerationServiceError, match="expected 2 choices, got 1"),
+    ):
+        gen.generate(["a", "b"], SamplingParams(max_new_tokens=9))
     assert len(server.seen) == 1  # a well-formed but wrong answer is not retried
 
 
@@ -322,9 +321,11 @@ def test_persistent_500s_give_a_clear_error_after_bounded_retries(serve):
 def test_slow_server_times_out_and_the_error_says_so(serve):
     server = serve(FakeOpenAI(delay_s=1.0))
     start = time.monotonic()
-    with engine([server.url], timeout_s=0.2, max_retries=1) as gen:
-        with pytest.raises(GenerationServiceError, match="ReadTimeout"):
-            gen.generate(["a"], SamplingParams(max_new_tokens=9))
+    with (
+        engine([server.url], timeout_s=0.2, max_retries=1) as gen,
+        pytest.raises(GenerationServiceError, match="ReadTimeout"),
+    ):
+        gen.generate(["a"], SamplingParams(max_new_tokens=9))
     assert time.monotonic() - start < 1.5  # two 0.2 s timeouts, not twice the server's 1 s
     assert len(server.seen) == 2
 

@@ -20,7 +20,7 @@ import textwrap
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -281,7 +281,7 @@ class FakeSamplingParams:
     the caller passed, `values` what vLLM would sample with.
     """
 
-    DEFAULTS: dict[str, Any] = {
+    DEFAULTS: ClassVar[dict[str, Any]] = {
         "n": 1,
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
@@ -500,7 +500,7 @@ def test_engine_passes_its_settings_to_vllm_and_sets_the_in_process_environment(
     launched = make_engine(tensor_parallel_size=2, distributed_executor_backend="external_launcher")
     assert launched.llm.kwargs["distributed_executor_backend"] == "external_launcher"
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
-    with pytest.raises(ValueError, match="gpu_memory_utilization=1.5"):
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization=1.5"):
         make_engine(gpu_memory_utilization=1.5)
 
 

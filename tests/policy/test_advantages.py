@@ -325,7 +325,7 @@ def test_the_table_names_every_estimator_the_recipe_accepts():
     assert [n for n, e in ESTIMATORS.items() if e.compares_group] == ["grpo", "dr_grpo", "rloo", "stratified_grpo"]
     for name in ESTIMATORS:
         AlgorithmConfig(estimator=name).check("algorithm")
-    with pytest.raises(RecipeError, match="algorithm.estimator='gpro' is not one of grpo, dr_grpo"):
+    with pytest.raises(RecipeError, match=r"algorithm.estimator='gpro' is not one of grpo, dr_grpo"):
         AlgorithmConfig(estimator="gpro").check("algorithm")
 
 

@@ -174,7 +174,7 @@ def test_dual_clip_caps_the_loss_of_negative_advantages_with_runaway_ratios():
     # d(-A r)/d logp = -A r, only where unclipped: token 1: 2 / 4 = 0.5; the rest are constants
     assert close(logp.grad, [[0.0, 0.5, 0.0, 0.0]])
     for bad in (1.0, 0.5, -3.0, NAN):
-        with pytest.raises(ValueError, match="clip_ratio_c must be 0 .no dual clip. or > 1"):
+        with pytest.raises(ValueError, match=r"clip_ratio_c must be 0 .no dual clip. or > 1"):
             policy_loss(logp, old, adv, mask, clip_ratio_c=bad)
 
 
@@ -402,5 +402,5 @@ def test_the_recipe_accepts_exactly_the_loss_aggregations():
     assert list(LOSS_AGGREGATIONS) == names
     for name in LOSS_AGGREGATIONS:
         AlgorithmConfig(loss_agg=name).check("algorithm")
-    with pytest.raises(RecipeError, match="algorithm.loss_agg='sum' is not one of token-mean, seq-mean-token-mean"):
+    with pytest.raises(RecipeError, match=r"algorithm.loss_agg='sum' is not one of token-mean, seq-mean-token-mean"):
         AlgorithmConfig(loss_agg="sum").check("algorithm")

@@ -40,5 +40,5 @@ def test_bad_shapes_and_caps_below_one_are_refused():
     x = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="must match"):
         truncated_is_weights(x, torch.zeros(2, 2), 2.0, x)
-    with pytest.raises(ValueError, match="cap=0.5"):
+    with pytest.raises(ValueError, match=r"cap=0.5"):
         truncated_is_weights(x, x, 0.5, x)

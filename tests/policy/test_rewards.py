@@ -329,7 +329,7 @@ def test_reward_config_accepts_every_reward_name_and_a_normalization() -> None:
     config.check("reward")
     assert config.normalization == "squad"  # the papers' rule unless a recipe opts out
     RewardConfig(weights={"em": 0.9, "ssrl_format": 0.1}, normalization="unicode").check("reward")
-    with pytest.raises(RecipeError, match="reward.normalization='ascii' is not one of squad, unicode"):
+    with pytest.raises(RecipeError, match=r"reward.normalization='ascii' is not one of squad, unicode"):
         RewardConfig(normalization="ascii").check("reward")
-    with pytest.raises(RecipeError, match="reward.weights key='ssrl'"):
+    with pytest.raises(RecipeError, match=r"reward.weights key='ssrl'"):
         RewardConfig(weights={"ssrl": 1.0}).check("reward")

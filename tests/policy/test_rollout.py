@@ -220,7 +220,7 @@ def test_observation_truncation_keeps_the_closing_tag(tokenizer):
 
 def test_invalid_action_appends_the_corrective_message_and_counts(tokenizer):
     rambling = "<think> let me think about this </think> no tags here"
-    result, policy, search = run(tokenizer, by_turn(rambling, ANSWER_TURN))
+    result, _policy, search = run(tokenizer, by_turn(rambling, ANSWER_TURN))
     traj = result.trajectories[0]
     runs = segments(traj.response_ids, traj.loss_mask)
     assert [m for m, _ in runs] == [1, 0, 1]
@@ -276,7 +276,9 @@ def test_one_generate_and_one_search_call_per_turn(tokenizer):
 
 def test_group_ids_follow_the_examples(tokenizer):
     # Each sample of the first turn answers with its own sample index.
-    script = lambda context, call, sample: f"<answer> s{sample} </answer>"
+    def script(context, call, sample):
+        return f"<answer> s{sample} </answer>"
+
     result, _, _ = run(tokenizer, script, examples=EXAMPLES, group_size=3)
     trajs = result.trajectories
     assert [t.prompt_id for t in trajs] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
@@ -352,7 +354,7 @@ def test_context_limit_cuts_the_last_generation(tokenizer):
 def test_context_limit_stops_before_an_observation_that_does_not_fit(tokenizer):
     prompt_len = len(tokenizer.encode(SEARCH_R1_TEMPLATE.format(question=QUESTIONS[0])))
     limit = prompt_len + len(tokenizer.encode(SEARCH_TURN)) + 5
-    result, policy, search = run(tokenizer, by_turn(SEARCH_TURN, ANSWER_TURN), max_context_tokens=limit)
+    result, policy, _search = run(tokenizer, by_turn(SEARCH_TURN, ANSWER_TURN), max_context_tokens=limit)
     traj = result.trajectories[0]
     assert traj.finish == "context" and len(policy.calls) == 1
     assert traj.loss_mask == [1] * len(traj.response_ids)  # the observation was not appended
@@ -369,7 +371,7 @@ SELF_INFO = "<information>Doc 1(Title: Orvale) founded by Ana Lé 😀\nin the n
 
 
 def test_self_search_masks_the_policy_own_information_by_token_id(tokenizer):
-    result, policy, search = run(tokenizer, by_turn(SELF_TURN), template="self-search", search=None)
+    result, policy, _search = run(tokenizer, by_turn(SELF_TURN), template="self-search", search=None)
     traj = result.trajectories[0]
     runs = segments(traj.response_ids, traj.loss_mask)
     assert [m for m, _ in runs] == [1, 0, 1]
@@ -430,7 +432,9 @@ def test_self_search_with_real_share_inserts_real_results(tokenizer):
 
 def test_self_search_real_share_is_drawn_per_question(tokenizer):
     # Real-search rows come back with results in their context; then they answer.
-    script = lambda context, call, sample: "<answer> ana </answer>" if "<information>Doc" in context else SELF_TURN
+    def script(context, call, sample):
+        return "<answer> ana </answer>" if "<information>Doc" in context else SELF_TURN
+
     policy = ScriptedPolicy(tokenizer, script)
     search = RecordingSearch()
     questions = [QAExample(id=str(i), question=f"q {i}?", golden_answers=["ana"]) for i in range(8)]
@@ -482,7 +486,9 @@ def test_settings_reject_bad_values(kwargs, match):
 
 
 def test_score_trajectories_uses_the_response_answer(tokenizer):
-    script = lambda context, call, sample: "<answer> gold 0 </answer>" if sample == 0 else "<answer> no </answer>"
+    def script(context, call, sample):
+        return "<answer> gold 0 </answer>" if sample == 0 else "<answer> no </answer>"
+
     result, _, _ = run(tokenizer, script, group_size=2)
     scored = score_trajectories(result.trajectories, {"em": 1.0})
     assert scored.total == [1.0, 0.0]

@@ -417,7 +417,9 @@ def writer(run, phase):
             (path / "tokenizer.json").write_text("{}")
 
     def save(step, model=None):
-        checkpoint.save_checkpoint(run, step, model=model or Model(), tokenizer=Tokenizer(), state={"x": step}, keep_last=2)
+        checkpoint.save_checkpoint(
+            run, step, model=model or Model(), tokenizer=Tokenizer(), state={"x": step}, keep_last=2
+        )
 
     save(1)
     save(2)
@@ -455,7 +457,8 @@ for phase in phases:
     print(phase, pid, flush=True)
 for _ in phases:
     pid, status = os.wait()
-    print(children[pid], "ended", os.WTERMSIG(status) if os.WIFSIGNALED(status) else -os.WEXITSTATUS(status), flush=True)
+    code = os.WTERMSIG(status) if os.WIFSIGNALED(status) else -os.WEXITSTATUS(status)
+    print(children[pid], "ended", code, flush=True)
 """
 
 

@@ -553,12 +553,12 @@ def test_qa_file_that_is_not_utf8_names_the_line(tmp_path: Path) -> None:
 
 
 def test_corpus_line_nested_too_deeply_is_a_format_error() -> None:
-    with pytest.raises(CorpusFormatError, match="corpus.jsonl:3:"):
+    with pytest.raises(CorpusFormatError, match=r"corpus.jsonl:3:"):
         parse_passage(DEEP_NESTING, path="corpus.jsonl", line_no=3)
 
 
 def test_corpus_line_with_a_huge_integer_names_file_and_line() -> None:
-    with pytest.raises(CorpusFormatError, match="corpus.jsonl:3:"):
+    with pytest.raises(CorpusFormatError, match=r"corpus.jsonl:3:"):
         parse_passage(HUGE_INTEGER, path="corpus.jsonl", line_no=3)
 
 

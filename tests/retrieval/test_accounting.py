@@ -88,7 +88,7 @@ def test_prices_default_by_kind_and_unknown_is_never_zero():
 
 
 def test_negative_price_is_refused():
-    with pytest.raises(RecipeError, match="search.price_per_1k_queries"):
+    with pytest.raises(RecipeError, match=r"search.price_per_1k_queries"):
         SearchConfig(kind="bm25", corpus="x", price_per_1k_queries=-1.0).check("search")
 
 

@@ -36,8 +36,9 @@ PAVIA = (
 ET = (
     "financial failure for Atari. By 2004, the cartridges were still very common and offered at very low prices. While "
     "reviews of the movie were highly positive, the game was negatively received by critics, with common complaints "
-    'focused on the plot, gameplay, and visuals. ""New York"" magazine\'s Nicholas Pileggi described it as a loser when '
-    'compared to other games Atari could have released like ""Donkey Kong"" and ""Frogger"". ""Video Games"" called the '
+    'focused on the plot, gameplay, and visuals. ""New York"" magazine\'s Nicholas Pileggi described it as a loser '
+    'when compared to other games Atari could have released like ""Donkey Kong"" and ""Frogger"". ""Video Games"" '
+    "called the "
     'game ""really for kids (the littler ones)"". Kevin Bowen of GameSpy\'s Classic Gaming called the gameplay '
     '""convoluted and inane"", also criticizing its story for departing from the serious tone'
 )
@@ -139,7 +140,7 @@ def test_every_style_is_a_recipe_choice():
 @pytest.mark.parametrize("kind", ["bm25", "serpapi", "http"])
 def test_recipe_refuses_the_simulator_rendering_for_a_real_engine(kind):
     cfg = SearchConfig(kind=kind, corpus="c.jsonl", url="http://x/retrieve", rendering="zerosearch-simulator")
-    with pytest.raises(RecipeError, match="search.rendering=zerosearch-simulator .* needs search.kind=simulator"):
+    with pytest.raises(RecipeError, match=r"search.rendering=zerosearch-simulator .* needs search.kind=simulator"):
         cfg.check("search")
     SearchConfig(kind=kind, corpus="c.jsonl", url="http://x/retrieve", rendering="zerosearch-google").check("search")
 

@@ -129,5 +129,5 @@ def test_load_with_another_corpus_is_refused(fruit, tmp_path):
 
 def test_load_from_a_directory_without_index(tmp_path):
     corpus = write_corpus(tmp_path / "fruit.jsonl", FRUIT)
-    with pytest.raises(FileNotFoundError, match="no BM25 index in .*simsearch_bm25.json missing"):
+    with pytest.raises(FileNotFoundError, match=r"no BM25 index in .*simsearch_bm25.json missing"):
         BM25SearchEngine.load(tmp_path, corpus)

@@ -119,7 +119,7 @@ def test_save_load_round_trip_and_corpus_check(passages, engine, tmp_path, reuse
 
     other = tmp_path / "other.jsonl"
     other.write_text(json.dumps({"id": "x", "title": "T", "text": "t"}) + "\n")
-    with pytest.raises(ValueError, match="built for another corpus than .*other.jsonl: it was built for 3 passages"):
+    with pytest.raises(ValueError, match=r"built for another corpus than .*other.jsonl: it was built for 3 passages"):
         DenseSearchEngine.load(index_dir, other)
 
 
@@ -153,7 +153,7 @@ def test_load_refuses_an_unfinished_index(tmp_path):
 
 
 def test_missing_model_is_a_clear_error(tmp_path):
-    with pytest.raises(OSError, match="could not load the sentence-transformers model .* from local files"):
+    with pytest.raises(OSError, match=r"could not load the sentence-transformers model .* from local files"):
         load_encoder(str(tmp_path / "no-such-model"))
 
 

@@ -174,7 +174,7 @@ def test_serpapi_bad_key_is_not_retried(serve, monkeypatch):
     monkeypatch.setenv("SERPAPI_API_KEY", "wrong-key")
     server = serve(serpapi)
     web = SerpAPISearchEngine(base_url=server.url, max_retries=3, **fast())
-    with pytest.raises(SearchServiceError, match="HTTP 401.*Invalid API key"):
+    with pytest.raises(SearchServiceError, match=r"HTTP 401.*Invalid API key"):
         web.search([SearchRequest("x")])
     assert len(server.seen) == 1
 

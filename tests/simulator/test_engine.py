@@ -172,7 +172,7 @@ def test_noisy_positions_are_deterministic_and_vary_by_query() -> None:
 
 def test_bad_num_noisy_names_the_request() -> None:
     engine = SimulatedSearchEngine(FakeGenerator(_by_mode), preset="simsearch")
-    with pytest.raises(ValueError, match="request 1 .*'bad'"):
+    with pytest.raises(ValueError, match=r"request 1 .*'bad'"):
         engine.search([_request("ok"), _request("bad", num_noisy=4)])
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from itertools import chain
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,8 @@ def tokenizer():
 def test_read_pairs_and_its_errors(tmp_path: Path) -> None:
     good = tmp_path / "good.jsonl"
     good.write_text(
-        '{"prompt": "p", "response": "r", "label": "useful", "golden_answers": ["a"]}\n\n{"prompt": "p2", "response": "r2"}\n'
+        '{"prompt": "p", "response": "r", "label": "useful", "golden_answers": ["a"]}\n'
+        '\n{"prompt": "p2", "response": "r2"}\n'
     )
     assert read_pairs(good) == [
         {"prompt": "p", "response": "r", "golden_answers": ["a"]},
@@ -160,9 +162,9 @@ def test_step_batches_sorted_by_length_keep_each_step_s_pairs_and_pad_less() -> 
             grouped = step_batches(
                 12, step=step, batch_size=2, grad_accum=3, rank=rank, world_size=2, seed=1, lengths=lengths
             )
-            assert sorted(sum(grouped, [])) == sorted(sum(plain, []))  # the same pairs in the step
+            assert sorted(chain(*grouped)) == sorted(chain(*plain))  # the same pairs in the step
             assert [len(m) for m in grouped] == [2, 2, 2]
-            flat = [lengths[i] for i in sum(grouped, [])]
+            flat = [lengths[i] for i in chain(*grouped)]
             assert flat == sorted(flat, reverse=True)  # longest first across the micro-batches
             for key, micro in ((False, plain), (True, grouped)):
                 padded[key] += sum(len(m) * max(lengths[i] for i in m) for m in micro)
