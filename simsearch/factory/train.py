@@ -155,12 +155,12 @@ def rollout_settings(recipe: TrainRecipe, search: SearchConfig) -> RolloutSettin
     """The rollout's settings for one search engine."""
     rollout = recipe.rollout
     return RolloutSettings(
-        template=rollout.template,  # type: ignore[arg-type]  # checked by the recipe
+        template=rollout.template,  # checked by the recipe
         max_turns=rollout.max_turns,
         max_obs_tokens=rollout.max_obs_tokens,
         max_context_tokens=rollout.max_context_tokens,
         top_k=search.top_k,
-        rendering=search.rendering,  # type: ignore[arg-type]
+        rendering=search.rendering,
         self_search_real_share=rollout.self_search_real_share,
     )
 
@@ -180,10 +180,10 @@ def update_settings(recipe: TrainRecipe, minibatch_rows: int) -> UpdateSettings:
     loss = ActorLossSettings(
         clip_low=alg.clip_low,
         clip_high=alg.clip_high,
-        aggregation=alg.loss_agg,  # type: ignore[arg-type]  # checked by the recipe
+        aggregation=alg.loss_agg,  # checked by the recipe
         token_sum_normalizer=float(recipe.rollout.max_context_tokens) if alg.loss_agg == SUM_NORM else None,
         kl_coef=0.0 if alg.kl_in_reward else alg.kl_coef,
-        kl_estimator=alg.kl_estimator,  # type: ignore[arg-type]
+        kl_estimator=alg.kl_estimator,
         entropy_coef=alg.entropy_coef,
         temperature=recipe.sampling.temperature,
         clip_ratio_c=alg.clip_ratio_c,
@@ -205,7 +205,7 @@ def step_advantages(
     if alg.kl_in_reward and settings.needs_reference:
         kl_tokens = sequence_kl(passes.old_logp, passes.ref_logp, batch.loss_mask, alg.kl_estimator)  # type: ignore[arg-type]
     advantages, returns, adv_stats = token_advantages(
-        alg.estimator, torch.tensor(rewards, dtype=torch.float32), batch.to("cpu"),  # type: ignore[arg-type]
+        alg.estimator, torch.tensor(rewards, dtype=torch.float32), batch.to("cpu"),
         kl=None if kl_tokens is None else kl_tokens.cpu(), kl_coef=alg.kl_coef if kl_tokens is not None else 0.0,
         values=None if passes.old_values is None else passes.old_values.cpu(),
         gamma=alg.gamma, lam=alg.lam, stratified_alpha=alg.stratified_alpha,

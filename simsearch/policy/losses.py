@@ -437,7 +437,7 @@ class _TokenLogProbs(torch.autograd.Function):
     """With z = logits / T: logp = z[label] - lse(z); d logp / d logits = (onehot(label) - softmax(z)) / T."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: FunctionCtx, logits: torch.Tensor, labels: torch.Tensor, chunk_size: int, temperature: float
     ) -> torch.Tensor:
         dtype = _accumulate_dtype(logits)
@@ -452,9 +452,7 @@ class _TokenLogProbs(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(  # type: ignore[override]
-        ctx: FunctionCtx, grad_out: torch.Tensor
-    ) -> tuple[torch.Tensor, None, None, None]:
+    def backward(ctx: FunctionCtx, grad_out: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         logits, labels, lse = ctx.saved_tensors  # type: ignore[attr-defined]
         temperature = ctx.temperature  # type: ignore[attr-defined]
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)  # [B, L, V]
@@ -472,9 +470,7 @@ class _Entropy(torch.autograd.Function):
     """With z = logits / T: H = lse(z) - sum p z; dH/d logits_j = -p_j * (log p_j + H) / T."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: FunctionCtx, logits: torch.Tensor, chunk_size: int, temperature: float
-    ) -> torch.Tensor:
+    def forward(ctx: FunctionCtx, logits: torch.Tensor, chunk_size: int, temperature: float) -> torch.Tensor:
         dtype = _accumulate_dtype(logits)
         lse = torch.empty(logits.shape[:2], dtype=dtype, device=logits.device)  # [B, L]
         entropy = torch.empty_like(lse)  # [B, L]
@@ -491,9 +487,7 @@ class _Entropy(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(  # type: ignore[override]
-        ctx: FunctionCtx, grad_out: torch.Tensor
-    ) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx: FunctionCtx, grad_out: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         logits, lse, entropy = ctx.saved_tensors  # type: ignore[attr-defined]
         temperature = ctx.temperature  # type: ignore[attr-defined]
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)  # [B, L, V]

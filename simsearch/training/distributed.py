@@ -194,8 +194,9 @@ def load_for_training(
         (model, tokenizer); with LoRA the model is a PEFT model whose adapter alone trains.
     """
     lora = lora_r > 0
-    from_checkpoint = checkpoint is not None and not (lora or deepspeed)
-    model, tokenizer = load_model(checkpoint / "model" if from_checkpoint else path, dtype=dtype)
+    # A full checkpoint replaces the base weights; LoRA and DeepSpeed resume their own state later.
+    source = checkpoint / "model" if checkpoint is not None and not (lora or deepspeed) else path
+    model, tokenizer = load_model(source, dtype=dtype)
     if lora:
         model = apply_lora(
             model, r=lora_r, alpha=lora_alpha, dropout=lora_dropout, target_modules=lora_target_modules,
