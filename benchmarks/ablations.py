@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import statistics
 import tempfile
 import time
@@ -65,19 +64,18 @@ from typing import Any
 from simsearch.commands import evaluate, quickstart, simulator_collect, simulator_finetune, train
 from simsearch.config import CollectRecipe, EvalRecipe, FinetuneRecipe, QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.curriculum.schedules import exponential
-from simsearch.data.tinyworld import World, build_world
 from simsearch.factory.build import build_search_engine
-from simsearch.fingerprints import digest
+from simsearch.fingerprints import claim_stage, digest, finish_stage, stage_fingerprint
 from simsearch.models import load_model, save_tiny
-from simsearch.policy.pretrain import make_traces, pretrain
 from simsearch.retrieval.base import SearchEngine
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.simulator.sft_data import contains_answer
+from simsearch.tinyworld.pretrain import make_traces, pretrain
+from simsearch.tinyworld.world import World, build_world
 from simsearch.training.checkpoint import latest_checkpoint
 from simsearch.types import SearchRequest
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "quickstart"
-STAGE_FILE = "stage.json"  # as the quickstart's: {"fingerprint", "done"}
 ENGINES = ("simulator", "bm25", "dense")
 SELF_ENGINES = ("self", *ENGINES)  # a self-search policy also writes its own information
 STEPS = 60  # RL steps per arm (the quickstart runs 250): the 60-minute budget, see docs/ablations.md
@@ -305,12 +303,8 @@ def prepare(seed: int, args: argparse.Namespace, run_dir: Path, steps: int) -> t
         told=str(root / "simulator_told"),  # the run directory until its model exists (train_told_simulator)
         knowing=str(root / "knowing_base"),
     )
-    fingerprints = {stage: _fingerprint(qs_dir / stage) for stage in ("world", "base", "simulator")}
+    fingerprints = {stage: stage_fingerprint(qs_dir / stage) for stage in ("world", "base", "simulator")}
     return Seed(seed, args.smoke, steps, root, qs_dir, qs_recipe, fingerprints, paths), report
-
-
-def _fingerprint(stage_dir: Path) -> str:
-    return json.loads((stage_dir / STAGE_FILE).read_text())["fingerprint"]
 
 
 def _final_model(run: Path) -> Path:
@@ -331,27 +325,10 @@ def run_stage(
     stage = load_recipe(schema, recipe_file, overrides)
     fingerprint = digest({"recipe": asdict(stage), "inputs": inputs})
     directory = Path(stage.run_dir)
-    if not _claim(directory, fingerprint):
+    if not claim_stage(directory, fingerprint):
         command(stage)
-        _mark(directory, fingerprint, done=True)
+        finish_stage(directory, fingerprint)
     return fingerprint
-
-
-def _claim(directory: Path, fingerprint: str) -> bool:
-    """True when `directory` finished under `fingerprint`; else it is emptied and claimed for it."""
-    mark = directory / STAGE_FILE
-    if mark.is_file():
-        kept = json.loads(mark.read_text())
-        if kept.get("fingerprint") == fingerprint:
-            return bool(kept.get("done"))
-    shutil.rmtree(directory, ignore_errors=True)
-    directory.mkdir(parents=True)
-    _mark(directory, fingerprint, done=False)
-    return False
-
-
-def _mark(directory: Path, fingerprint: str, *, done: bool) -> None:
-    (directory / STAGE_FILE).write_text(json.dumps({"fingerprint": fingerprint, "done": done}) + "\n")
 
 
 # --------------------------------------------------------------------------- the arms' extra stages
@@ -392,13 +369,13 @@ def knowing_base_stage(ctx: Seed, world: World) -> None:
     settings = {"steps": steps, "batch": batch, "lr": KNOWING_LR, "seed": ctx.seed}
     fingerprint = digest({"stage": "knowing_base", "inputs": [ctx.fingerprints["base"]], "settings": settings})
     out = Path(ctx.paths["knowing"])
-    if not _claim(out, fingerprint):
+    if not claim_stage(out, fingerprint):
         rl = load_recipe(TrainRecipe, RECIPES / "train.yaml", ["run_dir=unused"])
         train_knowing_base(
             ctx.paths["base"], world, out, steps=steps, batch_size=batch, lr=KNOWING_LR, seed=ctx.seed,
             typed_answer_share=ctx.qs_recipe.typed_answer_share, top_k=rl.search.top_k, rendering=rl.search.rendering,
         )  # fmt: skip
-        _mark(out, fingerprint, done=True)
+        finish_stage(out, fingerprint)
     ctx.fingerprints["knowing"] = fingerprint
 
 

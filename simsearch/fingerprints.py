@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -40,3 +41,39 @@ def path_identity(path: str | os.PathLike[str] | None) -> list[Any] | None:
         return None
     files = sorted(p for p in root.rglob("*") if p.is_file())
     return [[p.relative_to(root).as_posix(), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+
+
+STAGE_FILE = "stage.json"
+"""In every stage directory: `{"fingerprint": ..., "done": bool}`, what it was built from."""
+
+
+def claim_stage(directory: Path, fingerprint: str) -> bool:
+    """Makes `directory` the home of the stage built from `fingerprint`; True if it finished there.
+
+    A directory built from other inputs, or of unknown origin, is deleted, so none of its output
+    can be resumed or read back as this stage's. The fingerprint is written before the stage
+    runs, so an interrupted stage resumes under it; `finish_stage` marks it done.
+    """
+    mark = directory / STAGE_FILE
+    if mark.is_file():
+        kept = json.loads(mark.read_text())
+        if kept.get("fingerprint") == fingerprint:
+            return bool(kept.get("done"))
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    _mark(directory, fingerprint, done=False)
+    return False
+
+
+def finish_stage(directory: Path, fingerprint: str) -> None:
+    """Marks the stage in `directory` (claimed with `claim_stage`) finished."""
+    _mark(directory, fingerprint, done=True)
+
+
+def stage_fingerprint(directory: Path) -> str:
+    """The fingerprint a stage directory was claimed under."""
+    return str(json.loads((directory / STAGE_FILE).read_text())["fingerprint"])
+
+
+def _mark(directory: Path, fingerprint: str, *, done: bool) -> None:
+    (directory / STAGE_FILE).write_text(json.dumps({"fingerprint": fingerprint, "done": done}) + "\n")

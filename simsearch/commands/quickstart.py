@@ -39,7 +39,6 @@ from __future__ import annotations
 import json
 import platform
 import resource
-import shutil
 import time
 from dataclasses import asdict
 from importlib import metadata
@@ -64,7 +63,7 @@ from simsearch.errors import RecipeError, SimsearchError
 from simsearch.eval import report
 from simsearch.eval.view import write_page
 from simsearch.factory.build import build_search_engine
-from simsearch.fingerprints import digest
+from simsearch.fingerprints import claim_stage, digest, finish_stage
 from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.simulator.prompts import render as render_simulator_prompt
@@ -75,7 +74,6 @@ from simsearch.training.runlog import read_metrics
 from simsearch.types import QAExample
 
 POLICIES = ("base", "rl_search", "rl_nosearch")
-STAGE_FILE = "stage.json"  # in every stage's directory: the fingerprint it was built from
 ENGINES = ("simulator", "bm25", "dense")
 
 # Every stage for a step or two: a check that the pipeline holds together, not a result.
@@ -93,7 +91,7 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     Re-run in the same `run_dir`, a stage whose inputs are unchanged is reused (or resumed where
     it stopped); a stage built from anything else (another seed, world size, pretraining
     setting, stage recipe value, or an upstream stage that was rebuilt) is deleted and rebuilt
-    (`_claim`).
+    (`fingerprints.claim_stage`).
     """
     began = time.perf_counter()
     clock = _StageClock()
@@ -116,13 +114,13 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     )
     paths = {name: str(run / "world" / f"{name}.jsonl") for name in ("corpus", "train", "test")}
     paths.update(bm25=str(run / "index" / "bm25"), dense=str(run / "index" / "dense"))
-    claimed = [_claim(run / folder, world_fp) for folder in ("world", "index")]
+    claimed = [claim_stage(run / folder, world_fp) for folder in ("world", "index")]
     if not all(claimed):
         world.write(run / "world")
         for kind in ("bm25", "dense"):  # built once here: later stages only load them
             build_search_engine(SearchConfig(kind=kind, corpus=paths["corpus"], index_dir=paths[kind]))
         for folder in ("world", "index"):
-            _finish(run / folder, world_fp)
+            finish_stage(run / folder, world_fp)
     # The base LM learns from questions about the background entities, the simulator from the
     # training questions (the world RL asks about); test entities stay unseen by both.
     pretrain_questions = world.background or world.train
@@ -132,9 +130,9 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     clock.start("pretrain", "2/6 base policy (copy drills, then random-query traces)")
     base = run / "base"
     base_fp = digest({"stage": "base", "inputs": [world_fp], "recipe": _base_settings(recipe, rl_recipe)})
-    if not _claim(base, base_fp):
+    if not claim_stage(base, base_fp):
         _pretrain_base(recipe, world, pretrain_questions, rl_recipe, base)
-        _finish(base, base_fp)
+        finish_stage(base, base_fp)
     reading = _base_reading(base, world, rl_recipe)
 
     clock.start("collect", "3/6 simulator SFT data (base policy x real BM25)")
@@ -287,32 +285,10 @@ def _stage(
     smoke = SMOKE.get(name.removesuffix("_nosearch"), []) if recipe.smoke else []
     stage: Any = load_recipe(schema, recipes / f"{name}.yaml", [*overrides, *smoke])
     fingerprint = digest({"stage": name, "inputs": inputs, "recipe": asdict(stage)})
-    if not _claim(Path(stage.run_dir), fingerprint):
+    if not claim_stage(Path(stage.run_dir), fingerprint):
         run(stage)
-        _finish(Path(stage.run_dir), fingerprint)
+        finish_stage(Path(stage.run_dir), fingerprint)
     return fingerprint
-
-
-def _claim(directory: Path, fingerprint: str) -> bool:
-    """Makes `directory` the home of the stage built from `fingerprint`; True if it finished there.
-
-    A directory built from other inputs, or of unknown origin, is deleted, so none of its
-    output can be resumed or read back as this stage's. The fingerprint is written before the
-    stage runs, so an interrupted stage resumes under it; `_finish` marks it done.
-    """
-    mark = directory / STAGE_FILE
-    if mark.is_file():
-        kept = json.loads(mark.read_text())
-        if kept.get("fingerprint") == fingerprint:
-            return bool(kept.get("done"))
-    shutil.rmtree(directory, ignore_errors=True)
-    directory.mkdir(parents=True)
-    mark.write_text(json.dumps({"fingerprint": fingerprint, "done": False}) + "\n")
-    return False
-
-
-def _finish(directory: Path, fingerprint: str) -> None:
-    (directory / STAGE_FILE).write_text(json.dumps({"fingerprint": fingerprint, "done": True}) + "\n")
 
 
 def _base_settings(recipe: QuickstartRecipe, rl: TrainRecipe) -> dict[str, Any]:

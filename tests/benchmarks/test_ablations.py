@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from simsearch.data.tinyworld import build_world
+from simsearch.tinyworld.world import build_world
 from simsearch.types import Document, SearchRequest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "ablations.py"
