@@ -134,39 +134,33 @@ def run(args: argparse.Namespace) -> None:
         if path is not None and "=" in path and not path.endswith((".yaml", ".yml")):
             path, overrides = None, [path, *overrides]  # `quickstart key=value` has no recipe
         overrides += ["smoke=true"] if args.smoke else []
-        recipe = load_recipe(QuickstartRecipe, path, overrides)
         from simsearch.commands import quickstart
 
-        quickstart.main(recipe)
+        quickstart.main(load_recipe(QuickstartRecipe, path, overrides))
     elif args.command == "train":
-        recipe = load_recipe(TrainRecipe, args.recipe, args.overrides)
         from simsearch.commands import train
 
-        train.main(recipe)
+        train.main(load_recipe(TrainRecipe, args.recipe, args.overrides))
     elif args.command == "eval":
-        recipe = load_recipe(EvalRecipe, args.recipe, args.overrides)
         from simsearch.commands import evaluate
 
-        evaluate.main(recipe)
+        evaluate.main(load_recipe(EvalRecipe, args.recipe, args.overrides))
     elif args.command == "serve":
-        recipe = load_recipe(ServeRecipe, args.recipe, args.overrides)
         from simsearch.commands import serve
 
-        serve.main(recipe)
+        serve.main(load_recipe(ServeRecipe, args.recipe, args.overrides))
     elif args.command == "view":
         from simsearch.commands import view
 
         view.main(args.run_dir, args.out)
     elif args.simulator_command == "collect":
-        recipe = load_recipe(CollectRecipe, args.recipe, args.overrides)
         from simsearch.commands import simulator_collect
 
-        simulator_collect.main(recipe)
+        simulator_collect.main(load_recipe(CollectRecipe, args.recipe, args.overrides))
     else:
-        recipe = load_recipe(FinetuneRecipe, args.recipe, args.overrides)
         from simsearch.commands import simulator_finetune
 
-        simulator_finetune.main(recipe)
+        simulator_finetune.main(load_recipe(FinetuneRecipe, args.recipe, args.overrides))
 
 
 def main(argv: list[str] | None = None) -> int:

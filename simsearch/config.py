@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -696,6 +697,8 @@ class CollectRecipe:
         self.search.check("search")
         self.rollout.check("rollout")
         self.judge.check("judge")
+        if self.search.kind == "self":
+            raise RecipeError("search.kind=self: collect records what a search engine returns; pick a retriever")
         if not self.data.train:
             raise RecipeError("data.train is empty: list at least one QA file")
         _check_range("val_fraction", self.val_fraction, 0.0, 0.9)
@@ -839,7 +842,7 @@ class QuickstartRecipe:
 R = TypeVar("R")
 
 
-def load_recipe(schema: type[R], path: str | os.PathLike | None, overrides: list[str] = ()) -> R:
+def load_recipe(schema: type[R], path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> R:
     """Load a YAML recipe plus `key.sub=value` overrides onto a recipe dataclass.
 
     Raises:
@@ -867,9 +870,9 @@ def load_recipe(schema: type[R], path: str | os.PathLike | None, overrides: list
                 f"{where}: missing required value(s) {', '.join(missing)}; set them in the recipe "
                 f"or on the command line ({missing[0]}=...)"
             )
-        recipe = OmegaConf.to_object(merged)
+        recipe: Any = OmegaConf.to_object(merged)  # an instance of `schema`
         recipe.check("")
-        return recipe  # type: ignore[return-value]
+        return cast(R, recipe)
     except RecipeError as err:
         if str(err).startswith(where):
             raise
@@ -890,7 +893,7 @@ def _yaml_problem(err: yaml.YAMLError) -> str:
 def _read_yaml(path: str | os.PathLike) -> DictConfig:
     # PyYAML's and OmegaConf's own exceptions would otherwise escape load_recipe untranslated.
     try:
-        loaded = OmegaConf.load(path)
+        loaded = OmegaConf.load(Path(path))
     except UnicodeDecodeError as err:
         raise RecipeError(f"not UTF-8 text (bad byte at offset {err.start}); save the recipe as UTF-8") from None
     except yaml.YAMLError as err:
@@ -902,7 +905,7 @@ def _read_yaml(path: str | os.PathLike) -> DictConfig:
     return loaded
 
 
-def _parse_overrides(overrides: list[str]) -> DictConfig:
+def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
     try:
         return OmegaConf.from_dotlist(list(overrides))
     except yaml.YAMLError:

@@ -5,7 +5,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simsearch.config import EvalRecipe, FinetuneRecipe, ServeRecipe, TrainRecipe, load_recipe, save_recipe
+from simsearch.config import (
+    CollectRecipe,
+    EvalRecipe,
+    FinetuneRecipe,
+    ServeRecipe,
+    TrainRecipe,
+    load_recipe,
+    save_recipe,
+)
 from simsearch.errors import RecipeError
 
 
@@ -191,3 +199,14 @@ def test_the_simulators_sampling_is_checked_before_any_work(train_yaml: Path) ->
     with pytest.raises(RecipeError, match=r"search\.simulator\.max_new_tokens"):
         load_recipe(TrainRecipe, train_yaml, [*simulator, "search.simulator.max_new_tokens=0"])
     load_recipe(TrainRecipe, train_yaml, [*simulator, "search.simulator.temperature=0.8"])
+
+
+def test_collect_refuses_self_search(tmp_path: Path) -> None:
+    body = {
+        "run_dir": str(tmp_path / "run"),
+        "policy": {"model": {"path": "models/tiny"}},
+        "data": {"train": ["train.jsonl"]},
+        "search": {"kind": "self"},
+    }
+    with pytest.raises(RecipeError, match=r"search\.kind=self: collect records what a search engine returns"):
+        load_recipe(CollectRecipe, _write(tmp_path, body))

@@ -42,6 +42,7 @@ def main(recipe: ServeRecipe) -> None:
         )
     ledger = Ledger()
     engine = meter_search_engine(build_search_engine(recipe.search), recipe.search, ledger, recipe.search.kind)
+    assert engine is not None  # ServeRecipe.check refuses kind=self
     app = create_app(
         engine,
         default_top_k=recipe.search.top_k,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import cast
 
 from tqdm import tqdm
 
@@ -25,9 +26,11 @@ from simsearch.data.qa import load_qa
 from simsearch.errors import SimsearchError
 from simsearch.factory.build import build_generation_engine, build_search_engine
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories
+from simsearch.simulator.prompts import Preset
 from simsearch.simulator.sft_data import (
     LLMJudge,
     SearchRecord,
+    Target,
     build_sft_pairs,
     contrast_records,
     records_from_trajectories,
@@ -43,8 +46,10 @@ def main(recipe: CollectRecipe) -> dict[str, float]:
     save_recipe(recipe, run_dir)
     policy, tokenizer, _ = build_generation_engine(recipe.policy)
     search = build_search_engine(recipe.search, seed=recipe.seed)
+    assert search is not None  # CollectRecipe.check refuses kind=self
     judge = rule_judge
     if recipe.judge.kind == "llm":
+        assert recipe.judge.generation is not None  # JudgeConfig.check: kind=llm needs it
         judge_engine, judge_tokenizer, _ = build_generation_engine(recipe.judge.generation)
         judge = LLMJudge(judge_engine, tokenizer=judge_tokenizer, chat=True)
     examples = [e for path in recipe.data.train for e in load_qa(path)]
@@ -94,8 +99,8 @@ def main(recipe: CollectRecipe) -> dict[str, float]:
         )
     data = build_sft_pairs(
         records,
-        preset=recipe.preset,
-        target=recipe.target,
+        preset=cast(Preset, recipe.preset),  # both checked by the recipe
+        target=cast(Target, recipe.target),
         judge=judge,
         balance=recipe.balance,
         val_fraction=recipe.val_fraction,

@@ -173,7 +173,7 @@ def _validate(sft: _SFT, val: list[TokenizedPair]) -> float:
                 total += torch.tensor([loss.item(), count_targets(batch["weights"])], dtype=torch.float64)
     forward.train()
     total = all_reduce_sum(total, run.world)
-    return float(total[0] / max(total[1], 1))
+    return float(total[0]) / max(float(total[1]), 1.0)
 
 
 def _save(sft: _SFT, step: int) -> Path:
@@ -181,6 +181,7 @@ def _save(sft: _SFT, step: int) -> Path:
 
     def export() -> HFExport:
         weights = gathered_state_dict(trained.module, zero3=False, rank=0)  # already gathered (ZeRO-3)
+        assert weights is not None  # process 0 exports, and it gets the weights
         merge_from = recipe.model.path if recipe.lora.r > 0 and recipe.lora.merge_on_save else None
         return HFExport(trained.module, weights, merge_from)
 

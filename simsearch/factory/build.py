@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from simsearch.config import CurriculumConfig, GenerationConfig, SearchConfig
 from simsearch.curriculum.schedules import NoiseSchedule, make_schedule
@@ -25,7 +25,7 @@ from simsearch.retrieval.base import SearchEngine
 
 def build_generation_engine(
     cfg: GenerationConfig, *, tokenizer=None, seed: int = 0, distributed_executor_backend: str | None = None
-) -> tuple[GenerationEngine, object, object]:
+) -> tuple[GenerationEngine, Any, Any]:
     """Build the engine a `GenerationConfig` names.
 
     Args:
@@ -43,10 +43,10 @@ def build_generation_engine(
     return GENERATION_ENGINES[cfg.kind](cfg, tokenizer, seed, distributed_executor_backend)
 
 
-Built = tuple[GenerationEngine, object, object]
+Built = tuple[GenerationEngine, Any, Any]  # engine, tokenizer (or None), the loaded model (or None)
 
 
-def _hf_engine(cfg: GenerationConfig, tokenizer: object, seed: int, backend: str | None) -> Built:
+def _hf_engine(cfg: GenerationConfig, tokenizer: Any, seed: int, backend: str | None) -> Built:
     from simsearch.generation.hf import HFEngine
     from simsearch.models import load_model
 
@@ -54,7 +54,7 @@ def _hf_engine(cfg: GenerationConfig, tokenizer: object, seed: int, backend: str
     return HFEngine(model, tok, batch_size=cfg.batch_size), tok, model
 
 
-def _openai_engine(cfg: GenerationConfig, tokenizer: object, seed: int, backend: str | None) -> Built:
+def _openai_engine(cfg: GenerationConfig, tokenizer: Any, seed: int, backend: str | None) -> Built:
     from simsearch.generation.openai import OpenAIEngine
 
     if tokenizer is None and cfg.model.path:
@@ -75,7 +75,7 @@ def _openai_engine(cfg: GenerationConfig, tokenizer: object, seed: int, backend:
     return engine, tokenizer, None
 
 
-def _vllm_engine(cfg: GenerationConfig, tokenizer: object, seed: int, backend: str | None) -> Built:
+def _vllm_engine(cfg: GenerationConfig, tokenizer: Any, seed: int, backend: str | None) -> Built:
     from simsearch.generation.vllm import VLLMEngine
 
     engine = VLLMEngine(  # GPU-only and not yet verified on a GPU (docs/scaling.md)
@@ -293,7 +293,7 @@ def _build_local_index(cfg: SearchConfig) -> SearchEngine:
 def build_simulator(cfg: SearchConfig, *, seed: int = 0) -> SearchEngine:
     """The LLM simulator a `SearchConfig` with `kind=simulator` describes."""
     from simsearch.simulator.engine import SimulatedSearchEngine
-    from simsearch.simulator.prompts import PromptTemplates
+    from simsearch.simulator.prompts import Preset, PromptTemplates
 
     sim = cfg.simulator
     generation = sim.generation
@@ -306,7 +306,7 @@ def build_simulator(cfg: SearchConfig, *, seed: int = 0) -> SearchEngine:
         chat = sim.chat
     return SimulatedSearchEngine(
         generator,
-        preset=sim.preset,
+        preset=cast(Preset, sim.preset),  # checked by the recipe
         tokenizer=tokenizer,
         temperature=sim.temperature,
         max_new_tokens=sim.max_new_tokens,

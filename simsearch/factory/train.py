@@ -68,7 +68,7 @@ def load_learner(recipe: TrainRecipe, run: Run, rows: int) -> tuple[Learner, Rol
         critic.load_state_dict(state["critic"])
     use_vllm = recipe.policy.kind == "vllm"
     rollout_copy = copy.deepcopy(policy) if recipe.deepspeed.stage == 3 and not use_vllm else None
-    common = dict(
+    common: dict[str, Any] = dict(
         total_steps=recipe.steps,
         optim=recipe.optim,
         zero=recipe.deepspeed,
@@ -77,16 +77,18 @@ def load_learner(recipe: TrainRecipe, run: Run, rows: int) -> tuple[Learner, Rol
         bf16=recipe.bf16,
     )
     warmup = recipe.optim.warmup_for(recipe.steps)
-    actor = train_model(policy, lr=recipe.optim.lr, warmup=warmup, name="policy", **common)  # type: ignore[arg-type]
+    actor = train_model(policy, lr=recipe.optim.lr, warmup=warmup, name="policy", **common)
     trained_critic = None
     if critic is not None:
         if recipe.algorithm.critic_warmup_ratio is not None:
             warmup = int(recipe.algorithm.critic_warmup_ratio * recipe.steps)  # verl's rounding, as optim.warmup_ratio
-        trained_critic = train_model(critic, lr=recipe.algorithm.critic_lr, warmup=warmup, name="critic", **common)  # type: ignore[arg-type]
+        trained_critic = train_model(critic, lr=recipe.algorithm.critic_lr, warmup=warmup, name="critic", **common)
     device = deepspeed_device() if use_ds else torch.device(model.device)
     for extra in (reference, rollout_copy):
         if extra is not None:
-            extra.to(device=device, dtype=torch.bfloat16 if use_ds and recipe.bf16 else None).eval()
+            module: torch.nn.Module = extra
+            module.to(device=device, dtype=torch.bfloat16 if use_ds and recipe.bf16 else None)
+            module.eval()
     for trained in (actor, trained_critic):
         if trained is not None:
             if state is not None:

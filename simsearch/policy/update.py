@@ -143,6 +143,7 @@ def forward_passes(learner: Learner, settings: UpdateSettings, batch: TrainBatch
         if settings.needs_reference:
             with actor.module.disable_adapter() if learner.lora else nullcontext():
                 ref_model = actor.engine if learner.lora else learner.reference
+                assert ref_model is not None  # needs_reference without LoRA loads a reference
                 out.ref_logp = logprobs_in_micro_batches(ref_model, batch, mbs, temp)
         reused = settings.reuses(batch.size)
         if reused or (settings.kl_in_reward and settings.needs_reference) or settings.tis_cap > 0:
@@ -235,6 +236,13 @@ class _MicroInputs:
         value = getattr(self, name)
         return None if value is None else value[rows, :width]
 
+    def required_rows(self, name: str, rows: torch.Tensor, width: int) -> torch.Tensor:
+        """`rows` of an input the caller's settings guarantee (advantages; with a critic, values and returns)."""
+        value = self.rows(name, rows, width)
+        if value is None:
+            raise ValueError(f"the update needs {name}, which was not computed")
+        return value
+
 
 def _micro_step(
     learner: Learner,
@@ -252,7 +260,7 @@ def _micro_step(
     actor, critic = learner.actor, learner.critic
     with learner.autocast_context():
         logits = response_logits(actor.engine, micro)
-    advantages = inputs.rows("advantages", micro_rows, width)
+    advantages = inputs.required_rows("advantages", micro_rows, width)
     old_logp, ref_logp = inputs.rows("old_logp", micro_rows, width), inputs.rows("ref_logp", micro_rows, width)
     loss, stats = actor_micro_loss(logits, micro, advantages, old_logp, ref_logp, settings.loss, denominators)
     backward(loss, actor.engine if actor.deepspeed else None, boundary=boundary)
@@ -266,9 +274,9 @@ def _micro_step(
     with learner.autocast_context():
         values = values_of(critic.engine, micro)
     aggregation = settings.loss.aggregation
+    old_values, returns = (inputs.required_rows(name, micro_rows, width) for name in ("old_values", "returns"))
     vloss, _ = value_loss(
-        values, inputs.rows("old_values", micro_rows, width), inputs.rows("returns", micro_rows, width),
-        micro.loss_mask, settings.value_clip, aggregation,
+        values, old_values, returns, micro.loss_mask, settings.value_clip, aggregation,
         denominators[0] if aggregation == "token-mean" else denominators[1], settings.loss.token_sum_normalizer,
     )  # fmt: skip
     backward(settings.value_coef * vloss, critic.engine if critic.deepspeed else None, boundary=boundary)

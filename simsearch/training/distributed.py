@@ -291,7 +291,7 @@ class HFExport:
         # Merge a fresh copy (base + the adapter just written), leaving the training model as is.
         self.module.save_pretrained(out / "adapter", state_dict=self.state_dict, **kwargs)
         merged, _ = load_model(self.merge_from, adapter=out / "adapter", dtype="float32")
-        merged.merge_and_unload().save_pretrained(out, **kwargs)
+        merged.merge_and_unload().save_pretrained(out, **kwargs)  # type: ignore[operator]  # a PeftModel method
 
 
 def adapter_dir(checkpoint: Path) -> Path:

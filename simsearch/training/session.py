@@ -40,10 +40,14 @@ from simsearch.training.optim import adamw_with_schedule
 class OptimSpec(Protocol):
     """What `TrainedModel.build` reads of a recipe's `optim` section."""
 
-    betas: Sequence[float]
-    weight_decay: float
-    schedule: str
-    grad_clip: float
+    @property
+    def betas(self) -> Sequence[float]: ...
+    @property
+    def weight_decay(self) -> float: ...
+    @property
+    def schedule(self) -> str: ...
+    @property
+    def grad_clip(self) -> float: ...
 
 
 class ZeroSpec(Protocol):
