@@ -40,7 +40,7 @@ import json
 import platform
 import resource
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,31 @@ SMOKE = {
 }
 
 
+@dataclass
+class _Pipeline:
+    """What every stage reads: the recipe, the stage recipes, the run directory and its files."""
+
+    recipe: QuickstartRecipe
+    recipes: Path  # the stage recipes (collect.yaml, simulator.yaml, ...)
+    run: Path
+    paths: dict[str, str]  # corpus, train and test files, bm25 and dense index directories
+
+    def stage(self, name: str, schema: type, command: Any, inputs: list[str], overrides: list[str]) -> str:
+        """Runs one stage's command on its shipped recipe with the run's paths (and smoke limits).
+
+        Returns the stage's fingerprint: its resolved recipe and its inputs' fingerprints. A stage
+        that finished under that fingerprint is skipped; an unfinished one is run again, and the
+        command resumes its own work (checkpoints, finished evaluation rows).
+        """
+        smoke = SMOKE.get(name.removesuffix("_nosearch"), []) if self.recipe.smoke else []
+        stage: Any = load_recipe(schema, self.recipes / f"{name}.yaml", [*overrides, *smoke])
+        fingerprint = digest({"stage": name, "inputs": inputs, "recipe": asdict(stage)})
+        if not claim_stage(Path(stage.run_dir), fingerprint):
+            command(stage)
+            finish_stage(Path(stage.run_dir), fingerprint)
+        return fingerprint
+
+
 def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     """Run every stage; returns what `report.json` holds.
 
@@ -98,9 +123,43 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     torch.set_num_threads(recipe.threads or torch.get_num_threads())
     run = Path(recipe.run_dir)
     save_recipe(recipe, run)
-    recipes = _recipes_dir(recipe)
+    paths = {name: str(run / "world" / f"{name}.jsonl") for name in ("corpus", "train", "test")}
+    paths.update(bm25=str(run / "index" / "bm25"), dense=str(run / "index" / "dense"))
+    pipeline = _Pipeline(recipe, _recipes_dir(recipe), run, paths)
+    # The base LM is pretrained on prompts and results shown as RL will show them.
+    rl_recipe = load_recipe(TrainRecipe, pipeline.recipes / "train.yaml")
 
     clock.start("world", "1/6 world and search indexes")
+    world, world_fp = _world_stage(pipeline)
+    clock.start("pretrain", "2/6 base policy (copy drills, then random-query traces)")
+    base_fp = _base_stage(pipeline, world, world_fp, rl_recipe)
+    reading = _base_reading(run / "base", world, rl_recipe)
+    clock.start("collect", "3/6 simulator SFT data (base policy x real BM25)")
+    collect_fp = _collect_stage(pipeline, base_fp)
+    clock.start("simulator_sft", "4/6 simulator fine-tuning")
+    simulator_fp = _simulator_stage(pipeline, collect_fp)
+    clock.start("rl", "5/6 RL against the simulator, then RL without search")
+    policy_fps = {"base": base_fp, **_rl_stages(pipeline, base_fp, simulator_fp)}
+    clock.start("eval", "6/6 held-out evaluation: simulator, BM25, dense")
+    policies = {
+        "base": run / "base",
+        "rl_search": _final_model(run / "train"),
+        "rl_nosearch": _final_model(run / "train_nosearch"),
+    }
+    for name, model_dir in policies.items():
+        _evaluate(pipeline, name, model_dir, [policy_fps[name], simulator_fp, world_fp])
+    summaries = {name: json.loads((run / "eval" / name / "summary.json").read_text()) for name in POLICIES}
+    page = write_page(run / "eval" / "rl_search")  # the RL policy's trajectories, engine by engine
+
+    result = _report(recipe, run, summaries, reading, wall_s=time.perf_counter() - began, stage_s=clock.stop())
+    print((run / "report.md").read_text())
+    print(f"simsearch quickstart: the RL policy's trajectories, engine by engine: {page}")
+    return result
+
+
+def _world_stage(pipeline: _Pipeline) -> tuple[World, str]:
+    """The world (rebuilt in memory every time: it is seeded and fast), its files and indexes."""
+    recipe, run, paths = pipeline.recipe, pipeline.run, pipeline.paths
     world = build_world(
         seed=recipe.seed, n_entities=recipe.n_entities, n_train_entities=recipe.n_train_entities,
         n_background_entities=recipe.n_background_entities,
@@ -112,8 +171,6 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
             "sizes": [recipe.n_entities, recipe.n_train_entities, recipe.n_background_entities],
         }
     )
-    paths = {name: str(run / "world" / f"{name}.jsonl") for name in ("corpus", "train", "test")}
-    paths.update(bm25=str(run / "index" / "bm25"), dense=str(run / "index" / "dense"))
     claimed = [claim_stage(run / folder, world_fp) for folder in ("world", "index")]
     if not all(claimed):
         world.write(run / "world")
@@ -121,138 +178,89 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
             build_search_engine(SearchConfig(kind=kind, corpus=paths["corpus"], index_dir=paths[kind]))
         for folder in ("world", "index"):
             finish_stage(run / folder, world_fp)
-    # The base LM learns from questions about the background entities, the simulator from the
-    # training questions (the world RL asks about); test entities stay unseen by both.
-    pretrain_questions = world.background or world.train
-    # The base LM is pretrained on prompts and results shown as RL will show them.
-    rl_recipe = load_recipe(TrainRecipe, recipes / "train.yaml")
+    return world, world_fp
 
-    clock.start("pretrain", "2/6 base policy (copy drills, then random-query traces)")
-    base = run / "base"
-    base_fp = digest({"stage": "base", "inputs": [world_fp], "recipe": _base_settings(recipe, rl_recipe)})
+
+def _base_stage(pipeline: _Pipeline, world: World, world_fp: str, rl_recipe: TrainRecipe) -> str:
+    """The pretrained base policy in run/base; returns its fingerprint."""
+    base = pipeline.run / "base"
+    base_fp = digest({"stage": "base", "inputs": [world_fp], "recipe": _base_settings(pipeline.recipe, rl_recipe)})
     if not claim_stage(base, base_fp):
-        _pretrain_base(recipe, world, pretrain_questions, rl_recipe, base)
+        # The base LM learns from questions about the background entities, the simulator from
+        # the training questions (the world RL asks about); test entities stay unseen by both.
+        _pretrain_base(pipeline.recipe, world, world.background or world.train, rl_recipe, base)
         finish_stage(base, base_fp)
-    reading = _base_reading(base, world, rl_recipe)
+    return base_fp
 
-    clock.start("collect", "3/6 simulator SFT data (base policy x real BM25)")
-    collect_dir = run / "collect"
-    collect_fp = _stage(
-        recipe,
-        recipes,
-        "collect",
-        CollectRecipe,
-        simulator_collect.main,
-        [base_fp],
-        [
-            f"run_dir={collect_dir}",
-            f"seed={recipe.seed}",
-            f"policy.model.path={base}",
-            f"data.train=[{paths['train']}]",
-            f"search.corpus={paths['corpus']}",
-            f"search.index_dir={paths['bm25']}",
-        ],
-    )
 
-    clock.start("simulator_sft", "4/6 simulator fine-tuning")
-    simulator_fp = _stage(
-        recipe,
-        recipes,
-        "simulator",
-        FinetuneRecipe,
-        simulator_finetune.main,
-        [collect_fp],
-        [
-            f"run_dir={run / 'simulator'}",
-            f"seed={recipe.seed}",
-            f"model.path={base}",
-            f"train_file={collect_dir / 'train.jsonl'}",
-            f"val_file={collect_dir / 'val.jsonl'}",
-        ],
-    )
+def _collect_stage(pipeline: _Pipeline, base_fp: str) -> str:
+    run, paths = pipeline.run, pipeline.paths
+    overrides = [
+        f"run_dir={run / 'collect'}",
+        f"seed={pipeline.recipe.seed}",
+        f"policy.model.path={run / 'base'}",
+        f"data.train=[{paths['train']}]",
+        f"search.corpus={paths['corpus']}",
+        f"search.index_dir={paths['bm25']}",
+    ]
+    return pipeline.stage("collect", CollectRecipe, simulator_collect.main, [base_fp], overrides)
 
-    clock.start("rl", "5/6 RL against the simulator, then RL without search")
-    policy_fps = {"base": base_fp}
+
+def _simulator_stage(pipeline: _Pipeline, collect_fp: str) -> str:
+    run = pipeline.run
+    overrides = [
+        f"run_dir={run / 'simulator'}",
+        f"seed={pipeline.recipe.seed}",
+        f"model.path={run / 'base'}",
+        f"train_file={run / 'collect' / 'train.jsonl'}",
+        f"val_file={run / 'collect' / 'val.jsonl'}",
+    ]
+    return pipeline.stage("simulator", FinetuneRecipe, simulator_finetune.main, [collect_fp], overrides)
+
+
+def _rl_stages(pipeline: _Pipeline, base_fp: str, simulator_fp: str) -> dict[str, str]:
+    """RL against the simulator (train/), then without search (train_nosearch/); their fingerprints."""
+    run = pipeline.run
+    with_simulator = [
+        f"search.simulator.generation.model.path={_simulator(run)}",
+        f"search.cache={run / 'cache' / 'simulator.sqlite'}",
+    ]
+    fingerprints = {}
     for name, policy, inputs, overrides in (
-        (
-            "train",
-            "rl_search",
-            [base_fp, simulator_fp],
-            [
-                f"search.simulator.generation.model.path={_simulator(run)}",
-                f"search.cache={run / 'cache' / 'simulator.sqlite'}",
-            ],
-        ),
+        ("train", "rl_search", [base_fp, simulator_fp], with_simulator),
         ("train_nosearch", "rl_nosearch", [base_fp], []),
     ):
-        policy_fps[policy] = _stage(
-            recipe,
-            recipes,
-            name,
-            TrainRecipe,
-            train.main,
-            inputs,
-            [
-                f"seed={recipe.seed}",
-                f"policy.model.path={base}",
-                f"data.train=[{paths['train']}]",
-                f"run_dir={run / name}",
-                *overrides,
-            ],
-        )
-
-    clock.start("eval", "6/6 held-out evaluation: simulator, BM25, dense")
-    policies = {
-        "base": base,
-        "rl_search": _final_model(run / "train"),
-        "rl_nosearch": _final_model(run / "train_nosearch"),
-    }
-    for name, model_dir in policies.items():
-        _evaluate(recipe, recipes, run, paths, name, model_dir, [policy_fps[name], simulator_fp, world_fp])
-    summaries = {name: json.loads((run / "eval" / name / "summary.json").read_text()) for name in POLICIES}
-    page = write_page(run / "eval" / "rl_search")  # the RL policy's trajectories, engine by engine
-
-    result = _report(recipe, run, summaries, reading, wall_s=time.perf_counter() - began, stage_s=clock.stop())
-    print((run / "report.md").read_text())
-    print(f"simsearch quickstart: the RL policy's trajectories, engine by engine: {page}")
-    return result
+        common = [
+            f"seed={pipeline.recipe.seed}",
+            f"policy.model.path={run / 'base'}",
+            f"data.train=[{pipeline.paths['train']}]",
+            f"run_dir={run / name}",
+        ]
+        fingerprints[policy] = pipeline.stage(name, TrainRecipe, train.main, inputs, [*common, *overrides])
+    return fingerprints
 
 
-def _evaluate(
-    recipe: QuickstartRecipe,
-    recipes: Path,
-    run: Path,
-    paths: dict[str, str],
-    name: str,
-    policy: Path,
-    inputs: list[str],
-) -> None:
+def _evaluate(pipeline: _Pipeline, name: str, policy: Path, inputs: list[str]) -> None:
     """The eval stage for one policy, into run/eval/{name} (its summary.json feeds the report)."""
-    _stage(
-        recipe,
-        recipes,
-        "eval",
-        EvalRecipe,
-        evaluate.main,
-        inputs,
-        [
-            f"run_dir={run / 'eval' / name}",
-            f"seed={recipe.seed}",
-            f"policy.model.path={policy}",
-            f"datasets=[{{name: heldout, path: {paths['test']}, limit: {8 if recipe.smoke else 0}}}]",
-            f"engines.simulator.simulator.generation.model.path={_simulator(run)}",
-            f"engines.bm25.corpus={paths['corpus']}",
-            f"engines.bm25.index_dir={paths['bm25']}",
-            f"engines.dense.corpus={paths['corpus']}",
-            f"engines.dense.index_dir={paths['dense']}",
-            # Only the RL policy's report shows training curves and the baselines and fidelity.
-            *(
-                [f"training_run={run / 'train'}"]
-                if name == "rl_search"
-                else ["training_run=''", "baselines=[]", "fidelity_size=0"]
-            ),
-        ],
-    )
+    run, paths = pipeline.run, pipeline.paths
+    overrides = [
+        f"run_dir={run / 'eval' / name}",
+        f"seed={pipeline.recipe.seed}",
+        f"policy.model.path={policy}",
+        f"datasets=[{{name: heldout, path: {paths['test']}, limit: {8 if pipeline.recipe.smoke else 0}}}]",
+        f"engines.simulator.simulator.generation.model.path={_simulator(run)}",
+        f"engines.bm25.corpus={paths['corpus']}",
+        f"engines.bm25.index_dir={paths['bm25']}",
+        f"engines.dense.corpus={paths['corpus']}",
+        f"engines.dense.index_dir={paths['dense']}",
+        # Only the RL policy's report shows training curves and the baselines and fidelity.
+        *(
+            [f"training_run={run / 'train'}"]
+            if name == "rl_search"
+            else ["training_run=''", "baselines=[]", "fidelity_size=0"]
+        ),
+    ]
+    pipeline.stage("eval", EvalRecipe, evaluate.main, inputs, overrides)
 
 
 def _simulator(run: Path) -> Path:
@@ -271,24 +279,6 @@ def _recipes_dir(recipe: QuickstartRecipe) -> Path:
             "(pip install -e .) or set recipes_dir=path/to/recipes/quickstart"
         )
     return folder
-
-
-def _stage(
-    recipe: QuickstartRecipe, recipes: Path, name: str, schema: type, run: Any, inputs: list[str], overrides: list[str]
-) -> str:
-    """Runs one stage's command on its shipped recipe with the run's paths (and smoke limits).
-
-    Returns the stage's fingerprint: its resolved recipe and its inputs' fingerprints. A stage
-    that finished under that fingerprint is skipped; an unfinished one is run again, and the
-    command resumes its own work (checkpoints, finished evaluation rows).
-    """
-    smoke = SMOKE.get(name.removesuffix("_nosearch"), []) if recipe.smoke else []
-    stage: Any = load_recipe(schema, recipes / f"{name}.yaml", [*overrides, *smoke])
-    fingerprint = digest({"stage": name, "inputs": inputs, "recipe": asdict(stage)})
-    if not claim_stage(Path(stage.run_dir), fingerprint):
-        run(stage)
-        finish_stage(Path(stage.run_dir), fingerprint)
-    return fingerprint
 
 
 def _base_settings(recipe: QuickstartRecipe, rl: TrainRecipe) -> dict[str, Any]:
