@@ -199,6 +199,34 @@ def make_traces(
             question whose fact is not in `world.facts`, or queries that still retrieve nothing
             after repeated redraws.
     """
+    _check_trace_args(n, top_k, query_mix, template, typed_answer_share)
+    pool = _question_pool(world, examples)
+
+    rng = random.Random(seed)
+    chosen = [rng.choice(pool) for _ in range(n)]
+    kinds = rng.choices(QUERY_KINDS, weights=query_mix, k=n)
+    queries = [
+        _random_query(rng, example.question, world.facts[example.id].entity, kind)
+        for example, kind in zip(chosen, kinds)
+    ]
+    documents = _search_until_found(rng, engine, chosen, kinds, queries, world, top_k, query_mix)
+    candidates = [[v for doc in docs for v in value_spans(doc.text, world.cities)] for docs in documents]
+    answers = _draw_answers(rng, world, chosen, queries, candidates, typed_answer_share)
+
+    pieces = _tokenize_pieces(tokenizer, pool, queries, documents, answers, template, rendering)
+    return [
+        _assemble_trace(pieces, i, example, kinds[i], queries[i], documents[i], answers[i], candidates[i])
+        for i, example in enumerate(chosen)
+    ]
+
+
+def _check_trace_args(
+    n: int,
+    top_k: int,
+    query_mix: tuple[float, float, float],
+    template: TemplateName,
+    typed_answer_share: float,
+) -> None:
     if n < 1 or top_k < 1:
         raise ValueError(f"n={n} and top_k={top_k} must both be >= 1")
     if len(query_mix) != len(QUERY_KINDS) or min(query_mix) < 0 or not math.isclose(sum(query_mix), 1.0):
@@ -207,6 +235,10 @@ def make_traces(
         raise ValueError("template='search-r1-chat' is not supported for pretraining traces; use 'search-r1'")
     if not 0.0 <= typed_answer_share <= 1.0:
         raise ValueError(f"typed_answer_share={typed_answer_share} must lie in [0, 1]")
+
+
+def _question_pool(world: World, examples: Sequence[QAExample] | None) -> list[QAExample]:
+    """The questions to draw from (`world.train` by default), each checked to belong to `world`."""
     pool = list(world.train if examples is None else examples)
     if not pool:
         raise ValueError("make_traces got no examples to draw questions from")
@@ -217,18 +249,18 @@ def make_traces(
                 f"example {example.id!r} ({example.question!r}) is not a question of this world "
                 "(no fact under its id in world.facts, or another entity); pass world.train or world.test"
             )
+    return pool
 
-    rng = random.Random(seed)
-    chosen = [rng.choice(pool) for _ in range(n)]
-    kinds = rng.choices(QUERY_KINDS, weights=query_mix, k=n)
-    queries = [
-        _random_query(rng, example.question, world.facts[example.id].entity, kind)
-        for example, kind in zip(chosen, kinds)
-    ]
-    documents = _search_until_found(rng, engine, chosen, kinds, queries, world, top_k, query_mix)
 
-    cities = world.cities
-    candidates = [[v for doc in docs for v in value_spans(doc.text, cities)] for docs in documents]
+def _draw_answers(
+    rng: random.Random,
+    world: World,
+    chosen: Sequence[QAExample],
+    queries: Sequence[str],
+    candidates: Sequence[list[str]],
+    typed_answer_share: float,
+) -> list[str]:
+    """One answer per trace, drawn from its candidates (typed to the question for a share)."""
     answers = []
     for i, values in enumerate(candidates):
         if not values:
@@ -238,41 +270,73 @@ def make_traces(
             )
         if typed_answer_share and rng.random() < typed_answer_share:
             kind = RELATION_KINDS[world.facts[chosen[i].id].relation]
-            values = [v for v in values if value_kind(v, cities) == kind] or values
+            values = [v for v in values if value_kind(v, world.cities) == kind] or values
         answers.append(rng.choice(values))
+    return answers
 
+
+@dataclass
+class _TracePieces:
+    """The token ids of every piece of the traces, tokenized apart as the rollout tokenizes them."""
+
+    prompt_ids: dict[str, list[int]]  # by example id
+    search_ids: list[list[int]]
+    head_ids: list[list[int]]  # the observation minus its closing tail
+    tail_ids: list[int]
+    answer_ids: list[list[int]]
+
+
+def _tokenize_pieces(
+    tokenizer: PreTrainedTokenizerBase,
+    pool: Sequence[QAExample],
+    queries: Sequence[str],
+    documents: Sequence[list[Document]],
+    answers: Sequence[str],
+    template: TemplateName,
+    rendering: RenderStyle,
+) -> _TracePieces:
     # Tokenized piece by piece, in batches, as the rollout tokenizes them.
     prompt_text = {example.id: render_prompt(example.question, template=template) for example in pool}
-    prompt_ids = dict(zip(prompt_text, tokenizer(list(prompt_text.values()))["input_ids"]))
-    search_ids = _encode(tokenizer, [f"<search> {q} </search>" for q in queries])
     heads = [wrap_information(render_documents(docs, rendering))[: -len(_OBSERVATION_TAIL)] for docs in documents]
-    head_ids = _encode(tokenizer, heads)
-    tail_ids = _encode(tokenizer, [_OBSERVATION_TAIL])[0]
-    answer_ids = _encode(tokenizer, [f"<answer> {a} </answer>" for a in answers])
+    return _TracePieces(
+        prompt_ids=dict(zip(prompt_text, tokenizer(list(prompt_text.values()))["input_ids"])),
+        search_ids=_encode(tokenizer, [f"<search> {q} </search>" for q in queries]),
+        head_ids=_encode(tokenizer, heads),
+        tail_ids=_encode(tokenizer, [_OBSERVATION_TAIL])[0],
+        answer_ids=_encode(tokenizer, [f"<answer> {a} </answer>" for a in answers]),
+    )
 
-    traces = []
-    for i, example in enumerate(chosen):
-        prompt = prompt_ids[example.id]
-        observation = head_ids[i] + tail_ids
-        ids = prompt + search_ids[i] + observation + answer_ids[i]
-        start = len(prompt) + len(search_ids[i])
-        end = start + len(observation)
-        loss_mask = [0] * len(prompt) + [1] * len(search_ids[i]) + [0] * len(observation)
-        loss_mask += [1] * len(answer_ids[i])
-        traces.append(
-            Trace(
-                input_ids=ids,
-                loss_mask=loss_mask,
-                copy_mask=copy_mask(ids, start, end),
-                example=example,
-                query_kind=kinds[i],
-                query=queries[i],
-                documents=documents[i],
-                answer=answers[i],
-                candidates=candidates[i],
-            )
-        )
-    return traces
+
+def _assemble_trace(
+    pieces: _TracePieces,
+    i: int,
+    example: QAExample,
+    query_kind: str,
+    query: str,
+    documents: list[Document],
+    answer: str,
+    candidates: list[str],
+) -> Trace:
+    """Trace `i`: prompt, search turn, observation and answer turn, with its loss and copy masks."""
+    prompt = pieces.prompt_ids[example.id]
+    search = pieces.search_ids[i]
+    observation = pieces.head_ids[i] + pieces.tail_ids
+    ids = prompt + search + observation + pieces.answer_ids[i]
+    start = len(prompt) + len(search)
+    end = start + len(observation)
+    loss_mask = [0] * len(prompt) + [1] * len(search) + [0] * len(observation)
+    loss_mask += [1] * len(pieces.answer_ids[i])
+    return Trace(
+        input_ids=ids,
+        loss_mask=loss_mask,
+        copy_mask=copy_mask(ids, start, end),
+        example=example,
+        query_kind=query_kind,
+        query=query,
+        documents=documents,
+        answer=answer,
+        candidates=candidates,
+    )
 
 
 def make_copy_drills(

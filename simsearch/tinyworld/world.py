@@ -236,6 +236,28 @@ def build_world(
     Raises:
         ValueError: Sizes that leave a split empty or too few cities to tell apart.
     """
+    _check_world_sizes(n_entities, n_train_entities, n_cities, n_background_entities)
+    rng = random.Random(seed)
+    cities = _unique_names(rng, n_cities, _city_name, set())
+    names = _unique_names(rng, n_entities + n_background_entities, _person_name, set(cities))
+    entities = [_random_entity(rng, name, cities) for name in names]
+    passages, answer_passage = _write_corpus(rng, entities, cities)
+    splits = {
+        "train": entities[:n_train_entities],
+        "test": entities[n_train_entities:n_entities],
+        "background": entities[n_entities:],
+    }
+    questions: dict[str, list[QAExample]] = {}
+    facts: dict[str, Fact] = {}
+    for split, members in splits.items():
+        questions[split], split_facts = _ask_questions(rng, split, members, answer_passage)
+        facts.update(split_facts)
+    return World(
+        seed, entities, cities, passages, questions["train"], questions["test"], facts, questions["background"]
+    )
+
+
+def _check_world_sizes(n_entities: int, n_train_entities: int, n_cities: int, n_background_entities: int) -> None:
     if not 0 < n_train_entities < n_entities:
         raise ValueError(
             f"n_train_entities={n_train_entities} must lie in [1, n_entities - 1] "
@@ -245,11 +267,12 @@ def build_world(
         raise ValueError(f"n_background_entities={n_background_entities} must be >= 0")
     if n_cities < 2:
         raise ValueError(f"n_cities={n_cities} must be >= 2: a visit goes to a city other than the birth city")
-    rng = random.Random(seed)
-    cities = _unique_names(rng, n_cities, _city_name, set())
-    names = _unique_names(rng, n_entities + n_background_entities, _person_name, set(cities))
-    entities = [_random_entity(rng, name, cities) for name in names]
 
+
+def _write_corpus(
+    rng: random.Random, entities: list[Entity], cities: list[str]
+) -> tuple[list[Passage], dict[tuple[str, str], str]]:
+    """The shuffled passages, and the id of the passage answering each (entity name, relation)."""
     # (entity, relation) -> index into `drafts` of the passage holding the answer
     drafts: list[tuple[str, str]] = []  # (title, text)
     holder: dict[tuple[str, str], int] = {}
@@ -268,27 +291,27 @@ def build_world(
     rng.shuffle(order)
     passage_id = {old: str(new) for new, old in enumerate(order)}
     passages = [Passage(id=str(new), title=f'"{drafts[old][0]}"', text=drafts[old][1]) for new, old in enumerate(order)]
+    return passages, {key: passage_id[index] for key, index in holder.items()}
 
-    splits = {
-        "train": entities[:n_train_entities],
-        "test": entities[n_train_entities:n_entities],
-        "background": entities[n_entities:],
-    }
-    questions: dict[str, list[QAExample]] = {}
+
+def _ask_questions(
+    rng: random.Random,
+    split: str,
+    members: list[Entity],
+    answer_passage: dict[tuple[str, str], str],
+) -> tuple[list[QAExample], dict[str, Fact]]:
+    """One question per (member, relation), in shuffled order, ids `{split}_{i}`, and their facts."""
+    asked = [(entity, relation) for entity in members for relation in RELATIONS]
+    rng.shuffle(asked)
+    questions = []
     facts: dict[str, Fact] = {}
-    for split, members in splits.items():
-        asked = [(entity, relation) for entity in members for relation in RELATIONS]
-        rng.shuffle(asked)
-        questions[split] = []
-        for i, (entity, relation) in enumerate(asked):
-            qid = f"{split}_{i}"
-            answer = _answer(entity, relation)
-            text = rng.choice(QUESTIONS[relation]).format(name=entity.name, venture=entity.venture)
-            questions[split].append(QAExample(id=qid, question=text, golden_answers=[answer], data_source=DATA_SOURCE))
-            facts[qid] = Fact(entity.name, relation, answer, passage_id[holder[(entity.name, relation)]])
-    return World(
-        seed, entities, cities, passages, questions["train"], questions["test"], facts, questions["background"]
-    )
+    for i, (entity, relation) in enumerate(asked):
+        qid = f"{split}_{i}"
+        answer = _answer(entity, relation)
+        text = rng.choice(QUESTIONS[relation]).format(name=entity.name, venture=entity.venture)
+        questions.append(QAExample(id=qid, question=text, golden_answers=[answer], data_source=DATA_SOURCE))
+        facts[qid] = Fact(entity.name, relation, answer, answer_passage[(entity.name, relation)])
+    return questions, facts
 
 
 # --------------------------------------------------------------------------- generation
