@@ -478,21 +478,7 @@ def build_sft_pairs(
             f"style={style!r} needs preset='simsearch-brief': preset {preset!r} asks for Doc i(Title: t) lines"
         )
     stats: dict[str, float] = {"collect/records": float(len(records))}
-    seen: set[str] = set()
-    kept: list[SearchRecord] = []
-    for r in records:
-        documents = [[d.title, d.text] for d in r.documents]
-        key = json.dumps([r.question, r.query, documents, r.answered_correctly])
-        if not r.documents:
-            stats["collect/empty"] = stats.get("collect/empty", 0.0) + 1
-        if not r.documents and (target != "retrieved" or top_k is None):
-            continue
-        if key in seen:
-            stats["collect/duplicates"] = stats.get("collect/duplicates", 0.0) + 1
-        else:
-            seen.add(key)
-            kept.append(r)
-    pairs: list[dict] = []
+    kept = _usable_records(records, keep_empty=target == "retrieved" and top_k is not None, stats=stats)
     rendering: dict[str, Any] = {
         "preset": preset,
         "templates": templates,
@@ -503,30 +489,9 @@ def build_sft_pairs(
     }
     if target in ("judged", "trajectory"):
         labeller = outcome_judge if target == "trajectory" else judge
-        labels = labeller(kept) if kept else []
-        decided = [(r, label) for r, label in zip(kept, labels) if label is not None]
-        stats[f"collect/{target}_useful"] = float(sum(label for _, label in decided))
-        stats[f"collect/{target}_noisy"] = float(len(decided) - stats[f"collect/{target}_useful"])
-        stats["collect/unjudged"] = float(len(kept) - len(decided))
-        if balance and decided:
-            chosen = balance_indices([label for _, label in decided], seed)
-            stats["collect/dropped_for_balance"] = float(len(decided) - len(chosen))
-            decided = [decided[i] for i in chosen]
-        for r, label in decided:
-            pairs.append(_pair(r, r.documents, noisy=not label, **rendering))
+        pairs = _labelled_pairs(kept, target, labeller, balance, seed, rendering, stats)
     else:
-        rng = random.Random(seed)
-        pool = list({(d.title, d.text): d for r in kept for d in r.documents}.values())
-        by_question: dict[str, list[Document]] = {}
-        for r in kept:
-            by_question.setdefault(r.question, []).extend(r.documents)
-        replaced_total = 0
-        for r in kept:
-            noisy_docs, replaced = noisy_documents(r, by_question[r.question], pool, rng)
-            replaced_total += replaced
-            pairs.append(_pair(r, r.documents, noisy=False, **rendering))
-            pairs.append(_pair(r, noisy_docs, noisy=True, **rendering))
-        stats["collect/noisy_replaced_docs"] = float(replaced_total)
+        pairs = _retrieved_pairs(kept, seed, rendering, stats)
     useful_pairs = [p for p in pairs if p["label"] == "useful"]
     stats["collect/useful_contains_answer"] = (
         sum(p["contains_answer"] for p in useful_pairs) / len(useful_pairs) if useful_pairs else 0.0
@@ -538,6 +503,74 @@ def build_sft_pairs(
             sum(p["label"] == "useful" for p in split) / len(split) if split else 0.0
         )
     return SFTData(train=train, val=val, stats=stats)
+
+
+def _count(stats: dict[str, float], key: str) -> None:
+    stats[key] = stats.get(key, 0.0) + 1
+
+
+def _usable_records(records: list[SearchRecord], *, keep_empty: bool, stats: dict[str, float]) -> list[SearchRecord]:
+    """The records without exact duplicates, and without empty ones unless `keep_empty`.
+
+    Counts `collect/empty` and `collect/duplicates` into `stats`.
+    """
+    seen: set[str] = set()
+    kept: list[SearchRecord] = []
+    for r in records:
+        documents = [[d.title, d.text] for d in r.documents]
+        key = json.dumps([r.question, r.query, documents, r.answered_correctly])
+        if not r.documents:
+            _count(stats, "collect/empty")
+            if not keep_empty:
+                continue
+        if key in seen:
+            _count(stats, "collect/duplicates")
+        else:
+            seen.add(key)
+            kept.append(r)
+    return kept
+
+
+def _labelled_pairs(
+    kept: list[SearchRecord],
+    target: str,
+    labeller: Judge,
+    balance: bool,
+    seed: int,
+    rendering: dict[str, Any],
+    stats: dict[str, float],
+) -> list[dict]:
+    """One pair per record `labeller` decides (target "judged" or "trajectory"), balanced if asked."""
+    labels = labeller(kept) if kept else []
+    decided = [(r, label) for r, label in zip(kept, labels) if label is not None]
+    stats[f"collect/{target}_useful"] = float(sum(label for _, label in decided))
+    stats[f"collect/{target}_noisy"] = float(len(decided) - stats[f"collect/{target}_useful"])
+    stats["collect/unjudged"] = float(len(kept) - len(decided))
+    if balance and decided:
+        chosen = balance_indices([label for _, label in decided], seed)
+        stats["collect/dropped_for_balance"] = float(len(decided) - len(chosen))
+        decided = [decided[i] for i in chosen]
+    return [_pair(r, r.documents, noisy=not label, **rendering) for r, label in decided]
+
+
+def _retrieved_pairs(
+    kept: list[SearchRecord], seed: int, rendering: dict[str, Any], stats: dict[str, float]
+) -> list[dict]:
+    """Target "retrieved": each record as a useful pair and, with `noisy_documents`, a noisy one."""
+    rng = random.Random(seed)
+    pool = list({(d.title, d.text): d for r in kept for d in r.documents}.values())
+    by_question: dict[str, list[Document]] = {}
+    for r in kept:
+        by_question.setdefault(r.question, []).extend(r.documents)
+    pairs: list[dict] = []
+    replaced_total = 0
+    for r in kept:
+        noisy_docs, replaced = noisy_documents(r, by_question[r.question], pool, rng)
+        replaced_total += replaced
+        pairs.append(_pair(r, r.documents, noisy=False, **rendering))
+        pairs.append(_pair(r, noisy_docs, noisy=True, **rendering))
+    stats["collect/noisy_replaced_docs"] = float(replaced_total)
+    return pairs
 
 
 def write_pairs(pairs: list[dict], path: str | Path) -> Path:
