@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
@@ -185,25 +186,42 @@ class _Fatal(Exception):
     """One attempt failed in a way that no retry can fix (a 4xx, a malformed URL)."""
 
 
-def _one_attempt(
-    client: httpx.Client,
-    method: str,
-    url: str,
-    *,
-    json_body: Any,
-    params: Mapping[str, Any] | None,
-    headers: Mapping[str, str] | None,
-    timeout_s: float,
-    now: Callable[[], float],
-    secrets: Collection[str],
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Request:
+    """What every attempt of one `request_json` call sends (the URL aside, chosen per attempt)."""
+
+    method: str
+    path: str
+    json_body: Any
+    params: Mapping[str, Any] | None
+    headers: Mapping[str, str] | None
+    timeout_s: float
+    secrets: Collection[str]
+
+
+@dataclass(frozen=True)
+class _Backoff:
+    """How long to wait between attempts: `backoff_delay`, or a capped `Retry-After`."""
+
+    backoff_s: float
+    max_backoff_s: float
+    max_retry_after_s: float
+
+    def delay(self, retry_index: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(retry_after, self.max_retry_after_s)
+        return backoff_delay(retry_index, self.backoff_s, self.max_backoff_s, random.random())
+
+
+def _one_attempt(client: httpx.Client, url: str, request: _Request, *, now: Callable[[], float]) -> dict[str, Any]:
+    timeout_s, secrets = request.timeout_s, request.secrets
     try:
         response = client.request(
-            method,
+            request.method,
             url,
-            json=json_body,
-            params=params,
-            headers=headers,
+            json=request.json_body,
+            params=request.params,
+            headers=request.headers,
             timeout=httpx.Timeout(timeout_s),
         )
     except httpx.UnsupportedProtocol as exc:
@@ -284,6 +302,22 @@ def request_json(
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}: a request needs a timeout")
     replicas = target if isinstance(target, ReplicaSet) else ReplicaSet([target], cooldown_s=0.0)
+    request = _Request(method, path, json_body, params, headers, timeout_s, secrets)
+    backoff = _Backoff(backoff_s, max_backoff_s, max_retry_after_s)
+    return _send_with_retries(client, replicas, request, retries, backoff, error_cls, sleep)
+
+
+def _send_with_retries(
+    client: httpx.Client,
+    replicas: ReplicaSet,
+    request: _Request,
+    retries: int,
+    backoff: _Backoff,
+    error_cls: type[ServiceError],
+    sleep: Callable[[float], None],
+) -> dict[str, Any]:
+    """`request_json`'s attempts: up to `retries + 1`, failing over between replicas."""
+    method, path, secrets = request.method, request.path, request.secrets
     tried: list[str] = []
     last_error = ""
     last_retry_after: float | None = None
@@ -291,24 +325,11 @@ def request_json(
     for attempt in range(retries + 1):
         base_url, fresh = replicas.acquire(tried)
         if attempt > 0 and not fresh:
-            if last_retry_after is not None:
-                sleep(min(last_retry_after, max_retry_after_s))
-            else:
-                sleep(backoff_delay(attempt - 1, backoff_s, max_backoff_s, random.random()))
+            sleep(backoff.delay(attempt - 1, last_retry_after))
         url = base_url.rstrip("/") + path if path else base_url
         attempts += 1
         try:
-            data = _one_attempt(
-                client,
-                method,
-                url,
-                json_body=json_body,
-                params=params,
-                headers=headers,
-                timeout_s=timeout_s,
-                now=time.time,
-                secrets=secrets,
-            )
+            data = _one_attempt(client, url, request, now=time.time)
         except _Retryable as exc:
             replicas.release(base_url, failed=True)
             tried.append(base_url)
