@@ -233,6 +233,64 @@ def build_requests(body: RetrieveBody, default_top_k: int, rng: random.Random) -
     return requests
 
 
+@dataclass(frozen=True)
+class _Limits:
+    """What `/retrieve` refuses before any search: a wrong token, or a body too big to serve."""
+
+    token: str | None
+    max_body_bytes: int
+    max_queries_per_request: int
+    max_top_k: int
+
+
+async def _read_body(request: Request, limits: _Limits) -> RetrieveBody | JSONResponse:
+    """The validated body of a `/retrieve` request, or the 401 / 413 / 422 answer refusing it."""
+    if limits.token is not None:
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {limits.token}".encode()):
+            return _error(401, "missing or wrong bearer token in the Authorization header")
+    max_body_bytes = limits.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+        return _error(413, f"request body over {max_body_bytes} bytes; send fewer queries per request")
+    raw = await request.body()
+    if len(raw) > max_body_bytes:
+        return _error(413, f"request body over {max_body_bytes} bytes; send fewer queries per request")
+    try:
+        body = RetrieveBody.model_validate_json(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        return _error(422, f"invalid request at '{where}': {first['msg']}")
+    if len(body.queries) > limits.max_queries_per_request:
+        return _error(
+            413, f"{len(body.queries)} queries over the limit of {limits.max_queries_per_request} per request"
+        )
+    if body.topk is not None and body.topk > limits.max_top_k:
+        return _error(422, f"topk={body.topk} is over this server's limit of {limits.max_top_k} documents per query")
+    return body
+
+
+async def _search(batcher: _Batcher, requests: list[SearchRequest]) -> list[list[Document]] | JSONResponse:
+    """The engine's answer through the batcher, or the 422 / 503 answer naming its failure."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+    batcher.submit(_Pending(requests, future, loop))
+    try:
+        results: list[list[Document]] = await future
+    except Exception as err:
+        if _is_request_error(err):
+            return _error(422, f"the search engine cannot answer this request: {err}")
+        return _error(503, f"search engine failed: {type(err).__name__}: {err}")
+    return results
+
+
+def _result_payload(results: list[list[Document]], return_scores: bool) -> list[list[dict]]:
+    if return_scores:
+        return [[{"document": document_json(d, i), "score": _score(d)} for i, d in enumerate(docs)] for docs in results]
+    return [[document_json(d, i) for i, d in enumerate(docs)] for docs in results]
+
+
 def create_app(
     engine: SearchEngine,
     *,
@@ -280,51 +338,24 @@ def create_app(
     async def health() -> dict:
         return {"status": "ok", **stats.as_dict()}
 
+    limits = _Limits(token, max_body_bytes, max_queries_per_request, max_top_k)
+
     @app.post("/retrieve")
     async def retrieve(request: Request) -> JSONResponse:
         with stats.lock:
             stats.http_requests += 1
-        if token is not None:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                return _error(401, "missing or wrong bearer token in the Authorization header")
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
-            return _error(413, f"request body over {max_body_bytes} bytes; send fewer queries per request")
-        raw = await request.body()
-        if len(raw) > max_body_bytes:
-            return _error(413, f"request body over {max_body_bytes} bytes; send fewer queries per request")
-        try:
-            body = RetrieveBody.model_validate_json(raw)
-        except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "body"
-            return _error(422, f"invalid request at '{where}': {first['msg']}")
-        if len(body.queries) > max_queries_per_request:
-            return _error(413, f"{len(body.queries)} queries over the limit of {max_queries_per_request} per request")
-        if body.topk is not None and body.topk > max_top_k:
-            return _error(422, f"topk={body.topk} is over this server's limit of {max_top_k} documents per query")
+        body = await _read_body(request, limits)
+        if isinstance(body, JSONResponse):
+            return body
         try:
             requests = build_requests(body, default_top_k, rng)
         except ValueError as err:
             return _error(422, str(err))
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        batcher.submit(_Pending(requests, future, loop))
-        try:
-            results: list[list[Document]] = await future
-        except Exception as err:
-            if _is_request_error(err):
-                return _error(422, f"the search engine cannot answer this request: {err}")
-            return _error(503, f"search engine failed: {type(err).__name__}: {err}")
+        results = await _search(batcher, requests)
+        if isinstance(results, JSONResponse):
+            return results
         with stats.lock:
             stats.queries += len(requests)
-        if body.return_scores:
-            payload = [
-                [{"document": document_json(d, i), "score": _score(d)} for i, d in enumerate(docs)] for docs in results
-            ]
-        else:
-            payload = [[document_json(d, i) for i, d in enumerate(docs)] for docs in results]
-        return _JSONResponse({"result": payload})
+        return _JSONResponse({"result": _result_payload(results, body.return_scores)})
 
     return app
