@@ -518,7 +518,10 @@ class TrainRecipe:
                 f"vLLM would refuse the later turns of long trajectories; set policy.max_model_len >= {context} "
                 "(or 0 for the model's own)"
             )
-        if self.algorithm.estimator in ("grpo", "dr_grpo", "rloo", "stratified_grpo") and self.rollout.group_size < 2:
+        from simsearch.policy.advantages import ESTIMATORS  # torch-heavy: see AlgorithmConfig.check
+
+        # self.algorithm.check (above) has refused an estimator name ESTIMATORS does not hold.
+        if ESTIMATORS[self.algorithm.estimator].compares_group and self.rollout.group_size < 2:
             raise RecipeError(
                 f"algorithm.estimator={self.algorithm.estimator} compares rollouts of one prompt: "
                 "set rollout.group_size >= 2"
