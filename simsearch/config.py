@@ -20,11 +20,11 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from simsearch.curriculum.schedules import GRANULARITIES, SCHEDULE_KINDS
+from simsearch.data.rendering import RENDER_STYLES, VERBATIM_STYLE
 from simsearch.data.templates import TEMPLATE_NAMES
 from simsearch.errors import RecipeError
 from simsearch.eval.metrics import NORMALIZATIONS
 from simsearch.policy.rewards import REWARD_NAMES
-from simsearch.retrieval.base import RENDER_STYLES, VERBATIM_STYLE
 from simsearch.simulator.prompts import ALWAYS_SHOWS_CONTEXT, ANY_RESPONSE_STYLE, PRESETS
 from simsearch.simulator.sft_data import OUTCOME_METRICS, TARGETS
 
@@ -196,7 +196,7 @@ class SearchConfig:
     max_retries: int = 3  # http/web: bounded retries before a clear error
     backoff_s: float = 1.0  # http/web: first backoff, doubled each retry
     cache: str = ""  # SQLite file caching results across runs ("" = no cache)
-    rendering: str = "search-r1"  # how the policy reads documents: retrieval.base.RENDER_STYLES (docs there)
+    rendering: str = "search-r1"  # how the policy reads documents: data.rendering.RENDER_STYLES (docs there)
     simulator: SimulatorConfig = field(default_factory=SimulatorConfig)  # kind=simulator
     # $ per 1,000 queries sent (cache hits are free); null = the kind's documented default
     # (retrieval.accounting.QUERY_PRICES: 0 for local engines, unknown where none is documented).

@@ -55,6 +55,13 @@ from typing import cast
 
 from transformers import PreTrainedTokenizerBase
 
+from simsearch.data.rendering import (
+    INFORMATION_CLOSE,
+    INFORMATION_OPEN,
+    RenderStyle,
+    render_documents,
+    wrap_information,
+)
 from simsearch.data.templates import TEMPLATE_NAMES, TemplateName, encode_prompt
 from simsearch.eval.metrics import extract_answer
 from simsearch.generation.base import GenerationEngine
@@ -67,7 +74,7 @@ from simsearch.policy.tags import (
     information_spans,
     parse_action,
 )
-from simsearch.retrieval.base import RenderStyle, SearchEngine, render_documents, wrap_information
+from simsearch.retrieval.base import SearchEngine
 from simsearch.types import (
     Completion,
     QAExample,
@@ -84,12 +91,10 @@ ROLLOUT_TEMPLATES: tuple[str, ...] = tuple(name for name in TEMPLATE_NAMES if na
 SEARCH_STOPS: tuple[str, ...] = (SEARCH_STOP, ANSWER_STOP)
 SELF_SEARCH_STOPS: tuple[str, ...] = (ANSWER_STOP,)
 
-_INFORMATION_OPEN = "<information>"
-_INFORMATION_CLOSE = "</information>"
 # wrap_information(block) == _OBSERVATION_HEAD + block + _OBSERVATION_TAIL; derived from the
 # compat wrapper rather than spelled out, so the two cannot disagree.
 _EMPTY_OBSERVATION = wrap_information("")
-_OBSERVATION_TAIL = _EMPTY_OBSERVATION[_EMPTY_OBSERVATION.index(_INFORMATION_CLOSE) :]
+_OBSERVATION_TAIL = _EMPTY_OBSERVATION[_EMPTY_OBSERVATION.index(INFORMATION_CLOSE) :]
 
 
 @dataclass
@@ -103,7 +108,7 @@ class RolloutSettings:
         max_obs_tokens: Most tokens of one inserted `<information>` block, tags included.
         max_context_tokens: Most prompt + response tokens of one trajectory.
         top_k: Documents per search.
-        rendering: How documents are shown to the policy (`retrieval.base.render_documents`).
+        rendering: How documents are shown to the policy (`data.rendering.render_documents`).
         self_search_real_share: Self-search only: share of questions whose searches are
             answered by the real `search` engine instead of the policy itself (1 in evaluation
             on a real engine).
@@ -307,8 +312,8 @@ class _TokenCache:
                 f"({smallest} tokens with this tokenizer); raise it"
             )
         self.max_obs_tokens = max_obs_tokens
-        self.open_id = self._single_token(_INFORMATION_OPEN)
-        self.close_id = self._single_token(_INFORMATION_CLOSE)
+        self.open_id = self._single_token(INFORMATION_OPEN)
+        self.close_id = self._single_token(INFORMATION_CLOSE)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -346,7 +351,7 @@ class _TokenCache:
         """
         if self.open_id is not None and self.close_id is not None:
             text = self.decode(ids)
-            if text.count(_INFORMATION_OPEN) == ids.count(self.open_id) and text.count(_INFORMATION_CLOSE) == ids.count(
+            if text.count(INFORMATION_OPEN) == ids.count(self.open_id) and text.count(INFORMATION_CLOSE) == ids.count(
                 self.close_id
             ):
                 return _mask_by_id(ids, self.open_id, self.close_id)

@@ -1,8 +1,7 @@
 """The search-engine interface every real retriever and the simulator implement, and the
 helpers they share.
 
-How the documents an engine returns are shown to the policy lives in `data.rendering`; the
-names below re-export it for the modules that import it from here.
+How the documents an engine returns are shown to the policy lives in `data.rendering`.
 """
 
 from __future__ import annotations
@@ -11,14 +10,6 @@ from typing import Protocol
 
 import numpy as np
 
-from simsearch.data.rendering import (  # noqa: F401 - re-exported, see the module docstring
-    RENDER_STYLES,
-    RENDERERS,
-    VERBATIM_STYLE,
-    RenderStyle,
-    render_documents,
-    wrap_information,
-)
 from simsearch.types import Document, SearchRequest
 
 

@@ -42,7 +42,7 @@ import string
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from simsearch.retrieval.base import RenderStyle, render_documents
+from simsearch.data.rendering import RenderStyle, render_documents
 from simsearch.types import Document
 
 if TYPE_CHECKING:
@@ -192,7 +192,7 @@ def format_response(documents: list[Document], style: RenderStyle = "search-r1")
 
     Args:
         documents: The documents, best first; numbered from 1.
-        style: A `retrieval.base.render_documents` style. The presets with instructions ask for
+        style: A `data.rendering.render_documents` style. The presets with instructions ask for
             "search-r1"; a simulator fine-tuned with `simsearch-brief` writes what its pairs
             taught it, which is best what the policy reads (`search.rendering`).
 

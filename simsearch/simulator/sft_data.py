@@ -66,9 +66,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tqdm import tqdm
 
+from simsearch.data.rendering import RenderStyle
 from simsearch.eval.metrics import exact_match, normalize_answer, substring_exact_match
 from simsearch.generation.base import GenerationEngine
-from simsearch.retrieval.base import RenderStyle, SearchEngine
+from simsearch.retrieval.base import SearchEngine
 from simsearch.simulator.engine import PAD_TEXT
 from simsearch.simulator.prompts import (
     ANY_RESPONSE_STYLE,

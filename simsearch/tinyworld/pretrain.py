@@ -52,10 +52,11 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from simsearch.data.rendering import RenderStyle, render_documents, wrap_information
 from simsearch.data.templates import TemplateName, render_prompt
 from simsearch.eval.metrics import extract_answer
 from simsearch.generation.hf import HFEngine
-from simsearch.retrieval.base import RenderStyle, SearchEngine, render_documents, wrap_information
+from simsearch.retrieval.base import SearchEngine
 from simsearch.tinyworld.world import OCCUPATIONS, World
 from simsearch.types import Document, QAExample, SamplingParams, SearchRequest
 
