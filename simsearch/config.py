@@ -25,7 +25,7 @@ from simsearch.data.templates import TEMPLATE_NAMES
 from simsearch.errors import RecipeError
 from simsearch.eval.metrics import NORMALIZATIONS
 from simsearch.policy.rewards import REWARD_NAMES
-from simsearch.simulator.prompts import ALWAYS_SHOWS_CONTEXT, ANY_RESPONSE_STYLE, PRESETS
+from simsearch.simulator.prompts import PRESETS
 from simsearch.simulator.sft_data import OUTCOME_METRICS, TARGETS
 
 RECIPE_TEMPLATES = tuple(name for name in TEMPLATE_NAMES if name not in ("direct", "rag"))
@@ -48,7 +48,7 @@ def _check_range(name: str, value: float, low: float, high: float) -> None:
 
 
 def _check_shows(name: str, shown: bool, preset: str) -> None:
-    if not shown and preset in ALWAYS_SHOWS_CONTEXT:
+    if not shown and PRESETS[preset].always_shows_context:
         raise RecipeError(
             f"{name}=false: preset={preset} always shows the question and the answer; use preset=simsearch or custom"
         )
@@ -163,15 +163,15 @@ class SimulatorConfig:
     show_answer: bool = True  # false: not told the answer, it writes what it learned of the world (idem)
 
     def check(self, key: str) -> None:
-        _check_choice(f"{key}.preset", self.preset, PRESETS)
+        _check_choice(f"{key}.preset", self.preset, tuple(PRESETS))
         _check_shows(f"{key}.show_question", self.show_question, self.preset)
         _check_shows(f"{key}.show_answer", self.show_answer, self.preset)
-        if self.preset == "custom" and not (self.useful_template and self.noisy_template):
+        if PRESETS[self.preset].needs_templates and not (self.useful_template and self.noisy_template):
             raise RecipeError(f"{key}.preset=custom needs both {key}.useful_template and {key}.noisy_template")
         self.generation.check(f"{key}.generation")
         SamplingConfig.check_temperature(f"{key}.temperature", self.temperature)
         _check_positive(f"{key}.max_new_tokens", self.max_new_tokens)
-        if self.preset == "zerosearch" and not (self.chat or self.generation.chat):
+        if PRESETS[self.preset].needs_chat and not (self.chat or self.generation.chat):
             raise RecipeError(
                 f"{key}.preset=zerosearch is sent through the simulator's chat template: set "
                 f"{key}.chat=true (hf) or {key}.generation.chat=true (openai)"
@@ -705,7 +705,7 @@ class CollectRecipe:
         if not self.data.train:
             raise RecipeError("data.train is empty: list at least one QA file")
         _check_range("val_fraction", self.val_fraction, 0.0, 0.9)
-        _check_choice("preset", self.preset, tuple(p for p in PRESETS if p != "custom"))
+        _check_choice("preset", self.preset, tuple(name for name, spec in PRESETS.items() if not spec.needs_templates))
         _check_shows("show_question", self.show_question, self.preset)
         _check_shows("show_answer", self.show_answer, self.preset)
         _check_choice("target", self.target, TARGETS)
@@ -715,7 +715,7 @@ class CollectRecipe:
                 f"contrast_queries={self.contrast_queries} with target=trajectory: contrast queries belong to no "
                 "trajectory, so they have no outcome to label them by; set contrast_queries=0 or another target"
             )
-        if self.search.rendering != "search-r1" and self.preset not in ANY_RESPONSE_STYLE:
+        if self.search.rendering != "search-r1" and not PRESETS[self.preset].any_response_style:
             raise RecipeError(
                 f"search.rendering={self.search.rendering}: the pairs teach the simulator to write results as "
                 f"the policy reads them, but preset {self.preset} asks for `Doc i(Title: t)` lines; use "

@@ -65,7 +65,6 @@ from typing import TYPE_CHECKING, Literal
 
 from simsearch.generation.base import GenerationEngine
 from simsearch.simulator.prompts import (
-    ALWAYS_SHOWS_CONTEXT,
     PRESETS,
     Preset,
     PromptTemplates,
@@ -265,7 +264,7 @@ class SimulatedSearchEngine:
         if preset not in PRESETS:
             raise ValueError(f"preset={preset!r} is not one of {', '.join(PRESETS)}")
         for name, shown in (("show_question", show_question), ("show_answer", show_answer)):
-            if not shown and preset in ALWAYS_SHOWS_CONTEXT:
+            if not shown and PRESETS[preset].always_shows_context:
                 raise ValueError(
                     f"{name}=False: preset={preset!r} always shows the question and the answer; use simsearch or custom"
                 )

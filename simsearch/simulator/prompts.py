@@ -39,6 +39,7 @@ Presets:
 from __future__ import annotations
 
 import string
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -49,14 +50,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 Preset = Literal["simsearch", "simsearch-brief", "zerosearch", "zerosearch-prompt", "custom"]
-PRESETS: tuple[str, ...] = ("simsearch", "simsearch-brief", "zerosearch", "zerosearch-prompt", "custom")
 CUSTOM_FIELDS: tuple[str, ...] = ("query", "question", "answers", "top_k")
-# Presets whose prompts always carry the question and the answer (show_question/show_answer
-# cannot be turned off): ZeroSearch was only ever trained and prompted with both.
-ALWAYS_SHOWS_CONTEXT: tuple[str, ...] = ("zerosearch", "zerosearch-prompt")
-# Presets whose prompts ask for no response format, so their SFT responses may take any
-# rendering; the others' instructions ask for `Doc i(Title: t) text` lines.
-ANY_RESPONSE_STYLE: tuple[str, ...] = ("simsearch-brief",)
 
 # compat: ZeroSearch's SFT-mode simulator prompt (Alibaba-NLP/ZeroSearch), useful variant. The
 # noisy variant is derived by `_zerosearch` with the three substitutions, never retyped.
@@ -234,30 +228,53 @@ def render(
     """
     if preset not in PRESETS:
         raise ValueError(f"preset={preset!r} is not one of {', '.join(PRESETS)}")
-    if (preset == "custom") != (templates is not None):
+    if PRESETS[preset].needs_templates != (templates is not None):
         raise ValueError("templates=PromptTemplates(...) is required by preset='custom' and only by it")
     if top_k < 1:
         raise ValueError(f"top_k={top_k} must be >= 1")
-    answers = "; ".join(golden_answers)
-    if preset == "zerosearch":
-        return _zerosearch(query=query, question=question, golden_answers=golden_answers, noisy=noisy)
-    if preset == "zerosearch-prompt":
-        return _zerosearch_prompt(query=query, question=question, answers=answers, noisy=noisy, top_k=top_k)
-    if preset == "custom":
-        assert templates is not None  # checked above
-        check_templates(templates)
-        template = templates.noisy if noisy else templates.useful
-        return template.format(query=query, question=question or "", answers=answers, top_k=top_k)
-    context = _SIMSEARCH_QUESTION.format(question=question) if question else ""
-    context += _SIMSEARCH_ANSWER.format(answers=answers) if answers else ""
-    if preset == "simsearch-brief":
-        return context + (_BRIEF_NOISY_TAIL if noisy else _SIMSEARCH_TAIL).format(query=query)
-    head = _SIMSEARCH_HEAD.format(top_k=top_k)
-    rule = _SIMSEARCH_NOISY_RULE if noisy else _SIMSEARCH_USEFUL_RULE
-    return head + context + rule + _SIMSEARCH_TAIL.format(query=query)
+    return PRESETS[preset].render(_Ask(query, question, golden_answers, noisy, top_k, templates))
 
 
-def _zerosearch(*, query: str, question: str | None, golden_answers: list[str], noisy: bool) -> str:
+@dataclass(frozen=True)
+class _Ask:
+    """One `render` call's arguments, as every preset's renderer takes them."""
+
+    query: str
+    question: str | None
+    golden_answers: list[str]
+    noisy: bool
+    top_k: int
+    templates: PromptTemplates | None
+
+    @property
+    def answers(self) -> str:
+        return "; ".join(self.golden_answers)
+
+
+def _simsearch_context(ask: _Ask) -> str:
+    context = _SIMSEARCH_QUESTION.format(question=ask.question) if ask.question else ""
+    return context + (_SIMSEARCH_ANSWER.format(answers=ask.answers) if ask.answers else "")
+
+
+def _simsearch(ask: _Ask) -> str:
+    head = _SIMSEARCH_HEAD.format(top_k=ask.top_k)
+    rule = _SIMSEARCH_NOISY_RULE if ask.noisy else _SIMSEARCH_USEFUL_RULE
+    return head + _simsearch_context(ask) + rule + _SIMSEARCH_TAIL.format(query=ask.query)
+
+
+def _simsearch_brief(ask: _Ask) -> str:
+    return _simsearch_context(ask) + (_BRIEF_NOISY_TAIL if ask.noisy else _SIMSEARCH_TAIL).format(query=ask.query)
+
+
+def _custom(ask: _Ask) -> str:
+    assert ask.templates is not None  # render checks it
+    check_templates(ask.templates)
+    template = ask.templates.noisy if ask.noisy else ask.templates.useful
+    return template.format(query=ask.query, question=ask.question or "", answers=ask.answers, top_k=ask.top_k)
+
+
+def _zerosearch(ask: _Ask) -> str:
+    query, question, golden_answers, noisy = ask.query, ask.question, ask.golden_answers, ask.noisy
     if not question or not golden_answers:
         raise ValueError(
             "preset='zerosearch' needs the request's question and at least one gold answer (the "
@@ -278,7 +295,8 @@ def _zerosearch(*, query: str, question: str | None, golden_answers: list[str], 
     return head + question + middle + golden_answers[0] + tail_head + query + tail
 
 
-def _zerosearch_prompt(*, query: str, question: str | None, answers: str, noisy: bool, top_k: int) -> str:
+def _zerosearch_prompt(ask: _Ask) -> str:
+    query, question, answers, noisy, top_k = ask.query, ask.question, ask.answers, ask.noisy, ask.top_k
     shown = min(top_k, len(_DEMO_USEFUL))
     if noisy:
         demo = format_response(_DEMO_NOISY[:shown])
@@ -300,6 +318,33 @@ def _zerosearch_prompt(*, query: str, question: str | None, answers: str, noisy:
         + f"Results:\n{demo}\n\n"
         + f"Now the real query.\nQuestion: {question}\nAnswer: {answers}\nQuery: {query}\nResults:\n"
     )
+
+
+@dataclass(frozen=True)
+class PresetSpec:
+    """How a preset renders its prompts, and what the recipe checks ask of it."""
+
+    render: Callable[[_Ask], str]
+    always_shows_context: bool = False
+    """Its prompts always carry the question and the answer (show_question/show_answer cannot be
+    turned off): ZeroSearch was only ever trained and prompted with both."""
+    any_response_style: bool = False
+    """Its prompts ask for no response format, so its SFT responses may take any rendering; the
+    others' instructions ask for `Doc i(Title: t) text` lines."""
+    needs_templates: bool = False
+    """It renders the recipe's own `PromptTemplates`."""
+    needs_chat: bool = False
+    """It is sent through the simulator's chat template, as ZeroSearch sends it."""
+
+
+PRESETS: dict[str, PresetSpec] = {
+    "simsearch": PresetSpec(_simsearch),
+    "simsearch-brief": PresetSpec(_simsearch_brief, any_response_style=True),
+    "zerosearch": PresetSpec(_zerosearch, always_shows_context=True, needs_chat=True),
+    "zerosearch-prompt": PresetSpec(_zerosearch_prompt, always_shows_context=True),
+    "custom": PresetSpec(_custom, needs_templates=True),
+}
+"""The simulator prompt presets (module docstring), in the order the CLI and errors list them."""
 
 
 def chat_messages(prompt: str) -> list[dict[str, str]]:

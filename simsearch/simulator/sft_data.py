@@ -72,7 +72,7 @@ from simsearch.generation.base import GenerationEngine
 from simsearch.retrieval.base import SearchEngine
 from simsearch.simulator.engine import PAD_TEXT
 from simsearch.simulator.prompts import (
-    ANY_RESPONSE_STYLE,
+    PRESETS,
     Preset,
     PromptTemplates,
     as_chat,
@@ -474,7 +474,7 @@ def build_sft_pairs(
     """
     if target not in TARGETS:
         raise ValueError(f"target={target!r} is not one of {', '.join(TARGETS)}")
-    if style != "search-r1" and preset not in ANY_RESPONSE_STYLE:
+    if style != "search-r1" and not (preset in PRESETS and PRESETS[preset].any_response_style):
         raise ValueError(
             f"style={style!r} needs preset='simsearch-brief': preset {preset!r} asks for Doc i(Title: t) lines"
         )
