@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from simsearch.types import Completion, SamplingParams
 
@@ -16,3 +17,19 @@ class GenerationEngine(Protocol):
     """
 
     def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams) -> list[Completion]: ...
+
+
+def prompt_token_ids(tokenizer: Callable[[list[str]], Any], prompts: list[list[int]] | list[str]) -> list[list[int]]:
+    """The prompts as token ids: strings tokenized by `tokenizer` (a Hugging Face tokenizer), id lists copied.
+
+    Raises:
+        ValueError: A prompt has no token; the message names its index.
+    """
+    if prompts and isinstance(prompts[0], str):
+        prompt_ids = tokenizer(list(prompts))["input_ids"]
+    else:
+        prompt_ids = [list(p) for p in prompts]
+    for i, ids in enumerate(prompt_ids):
+        if not ids:
+            raise ValueError(f"prompt {i} is empty; give the model at least one token")
+    return prompt_ids

@@ -68,6 +68,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
+from simsearch.generation.base import prompt_token_ids
 from simsearch.types import Completion, SamplingParams
 
 
@@ -304,7 +305,7 @@ class HFEngine:
             len(prompts) * n completions: prompt 0's n samples, then prompt 1's, ...
         """
         _check_params(params)
-        prompt_ids = self._token_ids(prompts)
+        prompt_ids = prompt_token_ids(self.tokenizer, prompts)
         prefixes = self._take_prefixes(prompt_ids)
         generator = torch.Generator(device=self.device)
         if params.seed is None:
@@ -354,17 +355,6 @@ class HFEngine:
         device = self.device.type
         autocast = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
         return autocast, tuple((p.data_ptr(), p._version) for p in self.model.parameters())
-
-    def _token_ids(self, prompts: list[list[int]] | list[str]) -> list[list[int]]:
-        """Tokenizes string prompts; checks that no prompt is empty."""
-        if prompts and isinstance(prompts[0], str):
-            prompt_ids = self.tokenizer(list(prompts))["input_ids"]
-        else:
-            prompt_ids = [list(p) for p in prompts]
-        for i, ids in enumerate(prompt_ids):
-            if not ids:
-                raise ValueError(f"prompt {i} is empty; give the model at least one token")
-        return prompt_ids
 
     def _prefill(self, prompts: list[list[int]], prefixes: list[_Prefix | None], indices: list[int], n: int) -> _Batch:
         """Runs the prompts' uncached tokens through the model; copies each cache n times.

@@ -65,6 +65,7 @@ from typing import Any, Protocol
 
 import torch
 
+from simsearch.generation.base import prompt_token_ids
 from simsearch.types import Completion, FinishReason, SamplingParams
 
 VLLM_MISSING = "vLLM is not installed: pip install 'simsearch[vllm]' (needs a CUDA GPU)"
@@ -491,7 +492,7 @@ class VLLMEngine:
         if not prompts:
             return []
         self._wake_for_generation()
-        prompt_ids = self._token_ids(prompts)
+        prompt_ids = prompt_token_ids(self.tokenizer, prompts)
         per_prompt = [
             self._sampling_params_cls(**sampling_kwargs(params, seed=seed))
             for seed in prompt_seeds(params.seed, len(prompt_ids))
@@ -596,16 +597,6 @@ class VLLMEngine:
                 "generate (vLLM would generate from uninitialised memory), or sleep with level=1"
             )
         self.wake_up()
-
-    def _token_ids(self, prompts: list[list[int]] | list[str]) -> list[list[int]]:
-        if isinstance(prompts[0], str):
-            prompt_ids = self.tokenizer(list(prompts))["input_ids"]
-        else:
-            prompt_ids = [list(p) for p in prompts]
-        for i, ids in enumerate(prompt_ids):
-            if not ids:
-                raise ValueError(f"prompt {i} is empty; give the model at least one token")
-        return prompt_ids
 
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
