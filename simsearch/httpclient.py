@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import email.utils
 import json
+import os
 import random
 import threading
 import time
@@ -102,6 +103,26 @@ def redact(text: str, secrets: Collection[str]) -> str:
         if secret:
             text = text.replace(secret, "***")
     return text
+
+
+def env_secret(owner: str, variable: str, hint: str) -> str:
+    """The API key or token held in environment variable `variable`.
+
+    Keys are read from the environment only, never from a recipe, so they never land in a saved
+    run directory.
+
+    Raises:
+        ValueError: The variable is unset or empty: "`owner`: environment variable ... is not set; `hint`".
+    """
+    value = os.environ.get(variable, "")
+    if not value:
+        raise ValueError(f"{owner}: environment variable {variable} is not set; {hint}")
+    return value
+
+
+def bearer_headers(token: str | None) -> dict[str, str]:
+    """`Authorization: Bearer <token>`, or no header without a token."""
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 class ReplicaSet:

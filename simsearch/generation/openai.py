@@ -38,7 +38,6 @@ retries are bounded and the final error names the replicas, the attempts and the
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, Protocol
 
 import httpx
@@ -46,6 +45,8 @@ import httpx
 from simsearch.httpclient import (
     GenerationServiceError,
     ReplicaSet,
+    bearer_headers,
+    env_secret,
     redact,
     request_json,
     run_concurrently,
@@ -168,12 +169,11 @@ class OpenAIEngine:
             )
         self._api_key: str | None = None
         if api_key_env is not None:
-            self._api_key = os.environ.get(api_key_env) or None
-            if self._api_key is None:
-                raise ValueError(
-                    f"OpenAIEngine: environment variable {api_key_env} is not set; export the "
-                    f"server's API key in it, or pass api_key_env=None for a server without one"
-                )
+            self._api_key = env_secret(
+                "OpenAIEngine",
+                api_key_env,
+                "export the server's API key in it, or pass api_key_env=None for a server without one",
+            )
         self.model = model
         self.tokenizer = tokenizer
         self.api_key_env = api_key_env
@@ -185,7 +185,7 @@ class OpenAIEngine:
         self.system_message = system_message
         self.max_prompts_per_request = max_prompts_per_request
         self.replicas = ReplicaSet([_server_root(u) for u in base_urls], cooldown_s=cooldown_s)
-        self._headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        self._headers = bearer_headers(self._api_key)
         limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
         self._client = httpx.Client(limits=limits)
 

@@ -19,12 +19,11 @@ environment variable named by `api_key_env`; the token appears in no repr or err
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import httpx
 
-from simsearch.httpclient import SearchServiceError, post_json, redact
+from simsearch.httpclient import SearchServiceError, bearer_headers, env_secret, post_json, redact
 from simsearch.types import Document, SearchRequest
 
 
@@ -118,19 +117,18 @@ class HTTPSearchEngine:
             )
         self._api_key: str | None = None
         if api_key_env is not None:
-            self._api_key = os.environ.get(api_key_env) or None
-            if self._api_key is None:
-                raise ValueError(
-                    f"HTTPSearchEngine: environment variable {api_key_env} is not set; export the "
-                    f"server's bearer token in it, or pass api_key_env=None for a server without one"
-                )
+            self._api_key = env_secret(
+                "HTTPSearchEngine",
+                api_key_env,
+                "export the server's bearer token in it, or pass api_key_env=None for a server without one",
+            )
         self.url = url
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.batch_size = batch_size
         self.api_key_env = api_key_env
-        self._headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        self._headers = bearer_headers(self._api_key)
         self._secrets = (self._api_key,) if self._api_key else ()
         self._client = httpx.Client()
 

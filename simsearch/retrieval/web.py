@@ -14,14 +14,13 @@ logging layer (httpx logs every request URL at INFO level), see `_QueryKeyTransp
 
 from __future__ import annotations
 
-import os
 import urllib.parse
 import urllib.request
 from typing import Any
 
 import httpx
 
-from simsearch.httpclient import SearchServiceError, redact, request_json, run_concurrently
+from simsearch.httpclient import SearchServiceError, env_secret, redact, request_json, run_concurrently
 from simsearch.types import Document, SearchRequest
 
 SERPER_URL = "https://google.serper.dev/search"
@@ -29,13 +28,11 @@ SERPAPI_URL = "https://serpapi.com/search"
 
 
 def _read_key(engine: str, api_key_env: str) -> str:
-    key = os.environ.get(api_key_env, "")
-    if not key:
-        raise ValueError(
-            f"{engine}: environment variable {api_key_env} is not set; export your API key in "
-            f"it (keys are never read from recipes), or name another variable with api_key_env="
-        )
-    return key
+    return env_secret(
+        engine,
+        api_key_env,
+        "export your API key in it (keys are never read from recipes), or name another variable with api_key_env=",
+    )
 
 
 def _organic_documents(organic: Any, top_k: int, source: str, url: str, query: str, api_key: str) -> list[Document]:
