@@ -18,6 +18,8 @@ from simsearch.httpclient import (
     ReplicaSet,
     SearchServiceError,
     backoff_delay,
+    bearer_headers,
+    env_secret,
     parse_retry_after,
     post_json,
     redact,
@@ -340,3 +342,16 @@ def test_run_concurrently_propagates_the_first_error():
 
     with pytest.raises(SearchServiceError, match="boom at 2"):
         run_concurrently(work, [0, 1, 2, 3], max_workers=2)
+
+
+def test_env_secret_reads_the_variable_and_names_it_when_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SIMSEARCH_TEST_KEY", "k-123")
+    assert env_secret("Client", "SIMSEARCH_TEST_KEY", "export it") == "k-123"
+    monkeypatch.setenv("SIMSEARCH_TEST_KEY", "")  # empty counts as unset
+    with pytest.raises(ValueError, match=r"^Client: environment variable SIMSEARCH_TEST_KEY is not set; export it$"):
+        env_secret("Client", "SIMSEARCH_TEST_KEY", "export it")
+
+
+def test_bearer_headers() -> None:
+    assert bearer_headers("t0k") == {"Authorization": "Bearer t0k"}
+    assert bearer_headers(None) == {} and bearer_headers("") == {}
