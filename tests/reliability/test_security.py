@@ -27,7 +27,7 @@ from fastapi.testclient import TestClient
 
 from simsearch import config
 from simsearch.commands import serve
-from simsearch.config import ServeRecipe, TrainRecipe, load_recipe, save_recipe
+from simsearch.config import EvalRecipe, ServeRecipe, load_recipe, save_recipe
 from simsearch.errors import RecipeError, ServiceError
 from simsearch.generation.openai import OpenAIEngine
 from simsearch.retrieval.http import HTTPSearchEngine
@@ -256,16 +256,16 @@ def test_no_recipe_field_can_hold_a_secret_only_the_name_of_a_variable() -> None
 def test_the_run_directory_holds_variable_names_not_keys(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(KEY_ENV, SECRET)
     recipe = load_recipe(
-        TrainRecipe,
+        EvalRecipe,
         None,
         [
             f"run_dir={tmp_path}",
-            "data.train=[q.jsonl]",
+            "datasets=[{name: q, path: q.jsonl}]",
             "policy.kind=openai",
+            "policy.model.path=tokenizer",
             "policy.base_urls=[http://127.0.0.1:1]",
             f"policy.api_key_env={KEY_ENV}",
-            "search.kind=serper",
-            f"search.api_key_env={KEY_ENV}",
+            f"engines={{google: {{kind: serper, api_key_env: {KEY_ENV}, cache: google.sqlite}}}}",
         ],
     )
     saved = save_recipe(recipe, tmp_path).read_text()
