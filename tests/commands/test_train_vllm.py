@@ -18,15 +18,6 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from tests.engines.test_vllm import (  # fakes of vLLM's objects, its transport and its checks
-    FakeModel,
-    FakeSamplingParams,
-    Logprob,
-    Out,
-    Req,
-    deliver_to_workers,
-    install_fake_vllm,
-)
 
 import simsearch.policy.update as update_module
 import simsearch.training.session as session
@@ -39,6 +30,15 @@ from simsearch.training.runlog import read_metrics
 from simsearch.types import Completion, SamplingParams
 from tests.commands import test_train
 from tests.commands.test_train import _finite_losses, _recipe, _weights
+from tests.generation.test_vllm import (  # fakes of vLLM's objects, its transport and its checks
+    FakeModel,
+    FakeSamplingParams,
+    Logprob,
+    Out,
+    Req,
+    deliver_to_workers,
+    install_fake_vllm,
+)
 
 # The module-scoped fixture of test_train.py: QA files, a corpus, a tiny policy that searches.
 world = test_train.world
