@@ -12,11 +12,10 @@ Launch:
     torchrun --nproc_per_node 2 -m simsearch.cli train RECIPE deepspeed.stage=3
     deepspeed --num_gpus 8 --no_local_rank --module simsearch.cli train RECIPE
 
-Run directory: `recipe.yaml`, `metrics.jsonl` (+ `tensorboard/`; search counts, latency and cost
-under `search/`, `simulator/`, `cost/`), `cost.json` (totals over every invocation),
-`trajectories.jsonl` (samples for `simsearch view`), `checkpoints/step_N/` (`model/` in Hugging
-Face format, full or the LoRA adapter; `trainer_state.pt`: optimizer, scheduler, curriculum, data
-position, RNG, critic), and with DeepSpeed `deepspeed/step_N/` (its partitioned states).
+Run directory: `recipe.yaml`, `metrics.jsonl` (+ `tensorboard/`; search counts, latency, cost),
+`cost.json` (totals over every invocation), `trajectories.jsonl` (samples for `simsearch view`),
+`checkpoints/step_N/` (`model/`: Hugging Face format, full or the LoRA adapter; `trainer_state.pt`:
+optimizer, scheduler, curriculum, data position, RNG, critic), with DeepSpeed `deepspeed/step_N/`.
 
 Departures from the textbook and from ZeroSearch's verl trainer:
 
@@ -135,12 +134,9 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
             metrics.update(search_usage(t.ledger, t.run_usage, run.world))
             if logger is not None:
                 _log(t, logger, done, metrics, result, scored.total, p_noise)
-                progress.set_postfix(
-                    reward=f"{metrics['reward/mean']:.3f}",
-                    p_noise=f"{p_noise:.2f}",
-                    kl=f"{metrics.get('losses/kl', 0.0):.4f}",
-                    s=f"{metrics['time/step_s']:.1f}",
-                )
+                progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}", p_noise=f"{p_noise:.2f}",
+                                     kl=f"{metrics.get('losses/kl', 0.0):.4f}",
+                                     s=f"{metrics['time/step_s']:.1f}")  # fmt: skip
             if recipe.save_every and done % recipe.save_every == 0:
                 last_dir, last_saved = _save(t, done, position), done
     except ServiceError as err:
