@@ -72,7 +72,6 @@ from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.simulator.sft_data import contains_answer
 from simsearch.tinyworld.pretrain import make_traces, pretrain
 from simsearch.tinyworld.world import World, build_world
-from simsearch.training.checkpoint import latest_checkpoint
 from simsearch.types import SearchRequest
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "quickstart"
@@ -299,19 +298,12 @@ def prepare(seed: int, args: argparse.Namespace, run_dir: Path, steps: int) -> t
     paths = {name: str(qs_dir / "world" / f"{name}.jsonl") for name in ("corpus", "train", "test")}
     paths.update(bm25=str(qs_dir / "index" / "bm25"), dense=str(qs_dir / "index" / "dense"), base=str(qs_dir / "base"))
     paths.update(
-        simulator=str(_final_model(qs_dir / "simulator")),
+        simulator=str(quickstart.final_model(qs_dir / "simulator")),
         told=str(root / "simulator_told"),  # the run directory until its model exists (train_told_simulator)
         knowing=str(root / "knowing_base"),
     )
     fingerprints = {stage: stage_fingerprint(qs_dir / stage) for stage in ("world", "base", "simulator")}
     return Seed(seed, args.smoke, steps, root, qs_dir, qs_recipe, fingerprints, paths), report
-
-
-def _final_model(run: Path) -> Path:
-    checkpoint = latest_checkpoint(run)
-    if checkpoint is None:
-        raise RuntimeError(f"{run}: the run wrote no checkpoint")
-    return checkpoint / "model"
 
 
 def run_stage(
@@ -360,7 +352,7 @@ def train_told_simulator(ctx: Seed) -> None:
         simulator_finetune.main,
         [collect_fp],
     )  # fmt: skip
-    ctx.paths["told"] = str(_final_model(Path(ctx.paths["told"])))
+    ctx.paths["told"] = str(quickstart.final_model(Path(ctx.paths["told"])))
 
 
 def knowing_base_stage(ctx: Seed, world: World) -> None:
@@ -448,7 +440,7 @@ def constant_p_noise(p_start: float, p_end: float, base: float, steps: int) -> f
 def evaluate_policy(ctx: Seed, name: str, arm: Arm, policy_fp: str) -> dict[str, float]:
     """eval.yaml for one policy on the held-out questions; returns EM (percent) per engine."""
     told = arm.simulator == "told"
-    model = ctx.paths["knowing"] if name == "knowing_base" else _final_model(ctx.root / "train" / name)
+    model = ctx.paths["knowing"] if name == "knowing_base" else quickstart.final_model(ctx.root / "train" / name)
     self_search = arm.base == "knowing"
     overrides = [
         f"run_dir={ctx.root / 'eval' / name}", f"seed={ctx.seed}", f"policy.model.path={model}",

@@ -143,8 +143,8 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     clock.start("eval", "6/6 held-out evaluation: simulator, BM25, dense")
     policies = {
         "base": run / "base",
-        "rl_search": _final_model(run / "train"),
-        "rl_nosearch": _final_model(run / "train_nosearch"),
+        "rl_search": final_model(run / "train"),
+        "rl_nosearch": final_model(run / "train_nosearch"),
     }
     for name, model_dir in policies.items():
         _evaluate(pipeline, name, model_dir, [policy_fps[name], simulator_fp, world_fp])
@@ -264,7 +264,7 @@ def _evaluate(pipeline: _Pipeline, name: str, policy: Path, inputs: list[str]) -
 
 
 def _simulator(run: Path) -> Path:
-    return _final_model(run / "simulator")
+    return final_model(run / "simulator")
 
 
 def _recipes_dir(recipe: QuickstartRecipe) -> Path:
@@ -342,7 +342,8 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _final_model(train_run: Path) -> Path:
+def final_model(train_run: Path) -> Path:
+    """The model of a training run's latest checkpoint (policy or simulator)."""
     checkpoint = latest_checkpoint(train_run)
     if checkpoint is None:
         raise SimsearchError(f"{train_run}: training wrote no checkpoint")
