@@ -15,6 +15,14 @@ by RL on CPU, to search before answering. The world is made so that:
 - test questions are about entities no training question mentions, so a policy that memorizes
   training answers gains nothing on them.
 
+With `two_hop_share` (default 0: none), a share of each split's people also found a venture with
+a proper name ("the Belsa rope works"), written into their founding passage instead of the plain
+one, and get a fourth, two-hop question: "Where was the founder of the Belsa rope works born?".
+Only the founding passage names the venture, and only the biography names the birth city, so the
+answer takes two searches: the venture's name (which finds the founder), then the founder's name.
+Everything else of the world (the other passages, their order, the one-hop questions and their
+ids) is that of the same seed without two-hop questions; the two-hop questions follow them.
+
 With the defaults: 300 entities x 3 relations; 940 passages (two
 per entity, one visit per entity, one description per city); 600 training questions over 200
 entities and 300 test questions over the other 100.
@@ -26,7 +34,7 @@ import json
 import os
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from simsearch.data.qa import write_qa_jsonl
@@ -34,6 +42,8 @@ from simsearch.types import Passage, QAExample
 
 DATA_SOURCE = "tinyworld"
 RELATIONS = ("birth_city", "occupation", "founding_year")
+TWO_HOP = "founder_birth_city"
+"""The two-hop relation (`build_world(two_hop_share=...)`): the birth city of a named venture's founder."""
 
 # Syllables: onset + vowel + optional coda. People have one-word names of 2 syllables; cities add a suffix, so a
 # city is never mistaken for a person.
@@ -72,6 +82,12 @@ _FOUNDING = (
     "In {year}, {name} founded {venture_a} that still exists today.",
     "{name} founded {venture_a} in the year {year} with the help of friends.",
 )
+# The founding passage of a person whose venture has a proper name (two-hop worlds only).
+_FOUNDING_NAMED = (
+    "{name} founded the {brand} {venture} in {year}.",
+    "In {year}, {name} founded the {brand} {venture} that still exists today.",
+    "The {brand} {venture} was founded by {name} in the year {year}.",
+)
 _VISIT = (
     "{name} once visited {city} in {year} to meet {occupation_a}.",
     "In {year}, {name} spent a winter in {city} working beside {occupation_a}.",
@@ -100,6 +116,11 @@ QUESTIONS = {
         "In which year was the {venture} of {name} founded?",
     ),
 }
+TWO_HOP_QUESTIONS = (
+    "Where was the founder of the {brand} {venture} born?",
+    "In which city was the founder of the {brand} {venture} born?",
+    "What is the birthplace of the person who founded the {brand} {venture}?",
+)
 
 
 @dataclass(frozen=True)
@@ -111,16 +132,28 @@ class Entity:
     occupation: str
     founding_year: str  # the year, as the answer string
     venture: str  # what they founded, named in the founding question
+    brand: str = ""  # the venture's proper name in a two-hop world ("Belsa"), else ""
 
 
 @dataclass(frozen=True)
 class Fact:
-    """What a question asks: its entity, relation and answer, and the passage stating it."""
+    """What a question asks: its entity, relation and answer, and the passage stating it.
+
+    A two-hop question (relation `TWO_HOP`) names `bridge`, the venture's proper name, not the
+    entity; `bridge_passage_id` is the founding passage, which links the two.
+    """
 
     entity: str
-    relation: str  # one of RELATIONS
+    relation: str  # one of RELATIONS, or TWO_HOP
     answer: str
     passage_id: str
+    bridge: str = ""
+    bridge_passage_id: str = ""
+
+    @property
+    def named(self) -> str:
+        """The name the question holds: the bridge of a two-hop question, else the entity."""
+        return self.bridge or self.entity
 
 
 @dataclass
@@ -142,6 +175,7 @@ class World:
     # Questions about the background entities (`build_world(n_background_entities=...)`): for
     # what is trained before RL (the base LM, the simulator), never for RL or evaluation.
     background: list[QAExample] = field(default_factory=list)
+    two_hop_share: float = 0.0  # as built (`build_world`): 0 = no two-hop questions
 
     def write(self, directory: str | os.PathLike[str]) -> dict[str, Path]:
         """Write `corpus.jsonl` (Search-R1 `{"id", "contents"}`) and FlashRAG `train.jsonl`, `test.jsonl`
@@ -205,6 +239,8 @@ class World:
             # so the tokenizer learns that scaffolding as a real LM's knows common markup.
             lines = [f'Doc {i}(Title: "{name}") {text}' for i, text in enumerate(passages, 1)]
             texts.append("\n".join([question, *lines]))
+        if self.two_hop_share:
+            texts += _two_hop_texts(random.Random(f"two-hop-texts-{self.seed}-{seed}"), n_texts // 4, cities, taken)
         return texts
 
 
@@ -214,6 +250,7 @@ def build_world(
     n_train_entities: int = 200,
     n_cities: int = 40,
     n_background_entities: int = 0,
+    two_hop_share: float = 0.0,
 ) -> World:
     """Generate a world, deterministically for a seed.
 
@@ -227,34 +264,47 @@ def build_world(
             whose questions form `background`: material for training the base LM and the
             simulator on this corpus without touching the train or test entities. With 0 (the
             default) the world is the same as before background entities existed.
+        two_hop_share: Share of each split's people (rounded) whose venture gets a proper name
+            and who get a two-hop question (`TWO_HOP`), after the split's one-hop questions.
+            Drawn from a random stream of its own: with 0 (the default) the world is the same
+            as before two-hop questions existed, and with any share its one-hop part is too,
+            but for the founding passages of the people with a named venture.
 
     Returns:
         The world: 3 * (n_entities + n_background_entities) + n_cities passages,
         3 * n_train_entities train, 3 * (n_entities - n_train_entities) test and
-        3 * n_background_entities background questions.
+        3 * n_background_entities background questions, plus the two-hop ones.
 
     Raises:
         ValueError: Sizes that leave a split empty or too few cities to tell apart.
     """
     _check_world_sizes(n_entities, n_train_entities, n_cities, n_background_entities)
+    if not 0.0 <= two_hop_share <= 1.0:
+        raise ValueError(f"two_hop_share={two_hop_share} must lie in [0, 1]")
     rng = random.Random(seed)
     cities = _unique_names(rng, n_cities, _city_name, set())
     names = _unique_names(rng, n_entities + n_background_entities, _person_name, set(cities))
     entities = [_random_entity(rng, name, cities) for name in names]
+    bounds = {"train": (0, n_train_entities), "test": (n_train_entities, n_entities), "background": (n_entities, None)}
+    # Its own stream, so the main one (every other passage, the order, the one-hop questions) stays as it was.
+    two_hop_rng = random.Random(f"two-hop-{seed}")
+    if two_hop_share:
+        entities = _name_ventures(two_hop_rng, entities, bounds, two_hop_share, set(cities))
     passages, answer_passage = _write_corpus(rng, entities, cities)
-    splits = {
-        "train": entities[:n_train_entities],
-        "test": entities[n_train_entities:n_entities],
-        "background": entities[n_entities:],
-    }
     questions: dict[str, list[QAExample]] = {}
     facts: dict[str, Fact] = {}
-    for split, members in splits.items():
+    for split, (start, stop) in bounds.items():
+        members = entities[start:stop]
         questions[split], split_facts = _ask_questions(rng, split, members, answer_passage)
         facts.update(split_facts)
+        if two_hop_share:
+            extra, extra_facts = _ask_two_hop(two_hop_rng, split, members, answer_passage, len(questions[split]))
+            questions[split] += extra
+            facts.update(extra_facts)
     return World(
-        seed, entities, cities, passages, questions["train"], questions["test"], facts, questions["background"]
-    )
+        seed, entities, cities, passages, questions["train"], questions["test"], facts, questions["background"],
+        two_hop_share,
+    )  # fmt: skip
 
 
 def _check_world_sizes(n_entities: int, n_train_entities: int, n_cities: int, n_background_entities: int) -> None:
@@ -312,6 +362,57 @@ def _ask_questions(
         questions.append(QAExample(id=qid, question=text, golden_answers=[answer], data_source=DATA_SOURCE))
         facts[qid] = Fact(entity.name, relation, answer, answer_passage[(entity.name, relation)])
     return questions, facts
+
+
+def _name_ventures(
+    rng: random.Random,
+    entities: list[Entity],
+    bounds: dict[str, tuple[int, int | None]],
+    share: float,
+    cities: set[str],
+) -> list[Entity]:
+    """The entities, the first round(share * size) of each split with a proper name for their venture."""
+    named = [i for start, stop in bounds.values() for i in range(start, start + round(share * len(entities[start:stop])))]
+    brands = _unique_names(rng, len(named), _person_name, {e.name for e in entities} | cities)
+    entities = list(entities)
+    for i, brand in zip(named, brands):
+        entities[i] = replace(entities[i], brand=brand)
+    return entities
+
+
+def _ask_two_hop(
+    rng: random.Random,
+    split: str,
+    members: list[Entity],
+    answer_passage: dict[tuple[str, str], str],
+    first_id: int,
+) -> tuple[list[QAExample], dict[str, Fact]]:
+    """One two-hop question per member with a named venture, ids from `{split}_{first_id}` on."""
+    questions = []
+    facts: dict[str, Fact] = {}
+    for i, entity in enumerate(e for e in members if e.brand):
+        qid = f"{split}_{first_id + i}"
+        text = rng.choice(TWO_HOP_QUESTIONS).format(brand=entity.brand, venture=entity.venture)
+        questions.append(QAExample(id=qid, question=text, golden_answers=[entity.birth_city], data_source=DATA_SOURCE))
+        facts[qid] = Fact(
+            entity.name, TWO_HOP, entity.birth_city, answer_passage[(entity.name, "birth_city")],
+            bridge=entity.brand, bridge_passage_id=answer_passage[(entity.name, "founding_year")],
+        )  # fmt: skip
+    return questions, facts
+
+
+def _two_hop_texts(rng: random.Random, n: int, cities: list[str], taken: set[str]) -> list[str]:
+    """Tokenizer texts for two-hop worlds: a two-hop question, then the named founding and the biography
+    passages of a fresh person, laid out as search results."""
+    names = _unique_names(rng, 2 * n, _person_name, taken)
+    texts = []
+    for name, brand in zip(names[:n], names[n:]):
+        entity = replace(_random_entity(rng, name, cities), brand=brand)
+        question = rng.choice(TWO_HOP_QUESTIONS).format(brand=brand, venture=entity.venture)
+        passages = [_founding_text(rng, entity), _bio_text(rng, entity)]
+        lines = [f'Doc {i}(Title: "{name}") {text}' for i, text in enumerate(passages, 1)]
+        texts.append("\n".join([question, *lines]))
+    return texts
 
 
 # --------------------------------------------------------------------------- generation
@@ -372,8 +473,12 @@ def _bio_text(rng: random.Random, entity: Entity) -> str:
 
 
 def _founding_text(rng: random.Random, entity: Entity) -> str:
-    template = rng.choice(_FOUNDING)
-    return template.format(name=entity.name, venture_a=_with_article(entity.venture), year=entity.founding_year)
+    # As many templates either way, so a named venture draws as much randomness as a plain one.
+    template = rng.choice(_FOUNDING_NAMED if entity.brand else _FOUNDING)
+    return template.format(
+        name=entity.name, venture_a=_with_article(entity.venture), venture=entity.venture, brand=entity.brand,
+        year=entity.founding_year,
+    )  # fmt: skip
 
 
 def _visit_text(rng: random.Random, entity: Entity, city: str) -> str:
