@@ -21,6 +21,11 @@ that teach the format and the skill of copying, and nothing RL is meant to find:
   draws only among the values of the kind the question asks for (a city for a birthplace): the
   reading any pretrained LM brings, which still leaves open which query finds the entity and
   which of its passages (its birth, or a visit that names another city) holds the answer;
+- with `two_search_share`, that share of the traces searches twice before answering, the
+  multi-turn format (search, read, search again, answer) with nothing more to it: the second
+  query is of a random kind as the first, its "name" a person's name copied from the first
+  results (any of them), and the answer is drawn from the values of both result sets; so a
+  two-hop question's trace finds its answer only as often as chance makes it;
 - the information tokens are out of the LM loss (as in RL), so the model never learns a fact of
   the world; an auxiliary **copy loss** trains, inside the information block, only the tokens
   whose bigram already occurred earlier in the sequence (a name repeated from the question, a
@@ -57,7 +62,7 @@ from simsearch.data.templates import TemplateName, render_prompt
 from simsearch.eval.metrics import extract_answer
 from simsearch.generation.hf import HFEngine
 from simsearch.retrieval.base import SearchEngine
-from simsearch.tinyworld.world import OCCUPATIONS, World
+from simsearch.tinyworld.world import OCCUPATIONS, TWO_HOP, World
 from simsearch.types import Document, QAExample, SamplingParams, SearchRequest
 
 QUERY_KINDS: tuple[str, ...] = ("name", "words", "mixed")
@@ -90,6 +95,10 @@ class Trace:
     query_kind: str = ""  # one of QUERY_KINDS
     query: str = ""
     documents: list[Document] = field(default_factory=list)
+    # The second search of a two-search trace (`make_traces(two_search_share=...)`); "" / empty otherwise.
+    second_query_kind: str = ""
+    second_query: str = ""
+    second_documents: list[Document] = field(default_factory=list)
     answer: str = ""
     candidates: list[str] = field(default_factory=list)  # the values the answer was drawn from
 
@@ -109,7 +118,7 @@ def value_spans(text: str, cities: Sequence[str]) -> list[str]:
     return _value_pattern(tuple(cities)).findall(text)
 
 
-RELATION_KINDS = {"birth_city": "city", "occupation": "occupation", "founding_year": "year"}
+RELATION_KINDS = {"birth_city": "city", "occupation": "occupation", "founding_year": "year", TWO_HOP: "city"}
 """The kind of value (`value_kind`) each tiny-world relation asks for."""
 
 
@@ -165,6 +174,7 @@ def make_traces(
     examples: Sequence[QAExample] | None = None,
     typed_answer_share: float = 0.0,
     rendering: RenderStyle = "search-r1",
+    two_search_share: float = 0.0,
 ) -> list[Trace]:
     """Builds `n` pretraining traces with random queries and randomly copied answers.
 
@@ -173,7 +183,8 @@ def make_traces(
     `search` call; a query that retrieves nothing is redrawn, kind included), and as answer a value drawn
     uniformly from the pooled `value_spans` of those documents. The answer is therefore the gold
     answer exactly as often as the gold answer's share of the candidates: about 1/6 for a query
-    holding the entity name (its three passages hold six values), about 0 otherwise.
+    holding the entity name (its three passages hold six values), about 0 otherwise. The name of
+    a two-hop question (`world.TWO_HOP`) is the venture's, which finds the founding passage only.
 
     Args:
         world: The tiny world: questions, facts (for the entity name) and city names.
@@ -191,34 +202,96 @@ def make_traces(
             the kind the question asks for (a city for a birthplace, `value_kind`), when the
             documents hold one; the rest draw from all candidates.
         rendering: How the documents are shown, as in the rollout (`render_documents`).
+        two_search_share: Share of traces that search a second time before answering (module
+            docstring); drawn after everything else, so 0 (the default) gives the traces of before.
 
     Returns:
         The traces, in draw order.
 
     Raises:
-        ValueError: A bad `n`, `top_k`, `query_mix`, `typed_answer_share` or template, a
+        ValueError: A bad `n`, `top_k`, `query_mix`, `typed_answer_share`, `two_search_share` or template, a
             question whose fact is not in `world.facts`, or queries that still retrieve nothing
             after repeated redraws.
     """
-    _check_trace_args(n, top_k, query_mix, template, typed_answer_share)
+    _check_trace_args(n, top_k, query_mix, template, typed_answer_share, two_search_share)
     pool = _question_pool(world, examples)
 
     rng = random.Random(seed)
     chosen = [rng.choice(pool) for _ in range(n)]
     kinds = rng.choices(QUERY_KINDS, weights=query_mix, k=n)
-    queries = [
-        _random_query(rng, example.question, world.facts[example.id].entity, kind)
-        for example, kind in zip(chosen, kinds)
+    names = [world.facts[example.id].named for example in chosen]
+    queries = [_random_query(rng, example.question, name, kind) for example, name, kind in zip(chosen, names, kinds)]
+    questions = [example.question for example in chosen]
+    documents = _search_until_found(rng, engine, questions, names, kinds, queries, top_k, query_mix)
+    first = _Searches(names, kinds, queries, documents)
+    second = (
+        _second_searches(rng, engine, world, questions, first, two_search_share, top_k, query_mix)
+        if two_search_share
+        else {}
+    )
+    candidates = [
+        [v for doc in (*docs, *second.get(i, _NO_SEARCH).documents) for v in value_spans(doc.text, world.cities)]
+        for i, docs in enumerate(first.documents)
     ]
-    documents = _search_until_found(rng, engine, chosen, kinds, queries, world, top_k, query_mix)
-    candidates = [[v for doc in docs for v in value_spans(doc.text, world.cities)] for docs in documents]
     answers = _draw_answers(rng, world, chosen, queries, candidates, typed_answer_share)
 
-    pieces = _tokenize_pieces(tokenizer, pool, queries, documents, answers, template, rendering)
+    pieces = _tokenize_pieces(tokenizer, pool, first, second, answers, template, rendering)
     return [
-        _assemble_trace(pieces, i, example, kinds[i], queries[i], documents[i], answers[i], candidates[i])
+        _assemble_trace(pieces, i, example, first, second, answers[i], candidates[i])
         for i, example in enumerate(chosen)
     ]
+
+
+@dataclass
+class _Searches:
+    """The names queries were drawn around, query kinds, queries and the documents found, one entry a trace."""
+
+    names: list[str]
+    kinds: list[str]
+    queries: list[str]
+    documents: list[list[Document]]
+
+
+@dataclass
+class _Search:
+    """One trace's second search."""
+
+    kind: str
+    query: str
+    documents: list[Document]
+
+
+_NO_SEARCH = _Search("", "", [])
+
+
+def _second_searches(
+    rng: random.Random,
+    engine: SearchEngine,
+    world: World,
+    questions: list[str],
+    first: _Searches,
+    share: float,
+    top_k: int,
+    query_mix: tuple[float, float, float],
+) -> dict[int, _Search]:
+    """The second search of a `share` of the traces, by trace index.
+
+    Its "name" is a person's name drawn uniformly from the distinct ones in the first results
+    (the first search's name when they hold none), its kind drawn as the first's.
+    """
+    twice = [i for i in range(len(questions)) if rng.random() < share]
+    if not twice:
+        return {}
+    people = {entity.name for entity in world.entities}
+    names = []
+    for i in twice:
+        found = [w for doc in first.documents[i] for w in _WORD.findall(doc.text) if w in people]
+        names.append(rng.choice(list(dict.fromkeys(found))) if found else first.names[i])
+    kinds = rng.choices(QUERY_KINDS, weights=query_mix, k=len(twice))
+    asked = [questions[i] for i in twice]
+    queries = [_random_query(rng, question, name, kind) for question, name, kind in zip(asked, names, kinds)]
+    documents = _search_until_found(rng, engine, asked, names, kinds, queries, top_k, query_mix)
+    return {i: _Search(kinds[j], queries[j], documents[j]) for j, i in enumerate(twice)}
 
 
 def _check_trace_args(
@@ -227,6 +300,7 @@ def _check_trace_args(
     query_mix: tuple[float, float, float],
     template: TemplateName,
     typed_answer_share: float,
+    two_search_share: float,
 ) -> None:
     if n < 1 or top_k < 1:
         raise ValueError(f"n={n} and top_k={top_k} must both be >= 1")
@@ -234,8 +308,9 @@ def _check_trace_args(
         raise ValueError(f"query_mix={query_mix} must give {len(QUERY_KINDS)} probabilities {QUERY_KINDS} summing to 1")
     if template == "search-r1-chat":
         raise ValueError("template='search-r1-chat' is not supported for pretraining traces; use 'search-r1'")
-    if not 0.0 <= typed_answer_share <= 1.0:
-        raise ValueError(f"typed_answer_share={typed_answer_share} must lie in [0, 1]")
+    for name, share in (("typed_answer_share", typed_answer_share), ("two_search_share", two_search_share)):
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"{name}={share} must lie in [0, 1]")
 
 
 def _question_pool(world: World, examples: Sequence[QAExample] | None) -> list[QAExample]:
@@ -245,7 +320,7 @@ def _question_pool(world: World, examples: Sequence[QAExample] | None) -> list[Q
         raise ValueError("make_traces got no examples to draw questions from")
     for example in pool:
         # Ids repeat across worlds ("train_0"), so the entity must also be the one asked about.
-        if example.id not in world.facts or world.facts[example.id].entity not in example.question:
+        if example.id not in world.facts or world.facts[example.id].named not in example.question:
             raise ValueError(
                 f"example {example.id!r} ({example.question!r}) is not a question of this world "
                 "(no fact under its id in world.facts, or another entity); pass world.train or world.test"
@@ -285,26 +360,37 @@ class _TracePieces:
     head_ids: list[list[int]]  # the observation minus its closing tail
     tail_ids: list[int]
     answer_ids: list[list[int]]
+    second_search_ids: dict[int, list[int]]  # by trace index, for the traces that search twice
+    second_head_ids: dict[int, list[int]]
 
 
 def _tokenize_pieces(
     tokenizer: PreTrainedTokenizerBase,
     pool: Sequence[QAExample],
-    queries: Sequence[str],
-    documents: Sequence[list[Document]],
+    first: _Searches,
+    second: dict[int, _Search],
     answers: Sequence[str],
     template: TemplateName,
     rendering: RenderStyle,
 ) -> _TracePieces:
     # Tokenized piece by piece, in batches, as the rollout tokenizes them.
     prompt_text = {example.id: render_prompt(example.question, template=template) for example in pool}
-    heads = [wrap_information(render_documents(docs, rendering))[: -len(_OBSERVATION_TAIL)] for docs in documents]
+
+    def heads(documents: Sequence[list[Document]]) -> list[list[int]]:
+        texts = [wrap_information(render_documents(docs, rendering))[: -len(_OBSERVATION_TAIL)] for docs in documents]
+        return _encode(tokenizer, texts) if texts else []
+
+    def searches(queries: Sequence[str]) -> list[list[int]]:
+        return _encode(tokenizer, [f"<search> {q} </search>" for q in queries]) if queries else []
+
     return _TracePieces(
         prompt_ids=dict(zip(prompt_text, tokenizer(list(prompt_text.values()))["input_ids"])),
-        search_ids=_encode(tokenizer, [f"<search> {q} </search>" for q in queries]),
-        head_ids=_encode(tokenizer, heads),
+        search_ids=searches(first.queries),
+        head_ids=heads(first.documents),
         tail_ids=_encode(tokenizer, [_OBSERVATION_TAIL])[0],
         answer_ids=_encode(tokenizer, [f"<answer> {a} </answer>" for a in answers]),
+        second_search_ids=dict(zip(second, searches([s.query for s in second.values()]))),
+        second_head_ids=dict(zip(second, heads([s.documents for s in second.values()]))),
     )
 
 
@@ -312,31 +398,41 @@ def _assemble_trace(
     pieces: _TracePieces,
     i: int,
     example: QAExample,
-    query_kind: str,
-    query: str,
-    documents: list[Document],
+    first: _Searches,
+    second: dict[int, _Search],
     answer: str,
     candidates: list[str],
 ) -> Trace:
-    """Trace `i`: prompt, search turn, observation and answer turn, with its loss and copy masks."""
-    prompt = pieces.prompt_ids[example.id]
-    search = pieces.search_ids[i]
-    observation = pieces.head_ids[i] + pieces.tail_ids
-    ids = prompt + search + observation + pieces.answer_ids[i]
-    start = len(prompt) + len(search)
-    end = start + len(observation)
-    loss_mask = [0] * len(prompt) + [1] * len(search) + [0] * len(observation)
+    """Trace `i`: prompt, search turn, observation (again, for a two-search trace) and answer turn, with its
+    loss and copy masks."""
+    ids = list(pieces.prompt_ids[example.id])
+    loss_mask = [0] * len(ids)
+    spans = []  # [start, end) of each observation
+    turns = [(pieces.search_ids[i], pieces.head_ids[i])]
+    if i in second:
+        turns.append((pieces.second_search_ids[i], pieces.second_head_ids[i]))
+    for search, head in turns:
+        observation = head + pieces.tail_ids
+        spans.append((len(ids) + len(search), len(ids) + len(search) + len(observation)))
+        ids += search + observation
+        loss_mask += [1] * len(search) + [0] * len(observation)
+    ids += pieces.answer_ids[i]
     loss_mask += [1] * len(pieces.answer_ids[i])
+    copy = [max(marks) for marks in zip(*(copy_mask(ids, start, end) for start, end in spans))]
+    extra = second.get(i, _NO_SEARCH)
     return Trace(
         input_ids=ids,
         loss_mask=loss_mask,
-        copy_mask=copy_mask(ids, start, end),
+        copy_mask=copy,
         example=example,
-        query_kind=query_kind,
-        query=query,
-        documents=documents,
+        query_kind=first.kinds[i],
+        query=first.queries[i],
+        documents=first.documents[i],
         answer=answer,
         candidates=candidates,
+        second_query_kind=extra.kind,
+        second_query=extra.query,
+        second_documents=extra.documents,
     )
 
 
@@ -402,10 +498,10 @@ def _random_query(rng: random.Random, question: str, name: str, kind: str) -> st
 def _search_until_found(
     rng: random.Random,
     engine: SearchEngine,
-    chosen: list[QAExample],
+    questions: list[str],
+    names: list[str],
     kinds: list[str],
     queries: list[str],
-    world: World,
     top_k: int,
     query_mix: tuple[float, float, float],
 ) -> list[list[Document]]:
@@ -425,7 +521,7 @@ def _search_until_found(
             return documents
         for i in pending:
             kinds[i] = rng.choices(QUERY_KINDS, weights=query_mix)[0]
-            queries[i] = _random_query(rng, chosen[i].question, world.facts[chosen[i].id].entity, kinds[i])
+            queries[i] = _random_query(rng, questions[i], names[i], kinds[i])
     raise ValueError(
         f"{len(pending)} queries, e.g. {queries[pending[0]]!r}, retrieved nothing after {_MAX_REDRAWS} "
         "redraws; check that the engine indexes the world's passages"

@@ -372,7 +372,9 @@ def _name_ventures(
     cities: set[str],
 ) -> list[Entity]:
     """The entities, the first round(share * size) of each split with a proper name for their venture."""
-    named = [i for start, stop in bounds.values() for i in range(start, start + round(share * len(entities[start:stop])))]
+    named = [
+        i for start, stop in bounds.values() for i in range(start, start + round(share * len(entities[start:stop])))
+    ]
     brands = _unique_names(rng, len(named), _person_name, {e.name for e in entities} | cities)
     entities = list(entities)
     for i, brand in zip(named, brands):
