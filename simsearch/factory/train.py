@@ -8,6 +8,7 @@ ZeRO-3 partitions it) and the reference is an unpartitioned copy too; with vLLM 
 from __future__ import annotations
 
 import copy
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ from simsearch.errors import RecipeError
 from simsearch.factory.build import build_generation_engine, build_search_engine, meter_search_engine
 from simsearch.generation.hf import HFEngine
 from simsearch.models import load_model
+from simsearch.policy.advantages import ESTIMATORS, EstimatorInputs, Stats
 from simsearch.policy.batch import (
     ActorLossSettings,
     TrainBatch,
@@ -26,6 +28,7 @@ from simsearch.policy.batch import (
     sequence_kl,
     token_advantages,
 )
+from simsearch.policy.infogain import gold_probabilities, gold_queries, information_gains, turn_index
 from simsearch.policy.offpolicy import truncated_is_weights
 from simsearch.policy.rollout import RolloutResult, RolloutSettings
 from simsearch.policy.sync import RolloutWeights
@@ -33,7 +36,7 @@ from simsearch.policy.update import ForwardPasses, Learner, UpdateSettings
 from simsearch.policy.validation import Validation
 from simsearch.retrieval.accounting import Ledger
 from simsearch.training.checkpoint import rng_state
-from simsearch.training.distributed import HFExport, load_for_training
+from simsearch.training.distributed import HFExport, all_reduce_max, load_for_training
 from simsearch.training.session import Run, TrainedModel, deepspeed_device, train_model
 
 if TYPE_CHECKING:
@@ -199,19 +202,30 @@ def update_settings(recipe: TrainRecipe, minibatch_rows: int) -> UpdateSettings:
 
 def step_advantages(
     alg: AlgorithmConfig, learner: Learner, settings: UpdateSettings, rewards: list[float], batch: TrainBatch,
-    passes: ForwardPasses, result: RolloutResult,
+    passes: ForwardPasses, result: RolloutResult, tokenizer: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, float]]:  # fmt: skip
-    """(advantages, what the update trains on, returns, stats): the estimator's, then TIS-weighted."""
+    """(advantages, what the update trains on, returns, stats): the estimator's, then TIS-weighted.
+
+    `tokenizer` (the policy's) is needed by estimators that measure information gains (IGPO: the
+    gold answers are tokenized); their extra forward passes are timed as `time/infogain_s`.
+    """
     device = learner.device
-    kl_tokens = None
+    kl_tokens, timing = None, {}
     if alg.kl_in_reward and settings.needs_reference:
         kl_tokens = sequence_kl(passes.old_logp, passes.ref_logp, batch.loss_mask, alg.kl_estimator)  # type: ignore[arg-type]
-    advantages, returns, adv_stats = token_advantages(
-        alg.estimator, torch.tensor(rewards, dtype=torch.float32), batch.to("cpu"),
-        kl=None if kl_tokens is None else kl_tokens.cpu(), kl_coef=alg.kl_coef if kl_tokens is not None else 0.0,
-        values=None if passes.old_values is None else passes.old_values.cpu(),
-        gamma=alg.gamma, lam=alg.lam, stratified_alpha=alg.stratified_alpha,
-    )  # fmt: skip
+    if ESTIMATORS[alg.estimator].information_gain:  # kl_in_reward is refused with it (AlgorithmConfig)
+        began = time.perf_counter()
+        advantages, returns, adv_stats = _information_gain_advantages(
+            alg, learner, settings, rewards, batch, result, tokenizer
+        )
+        timing["time/infogain_s"] = time.perf_counter() - began
+    else:
+        advantages, returns, adv_stats = token_advantages(
+            alg.estimator, torch.tensor(rewards, dtype=torch.float32), batch.to("cpu"),
+            kl=None if kl_tokens is None else kl_tokens.cpu(), kl_coef=alg.kl_coef if kl_tokens is not None else 0.0,
+            values=None if passes.old_values is None else passes.old_values.cpu(),
+            gamma=alg.gamma, lam=alg.lam, stratified_alpha=alg.stratified_alpha,
+        )  # fmt: skip
     advantages = advantages.to(device)
     returns = None if returns is None else returns.to(device)
     trained, tis_stats = advantages, dict[str, torch.Tensor]()
@@ -224,7 +238,37 @@ def step_advantages(
         trained = advantages * weights  # [B, L], 0 where not trained
     stats = {f"advantages/{k}": float(v) for k, v in adv_stats.items()}
     stats.update({f"offpolicy/{k}": float(v) for k, v in tis_stats.items()})
+    stats.update(timing)
     return advantages, trained, returns, stats
+
+
+def _information_gain_advantages(
+    alg: AlgorithmConfig, learner: Learner, settings: UpdateSettings, rewards: list[float], batch: TrainBatch,
+    result: RolloutResult, tokenizer: Any,
+) -> tuple[torch.Tensor, None, Stats]:  # fmt: skip
+    """IGPO's `[B, L]` advantages (CPU): the policy's gold-answer probability after each turn (`policy.infogain`)."""
+    trajectories = result.trajectories
+    if tokenizer is None:
+        raise ValueError(f"step_advantages: estimator {alg.estimator!r} needs the policy's tokenizer (gold answers)")
+    if len(trajectories) != batch.size:
+        raise ValueError(f"step_advantages: {len(trajectories)} trajectories for a batch of {batch.size} rows")
+    mbs, sync = settings.micro_batch_size, learner.actor.zero3 and learner.world > 1
+    queries = gold_queries(trajectories, tokenizer, fill=sync)
+    count = torch.tensor([-(-len(queries) // mbs)])
+    count = all_reduce_max(count, learner.world) if sync else count  # ZeRO-3: as many forward passes everywhere
+    with learner.autocast_context():
+        probabilities = gold_probabilities(
+            learner.actor.engine, queries, pad_id=tokenizer.pad_token_id, device=learner.device,
+            micro_batch_size=mbs, temperature=settings.loss.temperature, passes=int(count[0]),
+        )  # fmt: skip
+    turns = turn_index(trajectories, batch.response_width)  # [B, L]
+    cpu = batch.to("cpu")
+    inputs = EstimatorInputs(
+        torch.tensor(rewards, dtype=torch.float32), cpu.loss_mask, cpu.group_ids, cpu.num_searches,
+        gamma=alg.igpo_gamma, gains=information_gains(queries, probabilities, turns), turn_index=turns,
+    )  # fmt: skip
+    advantages, _, stats = ESTIMATORS[alg.estimator].compute(inputs)
+    return advantages, None, stats
 
 
 def save_training(

@@ -2,8 +2,8 @@
 
 Shapes: B = prompts x group size (every trajectory is one row), L = padded response length.
 Sequence-level estimators (GRPO, Dr.GRPO, REINFORCE, RLOO, stratified GRPO) return `[B]`;
-`broadcast_to_tokens` spreads them over the loss mask. Token-level estimators (REINFORCE++, GAE)
-return `[B, L]` directly. Every estimator returns `(advantages, stats)` where `stats` maps a short
+`broadcast_to_tokens` spreads them over the loss mask. Token-level estimators (REINFORCE++, GAE,
+IGPO) return `[B, L]` directly. Every estimator returns `(advantages, stats)` where `stats` maps a short
 name to a detached 0-d tensor; the entry module namespaces and logs them.
 
 Groups are given by `group_ids` `[B]` (any integers: the rows of one prompt need not be adjacent);
@@ -30,6 +30,9 @@ search-agent systems ran on):
 - Stratified GRPO: strata are (group, number of search calls). A stratum of one trajectory has
   A_SAN = 0 (it has no peer to compare with); std is unbiased as in GRPO, so with a single stratum
   per group A_SAN equals A_GRPO.
+
+- IGPO: see `igpo_advantages`; its information gains (extra forward passes) come from
+  `policy.infogain`, which depends on this module, not the reverse.
 
 Dependency direction: `losses.py` imports the masked utilities from here, never the reverse.
 """
@@ -382,6 +385,94 @@ def gae_advantages(
     return advantages, returns, stats
 
 
+def igpo_advantages(
+    rewards: torch.Tensor,
+    gains: torch.Tensor,
+    turn_index: torch.Tensor,
+    loss_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    gamma: float = 1.0,
+    eps: float = GRPO_EPS,
+) -> tuple[torch.Tensor, Stats]:
+    """IGPO (Wang et al. 2025): information-gain turn rewards, normalized per group, discounted over turns.
+
+    Row b has n_b turns (`turn_index` max + 1). Its turn rewards are r_k = gains[b, k] for the
+    turns k < n_b - 1 (the change in the policy's probability of the gold answer that turn k and
+    its information caused, `policy.infogain`) and r_{n_b - 1} = rewards[b], the outcome. Every
+    turn reward of a group (all its rows, all their turns) is normalized jointly,
+    r^_k = (r_k - mean) / (std + eps), as the paper does (its code's default `joint` mode); a
+    group whose turn rewards are all equal gets 0. Turn k's advantage is the discounted sum over
+    the turns that follow, A_k = sum_{j >= k} gamma^(j - k) r^_j, and every trained token of
+    turn k (loss mask 1) gets A_k; inserted tokens and padding get 0.
+
+    Paper settings: gamma = 1 (its scripts' `algorithm.gamma`); std over the group's turn rewards
+    divides by their count (its code's `compute_grpo_outcome_advantage`), not by count - 1 as our
+    GRPO does. Unlike its code, a gain of exactly 0 is still a turn reward (its code finds turns
+    by their non-zero rewards, so a zero gain merged that turn into the next).
+
+    Args:
+        rewards: `[B]` outcome reward per trajectory (the last turn's reward).
+        gains: `[B, K]` information gain of each non-final turn; entries at k >= n_b - 1 are
+            ignored (K >= the most turns of any row, or K >= 1 when every row has one turn).
+        turn_index: `[B, L]` turn of each response token (0, 1, ...), -1 at padding.
+        loss_mask: `[B, L]` 1 at generated tokens, 0 at inserted tokens and padding.
+        group_ids: `[B]` prompt each trajectory answers.
+        gamma: Discount per turn, in [0, 1].
+        eps: Added to the std.
+
+    Returns:
+        advantages `[B, L]` and stats `num_groups`, `zero_std_groups`, `turns_mean`, `gain_mean`
+        (mean gain over the non-final turns of the batch, 0 without one).
+    """
+    fn = "igpo_advantages"
+    _check_rewards(rewards, fn)
+    _check_ids(group_ids, rewards, "group_ids", fn)
+    _check_same_shape(turn_index, loss_mask, "turn_index", "loss_mask")
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"{fn}: gamma must be in [0, 1], got {gamma}")
+    turns = (turn_index.max(dim=1).values + 1).clamp(min=1)  # [B] a row without tokens still has its outcome
+    width = int(turns.max())
+    if gains.dim() != 2 or gains.shape[0] != rewards.shape[0] or gains.shape[1] < width - 1:
+        raise ValueError(f"{fn}: gains must be [B, >= {width - 1}] rows x turns, got {tuple(gains.shape)}")
+    k = torch.arange(width).unsqueeze(0)  # [1, K]
+    valid = k < turns.unsqueeze(1)  # [B, K]
+    last = k == (turns - 1).unsqueeze(1)  # [B, K]
+    turn_rewards = torch.zeros(valid.shape, dtype=rewards.dtype)  # [B, K]
+    if width > 1:
+        turn_rewards[:, : width - 1] = gains[:, : width - 1].to(rewards.dtype)
+    turn_rewards = torch.where(last, rewards.detach().unsqueeze(1), torch.where(valid, turn_rewards, 0.0))
+    if not bool(torch.isfinite(turn_rewards).all()):
+        raise ValueError(f"{fn}: gains contain NaN or inf at rows {_nonfinite_rows(turn_rewards.sum(dim=1))}")
+    normalized, stats = _joint_group_normalize(turn_rewards, valid, group_ids, eps)
+    advantages = torch.zeros_like(normalized)  # [B, K]
+    carry = torch.zeros_like(rewards)  # [B] advantage of the next turn
+    for t in reversed(range(width)):
+        carry = torch.where(valid[:, t], normalized[:, t] + gamma * carry, carry)
+        advantages[:, t] = torch.where(valid[:, t], carry, torch.zeros_like(carry))
+    token_adv = advantages.gather(1, turn_index.clamp(min=0).long())  # [B, L]
+    token_adv = torch.where(loss_mask.bool() & (turn_index >= 0), token_adv, torch.zeros_like(token_adv))
+    non_final = valid & ~last
+    stats["turns_mean"] = turns.to(rewards.dtype).mean()
+    stats["gain_mean"] = masked_mean(turn_rewards, non_final) if bool(non_final.any()) else rewards.new_zeros(())
+    return token_adv, stats
+
+
+def _joint_group_normalize(
+    values: torch.Tensor, valid: torch.Tensor, group_ids: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, Stats]:
+    """`[B, K]` values z-scored over every valid entry of their row's group (population std); constant groups 0."""
+    rows_group = group_ids.unsqueeze(1).expand(valid.shape)[valid]  # [N] group of each valid entry
+    groups = _Groups(values[valid], rows_group)  # [N] entries as the "rewards" of _Groups
+    n = groups.count[groups.index]
+    population_std = groups.std[groups.index] * torch.sqrt((n - 1).clamp(min=0) / n)  # [N]; NaN-free for n >= 2
+    std = torch.where(n < 2, torch.ones_like(n), population_std)
+    flat = (values[valid] - groups.mean[groups.index]) / (std + eps)
+    flat = torch.where(groups.constant[groups.index], torch.zeros_like(flat), flat)
+    out = torch.zeros_like(values)
+    out[valid] = flat
+    return out, groups.stats()
+
+
 # ---------------------------------------------------------------------------------------------
 # The estimators by recipe name
 # ---------------------------------------------------------------------------------------------
@@ -400,9 +491,11 @@ class EstimatorInputs:
         kl: `[B, L]` per-token KL for token-level estimators, None for no penalty.
         kl_coef: Weight of that per-token KL penalty.
         values: `[B, L]` critic values (GAE).
-        gamma: Discount (REINFORCE++, GAE).
+        gamma: Discount (REINFORCE++, GAE: per token; IGPO: per turn).
         lam: GAE lambda.
         stratified_alpha: Weight of the within-stratum term of stratified GRPO.
+        gains: `[B, K]` IGPO's information gain of each non-final turn (`policy.infogain`).
+        turn_index: `[B, L]` IGPO: turn of each response token, -1 at padding (`policy.infogain`).
     """
 
     rewards: torch.Tensor
@@ -415,6 +508,8 @@ class EstimatorInputs:
     gamma: float = 1.0
     lam: float = 1.0
     stratified_alpha: float = 0.5
+    gains: torch.Tensor | None = None
+    turn_index: torch.Tensor | None = None
 
 
 EstimatorOutput = tuple[torch.Tensor, torch.Tensor | None, Stats]
@@ -430,11 +525,14 @@ class Estimator:
         token_level: True: returns `[B, L]` and applies the per-token KL itself; False: returns
             `[B]`, which the caller spreads over the loss mask.
         compares_group: It compares the rollouts of one prompt, so it needs >= 2 per prompt.
+        information_gain: It needs `EstimatorInputs.gains` and `turn_index`, which cost extra
+            forward passes of the policy (`policy.infogain`); the trainer computes them first.
     """
 
     compute: Callable[[EstimatorInputs], EstimatorOutput]
     token_level: bool
     compares_group: bool
+    information_gain: bool = False
 
 
 def _sequence(advantages_and_stats: tuple[torch.Tensor, Stats]) -> EstimatorOutput:
@@ -477,6 +575,13 @@ def _ppo(x: EstimatorInputs) -> EstimatorOutput:
     return gae_advantages(x.rewards, x.values, x.loss_mask, x.gamma, x.lam, x.kl, x.kl_coef)
 
 
+def _igpo(x: EstimatorInputs) -> EstimatorOutput:
+    if x.gains is None or x.turn_index is None:
+        raise ValueError("token_advantages: estimator 'igpo' needs the information gains (policy.infogain)")
+    advantages, stats = igpo_advantages(x.rewards, x.gains, x.turn_index, x.loss_mask, x.group_ids, x.gamma)
+    return advantages, None, stats
+
+
 ESTIMATORS: dict[str, Estimator] = {
     "grpo": Estimator(_grpo, token_level=False, compares_group=True),
     "dr_grpo": Estimator(_dr_grpo, token_level=False, compares_group=True),
@@ -486,6 +591,7 @@ ESTIMATORS: dict[str, Estimator] = {
     "rloo": Estimator(_rloo, token_level=False, compares_group=True),
     "ppo": Estimator(_ppo, token_level=True, compares_group=False),  # GAE over a critic's values
     "stratified_grpo": Estimator(_stratified_grpo, token_level=False, compares_group=True),
+    "igpo": Estimator(_igpo, token_level=True, compares_group=True, information_gain=True),
 }
 """Every advantage estimator by its recipe name (`algorithm.estimator`)."""
 

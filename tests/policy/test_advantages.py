@@ -319,10 +319,13 @@ def test_stratified_grpo_limits_reduce_to_grpo():
 
 def test_the_table_names_every_estimator_the_recipe_accepts():
     assert list(ESTIMATORS) == [
-        "grpo", "dr_grpo", "reinforce", "reinforce_baseline", "reinforce_pp", "rloo", "ppo", "stratified_grpo",
+        "grpo", "dr_grpo", "reinforce", "reinforce_baseline", "reinforce_pp", "rloo", "ppo", "stratified_grpo", "igpo",
     ]  # fmt: skip
-    assert [n for n, e in ESTIMATORS.items() if e.token_level] == ["reinforce_pp", "ppo"]
-    assert [n for n, e in ESTIMATORS.items() if e.compares_group] == ["grpo", "dr_grpo", "rloo", "stratified_grpo"]
+    assert [n for n, e in ESTIMATORS.items() if e.token_level] == ["reinforce_pp", "ppo", "igpo"]
+    assert [n for n, e in ESTIMATORS.items() if e.compares_group] == [
+        "grpo", "dr_grpo", "rloo", "stratified_grpo", "igpo",
+    ]  # fmt: skip
+    assert [n for n, e in ESTIMATORS.items() if e.information_gain] == ["igpo"]
     for name in ESTIMATORS:
         AlgorithmConfig(estimator=name).check("algorithm")
     with pytest.raises(RecipeError, match=r"algorithm.estimator='gpro' is not one of grpo, dr_grpo"):
