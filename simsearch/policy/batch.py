@@ -47,6 +47,7 @@ from simsearch.policy.losses import (
     policy_loss,
     token_logprobs,
 )
+from simsearch.policy.rollout import UNFINISHED
 from simsearch.types import Trajectory
 
 # --------------------------------------------------------------------------- data order
@@ -164,12 +165,25 @@ class TrainBatch:
         )
 
 
-def collate_trajectories(trajectories: Sequence[Trajectory], pad_id: int) -> TrainBatch:
+def collate_trajectories(
+    trajectories: Sequence[Trajectory], pad_id: int, *, mask_unfinished: bool = False
+) -> TrainBatch:
     """Pads trajectories into a `TrainBatch` (left-padded prompts, right-padded responses).
+
+    With `mask_unfinished` (Mini-o3's over-turn masking, Lai et al. 2025) a trajectory whose
+    finish is in `rollout.UNFINISHED` (no answer: the turns or the context ran out) gets loss
+    mask 0 on every token, so it is left out of the loss, of its denominators, of the KL and
+    entropy terms and of the critic's loss, instead of being trained on its reward (0 without an
+    answer). Its row stays in the batch with its reward: sequence-level estimators (GRPO, RLOO,
+    ...) still count it in its group's statistics, as Mini-o3's trainer does (its
+    `compute_grpo_outcome_advantage` keeps over-turn rows in the group mean and std, the skip is
+    commented out; its actor zeroes their `response_mask`, `verl/workers/actor/dp_actor.py`);
+    token-level estimators (REINFORCE++, GAE) whiten over trained tokens and no longer see it.
 
     Args:
         trajectories: Finished trajectories; `prompt_id` becomes the group id.
         pad_id: Token id written at padded positions (any id works: they are masked).
+        mask_unfinished: Zero the loss mask of unfinished trajectories.
 
     Returns:
         The batch on CPU.
@@ -193,7 +207,8 @@ def collate_trajectories(trajectories: Sequence[Trajectory], pad_id: int) -> Tra
         input_ids[b, width : width + r] = torch.tensor(t.response_ids, dtype=torch.long)
         attention_mask[b, width - p : width + r] = 1
         responses[b, :r] = torch.tensor(t.response_ids, dtype=torch.long)
-        loss_mask[b, :r] = torch.tensor(t.loss_mask, dtype=torch.long)
+        if not (mask_unfinished and t.finish in UNFINISHED):
+            loss_mask[b, :r] = torch.tensor(t.loss_mask, dtype=torch.long)
     # Right padding repeats the last position; it is never attended to by a real token.
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [B, T]
     return TrainBatch(
@@ -496,6 +511,7 @@ class ActorLossSettings:
         temperature: The rollout's sampling temperature: log-probs and entropy are those of
             softmax(logits / temperature), the distribution the tokens were drawn from (verl).
         clip_ratio_c: Dual-clip bound of the ratio at negative advantages (> 1), or 0 for none.
+        ratio_level: A name in `losses.RATIO_LEVELS`: "token" (PPO, GRPO) or "sequence" (GSPO).
     """
 
     clip_low: float = 0.2
@@ -507,6 +523,7 @@ class ActorLossSettings:
     entropy_coef: float = 0.0
     temperature: float = 1.0
     clip_ratio_c: float = 0.0
+    ratio_level: str = "token"
 
 
 def actor_micro_loss(
@@ -519,6 +536,8 @@ def actor_micro_loss(
     denominators: tuple[float, float],
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The actor loss of one micro-batch: clipped policy loss + kl_coef x KL - entropy_coef x H.
+
+    The micro-batch holds whole rows, so GSPO's sequence ratios (`settings.ratio_level`) are exact.
 
     Args:
         logits: `[b, L', V]` `response_logits` of the micro-batch (with grad).
@@ -543,7 +562,7 @@ def actor_micro_loss(
     denominator = tokens if settings.aggregation == "token-mean" else sequences
     loss, pstats = policy_loss(
         logp, old, advantages, mask, settings.clip_low, settings.clip_high,
-        settings.aggregation, denominator, settings.token_sum_normalizer, settings.clip_ratio_c,
+        settings.aggregation, denominator, settings.token_sum_normalizer, settings.clip_ratio_c, settings.ratio_level,
     )  # fmt: skip
     stats = {
         "policy": float(loss.detach()),

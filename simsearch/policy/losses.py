@@ -28,6 +28,12 @@ Where this departs from the papers / matches verl:
   which differs by the factor B. Rows without a valid token are not counted as sequences.
 - Masked positions are selected away with `torch.where`, never multiplied by 0, so NaN or inf in
   padding cannot reach the loss or the gradient: masked tokens get exactly zero gradient.
+- GSPO (`ratio_level="sequence"`, Zheng et al. 2025; verl's `compute_policy_loss_gspo` in
+  `verl/trainer/ppo/core_algos.py`): the sequence ratio averages the log-ratio over the row's
+  trained tokens (loss mask 1, so retrieved documents do not count towards |y_i|), and its log is
+  clamped to [-20, 20] like the token ratio (verl: at most 10). verl then always aggregates with
+  "seq-mean-token-mean" (the paper's objective) and has no dual clip; here `aggregation` and
+  `clip_ratio_c` apply as they do to token ratios (with "token-mean" a sequence weighs by its length).
 - `token_logprobs` and `entropy_from_logits` are custom autograd functions that work over chunks
   of positions in float32, saving only the logits (no `[B, L, V]` float copy, no `log_softmax`
   output kept for backward); bf16 logits still give float32 log-probs.
@@ -151,6 +157,32 @@ LOSS_AGGREGATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, Denominator, 
 
 
 # ---------------------------------------------------------------------------------------------
+# Importance ratios
+# ---------------------------------------------------------------------------------------------
+
+
+def _token_log_ratio(token_log_ratio: torch.Tensor, logp: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    return token_log_ratio
+
+
+def _sequence_log_ratio(token_log_ratio: torch.Tensor, logp: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    # log s_i = mean over the row's valid tokens of log(pi / pi_old); a row without one gets 0
+    seq = masked_mean(token_log_ratio, valid, dim=-1).detach()  # [B]
+    # value log s_i at every token, gradient that of log pi(y_t): s_i,t = sg[s_i] * pi(y_t) / sg[pi(y_t)]
+    return torch.where(valid, logp - logp.detach() + seq.unsqueeze(-1), torch.zeros_like(logp))  # [B, L]
+
+
+RATIO_LEVELS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "token": _token_log_ratio,
+    "sequence": _sequence_log_ratio,
+}
+"""The importance ratio the surrogate clips, by its recipe name (`algorithm.ratio_level`): "token" is
+PPO's / GRPO's per-token ratio, "sequence" GSPO's length-normalized sequence ratio (`policy_loss`).
+Each maps (token log-ratio `[B, L]`, 0 where masked; logp `[B, L]`; valid `[B, L]` bool) to the
+log-ratio `[B, L]` the surrogate uses."""
+
+
+# ---------------------------------------------------------------------------------------------
 # Loss terms
 # ---------------------------------------------------------------------------------------------
 
@@ -166,14 +198,23 @@ def policy_loss(
     denominator: float | torch.Tensor | None = None,
     token_sum_normalizer: float | None = None,
     clip_ratio_c: float = 0.0,
+    ratio_level: str = "token",
 ) -> tuple[torch.Tensor, Stats]:
-    """PPO clipped surrogate with an asymmetric clip range, optionally dual-clipped.
+    """PPO clipped surrogate with an asymmetric clip range, optionally dual-clipped, token or sequence ratios.
 
     Per token: ratio = exp(logp - old_logp),
     loss_t = max(-A_t * ratio, -A_t * clip(ratio, 1 - clip_low, 1 + clip_high)),
     and with dual clip (Ye et al. 2019, verl's `clip_ratio_c`) where A_t < 0:
     loss_t = min(loss_t, -A_t * clip_ratio_c), which bounds the loss (and zeroes the gradient) of a
     token whose ratio has grown past clip_ratio_c although its advantage is negative.
+
+    With `ratio_level="sequence"` (GSPO, Zheng et al. 2025) every token of row i takes the ratio
+    s_i = exp(mean over the row's valid tokens of (logp - old_logp)) in place of its own, written
+    s_i,t = sg[s_i] * pi(y_t) / sg[pi(y_t)] (GSPO-token): the value is s_i and the gradient of the
+    row is s_i x the mean of grad log pi(y_t), so the whole sequence is clipped or not, together.
+    With sequence-level advantages and "seq-mean-token-mean" this is GSPO's objective exactly;
+    token-level advantages give the paper's GSPO-token. With old_logp = logp (one on-policy update)
+    both levels give the same loss and gradient.
 
     Args:
         logp: `[B, L]` log-probs of the sampled tokens under the current policy (with grad).
@@ -186,12 +227,13 @@ def policy_loss(
         denominator: see `aggregate_loss`.
         token_sum_normalizer: see `aggregate_loss`.
         clip_ratio_c: dual-clip bound (> 1), or 0 for none.
+        ratio_level: a name in `RATIO_LEVELS`: "token" (PPO, GRPO) or "sequence" (GSPO).
 
     Returns:
         The loss and stats `clipfrac` (fraction of valid tokens where the clipped term is
         active), `clipfrac_lower` (fraction where the dual clip is; 0 without it), `approx_kl`
-        (mean of old_logp - logp, a k1 estimate of KL(old || new)), `ratio_mean`, `ratio_min`,
-        `ratio_max` (over valid tokens).
+        (mean of old_logp - logp over valid tokens, a k1 estimate of KL(old || new), at either
+        ratio level), `ratio_mean`, `ratio_min`, `ratio_max` (of the ratio used, over valid tokens).
     """
     _check_same_shape(logp, old_logp, "logp", "old_logp", "policy_loss")
     _check_same_shape(logp, advantages, "logp", "advantages", "policy_loss")
@@ -202,10 +244,13 @@ def policy_loss(
         )
     if clip_ratio_c != 0 and not clip_ratio_c > 1:  # `not >` also refuses NaN
         raise ValueError(f"policy_loss: clip_ratio_c must be 0 (no dual clip) or > 1, got {clip_ratio_c}")
+    if ratio_level not in RATIO_LEVELS:
+        raise ValueError(f"policy_loss: unknown ratio_level {ratio_level!r}; use one of {', '.join(RATIO_LEVELS)}")
     valid = loss_mask.bool()
     zeros = torch.zeros_like(logp)
     # select before any arithmetic: garbage at masked positions stays out of values and grads
-    log_ratio = torch.where(valid, logp - old_logp.detach(), zeros)  # [B, L]
+    token_log_ratio = torch.where(valid, logp - old_logp.detach(), zeros)  # [B, L]
+    log_ratio = RATIO_LEVELS[ratio_level](token_log_ratio, logp, valid)  # [B, L]
     adv = torch.where(valid, advantages.detach().to(logp.dtype), zeros)  # [B, L]
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # [B, L]
     unclipped = -adv * ratio
@@ -224,7 +269,7 @@ def policy_loss(
         stats = {
             "clipfrac": masked_mean((clipped > unclipped).to(logp.dtype), loss_mask),
             "clipfrac_lower": masked_mean(dual_clipped.to(logp.dtype), loss_mask),
-            "approx_kl": masked_mean(-log_ratio, loss_mask),
+            "approx_kl": masked_mean(-token_log_ratio, loss_mask),
             "ratio_mean": masked_mean(ratio_valid, loss_mask),
             "ratio_min": torch.where(any_valid, torch.where(valid, ratio_valid, torch.inf).min(), 1.0),
             "ratio_max": torch.where(any_valid, torch.where(valid, ratio_valid, -torch.inf).max(), 1.0),

@@ -13,6 +13,9 @@ normalization the caller names, so training rewards and evaluation tables can ne
 - `weighted_reward` combines them, e.g. SSRL's `{"em": 0.9, "ssrl_format": 0.1}`, and returns the
   per-component values and their batch means for logging (`reward/f1`, `reward/format`, ...).
 
+- `overlong_penalty` / `shape_overlong`: DAPO's soft overlong punishment (Yu et al. 2025, eq. 13),
+  added to the total.
+
 Departure from the papers: the answer extractor skips `<information>` blocks (see
 `extract_answer`).
 """
@@ -388,3 +391,64 @@ def weighted_reward(
     for name, values in components.items():
         stats[f"reward/{name}"] = sum(values) / len(values)
     return RewardOutput(total=total, components=components, stats=stats)
+
+
+def overlong_penalty(length: int, max_length: int, buffer: int, penalty: float = 1.0) -> float:
+    """DAPO's soft overlong punishment of one response (Yu et al. 2025, eq. 13), scaled by `penalty`.
+
+    0 up to max_length - buffer, then falling linearly to -penalty at max_length:
+    penalty x (max_length - buffer - length) / buffer; -penalty beyond max_length. verl's
+    `DAPORewardManager` (`verl/workers/reward_manager/dapo.py`) computes the same inside the
+    buffer (its responses never exceed the limit). What `length` and `max_length` count is the
+    caller's choice (`simsearch train`: see `factory.train.step_rewards`).
+
+    Args:
+        length: Tokens of the response.
+        max_length: The limit L_max (> buffer).
+        buffer: Tokens before the limit where the penalty grows (L_cache); 0 = no penalty.
+        penalty: The penalty at and beyond the limit (>= 0).
+
+    Returns:
+        The penalty, in [-penalty, 0].
+    """
+    if buffer < 0 or penalty < 0 or not math.isfinite(penalty):
+        raise ValueError(f"overlong_penalty needs buffer >= 0 and a finite penalty >= 0, got {buffer} and {penalty}")
+    if buffer == 0:
+        return 0.0
+    if buffer >= max_length:
+        raise ValueError(f"overlong_penalty: buffer={buffer} must be below max_length={max_length}")
+    if length > max_length:
+        return -penalty
+    return min(penalty * (max_length - buffer - length) / buffer, 0.0)
+
+
+def shape_overlong(
+    output: RewardOutput, lengths: Sequence[int], max_length: int, buffer: int, penalty: float = 1.0
+) -> RewardOutput:
+    """`output` with DAPO's `overlong_penalty` of each response added to its total.
+
+    Args:
+        output: The rewards of a batch (`weighted_reward`).
+        lengths: Tokens of each response, in `output`'s order.
+        max_length: The limit L_max.
+        buffer: The overlong buffer (0 returns `output` unchanged).
+        penalty: The penalty at the limit.
+
+    Returns:
+        The shaped totals; `reward/mean` of the shaped totals, plus `reward/overlong` (mean
+        penalty) and `reward/overlong_share` (share of responses penalized). The components stay
+        the unshaped scores.
+    """
+    if buffer == 0:
+        return output
+    if len(lengths) != len(output.total):
+        raise ValueError(f"shape_overlong got {len(lengths)} lengths for {len(output.total)} rewards")
+    penalties = [overlong_penalty(length, max_length, buffer, penalty) for length in lengths]
+    total = [reward + extra for reward, extra in zip(output.total, penalties)]
+    stats = {
+        **output.stats,
+        "reward/mean": sum(total) / len(total),
+        "reward/overlong": sum(penalties) / len(penalties),
+        "reward/overlong_share": sum(extra < 0 for extra in penalties) / len(penalties),
+    }
+    return RewardOutput(total=total, components=output.components, stats=stats)

@@ -88,6 +88,14 @@ from simsearch.types import (
 ROLLOUT_TEMPLATES: tuple[str, ...] = tuple(name for name in TEMPLATE_NAMES if name != "rag")
 """Templates a rollout can start from ("rag" needs documents in the prompt and is not one)."""
 
+UNFINISHED: frozenset[TrajectoryFinish] = frozenset({"max_turns", "context"})
+"""Finishes without an answer because the turns ("max_turns": the final turn searched, or ended
+without answering) or the context ("context") ran out; `algorithm.mask_unfinished` leaves these
+trajectories out of the loss (Mini-o3's over-turn masking). "length" (the final turn cut by
+`max_new_tokens`) is not one: Mini-o3 masks only responses still calling a tool when the budget
+ran out, and a final turn that outgrows the per-turn cap would outgrow it at evaluation too, so
+its reward of 0 is trained on."""
+
 SEARCH_STOPS: tuple[str, ...] = (SEARCH_STOP, ANSWER_STOP)
 SELF_SEARCH_STOPS: tuple[str, ...] = (ANSWER_STOP,)
 
@@ -198,7 +206,8 @@ def generate_trajectories(
         `rollout/over_budget_searches` (share of trajectories that searched in the final turn),
         `rollout/answer_rate`, `rollout/response_len` (mean response tokens),
         `rollout/policy_tokens` (mean loss-mask 1 tokens), `rollout/turns` (mean generations),
-        `rollout/finish_<reason>` (share per finish reason), `perf/prompt_tokens` and
+        `rollout/finish_<reason>` (share per finish reason), `rollout/unfinished_share` (share
+        whose finish is in `UNFINISHED`), `perf/prompt_tokens` and
         `perf/decoded_tokens` (tokens sent to the engine for prefill and tokens it generated,
         batch totals), and in self-search mode `search/self_calls_per_traj`.
 
@@ -671,6 +680,7 @@ def _metrics(
     }
     for reason in ("answer", "max_turns", "context", "length"):
         metrics[f"rollout/finish_{reason}"] = sum(t.finish == reason for t in trajectories) / count
+    metrics["rollout/unfinished_share"] = sum(t.finish in UNFINISHED for t in trajectories) / count
     if settings.self_search:
         metrics["search/self_calls_per_traj"] = (
             sum(len(turn.self_queries) for t in trajectories for turn in t.turns) / count
