@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from simsearch.config import DeepSpeedConfig, LoraConfig, ModelConfig
 from simsearch.errors import RecipeError
 from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
 from simsearch.training.checkpoint import checkpoint_dir
 from simsearch.training.distributed import (
+    BatchShape,
     adapter_dir,
     all_reduce_max,
     all_reduce_sum,
@@ -41,17 +43,12 @@ def _tiny(tokenizer):
     return build_tiny_model(tokenizer, hidden=32, layers=1, heads=2, kv_heads=1, ffn=64, seed=0)
 
 
+ONE = BatchShape(micro=1, accum=1, world=1)
+
+
 def test_deepspeed_config() -> None:
-    config = deepspeed_config(
-        stage=3,
-        offload_optimizer=True,
-        offload_params=True,
-        micro_batch_size=2,
-        grad_accum=4,
-        world_size=8,
-        grad_clip=1.0,
-        bf16=False,
-    )
+    zero3 = DeepSpeedConfig(stage=3, offload_optimizer=True, offload_params=True)
+    config = deepspeed_config(zero3, BatchShape(micro=2, accum=4, world=8), grad_clip=1.0, bf16=False)
     assert config["train_batch_size"] == 64
     assert config["zero_optimization"] == {
         "stage": 3,
@@ -59,39 +56,18 @@ def test_deepspeed_config() -> None:
         "offload_param": {"device": "cpu"},
     }
     with pytest.raises(ValueError, match="offload_params needs"):
-        deepspeed_config(
-            stage=2,
-            offload_optimizer=False,
-            offload_params=True,
-            micro_batch_size=1,
-            grad_accum=1,
-            world_size=1,
-            grad_clip=1.0,
-            bf16=False,
-        )
+        deepspeed_config(DeepSpeedConfig(stage=2, offload_params=True), ONE, grad_clip=1.0, bf16=False)
 
 
 def test_deepspeed_config_zero2_and_a_bad_stage() -> None:
-    config = deepspeed_config(
-        stage=2, offload_optimizer=False, offload_params=False, micro_batch_size=3, grad_accum=2,
-        world_size=1, grad_clip=0.5, bf16=True,
-    )  # fmt: skip
+    config = deepspeed_config(DeepSpeedConfig(stage=2), BatchShape(micro=3, accum=2, world=1), grad_clip=0.5, bf16=True)
     assert config["zero_optimization"] == {"stage": 2}
     assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (3, 2)
     assert config["train_batch_size"] == 6  # 3 * 2 * 1
     assert config["gradient_clipping"] == 0.5 and config["bf16"] == {"enabled": True}
     assert "optimizer" not in config and "scheduler" not in config  # ours, passed as objects
     with pytest.raises(ValueError, match="stage=1 must be 2 or 3"):
-        deepspeed_config(
-            stage=1,
-            offload_optimizer=False,
-            offload_params=False,
-            micro_batch_size=1,
-            grad_accum=1,
-            world_size=1,
-            grad_clip=1.0,
-            bf16=False,
-        )
+        deepspeed_config(DeepSpeedConfig(stage=1), ONE, grad_clip=1.0, bf16=False)
 
 
 def test_init_distributed_without_deepspeed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -214,8 +190,8 @@ def test_backward_plain_and_through_an_engine() -> None:
     ]
 
 
-LORA = {"lora_r": 2, "lora_alpha": 4, "lora_dropout": 0.0, "lora_target_modules": ["q_proj", "v_proj"]}
-NO_LORA = {**LORA, "lora_r": 0}
+LORA = LoraConfig(r=2, alpha=4, dropout=0.0, target_modules=["q_proj", "v_proj"])
+NO_LORA = LoraConfig(r=0, alpha=4, dropout=0.0, target_modules=["q_proj", "v_proj"])
 
 
 @pytest.fixture(scope="module")
@@ -223,12 +199,16 @@ def base(tokenizer, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny(_tiny(tokenizer), tokenizer, tmp_path_factory.mktemp("base") / "model")
 
 
+def _base_model(base: Path) -> ModelConfig:
+    return ModelConfig(path=str(base), dtype="float32")
+
+
 def _lora_weights(model) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
 
 
 def test_apply_lora_trains_the_adapter_only_and_resumes_its_weights(tokenizer, tmp_path: Path) -> None:
-    model = apply_lora(_tiny(tokenizer), r=2, alpha=4, dropout=0.0, target_modules=["q_proj", "v_proj"], adapter=None)
+    model = apply_lora(_tiny(tokenizer), LORA, adapter=None)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
     assert {n.split(".")[-3] for n in trainable} == {"lora_A", "lora_B"}  # ...q_proj.lora_A.default.weight
@@ -238,10 +218,7 @@ def test_apply_lora_trains_the_adapter_only_and_resumes_its_weights(tokenizer, t
                 param.fill_(0.25)  # lora_B starts at 0: make the saved adapter differ from a fresh one
     model.save_pretrained(tmp_path / "checkpoint" / "model")
     assert adapter_dir(tmp_path / "checkpoint") == tmp_path / "checkpoint" / "model"
-    resumed = apply_lora(
-        _tiny(tokenizer), r=2, alpha=4, dropout=0.0, target_modules=["q_proj", "v_proj"],
-        adapter=adapter_dir(tmp_path / "checkpoint"),
-    )  # fmt: skip
+    resumed = apply_lora(_tiny(tokenizer), LORA, adapter=adapter_dir(tmp_path / "checkpoint"))
     saved = _lora_weights(model)
     assert saved.keys() == _lora_weights(resumed).keys()
     for name, param in _lora_weights(resumed).items():
@@ -261,13 +238,14 @@ def test_load_for_training_resumes_full_weights_unless_deepspeed_restores_them(
     checkpoint = tmp_path / "step_0000001"
     trained = build_tiny_model(tokenizer, hidden=32, layers=1, heads=2, kv_heads=1, ffn=64, seed=1)
     save_tiny(trained, tokenizer, checkpoint / "model")
-    common = {"dtype": "float32", "checkpoint": checkpoint, "gradient_checkpointing": False, **NO_LORA}
+    model = _base_model(base)
+    common = {"checkpoint": checkpoint, "gradient_checkpointing": False}
     start, _ = load_model(base, dtype="float32")
     assert not all(torch.equal(v, start.state_dict()[k]) for k, v in trained.state_dict().items())  # seeds differ
-    resumed, _ = load_for_training(str(base), deepspeed=False, **common)
+    resumed, _ = load_for_training(model, NO_LORA, deepspeed=False, **common)
     assert all(torch.equal(v, trained.state_dict()[k]) for k, v in resumed.state_dict().items())
     # Under DeepSpeed the base model loads; the engine's load_checkpoint brings the trained weights.
-    fresh, _ = load_for_training(str(base), deepspeed=True, **common)
+    fresh, _ = load_for_training(model, NO_LORA, deepspeed=True, **common)
     assert all(torch.equal(v, start.state_dict()[k]) for k, v in fresh.state_dict().items())
 
 
@@ -277,24 +255,29 @@ def test_load_for_training_resumes_the_lora_adapter_unless_deepspeed_restores_it
     tmp_path: Path,
 ) -> None:
     checkpoint = tmp_path / "step_0000001"
-    saved = apply_lora(_tiny(tokenizer), r=2, alpha=4, dropout=0.0, target_modules=["q_proj", "v_proj"], adapter=None)
+    saved = apply_lora(_tiny(tokenizer), LORA, adapter=None)
     with torch.no_grad():
         for name, param in saved.named_parameters():
             if "lora_B" in name:
                 param.fill_(0.25)
     saved.save_pretrained(checkpoint / "model" / "adapter")  # as merge_on_save keeps it
-    common = {"dtype": "float32", "checkpoint": checkpoint, "gradient_checkpointing": False, **LORA}
-    resumed, _ = load_for_training(str(base), deepspeed=False, **common)
+    model = _base_model(base)
+    common = {"checkpoint": checkpoint, "gradient_checkpointing": False}
+    resumed, _ = load_for_training(model, LORA, deepspeed=False, **common)
     assert _lora_weights(resumed).keys() == _lora_weights(saved).keys()
     assert all(torch.equal(v, _lora_weights(saved)[k]) for k, v in _lora_weights(resumed).items())
-    fresh, _ = load_for_training(str(base), deepspeed=True, **common)
+    fresh, _ = load_for_training(model, LORA, deepspeed=True, **common)
     fresh_b = [v for k, v in _lora_weights(fresh).items() if "lora_B" in k]
     assert fresh_b and all(not v.any() for v in fresh_b)  # a fresh adapter: lora_B starts at 0
 
 
 def test_gradient_checkpointing_with_lora_still_reaches_the_adapter(base: Path) -> None:
     model, _ = load_for_training(
-        str(base), dtype="float32", checkpoint=None, deepspeed=False, gradient_checkpointing=True, **LORA
+        ModelConfig(path=str(base), dtype="float32"),
+        LORA,
+        checkpoint=None,
+        deepspeed=False,
+        gradient_checkpointing=True,
     )
     assert model.is_gradient_checkpointing
     model.train()

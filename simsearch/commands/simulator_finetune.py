@@ -41,9 +41,16 @@ from simsearch.simulator.sft import (
     tokenize_pairs,
 )
 from simsearch.training.checkpoint import checkpoint_dir, rng_state
-from simsearch.training.distributed import HFExport, all_reduce_sum, backward, gathered_state_dict, load_for_training
+from simsearch.training.distributed import (
+    BatchShape,
+    HFExport,
+    all_reduce_sum,
+    backward,
+    gathered_state_dict,
+    load_for_training,
+)
 from simsearch.training.runlog import RunLogger
-from simsearch.training.session import Run, TrainedModel, deepspeed_device, open_run, train_model
+from simsearch.training.session import Run, TrainedModel, TrainSettings, deepspeed_device, open_run, train_model
 
 
 def main(recipe: FinetuneRecipe) -> Path:
@@ -56,20 +63,20 @@ def main(recipe: FinetuneRecipe) -> Path:
 
     # Resumed weights: full or the LoRA adapter load here; under DeepSpeed `TrainedModel.restore` restores them below.
     model, tokenizer = load_for_training(
-        recipe.model.path, dtype=recipe.model.dtype, checkpoint=run.checkpoint, deepspeed=use_ds,
-        lora_r=recipe.lora.r, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,
-        lora_target_modules=recipe.lora.target_modules, gradient_checkpointing=recipe.gradient_checkpointing,
-    )  # fmt: skip
+        recipe.model,
+        recipe.lora,
+        checkpoint=run.checkpoint,
+        deepspeed=use_ds,
+        gradient_checkpointing=recipe.gradient_checkpointing,
+    )
     model.train()
     train, val, dropped = _tokenized(recipe, tokenizer)
     train_lengths = [len(pair.input_ids) for pair in train]
 
-    optim = recipe.optim
-    trained = train_model(
-        model, lr=optim.lr, warmup=optim.warmup_for(recipe.steps), total_steps=recipe.steps, optim=optim,
-        zero=recipe.deepspeed, batch=(recipe.batch_size, recipe.grad_accum, run.world), device=recipe.model.device,
-        bf16=recipe.bf16, schedule_in_deepspeed=True,
-    )  # fmt: skip
+    batch = BatchShape(recipe.batch_size, recipe.grad_accum, run.world)
+    settings = TrainSettings(recipe.optim, recipe.steps, recipe.deepspeed, batch, recipe.model.device, recipe.bf16)
+    warmup = recipe.optim.warmup_for(recipe.steps)
+    trained = train_model(model, settings, lr=recipe.optim.lr, warmup=warmup, schedule_in_deepspeed=True)
     if run.state is not None:
         trained.restore(run.state)
     start = run.start

@@ -36,8 +36,8 @@ from simsearch.policy.update import ForwardPasses, Learner, UpdateSettings
 from simsearch.policy.validation import Validation
 from simsearch.retrieval.accounting import Ledger
 from simsearch.training.checkpoint import rng_state
-from simsearch.training.distributed import HFExport, all_reduce_max, load_for_training
-from simsearch.training.session import Run, TrainedModel, deepspeed_device, train_model
+from simsearch.training.distributed import BatchShape, HFExport, all_reduce_max, load_for_training
+from simsearch.training.session import Run, TrainedModel, TrainSettings, deepspeed_device, train_model
 
 if TYPE_CHECKING:
     from simsearch.config import AlgorithmConfig, SearchConfig, TrainRecipe
@@ -58,9 +58,8 @@ def load_learner(recipe: TrainRecipe, run: Run, rows: int) -> tuple[Learner, Rol
     state = run.state
     # Resumed weights (full or the LoRA adapter) load here; under DeepSpeed `TrainedModel.restore` below.
     policy, tokenizer = load_for_training(
-        model.path, dtype=model.dtype, checkpoint=run.checkpoint, deepspeed=use_ds,
-        lora_r=recipe.lora.r, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,
-        lora_target_modules=recipe.lora.target_modules, gradient_checkpointing=recipe.gradient_checkpointing,
+        model, recipe.lora, checkpoint=run.checkpoint, deepspeed=use_ds,
+        gradient_checkpointing=recipe.gradient_checkpointing,
     )  # fmt: skip
     reference = None  # with LoRA the reference is the policy with its adapter disabled
     if recipe.algorithm.kl_coef > 0 and not lora:
@@ -71,21 +70,15 @@ def load_learner(recipe: TrainRecipe, run: Run, rows: int) -> tuple[Learner, Rol
         critic.load_state_dict(state["critic"])
     use_vllm = recipe.policy.kind == "vllm"
     rollout_copy = copy.deepcopy(policy) if recipe.deepspeed.stage == 3 and not use_vllm else None
-    common: dict[str, Any] = dict(
-        total_steps=recipe.steps,
-        optim=recipe.optim,
-        zero=recipe.deepspeed,
-        device=model.device,
-        batch=(recipe.micro_batch_size, -(-rows // recipe.micro_batch_size), run.world),
-        bf16=recipe.bf16,
-    )
+    batch = BatchShape(recipe.micro_batch_size, -(-rows // recipe.micro_batch_size), run.world)
+    settings = TrainSettings(recipe.optim, recipe.steps, recipe.deepspeed, batch, model.device, recipe.bf16)
     warmup = recipe.optim.warmup_for(recipe.steps)
-    actor = train_model(policy, lr=recipe.optim.lr, warmup=warmup, name="policy", **common)
+    actor = train_model(policy, settings, lr=recipe.optim.lr, warmup=warmup, name="policy")
     trained_critic = None
     if critic is not None:
         if recipe.algorithm.critic_warmup_ratio is not None:
             warmup = int(recipe.algorithm.critic_warmup_ratio * recipe.steps)  # verl's rounding, as optim.warmup_ratio
-        trained_critic = train_model(critic, lr=recipe.algorithm.critic_lr, warmup=warmup, name="critic", **common)
+        trained_critic = train_model(critic, settings, lr=recipe.algorithm.critic_lr, warmup=warmup, name="critic")
     device = deepspeed_device() if use_ds else torch.device(model.device)
     for extra in (reference, rollout_copy):
         if extra is not None:

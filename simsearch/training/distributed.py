@@ -18,14 +18,64 @@ import os
 import shutil
 import socket
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 from simsearch.errors import RecipeError
 from simsearch.models import load_model
+
+
+class ZeroSpec(Protocol):
+    """What the DeepSpeed config reads of a recipe's `deepspeed` section."""
+
+    @property
+    def stage(self) -> int: ...
+    @property
+    def offload_optimizer(self) -> bool: ...
+    @property
+    def offload_params(self) -> bool: ...
+
+
+class ModelSpec(Protocol):
+    """What `load_for_training` reads of a recipe's model section."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+
+
+class LoraSpec(Protocol):
+    """What `apply_lora` reads of a recipe's `lora` section (`r = 0`: no adapter)."""
+
+    @property
+    def r(self) -> int: ...
+    @property
+    def alpha(self) -> int: ...
+    @property
+    def dropout(self) -> float: ...
+    @property
+    def target_modules(self) -> Sequence[str]: ...
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """How a process's optimizer step is cut: DeepSpeed's batch sizes.
+
+    Attributes:
+        micro: Rows per micro-batch (one forward and backward).
+        accum: Micro-batches per optimizer step.
+        world: Processes.
+    """
+
+    micro: int
+    accum: int
+    world: int
+
 
 # --------------------------------------------------------------------------- processes
 
@@ -90,17 +140,7 @@ def mean_over_ranks(metrics: dict[str, float], world: int) -> dict[str, float]:
     return dict(zip(keys, values.tolist()))
 
 
-def deepspeed_config(
-    *,
-    stage: int,
-    offload_optimizer: bool,
-    offload_params: bool,
-    micro_batch_size: int,
-    grad_accum: int,
-    world_size: int,
-    grad_clip: float,
-    bf16: bool,
-) -> dict[str, Any]:
+def deepspeed_config(zero: ZeroSpec, batch: BatchShape, *, grad_clip: float, bf16: bool) -> dict[str, Any]:
     """The DeepSpeed config dict for ZeRO-2/3 with our own (client) AdamW and LR schedule.
 
     Gradient clipping, accumulation and mixed precision are DeepSpeed's; the optimizer and
@@ -108,24 +148,30 @@ def deepspeed_config(
     scheduler section (`zero_allow_untested_optimizer` lets ZeRO wrap torch's AdamW, and
     `zero_force_ds_cpu_optimizer: false` lets optimizer offload use it too).
 
+    Args:
+        zero: The ZeRO stage (2 or 3) and offloads.
+        batch: Micro-batch size, accumulation steps and processes.
+        grad_clip: Gradient-norm clipping.
+        bf16: DeepSpeed's bf16 mode.
+
     Raises:
-        ValueError: `stage` is not 2 or 3, or `offload_params` without stage 3.
+        ValueError: `zero.stage` is not 2 or 3, or `zero.offload_params` without stage 3.
     """
-    if stage not in (2, 3):
-        raise ValueError(f"deepspeed stage={stage} must be 2 or 3")
-    if offload_params and stage != 3:
+    if zero.stage not in (2, 3):
+        raise ValueError(f"deepspeed stage={zero.stage} must be 2 or 3")
+    if zero.offload_params and zero.stage != 3:
         raise ValueError("deepspeed.offload_params needs deepspeed.stage=3 (ZeRO-2 does not partition parameters)")
-    zero: dict[str, Any] = {"stage": stage}
-    if offload_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu"}
-    if offload_params:
-        zero["offload_param"] = {"device": "cpu"}
+    section: dict[str, Any] = {"stage": zero.stage}
+    if zero.offload_optimizer:
+        section["offload_optimizer"] = {"device": "cpu"}
+    if zero.offload_params:
+        section["offload_param"] = {"device": "cpu"}
     return {
-        "train_micro_batch_size_per_gpu": micro_batch_size,
-        "gradient_accumulation_steps": grad_accum,
-        "train_batch_size": micro_batch_size * grad_accum * world_size,
+        "train_micro_batch_size_per_gpu": batch.micro,
+        "gradient_accumulation_steps": batch.accum,
+        "train_batch_size": batch.micro * batch.accum * batch.world,
         "gradient_clipping": grad_clip,
-        "zero_optimization": zero,
+        "zero_optimization": section,
         "bf16": {"enabled": bf16},
         "zero_allow_untested_optimizer": True,
         "zero_force_ds_cpu_optimizer": False,
@@ -161,15 +207,11 @@ def backward(loss: torch.Tensor, engine: Any | None, boundary: bool | None = Non
 
 
 def load_for_training(
-    path: str,
+    model: ModelSpec,
+    lora: LoraSpec,
     *,
-    dtype: str,
     checkpoint: Path | None,
     deepspeed: bool,
-    lora_r: int,
-    lora_alpha: int,
-    lora_dropout: float,
-    lora_target_modules: Sequence[str],
     gradient_checkpointing: bool,
 ) -> tuple[Any, Any]:
     """Loads the model a training command updates (and its tokenizer), resuming from `checkpoint`.
@@ -180,54 +222,39 @@ def load_for_training(
     caller's `engine.load_checkpoint` overwrites it.
 
     Args:
-        path: The base model (a `save_pretrained` directory or hub name).
-        dtype: As `models.load_model`.
+        model: The base model (`path`: a `save_pretrained` directory or hub name; `dtype` as
+            `models.load_model`).
+        lora: The adapter to train; `lora.r = 0` trains every weight.
         checkpoint: The checkpoint to resume from, or None for a fresh start.
         deepspeed: The run trains under DeepSpeed (`deepspeed.stage > 0`).
-        lora_r: LoRA rank; 0 trains every weight.
-        lora_alpha: LoRA scaling numerator.
-        lora_dropout: Dropout on the LoRA input.
-        lora_target_modules: Names of the modules that get an adapter.
         gradient_checkpointing: Recompute activations in the backward pass instead of keeping them.
 
     Returns:
         (model, tokenizer); with LoRA the model is a PEFT model whose adapter alone trains.
     """
-    lora = lora_r > 0
+    use_lora = lora.r > 0
     # A full checkpoint replaces the base weights; LoRA and DeepSpeed resume their own state later.
-    source = checkpoint / "model" if checkpoint is not None and not (lora or deepspeed) else path
-    model, tokenizer = load_model(source, dtype=dtype)
-    if lora:
-        model = apply_lora(
-            model, r=lora_r, alpha=lora_alpha, dropout=lora_dropout, target_modules=lora_target_modules,
-            adapter=adapter_dir(checkpoint) if checkpoint is not None and not deepspeed else None,
-        )  # fmt: skip
+    source = checkpoint / "model" if checkpoint is not None and not (use_lora or deepspeed) else model.path
+    loaded, tokenizer = load_model(source, dtype=model.dtype)
+    if use_lora:
+        resumed = adapter_dir(checkpoint) if checkpoint is not None and not deepspeed else None
+        loaded = apply_lora(loaded, lora, adapter=resumed)
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-        if lora:
+        loaded.gradient_checkpointing_enable()
+        if use_lora:
             # The frozen embeddings' outputs do not require gradients, so (reentrant) checkpointed
             # blocks would pass none to the adapter: make them require it.
-            model.enable_input_require_grads()
-    return model, tokenizer
+            loaded.enable_input_require_grads()
+    return loaded, tokenizer
 
 
-def apply_lora(
-    model: Any,
-    *,
-    r: int,
-    alpha: int,
-    dropout: float,
-    target_modules: Sequence[str],
-    adapter: Path | None,
-) -> Any:
+def apply_lora(model: Any, lora: LoraSpec, *, adapter: Path | None = None) -> Any:
     """Wraps a causal LM in a fresh PEFT LoRA adapter, optionally loading its weights.
 
     Args:
         model: The base transformers model.
-        r: LoRA rank (> 0).
-        alpha: LoRA scaling numerator.
-        dropout: Dropout on the LoRA input.
-        target_modules: Names of the modules that get an adapter.
+        lora: Rank (> 0), scaling numerator, input dropout and the names of the modules that get
+            an adapter.
         adapter: A directory holding `adapter_model.safetensors` to resume from (see
             `adapter_dir`), or None for the fresh initialisation.
 
@@ -240,10 +267,10 @@ def apply_lora(
     model = get_peft_model(
         model,
         LoraConfig(
-            r=r,
-            lora_alpha=alpha,
-            lora_dropout=dropout,
-            target_modules=list(target_modules),
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules),
             task_type="CAUSAL_LM",
         ),
     )

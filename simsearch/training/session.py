@@ -29,6 +29,8 @@ from simsearch.training.checkpoint import (
     set_rng_state,
 )
 from simsearch.training.distributed import (
+    BatchShape,
+    ZeroSpec,
     deepspeed_config,
     deepspeed_state_dir,
     init_distributed,
@@ -38,7 +40,7 @@ from simsearch.training.optim import adamw_with_schedule
 
 
 class OptimSpec(Protocol):
-    """What `TrainedModel.build` reads of a recipe's `optim` section."""
+    """What `train_model` reads of a recipe's `optim` section."""
 
     @property
     def betas(self) -> Sequence[float]: ...
@@ -50,12 +52,25 @@ class OptimSpec(Protocol):
     def grad_clip(self) -> float: ...
 
 
-class ZeroSpec(Protocol):
-    """What `TrainedModel.build` reads of a recipe's `deepspeed` section."""
+@dataclass(frozen=True)
+class TrainSettings:
+    """How a run trains each of its models (the policy and its critic alike).
 
-    stage: int
-    offload_optimizer: bool
-    offload_params: bool
+    Attributes:
+        optim: Betas, weight decay, schedule kind and gradient clipping.
+        total_steps: The LR schedule's length.
+        zero: The DeepSpeed ZeRO stage and offloads; stage 0 trains without DeepSpeed.
+        batch: The optimizer step's shape, for DeepSpeed.
+        device: Where a model trains without DeepSpeed.
+        bf16: DeepSpeed's bf16 mode.
+    """
+
+    optim: OptimSpec
+    total_steps: int
+    zero: ZeroSpec
+    batch: BatchShape
+    device: str
+    bf16: bool
 
 
 @dataclass
@@ -197,48 +212,35 @@ class TrainedModel:
 
 def train_model(
     module: Any,
+    settings: TrainSettings,
     *,
     lr: float,
     warmup: int,
-    total_steps: int,
-    optim: OptimSpec,
-    zero: ZeroSpec,
-    batch: tuple[int, int, int],
-    device: str,
-    bf16: bool,
     name: str = "",
     schedule_in_deepspeed: bool = False,
 ) -> TrainedModel:
     """AdamW with its LR schedule over `module`'s trainable parameters, under DeepSpeed when `zero.stage > 0`.
 
     Args:
-        module: The model; without DeepSpeed it is moved to `device`.
-        lr: Peak learning rate.
-        warmup: Warm-up steps of the schedule.
-        total_steps: Schedule length.
-        optim: Betas, weight decay, schedule kind and gradient clipping.
-        zero: The DeepSpeed ZeRO stage and offloads.
-        batch: (micro-batch size, micro-batches per optimizer step, processes) for DeepSpeed.
-        device: Where the module trains without DeepSpeed.
-        bf16: DeepSpeed's bf16 mode.
+        module: The model; without DeepSpeed it is moved to `settings.device`.
+        settings: The run's optimizer, schedule length, DeepSpeed and device settings.
+        lr: This model's peak learning rate.
+        warmup: Warm-up steps of its schedule.
         name: See `TrainedModel.name`.
         schedule_in_deepspeed: Hand the schedule to DeepSpeed, which steps it with the optimizer.
     """
+    optim, zero = settings.optim, settings.zero
     optimizer, scheduler = adamw_with_schedule(
         [p for p in module.parameters() if p.requires_grad],
         lr=lr, betas=optim.betas, weight_decay=optim.weight_decay,
-        warmup_steps=warmup, total_steps=total_steps, schedule=optim.schedule,
+        warmup_steps=warmup, total_steps=settings.total_steps, schedule=optim.schedule,
     )  # fmt: skip
     if zero.stage == 0:
-        module.to(torch.device(device))
+        module.to(torch.device(settings.device))
         return TrainedModel(module, module, optimizer, scheduler, False, False, name)  # the schedule is ours
     import deepspeed
 
-    micro, accum, world = batch
-    config = deepspeed_config(
-        stage=zero.stage, offload_optimizer=zero.offload_optimizer, offload_params=zero.offload_params,
-        micro_batch_size=micro, grad_accum=accum, world_size=world, grad_clip=optim.grad_clip, bf16=bf16,
-    )  # fmt: skip
+    config = deepspeed_config(zero, settings.batch, grad_clip=optim.grad_clip, bf16=settings.bf16)
     handed = scheduler if schedule_in_deepspeed else None
     engine, optimizer, _, ds_scheduler = deepspeed.initialize(
         model=module, optimizer=optimizer, lr_scheduler=handed, config=config
