@@ -340,8 +340,6 @@ class AlgorithmConfig:
     # ZeroSearch's and Search-R1's PPO scripts); None = the actor's (optim.warmup_steps / warmup_ratio)
     critic_warmup_ratio: float | None = None
     stratified_alpha: float = 0.5  # stratified GRPO: weight of the within-stratum advantage
-    # IGPO: discount of a turn's advantage over the turns that follow it, in [0, 1] (the paper's 1.0)
-    igpo_gamma: float = 1.0
     ppo_epochs: int = 1  # passes over each batch (verl's ppo_epochs)
     # trajectories per optimizer step over all processes; 0 = the whole batch. verl's
     # ppo_mini_batch_size counts prompts: ours = ppo_mini_batch_size x rollout.n (its group size)
@@ -349,6 +347,10 @@ class AlgorithmConfig:
     # truncated importance sampling: weight each token by min(p_trainer / p_rollout, tis_cap),
     # correcting for a rollout engine (vLLM) that samples slightly off the trainer; 0 = off, else >= 1
     tis_cap: float = 0.0
+    # DAPO's dynamic sampling (policy.sampling): drop the groups whose rewards are all equal and roll out
+    # the next prompts of the data stream, round after round, until prompts_per_step informative groups
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 3  # rollout rounds per step at most, the first included (verl: max_num_gen_batches)
 
     def check(self, key: str) -> None:
         # Imported here, not at the top: the tables' modules need torch, which `import simsearch.config`
@@ -365,18 +367,17 @@ class AlgorithmConfig:
             )
         _check_choice(f"{key}.loss_agg", self.loss_agg, tuple(LOSS_AGGREGATIONS))
         _check_positive(f"{key}.ppo_epochs", self.ppo_epochs)
-        _check_range(f"{key}.igpo_gamma", self.igpo_gamma, 0.0, 1.0)
-        if ESTIMATORS[self.estimator].information_gain and self.kl_in_reward:
-            raise RecipeError(
-                f"{key}.kl_in_reward=true with {key}.estimator={self.estimator}: its turn rewards take no KL "
-                "penalty; keep the KL in the loss (kl_in_reward=false), as the IGPO paper does"
-            )
         if self.critic_warmup_ratio is not None:
             _check_range(f"{key}.critic_warmup_ratio", self.critic_warmup_ratio, 0.0, 1.0)
         if self.tis_cap != 0 and not self.tis_cap >= 1:  # `not >=` also refuses NaN
             raise RecipeError(
                 f"{key}.tis_cap={self.tis_cap} must be 0 (no correction) or >= 1 (a token the rollout "
                 "and the trainer agree on keeps weight 1); the usual cap is 2"
+            )
+        if self.max_sampling_rounds < 1:
+            raise RecipeError(
+                f"{key}.max_sampling_rounds={self.max_sampling_rounds} must be >= 1 (rollout rounds per step, the "
+                "first included); there is no unbounded setting (verl's max_num_gen_batches=0)"
             )
 
 

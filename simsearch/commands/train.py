@@ -2,7 +2,9 @@
 
 Set-up (processes, data, models, engines, resume) → loop → clean-up. One step: this process's
 share of `prompts_per_step` questions from a seeded permutation per epoch; p_noise from the
-curriculum; `group_size` rollouts per question; rewards; reference / old log-probs and values
+curriculum; `group_size` rollouts per question and their rewards (`factory.train.sample_step`; with
+`algorithm.dynamic_sampling`, DAPO's: groups whose rewards are all equal give way to the next questions'
+groups, rolled out in further rounds, `policy.sampling`); reference / old log-probs and values
 (`policy.update.forward_passes`); advantages (`algorithm.estimator`); the update
 (`policy.update.update`) and the weight sync (`policy.sync`); log, validate every `eval_every`
 steps (`policy.validation`), checkpoint every `save_every` steps (`training.session`).
@@ -38,33 +40,32 @@ Departures from the textbook and from ZeroSearch's verl trainer:
 
 from __future__ import annotations
 
-import random
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from simsearch.config import TrainRecipe, save_recipe
-from simsearch.curriculum.schedules import NoiseSchedule, num_noisy
+from simsearch.curriculum.schedules import NoiseSchedule
 from simsearch.data.qa import load_qa
 from simsearch.errors import ServiceError
 from simsearch.factory import train as rl
 from simsearch.factory.build import build_schedule, build_search_engine, meter_search_engine
-from simsearch.policy.batch import collate_trajectories, stream_indices
+from simsearch.policy.batch import collate_trajectories
 from simsearch.policy.records import search_usage, trajectory_rows
-from simsearch.policy.rollout import RolloutResult, generate_trajectories, score_trajectories
+from simsearch.policy.rollout import RolloutResult
 from simsearch.policy.sync import RolloutWeights, sync_rollout_weights
-from simsearch.policy.update import Learner, UpdateSettings, derived_seed, forward_passes, update
+from simsearch.policy.update import Learner, UpdateSettings, forward_passes, update
 from simsearch.policy.validation import Validation, validate
 from simsearch.retrieval import accounting
 from simsearch.retrieval.accounting import EngineUsage, Ledger
 from simsearch.training.distributed import mean_over_ranks
 from simsearch.training.runlog import RunLogger, read_metrics
 from simsearch.training.session import Run, open_run
-from simsearch.types import SamplingParams
 
 
 @dataclass
@@ -104,13 +105,10 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
     try:
         for step in progress:
             began = time.perf_counter()
-            indices = stream_indices(len(t.train_data), position, recipe.prompts_per_step, recipe.seed)
-            position += recipe.prompts_per_step
-            p_noise = t.schedule(step)  # the curriculum decides how noisy search is
-            result = _rollout(t, [t.train_data[i] for i in indices[t.share]], p_noise, step)
+            p_noise = t.schedule(step)  # the curriculum decides how noisy search is, in every round
+            sample = _sample(t, position, p_noise, step)
+            position, result, scored = position + sample.prompts, sample.result, sample.scored
             rollout_s = time.perf_counter() - began
-            scored = score_trajectories(result.trajectories, recipe.reward.resolved_weights(),
-                                        normalization=recipe.reward.normalization)  # fmt: skip
             batch = collate_trajectories(result.trajectories, t.tokenizer.pad_token_id).to(t.learner.device)
             passes = forward_passes(t.learner, t.settings, batch)
             advantages, trained, returns, stats = rl.step_advantages(
@@ -120,7 +118,7 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
             losses = update(t.learner, t.settings, batch, trained, passes, returns, step)
             sync_rollout_weights(t.weights)
             metrics = {
-                **scored.stats, **result.metrics, **losses, **stats,
+                **scored.stats, **result.metrics, **losses, **stats, **sample.metrics,
                 "advantages/mean": float((advantages * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1)),
                 "curriculum/p_noise": p_noise, "time/rollout_s": rollout_s,
                 "time/search_s": result.timings["time/search_s"], "time/update_s": time.perf_counter() - update_began,
@@ -178,26 +176,15 @@ def _set_up(recipe: TrainRecipe) -> _Training:
                      search, ledger, logger, previous_cost, {})  # fmt: skip
 
 
-def _rollout(t: _Training, examples: list, p_noise: float, step: int) -> RolloutResult:
-    """`group_size` trajectories per question, each search call with num_noisy(p_noise, top_k) noisy documents."""
-    recipe, rank = t.recipe, t.run.rank
-    noise_rng = random.Random(f"noise:{recipe.seed}:{step}:{rank}")
-    sampling = SamplingParams(
-        temperature=recipe.sampling.temperature, top_p=recipe.sampling.top_p,
-        max_new_tokens=recipe.sampling.max_new_tokens, seed=derived_seed(recipe.seed, "rollout", step, rank),
-        logprobs=recipe.algorithm.tis_cap > 0,
-    )  # fmt: skip
+def _sample(t: _Training, position: int, p_noise: float, step: int) -> rl.StepSample:
+    """The step's rollout rounds from data position `position`, each search with p_noise (`rl.sample_step`)."""
+    rollout = partial(rl.rollout_round, t.recipe, t.weights.generator, t.tokenizer, t.search, t.run.rank, p_noise, step)
     with t.generation():
-        result = generate_trajectories(
-            examples, policy=t.weights.generator, tokenizer=t.tokenizer, search=t.search,
-            settings=rl.rollout_settings(recipe, recipe.search), sampling=sampling,
-            group_size=recipe.rollout.group_size,
-            noise=lambda top_k: num_noisy(p_noise, top_k, recipe.curriculum.granularity, noise_rng),
-            rng=random.Random(f"real:{recipe.seed}:{step}:{rank}"),
-        )  # fmt: skip
-    if t.weights.vllm and recipe.policy.enable_sleep_mode:
+        sample = rl.sample_step(t.recipe, rollout, t.train_data, position, t.share, t.run.world,
+                                t.settings.minibatch_rows)  # fmt: skip
+    if t.weights.vllm and t.recipe.policy.enable_sleep_mode:
         t.weights.generator.sleep()  # its GPU memory to the update; sync and the next rollout wake it
-    return result
+    return sample
 
 
 def _finish_metrics(

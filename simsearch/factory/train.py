@@ -8,17 +8,19 @@ ZeRO-3 partitions it) and the reference is an unpartitioned copy too; with vLLM 
 from __future__ import annotations
 
 import copy
-import time
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from simsearch.curriculum.schedules import num_noisy
 from simsearch.errors import RecipeError
 from simsearch.factory.build import build_generation_engine, build_search_engine, meter_search_engine
 from simsearch.generation.hf import HFEngine
 from simsearch.models import load_model
-from simsearch.policy.advantages import ESTIMATORS, EstimatorInputs, Stats
 from simsearch.policy.batch import (
     ActorLossSettings,
     TrainBatch,
@@ -26,18 +28,21 @@ from simsearch.policy.batch import (
     collate_rollout_logprobs,
     rank_share,
     sequence_kl,
+    stream_indices,
     token_advantages,
 )
-from simsearch.policy.infogain import gold_probabilities, gold_queries, information_gains, turn_index
 from simsearch.policy.offpolicy import truncated_is_weights
-from simsearch.policy.rollout import RolloutResult, RolloutSettings
+from simsearch.policy.rewards import RewardOutput
+from simsearch.policy.rollout import RolloutResult, RolloutSettings, generate_trajectories, score_trajectories
+from simsearch.policy.sampling import Round, Sampled, sample_informative, trainable_groups
 from simsearch.policy.sync import RolloutWeights
-from simsearch.policy.update import ForwardPasses, Learner, UpdateSettings
+from simsearch.policy.update import ForwardPasses, Learner, UpdateSettings, derived_seed
 from simsearch.policy.validation import Validation
 from simsearch.retrieval.accounting import Ledger
 from simsearch.training.checkpoint import rng_state
-from simsearch.training.distributed import BatchShape, HFExport, all_reduce_max, load_for_training
-from simsearch.training.session import Run, TrainedModel, TrainSettings, deepspeed_device, train_model
+from simsearch.training.distributed import HFExport, all_reduce_max, all_reduce_sum, load_for_training
+from simsearch.training.session import Run, TrainedModel, deepspeed_device, train_model
+from simsearch.types import SamplingParams
 
 if TYPE_CHECKING:
     from simsearch.config import AlgorithmConfig, SearchConfig, TrainRecipe
@@ -58,8 +63,9 @@ def load_learner(recipe: TrainRecipe, run: Run, rows: int) -> tuple[Learner, Rol
     state = run.state
     # Resumed weights (full or the LoRA adapter) load here; under DeepSpeed `TrainedModel.restore` below.
     policy, tokenizer = load_for_training(
-        model, recipe.lora, checkpoint=run.checkpoint, deepspeed=use_ds,
-        gradient_checkpointing=recipe.gradient_checkpointing,
+        model.path, dtype=model.dtype, checkpoint=run.checkpoint, deepspeed=use_ds,
+        lora_r=recipe.lora.r, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,
+        lora_target_modules=recipe.lora.target_modules, gradient_checkpointing=recipe.gradient_checkpointing,
     )  # fmt: skip
     reference = None  # with LoRA the reference is the policy with its adapter disabled
     if recipe.algorithm.kl_coef > 0 and not lora:
@@ -70,15 +76,21 @@ def load_learner(recipe: TrainRecipe, run: Run, rows: int) -> tuple[Learner, Rol
         critic.load_state_dict(state["critic"])
     use_vllm = recipe.policy.kind == "vllm"
     rollout_copy = copy.deepcopy(policy) if recipe.deepspeed.stage == 3 and not use_vllm else None
-    batch = BatchShape(recipe.micro_batch_size, -(-rows // recipe.micro_batch_size), run.world)
-    settings = TrainSettings(recipe.optim, recipe.steps, recipe.deepspeed, batch, model.device, recipe.bf16)
+    common: dict[str, Any] = dict(
+        total_steps=recipe.steps,
+        optim=recipe.optim,
+        zero=recipe.deepspeed,
+        device=model.device,
+        batch=(recipe.micro_batch_size, -(-rows // recipe.micro_batch_size), run.world),
+        bf16=recipe.bf16,
+    )
     warmup = recipe.optim.warmup_for(recipe.steps)
-    actor = train_model(policy, settings, lr=recipe.optim.lr, warmup=warmup, name="policy")
+    actor = train_model(policy, lr=recipe.optim.lr, warmup=warmup, name="policy", **common)
     trained_critic = None
     if critic is not None:
         if recipe.algorithm.critic_warmup_ratio is not None:
             warmup = int(recipe.algorithm.critic_warmup_ratio * recipe.steps)  # verl's rounding, as optim.warmup_ratio
-        trained_critic = train_model(critic, settings, lr=recipe.algorithm.critic_lr, warmup=warmup, name="critic")
+        trained_critic = train_model(critic, lr=recipe.algorithm.critic_lr, warmup=warmup, name="critic", **common)
     device = deepspeed_device() if use_ds else torch.device(model.device)
     for extra in (reference, rollout_copy):
         if extra is not None:
@@ -195,30 +207,19 @@ def update_settings(recipe: TrainRecipe, minibatch_rows: int) -> UpdateSettings:
 
 def step_advantages(
     alg: AlgorithmConfig, learner: Learner, settings: UpdateSettings, rewards: list[float], batch: TrainBatch,
-    passes: ForwardPasses, result: RolloutResult, tokenizer: Any = None,
+    passes: ForwardPasses, result: RolloutResult,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, float]]:  # fmt: skip
-    """(advantages, what the update trains on, returns, stats): the estimator's, then TIS-weighted.
-
-    `tokenizer` (the policy's) is needed by estimators that measure information gains (IGPO: the
-    gold answers are tokenized); their extra forward passes are timed as `time/infogain_s`.
-    """
+    """(advantages, what the update trains on, returns, stats): the estimator's, then TIS-weighted."""
     device = learner.device
-    kl_tokens, timing = None, {}
+    kl_tokens = None
     if alg.kl_in_reward and settings.needs_reference:
         kl_tokens = sequence_kl(passes.old_logp, passes.ref_logp, batch.loss_mask, alg.kl_estimator)  # type: ignore[arg-type]
-    if ESTIMATORS[alg.estimator].information_gain:  # kl_in_reward is refused with it (AlgorithmConfig)
-        began = time.perf_counter()
-        advantages, returns, adv_stats = _information_gain_advantages(
-            alg, learner, settings, rewards, batch, result, tokenizer
-        )
-        timing["time/infogain_s"] = time.perf_counter() - began
-    else:
-        advantages, returns, adv_stats = token_advantages(
-            alg.estimator, torch.tensor(rewards, dtype=torch.float32), batch.to("cpu"),
-            kl=None if kl_tokens is None else kl_tokens.cpu(), kl_coef=alg.kl_coef if kl_tokens is not None else 0.0,
-            values=None if passes.old_values is None else passes.old_values.cpu(),
-            gamma=alg.gamma, lam=alg.lam, stratified_alpha=alg.stratified_alpha,
-        )  # fmt: skip
+    advantages, returns, adv_stats = token_advantages(
+        alg.estimator, torch.tensor(rewards, dtype=torch.float32), batch.to("cpu"),
+        kl=None if kl_tokens is None else kl_tokens.cpu(), kl_coef=alg.kl_coef if kl_tokens is not None else 0.0,
+        values=None if passes.old_values is None else passes.old_values.cpu(),
+        gamma=alg.gamma, lam=alg.lam, stratified_alpha=alg.stratified_alpha,
+    )  # fmt: skip
     advantages = advantages.to(device)
     returns = None if returns is None else returns.to(device)
     trained, tis_stats = advantages, dict[str, torch.Tensor]()
@@ -231,37 +232,7 @@ def step_advantages(
         trained = advantages * weights  # [B, L], 0 where not trained
     stats = {f"advantages/{k}": float(v) for k, v in adv_stats.items()}
     stats.update({f"offpolicy/{k}": float(v) for k, v in tis_stats.items()})
-    stats.update(timing)
     return advantages, trained, returns, stats
-
-
-def _information_gain_advantages(
-    alg: AlgorithmConfig, learner: Learner, settings: UpdateSettings, rewards: list[float], batch: TrainBatch,
-    result: RolloutResult, tokenizer: Any,
-) -> tuple[torch.Tensor, None, Stats]:  # fmt: skip
-    """IGPO's `[B, L]` advantages (CPU): the policy's gold-answer probability after each turn (`policy.infogain`)."""
-    trajectories = result.trajectories
-    if tokenizer is None:
-        raise ValueError(f"step_advantages: estimator {alg.estimator!r} needs the policy's tokenizer (gold answers)")
-    if len(trajectories) != batch.size:
-        raise ValueError(f"step_advantages: {len(trajectories)} trajectories for a batch of {batch.size} rows")
-    mbs, sync = settings.micro_batch_size, learner.actor.zero3 and learner.world > 1
-    queries = gold_queries(trajectories, tokenizer, fill=sync)
-    count = torch.tensor([-(-len(queries) // mbs)])
-    count = all_reduce_max(count, learner.world) if sync else count  # ZeRO-3: as many forward passes everywhere
-    with learner.autocast_context():
-        probabilities = gold_probabilities(
-            learner.actor.engine, queries, pad_id=tokenizer.pad_token_id, device=learner.device,
-            micro_batch_size=mbs, temperature=settings.loss.temperature, passes=int(count[0]),
-        )  # fmt: skip
-    turns = turn_index(trajectories, batch.response_width)  # [B, L]
-    cpu = batch.to("cpu")
-    inputs = EstimatorInputs(
-        torch.tensor(rewards, dtype=torch.float32), cpu.loss_mask, cpu.group_ids, cpu.num_searches,
-        gamma=alg.igpo_gamma, gains=information_gains(queries, probabilities, turns), turn_index=turns,
-    )  # fmt: skip
-    advantages, _, stats = ESTIMATORS[alg.estimator].compute(inputs)
-    return advantages, None, stats
 
 
 def save_training(
@@ -291,3 +262,113 @@ def save_training(
         return state
 
     return run.save(step, models, export, tokenizer, trainer_state)
+
+
+@dataclass
+class StepSample:
+    """A step's rollout, as the update trains on it.
+
+    Attributes:
+        result: The trajectories to train on (`prompt_id` numbers their groups 0, 1, ...). Under
+            dynamic sampling its metrics are the first round's (the step's own prompts, comparable
+            with a run without it), except `perf/prompt_tokens` and `perf/decoded_tokens`, and its
+            timings, which add up every round.
+        scored: The rewards of those trajectories; its stats, too, are the first round's.
+        prompts: Data-stream positions the step used, over all processes: the data position
+            advances by this much.
+        metrics: `sampling/flat_share`; under dynamic sampling `sampling/rounds`,
+            `sampling/prompts` and `sampling/groups` (informative groups trained on, over all
+            processes; 0 when none was found and the first round is trained on).
+    """
+
+    result: RolloutResult
+    scored: RewardOutput
+    prompts: int
+    metrics: dict[str, float]
+
+
+RolloutRound = Callable[[list[Any], int], RolloutResult]
+"""`rollout(examples, i)`: round i of the step's rollout on these questions."""
+
+
+def sample_step(
+    recipe: TrainRecipe, rollout: RolloutRound, data: list[Any], position: int, share: slice, world: int,
+    minibatch_rows: int,
+) -> StepSample:  # fmt: skip
+    """The step's rollouts and rewards: one round, or DAPO's dynamic sampling (`policy.sampling`).
+
+    Round i takes positions [position + i x prompts_per_step, ...) of the seeded data stream, this
+    process its `share` of them. Each process fills its own share: it stops when it holds that many
+    informative groups; the data position then advances by the most rounds any process ran, and
+    every process trains on as many groups as the one that found fewest (minus what the minibatch
+    size cannot split), so all run the same micro-batches. A process's share of a round it did not
+    need is skipped.
+    """
+    step_prompts, alg = recipe.prompts_per_step, recipe.algorithm
+
+    def one_round(i: int) -> Round[tuple[RolloutResult, RewardOutput]]:
+        indices = stream_indices(len(data), position + i * step_prompts, step_prompts, recipe.seed)[share]
+        result = rollout([data[j] for j in indices], i)
+        scored = score_trajectories(result.trajectories, recipe.reward.resolved_weights(),
+                                    normalization=recipe.reward.normalization)  # fmt: skip
+        return Round((result, scored), scored.total, [t.prompt_id for t in result.trajectories])
+
+    rounds = alg.max_sampling_rounds if alg.dynamic_sampling else 1
+    sampled = sample_informative(one_round, share.stop - share.start, rounds)
+    metrics = {"sampling/flat_share": sampled.flat_share}
+    if not alg.dynamic_sampling:
+        result, scored = sampled.rounds[0].output
+        return StepSample(result, scored, step_prompts, metrics)
+    most = all_reduce_max(torch.tensor([len(sampled.rounds), -len(sampled.informative)]), world).tolist()
+    count = trainable_groups(-most[1], recipe.rollout.group_size, minibatch_rows)
+    prompts = int(all_reduce_sum(torch.tensor([sampled.prompts]), world).item())
+    metrics.update({"sampling/rounds": float(most[0]), "sampling/prompts": float(prompts),
+                    "sampling/groups": float(count * world)})  # fmt: skip
+    result, scored = _trained_batch(sampled, sampled.trained(count))
+    return StepSample(result, scored, most[0] * step_prompts, metrics)
+
+
+def _trained_batch(
+    sampled: Sampled[tuple[RolloutResult, RewardOutput]], groups: list[tuple[int, int]]
+) -> tuple[RolloutResult, RewardOutput]:
+    """The trajectories and rewards of `groups` ((round, group id) each), groups renumbered in order."""
+    first, first_scored = sampled.rounds[0].output
+    trajectories, total, components = [], [], {name: list[float]() for name in first_scored.components}
+    for new_id, (i, group) in enumerate(groups):
+        result, scored = sampled.rounds[i].output
+        for row, trajectory in enumerate(result.trajectories):
+            if trajectory.prompt_id == group:
+                trajectories.append(replace(trajectory, prompt_id=new_id))
+                total.append(scored.total[row])
+                for name, values in components.items():
+                    values.append(scored.components[name][row])
+    results = [r.output[0] for r in sampled.rounds]
+    metrics = dict(first.metrics)
+    for key in ("perf/prompt_tokens", "perf/decoded_tokens"):
+        metrics[key] = sum(r.metrics[key] for r in results)
+    timings = {key: sum(r.timings[key] for r in results) for key in first.timings}
+    return RolloutResult(trajectories, metrics, timings), RewardOutput(total, components, first_scored.stats)
+
+
+def rollout_round(
+    recipe: TrainRecipe, generator: Any, tokenizer: Any, search: Any, rank: int, p_noise: float, step: int,
+    examples: list[Any], round_: int,
+) -> RolloutResult:  # fmt: skip
+    """`group_size` trajectories per question, each search call with num_noisy(p_noise, top_k) noisy documents.
+
+    Sampling and coin flips are seeded by (seed, step, process, round); round 0 draws what a step
+    without dynamic sampling draws.
+    """
+    key = f"{step}:{rank}" + (f":{round_}" if round_ else "")
+    noise_rng = random.Random(f"noise:{recipe.seed}:{key}")
+    sampling = SamplingParams(
+        temperature=recipe.sampling.temperature, top_p=recipe.sampling.top_p,
+        max_new_tokens=recipe.sampling.max_new_tokens, logprobs=recipe.algorithm.tis_cap > 0,
+        seed=derived_seed(recipe.seed, f"rollout{round_ or ''}", step, rank),
+    )  # fmt: skip
+    return generate_trajectories(
+        examples, policy=generator, tokenizer=tokenizer, search=search,
+        settings=rollout_settings(recipe, recipe.search), sampling=sampling, group_size=recipe.rollout.group_size,
+        noise=lambda top_k: num_noisy(p_noise, top_k, recipe.curriculum.granularity, noise_rng),
+        rng=random.Random(f"real:{recipe.seed}:{key}"),
+    )  # fmt: skip
