@@ -340,6 +340,8 @@ class AlgorithmConfig:
     # ZeroSearch's and Search-R1's PPO scripts); None = the actor's (optim.warmup_steps / warmup_ratio)
     critic_warmup_ratio: float | None = None
     stratified_alpha: float = 0.5  # stratified GRPO: weight of the within-stratum advantage
+    # IGPO: discount of a turn's advantage over the turns that follow it, in [0, 1] (the paper's 1.0)
+    igpo_gamma: float = 1.0
     ppo_epochs: int = 1  # passes over each batch (verl's ppo_epochs)
     # trajectories per optimizer step over all processes; 0 = the whole batch. verl's
     # ppo_mini_batch_size counts prompts: ours = ppo_mini_batch_size x rollout.n (its group size)
@@ -367,6 +369,12 @@ class AlgorithmConfig:
             )
         _check_choice(f"{key}.loss_agg", self.loss_agg, tuple(LOSS_AGGREGATIONS))
         _check_positive(f"{key}.ppo_epochs", self.ppo_epochs)
+        _check_range(f"{key}.igpo_gamma", self.igpo_gamma, 0.0, 1.0)
+        if ESTIMATORS[self.estimator].information_gain and self.kl_in_reward:
+            raise RecipeError(
+                f"{key}.kl_in_reward=true with {key}.estimator={self.estimator}: its turn rewards take no KL "
+                "penalty; keep the KL in the loss (kl_in_reward=false), as the IGPO paper does"
+            )
         if self.critic_warmup_ratio is not None:
             _check_range(f"{key}.critic_warmup_ratio", self.critic_warmup_ratio, 0.0, 1.0)
         if self.tis_cap != 0 and not self.tis_cap >= 1:  # `not >=` also refuses NaN

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,6 +22,7 @@ from simsearch.errors import RecipeError
 from simsearch.factory.build import build_generation_engine, build_search_engine, meter_search_engine
 from simsearch.generation.hf import HFEngine
 from simsearch.models import load_model
+from simsearch.policy.advantages import ESTIMATORS, EstimatorInputs, Stats
 from simsearch.policy.batch import (
     ActorLossSettings,
     TrainBatch,
@@ -31,6 +33,7 @@ from simsearch.policy.batch import (
     stream_indices,
     token_advantages,
 )
+from simsearch.policy.infogain import gold_probabilities, gold_queries, information_gains, turn_index
 from simsearch.policy.offpolicy import truncated_is_weights
 from simsearch.policy.rewards import RewardOutput
 from simsearch.policy.rollout import RolloutResult, RolloutSettings, generate_trajectories, score_trajectories
@@ -40,8 +43,8 @@ from simsearch.policy.update import ForwardPasses, Learner, UpdateSettings, deri
 from simsearch.policy.validation import Validation
 from simsearch.retrieval.accounting import Ledger
 from simsearch.training.checkpoint import rng_state
-from simsearch.training.distributed import HFExport, all_reduce_max, all_reduce_sum, load_for_training
-from simsearch.training.session import Run, TrainedModel, deepspeed_device, train_model
+from simsearch.training.distributed import BatchShape, HFExport, all_reduce_max, all_reduce_sum, load_for_training
+from simsearch.training.session import Run, TrainedModel, TrainSettings, deepspeed_device, train_model
 from simsearch.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -63,9 +66,8 @@ def load_learner(recipe: TrainRecipe, run: Run, rows: int) -> tuple[Learner, Rol
     state = run.state
     # Resumed weights (full or the LoRA adapter) load here; under DeepSpeed `TrainedModel.restore` below.
     policy, tokenizer = load_for_training(
-        model.path, dtype=model.dtype, checkpoint=run.checkpoint, deepspeed=use_ds,
-        lora_r=recipe.lora.r, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,
-        lora_target_modules=recipe.lora.target_modules, gradient_checkpointing=recipe.gradient_checkpointing,
+        model, recipe.lora, checkpoint=run.checkpoint, deepspeed=use_ds,
+        gradient_checkpointing=recipe.gradient_checkpointing,
     )  # fmt: skip
     reference = None  # with LoRA the reference is the policy with its adapter disabled
     if recipe.algorithm.kl_coef > 0 and not lora:
@@ -76,21 +78,15 @@ def load_learner(recipe: TrainRecipe, run: Run, rows: int) -> tuple[Learner, Rol
         critic.load_state_dict(state["critic"])
     use_vllm = recipe.policy.kind == "vllm"
     rollout_copy = copy.deepcopy(policy) if recipe.deepspeed.stage == 3 and not use_vllm else None
-    common: dict[str, Any] = dict(
-        total_steps=recipe.steps,
-        optim=recipe.optim,
-        zero=recipe.deepspeed,
-        device=model.device,
-        batch=(recipe.micro_batch_size, -(-rows // recipe.micro_batch_size), run.world),
-        bf16=recipe.bf16,
-    )
+    batch = BatchShape(recipe.micro_batch_size, -(-rows // recipe.micro_batch_size), run.world)
+    settings = TrainSettings(recipe.optim, recipe.steps, recipe.deepspeed, batch, model.device, recipe.bf16)
     warmup = recipe.optim.warmup_for(recipe.steps)
-    actor = train_model(policy, lr=recipe.optim.lr, warmup=warmup, name="policy", **common)
+    actor = train_model(policy, settings, lr=recipe.optim.lr, warmup=warmup, name="policy")
     trained_critic = None
     if critic is not None:
         if recipe.algorithm.critic_warmup_ratio is not None:
             warmup = int(recipe.algorithm.critic_warmup_ratio * recipe.steps)  # verl's rounding, as optim.warmup_ratio
-        trained_critic = train_model(critic, lr=recipe.algorithm.critic_lr, warmup=warmup, name="critic", **common)
+        trained_critic = train_model(critic, settings, lr=recipe.algorithm.critic_lr, warmup=warmup, name="critic")
     device = deepspeed_device() if use_ds else torch.device(model.device)
     for extra in (reference, rollout_copy):
         if extra is not None:
@@ -207,19 +203,30 @@ def update_settings(recipe: TrainRecipe, minibatch_rows: int) -> UpdateSettings:
 
 def step_advantages(
     alg: AlgorithmConfig, learner: Learner, settings: UpdateSettings, rewards: list[float], batch: TrainBatch,
-    passes: ForwardPasses, result: RolloutResult,
+    passes: ForwardPasses, result: RolloutResult, tokenizer: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, float]]:  # fmt: skip
-    """(advantages, what the update trains on, returns, stats): the estimator's, then TIS-weighted."""
+    """(advantages, what the update trains on, returns, stats): the estimator's, then TIS-weighted.
+
+    `tokenizer` (the policy's) is needed by estimators that measure information gains (IGPO: the
+    gold answers are tokenized); their extra forward passes are timed as `time/infogain_s`.
+    """
     device = learner.device
-    kl_tokens = None
+    kl_tokens, timing = None, {}
     if alg.kl_in_reward and settings.needs_reference:
         kl_tokens = sequence_kl(passes.old_logp, passes.ref_logp, batch.loss_mask, alg.kl_estimator)  # type: ignore[arg-type]
-    advantages, returns, adv_stats = token_advantages(
-        alg.estimator, torch.tensor(rewards, dtype=torch.float32), batch.to("cpu"),
-        kl=None if kl_tokens is None else kl_tokens.cpu(), kl_coef=alg.kl_coef if kl_tokens is not None else 0.0,
-        values=None if passes.old_values is None else passes.old_values.cpu(),
-        gamma=alg.gamma, lam=alg.lam, stratified_alpha=alg.stratified_alpha,
-    )  # fmt: skip
+    if ESTIMATORS[alg.estimator].information_gain:  # kl_in_reward is refused with it (AlgorithmConfig)
+        began = time.perf_counter()
+        advantages, returns, adv_stats = _information_gain_advantages(
+            alg, learner, settings, rewards, batch, result, tokenizer
+        )
+        timing["time/infogain_s"] = time.perf_counter() - began
+    else:
+        advantages, returns, adv_stats = token_advantages(
+            alg.estimator, torch.tensor(rewards, dtype=torch.float32), batch.to("cpu"),
+            kl=None if kl_tokens is None else kl_tokens.cpu(), kl_coef=alg.kl_coef if kl_tokens is not None else 0.0,
+            values=None if passes.old_values is None else passes.old_values.cpu(),
+            gamma=alg.gamma, lam=alg.lam, stratified_alpha=alg.stratified_alpha,
+        )  # fmt: skip
     advantages = advantages.to(device)
     returns = None if returns is None else returns.to(device)
     trained, tis_stats = advantages, dict[str, torch.Tensor]()
@@ -232,7 +239,37 @@ def step_advantages(
         trained = advantages * weights  # [B, L], 0 where not trained
     stats = {f"advantages/{k}": float(v) for k, v in adv_stats.items()}
     stats.update({f"offpolicy/{k}": float(v) for k, v in tis_stats.items()})
+    stats.update(timing)
     return advantages, trained, returns, stats
+
+
+def _information_gain_advantages(
+    alg: AlgorithmConfig, learner: Learner, settings: UpdateSettings, rewards: list[float], batch: TrainBatch,
+    result: RolloutResult, tokenizer: Any,
+) -> tuple[torch.Tensor, None, Stats]:  # fmt: skip
+    """IGPO's `[B, L]` advantages (CPU): the policy's gold-answer probability after each turn (`policy.infogain`)."""
+    trajectories = result.trajectories
+    if tokenizer is None:
+        raise ValueError(f"step_advantages: estimator {alg.estimator!r} needs the policy's tokenizer (gold answers)")
+    if len(trajectories) != batch.size:
+        raise ValueError(f"step_advantages: {len(trajectories)} trajectories for a batch of {batch.size} rows")
+    mbs, sync = settings.micro_batch_size, learner.actor.zero3 and learner.world > 1
+    queries = gold_queries(trajectories, tokenizer, fill=sync)
+    count = torch.tensor([-(-len(queries) // mbs)])
+    count = all_reduce_max(count, learner.world) if sync else count  # ZeRO-3: as many forward passes everywhere
+    with learner.autocast_context():
+        probabilities = gold_probabilities(
+            learner.actor.engine, queries, pad_id=tokenizer.pad_token_id, device=learner.device,
+            micro_batch_size=mbs, temperature=settings.loss.temperature, passes=int(count[0]),
+        )  # fmt: skip
+    turns = turn_index(trajectories, batch.response_width)  # [B, L]
+    cpu = batch.to("cpu")
+    inputs = EstimatorInputs(
+        torch.tensor(rewards, dtype=torch.float32), cpu.loss_mask, cpu.group_ids, cpu.num_searches,
+        gamma=alg.igpo_gamma, gains=information_gains(queries, probabilities, turns), turn_index=turns,
+    )  # fmt: skip
+    advantages, _, stats = ESTIMATORS[alg.estimator].compute(inputs)
+    return advantages, None, stats
 
 
 def save_training(
