@@ -31,8 +31,16 @@ search-agent systems ran on):
   A_SAN = 0 (it has no peer to compare with); std is unbiased as in GRPO, so with a single stratum
   per group A_SAN equals A_GRPO.
 
-- IGPO: see `igpo_advantages`; its information gains (extra forward passes) come from
-  `policy.infogain`, which depends on this module, not the reverse.
+- IGPO (`igpo_advantages`; its information gains, extra forward passes, come from
+  `policy.infogain`, which depends on this module, not the reverse). The paper's settings
+  (GuoqingWang1/IGPO `policy_optimization.sh`): gamma = 1, 32 prompts x 16 rollouts, lr 1e-6, KL
+  as a loss term (`AlgorithmConfig` refuses `kl_in_reward` with IGPO), temperature 1, up to 10
+  turns; its outcome is the answer's F1, ours the recipe's reward. The std over a group's turn
+  rewards divides by their count, as its code's `compute_grpo_outcome_advantage` (not by
+  count - 1 as our GRPO). Departures from its code: a gain of exactly 0 is still a turn reward
+  (its code finds turns by their non-zero rewards, so a zero gain merged that turn into the next);
+  gains are differences of probabilities, the paper's (its later code also offers log-probability
+  differences and separate normalization of gains and outcomes; neither is offered here).
 
 Dependency direction: `losses.py` imports the masked utilities from here, never the reverse.
 """
@@ -405,10 +413,7 @@ def igpo_advantages(
     the turns that follow, A_k = sum_{j >= k} gamma^(j - k) r^_j, and every trained token of
     turn k (loss mask 1) gets A_k; inserted tokens and padding get 0.
 
-    Paper settings: gamma = 1 (its scripts' `algorithm.gamma`); std over the group's turn rewards
-    divides by their count (its code's `compute_grpo_outcome_advantage`), not by count - 1 as our
-    GRPO does. Unlike its code, a gain of exactly 0 is still a turn reward (its code finds turns
-    by their non-zero rewards, so a zero gain merged that turn into the next).
+    The paper's settings and where this departs from its code: see the module docstring.
 
     Args:
         rewards: `[B]` outcome reward per trajectory (the last turn's reward).
@@ -434,10 +439,10 @@ def igpo_advantages(
     width = int(turns.max())
     if gains.dim() != 2 or gains.shape[0] != rewards.shape[0] or gains.shape[1] < width - 1:
         raise ValueError(f"{fn}: gains must be [B, >= {width - 1}] rows x turns, got {tuple(gains.shape)}")
-    k = torch.arange(width).unsqueeze(0)  # [1, K]
+    k = torch.arange(width, device=rewards.device).unsqueeze(0)  # [1, K]
     valid = k < turns.unsqueeze(1)  # [B, K]
     last = k == (turns - 1).unsqueeze(1)  # [B, K]
-    turn_rewards = torch.zeros(valid.shape, dtype=rewards.dtype)  # [B, K]
+    turn_rewards = rewards.new_zeros(valid.shape)  # [B, K]
     if width > 1:
         turn_rewards[:, : width - 1] = gains[:, : width - 1].to(rewards.dtype)
     turn_rewards = torch.where(last, rewards.detach().unsqueeze(1), torch.where(valid, turn_rewards, 0.0))
