@@ -112,7 +112,7 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
             batch = collate_trajectories(result.trajectories, t.tokenizer.pad_token_id).to(t.learner.device)
             passes = forward_passes(t.learner, t.settings, batch)
             advantages, trained, returns, stats = rl.step_advantages(
-                recipe.algorithm, t.learner, t.settings, scored.total, batch, passes, result
+                recipe.algorithm, t.learner, t.settings, scored.total, batch, passes, result, t.tokenizer
             )
             update_began = time.perf_counter()
             losses = update(t.learner, t.settings, batch, trained, passes, returns, step)
