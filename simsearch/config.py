@@ -303,6 +303,11 @@ class RewardConfig:
     # means what theirs means; unicode (ours) also deletes non-ASCII punctuation and never
     # matches a gold answer that normalizes to "".
     normalization: str = "squad"
+    # DAPO's overlong reward shaping (policy.rewards.overlong_penalty): a trajectory whose prompt +
+    # response tokens L come within overlong_buffer tokens of rollout.max_context_tokens (L_max, where
+    # the rollout cuts it) gets overlong_penalty x (L_max - buffer - L) / buffer added; 0 = off
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0  # the penalty at the limit (DAPO's penalty_factor)
 
     def check(self, key: str) -> None:
         for name in self.weights:
@@ -310,6 +315,10 @@ class RewardConfig:
         _check_choice(f"{key}.normalization", self.normalization, tuple(NORMALIZATIONS))
         if not any(self.resolved_weights().values()):
             raise RecipeError(f"{key}.weights are all 0: give at least one a weight, e.g. {{f1: 1.0}}")
+        if self.overlong_buffer < 0:
+            raise RecipeError(f"{key}.overlong_buffer={self.overlong_buffer} must be >= 0 tokens (0 = off)")
+        if not 0 <= self.overlong_penalty < float("inf"):  # also refuses NaN
+            raise RecipeError(f"{key}.overlong_penalty={self.overlong_penalty} must be finite and >= 0 (DAPO: 1.0)")
 
     def resolved_weights(self) -> dict[str, float]:
         """The weights the reward uses: `weights`, or ZeroSearch's {f1: 1.0} when it is empty."""
@@ -353,12 +362,18 @@ class AlgorithmConfig:
     # the next prompts of the data stream, round after round, until prompts_per_step informative groups
     dynamic_sampling: bool = False
     max_sampling_rounds: int = 3  # rollout rounds per step at most, the first included (verl: max_num_gen_batches)
+    # importance ratio the loss clips: a name in policy.losses.RATIO_LEVELS (sequence = GSPO's
+    # length-normalized sequence ratio; it differs from token only when a batch makes several updates)
+    ratio_level: str = "token"
+    # Mini-o3's over-turn masking: trajectories that ran out of turns or context without an answer
+    # (policy.rollout.UNFINISHED) get loss mask 0 instead of being trained on their reward of 0
+    mask_unfinished: bool = False
 
     def check(self, key: str) -> None:
         # Imported here, not at the top: the tables' modules need torch, which `import simsearch.config`
         # (and so `simsearch --help`) must not pay for.
         from simsearch.policy.advantages import ESTIMATORS
-        from simsearch.policy.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
+        from simsearch.policy.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, RATIO_LEVELS
 
         _check_choice(f"{key}.estimator", self.estimator, tuple(ESTIMATORS))
         _check_choice(f"{key}.kl_estimator", self.kl_estimator, tuple(KL_ESTIMATORS))
@@ -369,6 +384,14 @@ class AlgorithmConfig:
             )
         _check_choice(f"{key}.loss_agg", self.loss_agg, tuple(LOSS_AGGREGATIONS))
         _check_positive(f"{key}.ppo_epochs", self.ppo_epochs)
+        _check_choice(f"{key}.ratio_level", self.ratio_level, tuple(RATIO_LEVELS))
+        if self.ratio_level != "token" and self.ppo_epochs == 1 and self.minibatch_size == 0:
+            # one on-policy update per batch: every ratio is 1 and GSPO's loss and gradient are GRPO's
+            raise RecipeError(
+                f"{key}.ratio_level={self.ratio_level} changes nothing when each batch makes one optimizer step "
+                f"(every ratio is 1); set {key}.minibatch_size to a divisor of the batch or {key}.ppo_epochs > 1, "
+                f"or keep {key}.ratio_level=token"
+            )
         _check_range(f"{key}.igpo_gamma", self.igpo_gamma, 0.0, 1.0)
         if ESTIMATORS[self.estimator].information_gain and self.kl_in_reward:
             raise RecipeError(

@@ -28,6 +28,7 @@ from simsearch.policy.batch import (
     TrainBatch,
     ValueModel,
     collate_rollout_logprobs,
+    collate_trajectories,
     rank_share,
     sequence_kl,
     stream_indices,
@@ -35,7 +36,7 @@ from simsearch.policy.batch import (
 )
 from simsearch.policy.infogain import gold_probabilities, gold_queries, information_gains, turn_index
 from simsearch.policy.offpolicy import truncated_is_weights
-from simsearch.policy.rewards import RewardOutput
+from simsearch.policy.rewards import RewardOutput, shape_overlong
 from simsearch.policy.rollout import RolloutResult, RolloutSettings, generate_trajectories, score_trajectories
 from simsearch.policy.sampling import Round, Sampled, sample_informative, trainable_groups
 from simsearch.policy.sync import RolloutWeights
@@ -45,7 +46,7 @@ from simsearch.retrieval.accounting import Ledger
 from simsearch.training.checkpoint import rng_state
 from simsearch.training.distributed import BatchShape, HFExport, all_reduce_max, all_reduce_sum, load_for_training
 from simsearch.training.session import Run, TrainedModel, TrainSettings, deepspeed_device, train_model
-from simsearch.types import SamplingParams
+from simsearch.types import SamplingParams, Trajectory
 
 if TYPE_CHECKING:
     from simsearch.config import AlgorithmConfig, SearchConfig, TrainRecipe
@@ -193,12 +194,36 @@ def update_settings(recipe: TrainRecipe, minibatch_rows: int) -> UpdateSettings:
         entropy_coef=alg.entropy_coef,
         temperature=recipe.sampling.temperature,
         clip_ratio_c=alg.clip_ratio_c,
+        ratio_level=alg.ratio_level,  # checked by the recipe
     )
     return UpdateSettings(
         loss=loss, ppo_epochs=alg.ppo_epochs, minibatch_rows=minibatch_rows, micro_batch_size=recipe.micro_batch_size,
         grad_clip=recipe.optim.grad_clip, value_clip=alg.value_clip, value_coef=alg.value_coef,
         needs_reference=alg.kl_coef > 0, kl_in_reward=alg.kl_in_reward, tis_cap=alg.tis_cap, seed=recipe.seed,
     )  # fmt: skip
+
+
+def step_rewards(recipe: TrainRecipe, trajectories: list[Trajectory]) -> RewardOutput:
+    """The rewards of a step's trajectories: the recipe's weighted reward, plus DAPO's overlong shaping.
+
+    With `reward.overlong_buffer` > 0, L is a trajectory's prompt + response tokens (the documents
+    inserted count: they fill the same context) and L_max is `rollout.max_context_tokens`, the
+    limit at which the rollout cuts a trajectory (finish "context"), so the penalty reaches its
+    full value exactly where the rollout cuts. DAPO and verl's `DAPORewardManager` count the
+    response against a response budget separate from the prompt's; here one budget holds both.
+    """
+    reward = recipe.reward
+    scored = score_trajectories(trajectories, reward.resolved_weights(), normalization=reward.normalization)
+    if reward.overlong_buffer == 0:
+        return scored
+    lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
+    limit = recipe.rollout.max_context_tokens
+    return shape_overlong(scored, lengths, limit, reward.overlong_buffer, reward.overlong_penalty)
+
+
+def step_batch(recipe: TrainRecipe, trajectories: list[Trajectory], pad_id: int) -> TrainBatch:
+    """The step's training batch on CPU; with `algorithm.mask_unfinished`, unfinished rows masked out of the loss."""
+    return collate_trajectories(trajectories, pad_id, mask_unfinished=recipe.algorithm.mask_unfinished)
 
 
 def step_advantages(
@@ -346,8 +371,7 @@ def sample_step(
     def one_round(i: int) -> Round[tuple[RolloutResult, RewardOutput]]:
         indices = stream_indices(len(data), position + i * step_prompts, step_prompts, recipe.seed)[share]
         result = rollout([data[j] for j in indices], i)
-        scored = score_trajectories(result.trajectories, recipe.reward.resolved_weights(),
-                                    normalization=recipe.reward.normalization)  # fmt: skip
+        scored = step_rewards(recipe, result.trajectories)
         return Round((result, scored), scored.total, [t.prompt_id for t in result.trajectories])
 
     rounds = alg.max_sampling_rounds if alg.dynamic_sampling else 1
