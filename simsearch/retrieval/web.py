@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -33,115 +34,6 @@ def _read_key(engine: str, api_key_env: str) -> str:
         api_key_env,
         "export your API key in it (keys are never read from recipes), or name another variable with api_key_env=",
     )
-
-
-def _organic_documents(organic: Any, top_k: int, source: str, url: str, query: str, api_key: str) -> list[Document]:
-    """The first `top_k` organic results, in the service's order, as documents."""
-    if not isinstance(organic, list):
-        raise SearchServiceError(
-            f"{source} at {url} returned organic results that are not a list for query "
-            f"{query!r}: {redact(str(organic), (api_key,))[:300]}"
-        )
-    documents = []
-    for result in organic[:top_k]:
-        if not isinstance(result, dict) or not isinstance(result.get("title"), str):
-            raise SearchServiceError(
-                f"{source} at {url} returned an organic result without a title for query "
-                f"{query!r}: {redact(str(result), (api_key,))[:300]}"
-            )
-        link = result.get("link")
-        documents.append(
-            Document(
-                title=result["title"],
-                text=str(result.get("snippet", "")),
-                source=source,
-                id=None if link is None else str(link),
-            )
-        )
-    return documents
-
-
-def _check_bounds(engine: str, timeout_s: float, max_retries: int, max_concurrency: int) -> None:
-    if timeout_s <= 0 or max_retries < 0 or max_concurrency < 1:
-        raise ValueError(
-            f"{engine} needs timeout_s > 0, max_retries >= 0 and max_concurrency >= 1; got "
-            f"{timeout_s}, {max_retries}, {max_concurrency}"
-        )
-
-
-class SerperSearchEngine:
-    """Google results through Serper: `POST {base_url}` with `X-API-KEY`, body `{"q", "num"}`."""
-
-    def __init__(
-        self,
-        *,
-        api_key_env: str = "SERPER_API_KEY",
-        base_url: str = SERPER_URL,
-        timeout_s: float = 20.0,
-        max_retries: int = 3,
-        backoff_s: float = 1.0,
-        max_concurrency: int = 4,
-        max_retry_after_s: float = 60.0,
-    ) -> None:
-        """Creates the client and reads the API key from the environment.
-
-        Args:
-            api_key_env: name of the environment variable holding the Serper key.
-            base_url: the search endpoint (tests point it at a local server).
-            timeout_s: timeout of each connect / read / write.
-            max_retries: retries of a failed query before raising.
-            backoff_s: base of the exponential backoff between retries.
-            max_concurrency: queries in flight at once.
-            max_retry_after_s: cap on an honoured `Retry-After`.
-
-        Raises:
-            ValueError: when the variable is not set, or on a non-positive bound.
-        """
-        _check_bounds("SerperSearchEngine", timeout_s, max_retries, max_concurrency)
-        self._api_key = _read_key("SerperSearchEngine", api_key_env)
-        self.api_key_env = api_key_env
-        self.base_url = base_url
-        self.timeout_s = timeout_s
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
-        self.max_concurrency = max_concurrency
-        self.max_retry_after_s = max_retry_after_s
-        self._client = httpx.Client(limits=httpx.Limits(max_connections=max_concurrency))
-
-    def __repr__(self) -> str:
-        # Never the API key: only the name of the variable that holds it.
-        return f"SerperSearchEngine(base_url={self.base_url!r}, api_key_env={self.api_key_env!r})"
-
-    def close(self) -> None:
-        """Closes the connection pool."""
-        self._client.close()
-
-    def search(self, requests: list[SearchRequest]) -> list[list[Document]]:
-        """One Serper query per request, sent concurrently; the first top-k organic results.
-
-        Raises:
-            SearchServiceError: when a query fails after the bounded retries.
-        """
-        return run_concurrently(self._search_one, requests, self.max_concurrency)
-
-    def _search_one(self, request: SearchRequest) -> list[Document]:
-        data = request_json(
-            self._client,
-            "POST",
-            self.base_url,
-            json_body={"q": request.query, "num": request.top_k},
-            headers={"X-API-KEY": self._api_key},
-            retries=self.max_retries,
-            backoff_s=self.backoff_s,
-            timeout_s=self.timeout_s,
-            max_retry_after_s=self.max_retry_after_s,
-            error_cls=SearchServiceError,
-            secrets=(self._api_key,),
-        )
-        # No "organic" key: Google had no organic result for the query.
-        return _organic_documents(
-            data.get("organic", []), request.top_k, "serper", self.base_url, request.query, self._api_key
-        )
 
 
 def _environment_proxy(url: str) -> str | None:
@@ -179,6 +71,151 @@ class _QueryKeyTransport(httpx.BaseTransport):
         self._inner.close()
 
 
+@dataclass(frozen=True)
+class _Bounds:
+    """How hard a web engine tries: as the engines' constructor arguments of the same names."""
+
+    timeout_s: float
+    max_retries: int
+    backoff_s: float
+    max_concurrency: int
+    max_retry_after_s: float
+
+
+class _WebClient:
+    """What both web engines are made of: the API key, the retry bounds and the connection pool.
+
+    Args:
+        engine: The engine's class name, for error messages and its repr.
+        api_key_env: The environment variable holding the key.
+        base_url: The search endpoint.
+        bounds: Timeouts, retries, backoff and concurrency.
+        key_in_query: Send the key as an `api_key` query parameter (SerpAPI) instead of leaving
+            it to the caller's headers (Serper); see `_QueryKeyTransport`.
+
+    Raises:
+        ValueError: when the variable is not set, or on a non-positive bound.
+    """
+
+    def __init__(self, engine: str, api_key_env: str, base_url: str, bounds: _Bounds, *, key_in_query: bool) -> None:
+        if bounds.timeout_s <= 0 or bounds.max_retries < 0 or bounds.max_concurrency < 1:
+            raise ValueError(
+                f"{engine} needs timeout_s > 0, max_retries >= 0 and max_concurrency >= 1; got "
+                f"{bounds.timeout_s}, {bounds.max_retries}, {bounds.max_concurrency}"
+            )
+        self.engine = engine
+        self.api_key = _read_key(engine, api_key_env)
+        self.api_key_env = api_key_env
+        self.base_url = base_url
+        self.bounds = bounds
+        if key_in_query:
+            proxy = _environment_proxy(base_url)
+            transport = _QueryKeyTransport(self.api_key, proxy=proxy, max_connections=bounds.max_concurrency)
+            self.client = httpx.Client(transport=transport)
+        else:
+            self.client = httpx.Client(limits=httpx.Limits(max_connections=bounds.max_concurrency))
+
+    def __repr__(self) -> str:
+        # Never the API key: only the name of the variable that holds it.
+        return f"{self.engine}(base_url={self.base_url!r}, api_key_env={self.api_key_env!r})"
+
+    def request(self, method: str, **body: Any) -> dict[str, Any]:
+        """One query to the service (`body`: `json_body`, `params` or `headers`), with the bounded retries."""
+        return request_json(
+            self.client,
+            method,
+            self.base_url,
+            retries=self.bounds.max_retries,
+            backoff_s=self.bounds.backoff_s,
+            timeout_s=self.bounds.timeout_s,
+            max_retry_after_s=self.bounds.max_retry_after_s,
+            error_cls=SearchServiceError,
+            secrets=(self.api_key,),
+            **body,
+        )
+
+    def documents(self, organic: Any, request: SearchRequest, source: str) -> list[Document]:
+        """The first `request.top_k` organic results, in the service's order, as documents."""
+        if not isinstance(organic, list):
+            raise SearchServiceError(
+                f"{source} at {self.base_url} returned organic results that are not a list for query "
+                f"{request.query!r}: {redact(str(organic), (self.api_key,))[:300]}"
+            )
+        documents = []
+        for result in organic[: request.top_k]:
+            if not isinstance(result, dict) or not isinstance(result.get("title"), str):
+                raise SearchServiceError(
+                    f"{source} at {self.base_url} returned an organic result without a title for query "
+                    f"{request.query!r}: {redact(str(result), (self.api_key,))[:300]}"
+                )
+            link = result.get("link")
+            documents.append(
+                Document(
+                    title=result["title"],
+                    text=str(result.get("snippet", "")),
+                    source=source,
+                    id=None if link is None else str(link),
+                )
+            )
+        return documents
+
+
+class SerperSearchEngine:
+    """Google results through Serper: `POST {base_url}` with `X-API-KEY`, body `{"q", "num"}`."""
+
+    def __init__(
+        self,
+        *,
+        api_key_env: str = "SERPER_API_KEY",
+        base_url: str = SERPER_URL,
+        timeout_s: float = 20.0,
+        max_retries: int = 3,
+        backoff_s: float = 1.0,
+        max_concurrency: int = 4,
+        max_retry_after_s: float = 60.0,
+    ) -> None:
+        """Creates the client and reads the API key from the environment.
+
+        Args:
+            api_key_env: name of the environment variable holding the Serper key.
+            base_url: the search endpoint (tests point it at a local server).
+            timeout_s: timeout of each connect / read / write.
+            max_retries: retries of a failed query before raising.
+            backoff_s: base of the exponential backoff between retries.
+            max_concurrency: queries in flight at once.
+            max_retry_after_s: cap on an honoured `Retry-After`.
+
+        Raises:
+            ValueError: when the variable is not set, or on a non-positive bound.
+        """
+        bounds = _Bounds(timeout_s, max_retries, backoff_s, max_concurrency, max_retry_after_s)
+        self._web = _WebClient("SerperSearchEngine", api_key_env, base_url, bounds, key_in_query=False)
+
+    def __repr__(self) -> str:
+        return repr(self._web)
+
+    def close(self) -> None:
+        """Closes the connection pool."""
+        self._web.client.close()
+
+    def search(self, requests: list[SearchRequest]) -> list[list[Document]]:
+        """One Serper query per request, sent concurrently; the first top-k organic results.
+
+        Raises:
+            SearchServiceError: when a query fails after the bounded retries.
+        """
+        return run_concurrently(self._search_one, requests, self._web.bounds.max_concurrency)
+
+    def _search_one(self, request: SearchRequest) -> list[Document]:
+        data = self._web.request(
+            "POST",
+            json_body={"q": request.query, "num": request.top_k},
+            headers={"X-API-KEY": self._web.api_key},
+        )
+        # No "organic" key: Google had no organic result for the query.
+        return self._web.documents(data.get("organic", []), request, "serper")
+
+
 class SerpAPISearchEngine:
     """Google results through SerpAPI: `GET {base_url}?engine=google&q=..&num=..&api_key=..`."""
 
@@ -207,26 +244,15 @@ class SerpAPISearchEngine:
         Raises:
             ValueError: when the variable is not set, or on a non-positive bound.
         """
-        _check_bounds("SerpAPISearchEngine", timeout_s, max_retries, max_concurrency)
-        self._api_key = _read_key("SerpAPISearchEngine", api_key_env)
-        self.api_key_env = api_key_env
-        self.base_url = base_url
-        self.timeout_s = timeout_s
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
-        self.max_concurrency = max_concurrency
-        self.max_retry_after_s = max_retry_after_s
-        transport = _QueryKeyTransport(
-            self._api_key, proxy=_environment_proxy(base_url), max_connections=max_concurrency
-        )
-        self._client = httpx.Client(transport=transport)
+        bounds = _Bounds(timeout_s, max_retries, backoff_s, max_concurrency, max_retry_after_s)
+        self._web = _WebClient("SerpAPISearchEngine", api_key_env, base_url, bounds, key_in_query=True)
 
     def __repr__(self) -> str:
-        return f"SerpAPISearchEngine(base_url={self.base_url!r}, api_key_env={self.api_key_env!r})"
+        return repr(self._web)
 
     def close(self) -> None:
         """Closes the connection pool."""
-        self._client.close()
+        self._web.client.close()
 
     def search(self, requests: list[SearchRequest]) -> list[list[Document]]:
         """One SerpAPI query per request, sent concurrently; the first top-k organic results.
@@ -235,21 +261,10 @@ class SerpAPISearchEngine:
             SearchServiceError: when a query fails after the bounded retries, or SerpAPI
                 reports an error other than "no results".
         """
-        return run_concurrently(self._search_one, requests, self.max_concurrency)
+        return run_concurrently(self._search_one, requests, self._web.bounds.max_concurrency)
 
     def _search_one(self, request: SearchRequest) -> list[Document]:
-        data = request_json(
-            self._client,
-            "GET",
-            self.base_url,
-            params={"engine": "google", "q": request.query, "num": request.top_k},
-            retries=self.max_retries,
-            backoff_s=self.backoff_s,
-            timeout_s=self.timeout_s,
-            max_retry_after_s=self.max_retry_after_s,
-            error_cls=SearchServiceError,
-            secrets=(self._api_key,),
-        )
+        data = self._web.request("GET", params={"engine": "google", "q": request.query, "num": request.top_k})
         if "organic_results" not in data and "error" in data:
             # SerpAPI answers HTTP 200 with an "error" both when Google found nothing (an empty
             # result, not a failure) and for account problems (a failure).
@@ -257,8 +272,7 @@ class SerpAPISearchEngine:
             if "hasn't returned any results" in error:
                 return []
             raise SearchServiceError(
-                f"GET {self.base_url} (SerpAPI) reported an error for query "
-                f"{request.query!r}: {redact(error, (self._api_key,))}"
+                f"GET {self._web.base_url} (SerpAPI) reported an error for query "
+                f"{request.query!r}: {redact(error, (self._web.api_key,))}"
             )
-        organic = data.get("organic_results", [])
-        return _organic_documents(organic, request.top_k, "serpapi", self.base_url, request.query, self._api_key)
+        return self._web.documents(data.get("organic_results", []), request, "serpapi")
