@@ -55,7 +55,6 @@ from simsearch.data.qa import load_qa
 from simsearch.errors import ServiceError
 from simsearch.factory import train as rl
 from simsearch.factory.build import build_schedule, build_search_engine, meter_search_engine
-from simsearch.policy.batch import collate_trajectories
 from simsearch.policy.records import search_usage, trajectory_rows
 from simsearch.policy.rollout import RolloutResult
 from simsearch.policy.sync import RolloutWeights, sync_rollout_weights
@@ -109,7 +108,7 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
             sample = _sample(t, position, p_noise, step)
             position, result, scored = position + sample.prompts, sample.result, sample.scored
             rollout_s = time.perf_counter() - began
-            batch = collate_trajectories(result.trajectories, t.tokenizer.pad_token_id).to(t.learner.device)
+            batch = rl.step_batch(recipe, result.trajectories, t.tokenizer.pad_token_id).to(t.learner.device)
             passes = forward_passes(t.learner, t.settings, batch)
             advantages, trained, returns, stats = rl.step_advantages(
                 recipe.algorithm, t.learner, t.settings, scored.total, batch, passes, result, t.tokenizer

@@ -28,9 +28,11 @@ from simsearch.commands import train
 from simsearch.errors import RecipeError
 from simsearch.policy.batch import stream_indices
 from simsearch.policy.rewards import RewardOutput
+from simsearch.policy.rollout import RolloutResult
 from simsearch.policy.update import derived_seed
 from simsearch.training.checkpoint import latest_checkpoint, load_state
 from simsearch.training.runlog import read_metrics
+from simsearch.types import QAExample, Trajectory
 from tests.commands import test_train
 from tests.commands.test_train import QUESTIONS, _finite_losses, _recipe, _weights
 
@@ -62,7 +64,7 @@ def _rule_score(trajectories: list[Any], weights: dict[str, float], *, normaliza
 def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list]]:
     """The rule as the reward; records each rollout round's items and seed, and each trained batch's items."""
     seen: dict[str, list] = {"rounds": [], "seeds": [], "trained": [], "scored": []}
-    real_rollout, real_collate = rl_module.generate_trajectories, train.collate_trajectories
+    real_rollout, real_collate = rl_module.generate_trajectories, rl_module.collate_trajectories
 
     def rollout(examples: list[Any], **kwargs: Any) -> Any:
         seen["rounds"].append([_item(e.question) for e in examples])
@@ -73,15 +75,15 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list]]:
         seen["scored"].append(len(trajectories))
         return _rule_score(trajectories, weights, normalization=normalization)
 
-    def collate(trajectories: list[Any], pad_id: int) -> Any:
+    def collate(trajectories: list[Any], pad_id: int, **kwargs: Any) -> Any:
         groups = sorted({t.prompt_id: _item(t.example.question) for t in trajectories}.items())
         assert [t.prompt_id for t in trajectories] == [g for g, _ in groups for _ in range(GROUP)]
         seen["trained"].append([item for _, item in groups])
-        return real_collate(trajectories, pad_id)
+        return real_collate(trajectories, pad_id, **kwargs)
 
     monkeypatch.setattr(rl_module, "generate_trajectories", rollout)
     monkeypatch.setattr(rl_module, "score_trajectories", score)
-    monkeypatch.setattr(train, "collate_trajectories", collate)
+    monkeypatch.setattr(rl_module, "collate_trajectories", collate)
     yield seen
 
 
@@ -122,9 +124,7 @@ def test_dynamic_sampling_trains_on_informative_groups(world: Path, tmp_path: Pa
     assert load_state(latest_checkpoint(run))["data_position"] == 16
 
 
-def test_without_dynamic_sampling_the_flat_share_is_logged_alone(
-    world: Path, tmp_path: Path, recorded: dict
-) -> None:
+def test_without_dynamic_sampling_the_flat_share_is_logged_alone(world: Path, tmp_path: Path, recorded: dict) -> None:
     run = tmp_path / "run"
     train.main(_recipe(world, run, **{**DYNAMIC, "algorithm.dynamic_sampling": "false"}, steps=1))
     assert recorded["rounds"] == [[10, 2]]
@@ -151,3 +151,55 @@ def test_a_resumed_run_replays_the_rounds(world: Path, tmp_path: Path, recorded:
     for mine, other in zip(resumed, theirs):
         for key in ("data/position", "sampling/rounds", "sampling/prompts", "losses/policy", "losses/kl"):
             assert math.isclose(mine[key], other[key], rel_tol=1e-6, abs_tol=1e-9), (mine["step"], key)
+
+
+# --------------------------------------------------------------------------- several processes
+
+
+def _fake_rollout(examples: list[QAExample], i: int) -> RolloutResult:
+    """`GROUP` empty trajectories per question; 10 prompt and 3 decoded tokens and 0.5 s of search per round."""
+    trajectories = [
+        Trajectory(prompt_id=p, example=e, prompt_ids=[1], response_ids=[2], loss_mask=[1], turns=[],
+                   response_text="", answer=None, num_searches=i, num_invalid=0, finish="answer")
+        for p, e in enumerate(examples) for _ in range(GROUP)
+    ]  # fmt: skip
+    metrics = {"search/calls_per_traj": float(i), "perf/prompt_tokens": 10.0, "perf/decoded_tokens": 3.0}
+    return RolloutResult(trajectories, metrics, {"time/search_s": 0.5})
+
+
+def test_each_process_fills_its_share_and_all_agree(
+    world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Process 0 of 2 (4 prompts a step, 2 each); the other process, faked, ran 3 rounds and found 1 group.
+
+    Round i covers stream positions 4i to 4i + 3 and process 0 takes the first two: items 10, 2
+    (2 informative), then 13, 5 (flat), then 8, 14 (8 informative): 2 groups after its 3 rounds.
+    The other process found 1: both train on 1 group (item 2); the position advances by the most
+    rounds, 3 x 4 = 12 positions; 12 prompts were rolled out, 6 by each process.
+    """
+    data = [QAExample(str(i), q, [a]) for i, (q, a) in enumerate(QUESTIONS)]
+    reduced: list[list[int]] = []
+
+    def other_max(values: Any, world: int) -> Any:  # elementwise max with the other process's [rounds, -groups]
+        reduced.append(values.tolist())
+        return values.copy_(values.clamp(min=values.new_tensor([3, -1])))
+
+    monkeypatch.setattr(rl_module, "score_trajectories", _rule_score)
+    monkeypatch.setattr(rl_module, "all_reduce_max", other_max)
+    monkeypatch.setattr(rl_module, "all_reduce_sum", lambda values, world: values.add_(6))  # its 3 rounds x 2
+    recipe = _recipe(world, tmp_path, **DYNAMIC, prompts_per_step=4)
+    sample = rl_module.sample_step(recipe, _fake_rollout, data, 0, slice(0, 2), 2, 0)
+
+    assert reduced == [[3, -2]]  # this process: 3 rounds, 2 informative groups (items 2 and 8)
+    assert sample.prompts == 12
+    assert sample.metrics == {"sampling/flat_share": 0.5, "sampling/rounds": 3.0, "sampling/prompts": 12.0,
+                              "sampling/groups": 2.0}  # fmt: skip
+    trained = sample.result.trajectories
+    assert [_item(t.example.question) for t in trained] == [2] * GROUP
+    assert [t.prompt_id for t in trained] == [0] * GROUP
+    assert sample.scored.total == [1.0, 0.0, 0.0, 0.0]
+    assert sample.scored.stats == {"reward/mean": 1 / 8}  # the first round's: item 10 (0, 0, 0, 0), item 2 (1, 0, 0, 0)
+    # Rollout metrics of the first round; token counts and timings added over the 3 rounds.
+    assert sample.result.metrics == {"search/calls_per_traj": 0.0, "perf/prompt_tokens": 30.0,
+                                     "perf/decoded_tokens": 9.0}  # fmt: skip
+    assert sample.result.timings == {"time/search_s": 1.5}
