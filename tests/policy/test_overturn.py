@@ -19,7 +19,7 @@ def _group(finishes: list[str]) -> list[Trajectory]:
 
 
 def test_unfinished_are_the_turn_and_context_finishes() -> None:
-    assert UNFINISHED == {"max_turns", "context"}  # "length" is trained on (see rollout.UNFINISHED)
+    assert frozenset({"max_turns", "context"}) == UNFINISHED  # "length" is trained on (see rollout.UNFINISHED)
 
 
 def test_masking_zeroes_the_rows_of_unfinished_trajectories_only() -> None:
