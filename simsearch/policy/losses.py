@@ -262,19 +262,25 @@ def policy_loss(
         dual_clipped = (adv < 0) & (per_token > bound)
         per_token = torch.where(dual_clipped, bound, per_token)
     loss = aggregate_loss(per_token, loss_mask, aggregation, denominator, token_sum_normalizer)
+    return loss, _policy_stats(clipped > unclipped, dual_clipped, token_log_ratio, ratio, valid)
 
-    with torch.no_grad():
-        ratio_valid = ratio.detach()
-        any_valid = valid.any()
-        stats = {
-            "clipfrac": masked_mean((clipped > unclipped).to(logp.dtype), loss_mask),
-            "clipfrac_lower": masked_mean(dual_clipped.to(logp.dtype), loss_mask),
-            "approx_kl": masked_mean(-token_log_ratio, loss_mask),
-            "ratio_mean": masked_mean(ratio_valid, loss_mask),
-            "ratio_min": torch.where(any_valid, torch.where(valid, ratio_valid, torch.inf).min(), 1.0),
-            "ratio_max": torch.where(any_valid, torch.where(valid, ratio_valid, -torch.inf).max(), 1.0),
-        }
-    return loss, stats
+
+@torch.no_grad()
+def _policy_stats(
+    clipped: torch.Tensor, dual_clipped: torch.Tensor, token_log_ratio: torch.Tensor, ratio: torch.Tensor,
+    valid: torch.Tensor,
+) -> Stats:  # fmt: skip
+    """`policy_loss`'s stats from its `[B, L]` clip indicators, token log-ratios and ratios."""
+    ratio = ratio.detach()
+    any_valid = valid.any()
+    return {
+        "clipfrac": masked_mean(clipped.to(ratio.dtype), valid),
+        "clipfrac_lower": masked_mean(dual_clipped.to(ratio.dtype), valid),
+        "approx_kl": masked_mean(-token_log_ratio.detach(), valid),
+        "ratio_mean": masked_mean(ratio, valid),
+        "ratio_min": torch.where(any_valid, torch.where(valid, ratio, torch.inf).min(), 1.0),
+        "ratio_max": torch.where(any_valid, torch.where(valid, ratio, -torch.inf).max(), 1.0),
+    }
 
 
 def _k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
