@@ -53,11 +53,11 @@ import argparse
 import json
 import re
 import statistics
+import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,9 @@ from simsearch.tinyworld.pretrain import make_traces, pretrain
 from simsearch.tinyworld.world import World, build_world
 from simsearch.types import SearchRequest
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "quickstart"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
+from benchlib import NO_NOISE, RECIPES, mean_sd, replace_block, run_stage, timed
+
 ENGINES = ("simulator", "bm25", "dense")
 SELF_ENGINES = ("self", *ENGINES)  # a self-search policy also writes its own information
 STEPS = 60  # RL steps per arm (the quickstart runs 250): the 60-minute budget, see docs/ablations.md
@@ -100,8 +102,6 @@ class Arm:
     base: str = "base"  # the quickstart's base, or "knowing" (`train_knowing_base`)
 
 
-# Engines other than the simulator: no noise to schedule, and no cache (it would hold the simulator's).
-NO_NOISE = ("curriculum.kind=constant", "curriculum.p_start=0.0", "search.cache=''")
 ARMS: dict[str, Arm] = {
     "default": Arm(()),  # the quickstart's recipe: exponential curriculum, simulator, query only, GRPO
     "constant": Arm(("curriculum.kind=constant", "curriculum.p_start={constant_p}")),
@@ -279,14 +279,6 @@ def run_seed(seed: int, args: argparse.Namespace, run_dir: Path, steps: int) -> 
     return {"em": em, "leak": leak, "stage_s": {k: round(v, 1) for k, v in clock.items()}}
 
 
-@contextmanager
-def timed(clock: dict[str, float], key: str) -> Iterator[None]:
-    """Adds the seconds the block took to clock[key]."""
-    began = time.perf_counter()
-    yield
-    clock[key] = clock.get(key, 0.0) + time.perf_counter() - began
-
-
 def prepare(seed: int, args: argparse.Namespace, run_dir: Path, steps: int) -> tuple[Seed, dict[str, Any]]:
     """Runs (or reuses) the seed's quickstart; returns the paths and fingerprints the arms build on."""
     root = run_dir / f"seed_{seed}"
@@ -304,23 +296,6 @@ def prepare(seed: int, args: argparse.Namespace, run_dir: Path, steps: int) -> t
     )
     fingerprints = {stage: stage_fingerprint(qs_dir / stage) for stage in ("world", "base", "simulator")}
     return Seed(seed, args.smoke, steps, root, qs_dir, qs_recipe, fingerprints, paths), report
-
-
-def run_stage(
-    schema: type, recipe_file: Path, overrides: list[str], command: Callable[[Any], Any], inputs: list[str]
-) -> str:
-    """One command on a recipe plus overrides, skipped when it finished under the same fingerprint.
-
-    Returns the fingerprint (resolved recipe and inputs' fingerprints). A directory built from
-    anything else is deleted first, as the quickstart's stages are.
-    """
-    stage = load_recipe(schema, recipe_file, overrides)
-    fingerprint = digest({"recipe": asdict(stage), "inputs": inputs})
-    directory = Path(stage.run_dir)
-    if not claim_stage(directory, fingerprint):
-        command(stage)
-        finish_stage(directory, fingerprint)
-    return fingerprint
 
 
 # --------------------------------------------------------------------------- the arms' extra stages
@@ -520,10 +495,6 @@ def measure_leakage(ctx: Seed, world: World, told: bool) -> dict[str, dict[str, 
 # --------------------------------------------------------------------------- figures and the doc
 
 
-def mean_sd(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
 def summarize(
     results: dict[int, dict[str, Any]], args: argparse.Namespace, steps: int, *, wall_s: float
 ) -> dict[str, Any]:
@@ -624,17 +595,10 @@ def write_doc(out: Path, results: dict[int, dict[str, Any]], figures: dict[str, 
             "",
             f"![{question.title}]({charts.name}/{chart.name})",
         ]
-        text = _replace_block(text, f"table:{question.key}", "\n".join(["", *block, ""]))
-    text = _replace_block(text, "wall", f"{figures['wall_s'] / 60:.1f} min")
+        text = replace_block(text, f"table:{question.key}", "\n".join(["", *block, ""]))
+    text = replace_block(text, "wall", f"{figures['wall_s'] / 60:.1f} min")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-
-
-def _replace_block(text: str, name: str, content: str) -> str:
-    """`text` with what stands between `<!-- name -->` and `<!-- /name -->` replaced by `content`."""
-    begin, end = f"<!-- {name} -->", f"<!-- /{name} -->"
-    start, stop = text.index(begin) + len(begin), text.index(end)
-    return text[:start] + content + text[stop:]
 
 
 def _skeleton() -> str:

@@ -25,11 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
+from benchlib import mean_sd
 
 POLICIES = ("base", "rl_search", "rl_nosearch")
 ENGINES = ("simulator", "bm25", "dense")
@@ -42,10 +44,6 @@ def run_quickstart(run_dir: Path, seed: int, overrides: list[str]) -> dict[str, 
     print("running:", " ".join(command), flush=True)
     subprocess.run(command, check=True)
     return json.loads((run_dir / "report.json").read_text())
-
-
-def mean_sd(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def main() -> None:

@@ -854,6 +854,8 @@ class QuickstartRecipe:
     pretrain_traces: int = 16000
     copy_loss_weight: float = 1.0  # auxiliary loss on copyable tokens inside <information>
     typed_answer_share: float = 0.8  # traces answering with a value of the asked kind (a city for a birthplace)
+    two_hop_share: float = 0.0  # people (each split) with a two-hop question: the birth city of their venture's founder
+    two_search_share: float = 0.0  # pretraining traces that search twice before answering (the multi-turn format)
     year_tokens: bool = True  # every year of the world one token of the tiny tokenizer (else four digit tokens)
     city_tokens: bool = True  # every city name one token (else the BPE's pieces)
     threads: int = 0  # torch threads (0 = torch's default: every core)
@@ -870,6 +872,8 @@ class QuickstartRecipe:
         ):
             _check_positive(name, getattr(self, name))
         _check_range("typed_answer_share", self.typed_answer_share, 0.0, 1.0)
+        _check_range("two_hop_share", self.two_hop_share, 0.0, 1.0)
+        _check_range("two_search_share", self.two_search_share, 0.0, 1.0)
         for name in ("n_background_entities", "drill_steps"):
             if getattr(self, name) < 0:
                 raise RecipeError(f"{name}={getattr(self, name)} must be >= 0")

@@ -121,11 +121,8 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     began = time.perf_counter()
     clock = _StageClock()
     torch.set_num_threads(recipe.threads or torch.get_num_threads())
-    run = Path(recipe.run_dir)
-    save_recipe(recipe, run)
-    paths = {name: str(run / "world" / f"{name}.jsonl") for name in ("corpus", "train", "test")}
-    paths.update(bm25=str(run / "index" / "bm25"), dense=str(run / "index" / "dense"))
-    pipeline = _Pipeline(recipe, _recipes_dir(recipe), run, paths)
+    pipeline = _pipeline(recipe)
+    run = pipeline.run
     # The base LM is pretrained on prompts and results shown as RL will show them.
     rl_recipe = load_recipe(TrainRecipe, pipeline.recipes / "train.yaml")
 
@@ -157,18 +154,45 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     return result
 
 
+def world_and_base(recipe: QuickstartRecipe) -> tuple[World, dict[str, str], dict[str, str]]:
+    """Stages 1-2 alone, in `recipe.run_dir` as `main` runs them (each reuses the other's): the world, its
+    search indexes and the base policy, for a benchmark that trains its own policies from them.
+
+    Returns:
+        The world; the paths `corpus`, `train`, `test`, `bm25`, `dense` and `base`; the fingerprints
+        `world` and `base`.
+    """
+    torch.set_num_threads(recipe.threads or torch.get_num_threads())
+    pipeline = _pipeline(recipe)
+    rl_recipe = load_recipe(TrainRecipe, pipeline.recipes / "train.yaml")
+    world, world_fp = _world_stage(pipeline)
+    base_fp = _base_stage(pipeline, world, world_fp, rl_recipe)
+    return world, {**pipeline.paths, "base": str(pipeline.run / "base")}, {"world": world_fp, "base": base_fp}
+
+
+def _pipeline(recipe: QuickstartRecipe) -> _Pipeline:
+    """The run directory (its recipe saved) and the paths every stage reads."""
+    run = Path(recipe.run_dir)
+    save_recipe(recipe, run)
+    paths = {name: str(run / "world" / f"{name}.jsonl") for name in ("corpus", "train", "test")}
+    paths.update(bm25=str(run / "index" / "bm25"), dense=str(run / "index" / "dense"))
+    return _Pipeline(recipe, _recipes_dir(recipe), run, paths)
+
+
 def _world_stage(pipeline: _Pipeline) -> tuple[World, str]:
     """The world (rebuilt in memory every time: it is seeded and fast), its files and indexes."""
     recipe, run, paths = pipeline.recipe, pipeline.run, pipeline.paths
     world = build_world(
         seed=recipe.seed, n_entities=recipe.n_entities, n_train_entities=recipe.n_train_entities,
-        n_background_entities=recipe.n_background_entities,
+        n_background_entities=recipe.n_background_entities, two_hop_share=recipe.two_hop_share,
     )  # fmt: skip
     world_fp = digest(
         {
             "stage": "world",
             "seed": recipe.seed,
             "sizes": [recipe.n_entities, recipe.n_train_entities, recipe.n_background_entities],
+            # Only when set, so a world without two-hop questions keeps the fingerprint it had before them.
+            **({"two_hop_share": recipe.two_hop_share} if recipe.two_hop_share else {}),
         }
     )
     claimed = [claim_stage(run / folder, world_fp) for folder in ("world", "index")]
@@ -298,6 +322,8 @@ def _base_settings(recipe: QuickstartRecipe, rl: TrainRecipe) -> dict[str, Any]:
         "city_tokens",
     )
     settings: dict[str, Any] = {name: getattr(recipe, name) for name in fields}
+    if recipe.two_search_share:  # only when set: one-search bases keep the fingerprint they had before
+        settings["two_search_share"] = recipe.two_search_share
     settings.update(template=rl.rollout.template, top_k=rl.search.top_k, rendering=rl.search.rendering)
     return settings
 
@@ -385,6 +411,7 @@ def _pretrain_base(
         examples=questions,
         typed_answer_share=recipe.typed_answer_share,
         rendering=rl.search.rendering,
+        two_search_share=recipe.two_search_share,
     )
     pretrain(
         model,

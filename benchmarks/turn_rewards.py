@@ -1,0 +1,324 @@
+"""IGPO's turn rewards and DAPO's dynamic sampling vs GRPO on two-hop questions, in miniature.
+
+    python benchmarks/turn_rewards.py                  # seeds 0 1, the defaults: docs/turn_rewards.md
+    python benchmarks/turn_rewards.py --steps 120      # a longer run (the budget: docs/turn_rewards.md)
+    python benchmarks/turn_rewards.py --smoke          # every arm for two steps, seed 0, in a temp dir
+
+For each seed: the quickstart's world with a two-hop question for every person (`two_hop_share:
+1.0`, "Where was the founder of the Belsa rope works born?": search the venture, read the
+founder's name, search the founder, answer) and its base policy pretrained with half of its
+traces searching twice (`two_search_share: 0.5`), both built by `quickstart.world_and_base`
+(fingerprinted: a rerun reuses them). Then one RL run per arm (`ARMS`) with the quickstart's
+train.yaml, up to `rollout.max_turns=3` searches, against real BM25 in the loop: the question
+is the estimator, not the simulator. Every arm has the same budget: `--steps` steps of 8
+questions x 16 rollouts. Training questions: every two-hop training question and as many
+one-hop ones (seeded draw), so half are two-hop. Each policy, and the base for reference, is
+evaluated greedily on BM25 on the held-out people's two-hop questions and as many of their
+one-hop ones (eval.yaml without the simulator and dense engines, `max_turns` as in training).
+
+The arms:
+
+- `grpo`: the quickstart's estimator, one reward per trajectory;
+- `igpo`: `algorithm.estimator=igpo`, IGPO's information-gain turn rewards (each search turn
+  rewarded by how much it raised the policy's probability of the gold answer);
+- `grpo_dynamic`: GRPO with `algorithm.dynamic_sampling=true` (DAPO: groups whose rewards are
+  all equal are dropped and more prompts rolled out, up to `max_sampling_rounds` rounds a step).
+  Its extra rollouts do NOT count against the budget: every arm makes the same number of
+  updates, and this arm may roll out up to 3x as many prompts for them; the table reports the
+  prompts each arm rolled out per step and its seconds per step, so the extra cost is in view.
+
+Output: `docs/turn_rewards.md` (`--out`; its table block is rewritten, the prose kept), a table on
+stdout, and as the last line one JSON object: `grpo_em`, `igpo_em`, `grpo_dynamic_em` (held-out
+EM on BM25 in points, mean over seeds), `grpo_flat_share`, `igpo_flat_share` (`sampling/flat_share`,
+the share of groups whose rewards are all equal in a step's first rollout round, mean over steps
+and seeds), `igpo_s_per_step_over_grpo` (mean `time/step_s` of igpo over grpo's), and the detail
+(`by_seed`, `steps`, `seeds`, `smoke`, `wall_s`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from simsearch.commands import evaluate, quickstart, train
+from simsearch.config import EvalRecipe, QuickstartRecipe, TrainRecipe, load_recipe
+from simsearch.data.qa import write_qa_jsonl
+from simsearch.fingerprints import digest
+from simsearch.tinyworld.world import TWO_HOP, World
+from simsearch.training.runlog import read_metrics
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
+from benchlib import NO_NOISE, RECIPES, mean_sd, replace_block, run_stage, timed
+
+ARMS: dict[str, tuple[str, ...]] = {
+    "grpo": (),
+    "igpo": ("algorithm.estimator=igpo",),
+    "grpo_dynamic": ("algorithm.dynamic_sampling=true",),
+}
+STEPS = 60  # RL steps per arm: the 30-minute budget of docs/turn_rewards.md
+MAX_TURNS = 3  # searches before the final answer turn
+TWO_HOP_SHARE = 1.0  # every person gets a two-hop question (world)
+TWO_SEARCH_SHARE = 0.5  # pretraining traces that search twice (base)
+DATASETS = ("one_hop", "two_hop")
+
+# Smoke: every stage for a step or two, on the quickstart's smoke base in a small world (its dense index,
+# which the quickstart's world stage builds, takes seconds instead of a minute).
+SMOKE_WORLD = ["n_entities=24", "n_train_entities=16", "n_background_entities=48"]
+SMOKE_STEPS = 2
+SMOKE_TRAIN = ["prompts_per_step=2", "rollout.group_size=2", "eval_every=0"]
+SMOKE_EVAL = ["chunk_size=8"]
+SMOKE_LIMIT = 4  # held-out questions per dataset
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = _parse(argv)
+    began = time.perf_counter()
+    run_dir = Path(
+        args.run_dir or (tempfile.mkdtemp(prefix="turn-rewards-smoke-") if args.smoke else "runs/turn_rewards")
+    )
+    out = Path(args.out or (run_dir / "turn_rewards.md" if args.smoke else "docs/turn_rewards.md"))
+    steps = args.steps or (SMOKE_STEPS if args.smoke else STEPS)
+    results = {seed: run_seed(seed, args, run_dir / f"seed_{seed}", steps) for seed in args.seeds}
+    figures = summarize(results, steps, smoke=args.smoke, wall_s=time.perf_counter() - began)
+    lines = table_lines(results)
+    write_doc(out, lines, figures)
+    print("\n".join(["", *lines, "", f"turn rewards: {out}"]), flush=True)
+    print(json.dumps(figures))
+    return figures
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", help="one world and base per seed (default 0 1; smoke 0)")
+    parser.add_argument("--steps", type=int, default=0, help=f"RL steps per arm (default {STEPS}; smoke 2)")
+    parser.add_argument("--run-dir", default="", help="runs/turn_rewards, or a temporary directory with --smoke")
+    parser.add_argument("--out", default="", help="the doc (docs/turn_rewards.md; with --smoke, in the run directory)")
+    parser.add_argument("--smoke", action="store_true", help="every arm for two steps on the quickstart's smoke base")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = every core), as the quickstart's")
+    args = parser.parse_args(argv)
+    args.seeds = args.seeds if args.seeds is not None else ([0] if args.smoke else [0, 1])
+    return args
+
+
+# --------------------------------------------------------------------------- one seed
+
+
+@dataclass
+class Seed:
+    """One seed's run directory, files and what its stages were built from."""
+
+    seed: int
+    smoke: bool
+    root: Path
+    paths: dict[str, str]  # corpus, bm25 (index), base, and the question files train, one_hop, two_hop
+    fingerprints: dict[str, str]  # world, base, data
+
+
+def run_seed(seed: int, args: argparse.Namespace, root: Path, steps: int) -> dict[str, Any]:
+    """World, base, data, every arm's RL and every policy's evaluation; returns EM, RL metrics and stage times."""
+    clock: dict[str, float] = {}
+    with timed(clock, "world_and_base"):
+        recipe = load_recipe(
+            QuickstartRecipe, None,
+            [f"run_dir={root / 'world_and_base'}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}",
+             f"two_hop_share={TWO_HOP_SHARE}", f"two_search_share={TWO_SEARCH_SHARE}",
+             *(SMOKE_WORLD if args.smoke else [])],
+        )  # fmt: skip
+        world, paths, fingerprints = quickstart.world_and_base(recipe)
+    files, fingerprints["data"] = write_data(world, root / "data", seed, limit=SMOKE_LIMIT if args.smoke else 0)
+    ctx = Seed(seed, args.smoke, root, {**paths, **files}, fingerprints)
+    em = {}
+    with timed(clock, "eval_base"):
+        em["base"] = evaluate_policy(ctx, "base", paths["base"], fingerprints["base"])
+    rl: dict[str, dict[str, float]] = {}
+    for arm, extra in ARMS.items():
+        with timed(clock, f"rl_{arm}"):
+            policy_fp = train_arm(ctx, arm, extra, steps)
+        rl[arm] = rl_metrics(root / "train" / arm)
+        with timed(clock, f"eval_{arm}"):
+            em[arm] = evaluate_policy(ctx, arm, str(quickstart.final_model(root / "train" / arm)), policy_fp)
+    return {"em": em, "rl": rl, "stage_s": {k: round(v, 1) for k, v in clock.items()}}
+
+
+def train_arm(ctx: Seed, arm: str, extra: tuple[str, ...], steps: int) -> str:
+    """One arm's RL run: train.yaml against BM25 with up to MAX_TURNS searches, the same budget as every arm."""
+    overrides = [
+        f"seed={ctx.seed}", f"run_dir={ctx.root / 'train' / arm}", f"policy.model.path={ctx.paths['base']}",
+        f"data.train=[{ctx.paths['train']}]", f"steps={steps}", "save_every=0", f"rollout.max_turns={MAX_TURNS}",
+        "search.kind=bm25", f"search.corpus={ctx.paths['corpus']}", f"search.index_dir={ctx.paths['bm25']}",
+        *NO_NOISE, *(SMOKE_TRAIN if ctx.smoke else []), *extra,
+    ]  # fmt: skip
+    inputs = [ctx.fingerprints["base"], ctx.fingerprints["data"]]
+    return run_stage(TrainRecipe, RECIPES / "train.yaml", overrides, train.main, inputs)
+
+
+def split_questions(world: World, seed: int) -> dict[str, list[Any]]:
+    """Training questions (every two-hop one and as many one-hop ones) and held-out ones, by hop.
+
+    The one-hop questions are a seeded draw of as many as there are two-hop ones, in world order,
+    so each file is half two-hop (train) or as large as the other (held out).
+    """
+    rng = random.Random(seed)
+    splits: dict[str, list[Any]] = {}
+    for name, questions in (("train", world.train), ("test", world.test)):
+        two = [q for q in questions if world.facts[q.id].relation == TWO_HOP]
+        one = [q for q in questions if world.facts[q.id].relation != TWO_HOP]
+        kept = set(rng.sample(range(len(one)), min(len(two), len(one))))
+        one = [q for i, q in enumerate(one) if i in kept]
+        if name == "train":
+            splits["train"] = one + two
+        else:
+            splits["one_hop"], splits["two_hop"] = one, two
+    return splits
+
+
+def write_data(world: World, directory: Path, seed: int, *, limit: int) -> tuple[dict[str, str], str]:
+    """The question files (`split_questions`; held-out ones cut to `limit` when > 0); their paths and digest."""
+    directory.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for name, questions in split_questions(world, seed).items():
+        files[name] = str(directory / f"{name}.jsonl")
+        write_qa_jsonl(questions[:limit] if limit and name != "train" else questions, files[name])
+    return files, digest({name: Path(path).read_text() for name, path in files.items()})
+
+
+def write_eval_recipe(path: Path) -> Path:
+    """The quickstart's eval.yaml with BM25 as its only engine (no simulator here), written to `path`."""
+    recipe = OmegaConf.load(RECIPES / "eval.yaml")
+    for engine in ("simulator", "dense"):
+        del recipe.engines[engine]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(recipe, path)
+    return path
+
+
+def evaluate_policy(ctx: Seed, name: str, model: str, policy_fp: str) -> dict[str, float]:
+    """Greedy held-out EM (percent) on BM25: per dataset and `all` (their average: the sets are as large)."""
+    recipe = write_eval_recipe(ctx.root / "eval.yaml")
+    datasets = ", ".join(f"{{name: {d}, path: {ctx.paths[d]}}}" for d in DATASETS)
+    overrides = [
+        f"run_dir={ctx.root / 'eval' / name}", f"seed={ctx.seed}", f"policy.model.path={model}",
+        f"datasets=[{datasets}]", f"engines.bm25.corpus={ctx.paths['corpus']}",
+        f"engines.bm25.index_dir={ctx.paths['bm25']}", f"rollout.max_turns={MAX_TURNS}", "training_run=''",
+        "baselines=[]", "fidelity_size=0", *(SMOKE_EVAL if ctx.smoke else []),
+    ]  # fmt: skip
+    run_stage(EvalRecipe, recipe, overrides, evaluate.main, [policy_fp, ctx.fingerprints["data"]])
+    row = json.loads((ctx.root / "eval" / name / "summary.json").read_text())["rows"]["bm25"]
+    return {"all": 100.0 * row["average"]["em"], **{d: 100.0 * row["results"][d]["em"] for d in DATASETS}}
+
+
+def rl_metrics(run: Path) -> dict[str, float]:
+    """A training run's mean over steps of `sampling/flat_share`, `time/step_s`, searches per trajectory and
+    prompts rolled out per step (`sampling/prompts` under dynamic sampling, else `prompts_per_step`)."""
+    rows = read_metrics(run)
+    recipe = load_recipe(TrainRecipe, run / "recipe.yaml")
+
+    def mean(key: str, default: float = float("nan")) -> float:
+        values = [float(r[key]) for r in rows if key in r]
+        return statistics.fmean(values) if values else default
+
+    return {
+        "flat_share": mean("sampling/flat_share"),
+        "step_s": mean("time/step_s"),
+        "searches": mean("search/calls_per_traj"),
+        "prompts_per_step": mean("sampling/prompts", float(recipe.prompts_per_step)),
+        "steps": float(len(rows)),
+    }
+
+
+# --------------------------------------------------------------------------- figures and the doc
+
+ROWS = (
+    ("base, no RL", "base"),
+    ("GRPO", "grpo"),
+    ("IGPO turn rewards", "igpo"),
+    ("GRPO + dynamic sampling", "grpo_dynamic"),
+)
+
+
+def summarize(results: dict[int, dict[str, Any]], steps: int, *, smoke: bool, wall_s: float) -> dict[str, Any]:
+    """The JSON figures: EM points on BM25 and flat shares (means over seeds), igpo's step time over grpo's."""
+
+    def over_seeds(values: list[float]) -> float | None:
+        return round(statistics.fmean(values), 4) if values else None
+
+    figures: dict[str, Any] = {f"{arm}_em": over_seeds([r["em"][arm]["all"] for r in results.values()]) for arm in ARMS}
+    for arm in ("grpo", "igpo"):
+        figures[f"{arm}_flat_share"] = over_seeds([r["rl"][arm]["flat_share"] for r in results.values()])
+    step_s = {arm: statistics.fmean(r["rl"][arm]["step_s"] for r in results.values()) for arm in ("grpo", "igpo")}
+    figures["igpo_s_per_step_over_grpo"] = round(step_s["igpo"] / step_s["grpo"], 4)
+    figures.update(
+        wall_s=round(wall_s, 1), steps=steps, seeds=list(results), smoke=smoke,
+        by_seed={str(seed): r for seed, r in results.items()},
+    )  # fmt: skip
+    return figures
+
+
+def _cell(values: list[float], digits: int = 1) -> str:
+    mean, sd = mean_sd(values)
+    return f"{mean:.{digits}f} ± {sd:.{digits}f}"
+
+
+def table_lines(results: dict[int, dict[str, Any]]) -> list[str]:
+    """The markdown table: held-out EM on BM25 (all, one-hop, two-hop) and the RL run's metrics, mean ± sd."""
+    seeds = list(results.values())
+    lines = [
+        "| policy | EM all | EM one-hop | EM two-hop | flat groups | s / step | prompts / step | searches / traj |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for label, row in ROWS:
+        em = [_cell([r["em"][row][d] for r in seeds]) for d in ("all", *DATASETS)]
+        if row in ARMS:
+            rl = [
+                _cell([r["rl"][row][key] for r in seeds], digits)
+                for key, digits in (("flat_share", 2), ("step_s", 2), ("prompts_per_step", 1), ("searches", 2))
+            ]
+        else:
+            rl = ["-"] * 4
+        lines.append(f"| {label} | " + " | ".join(em + rl) + " |")
+    return lines
+
+
+def write_doc(out: Path, lines: list[str], figures: dict[str, Any]) -> None:
+    """Fills the doc's table block (`<!-- table -->` ... `<!-- /table -->`) and wall time, keeping the prose;
+    a missing doc, or one without the blocks, is started from `SKELETON`."""
+    text = out.read_text() if out.is_file() else SKELETON
+    if not all(marker in text for marker in ("<!-- table -->", "<!-- /table -->", "<!-- wall -->")):
+        text = SKELETON
+    seeds = ", ".join(str(s) for s in figures["seeds"])
+    head = (
+        f"Held-out EM (%) on BM25, greedy, and the RL runs' means over steps; mean ± sd over seeds {seeds}; "
+        f"{figures['steps']} RL steps an arm" + (" (smoke: a pipeline check, not a result)" if figures["smoke"] else "")
+    )
+    text = replace_block(text, "table", "\n".join(["", head + ".", "", *lines, ""]))
+    text = replace_block(text, "wall", f"{figures['wall_s'] / 60:.1f} min")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+
+
+SKELETON = """# Turn rewards: IGPO and dynamic sampling vs GRPO on two-hop questions
+
+    python benchmarks/turn_rewards.py --seeds 0 1
+
+<!-- table -->
+Not measured yet.
+<!-- /table -->
+
+Wall time of the last run: <!-- wall -->not measured yet<!-- /wall -->. What is measured and how:
+the docstring of `benchmarks/turn_rewards.py`.
+"""
+
+
+if __name__ == "__main__":
+    main()

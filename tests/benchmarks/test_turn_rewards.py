@@ -1,0 +1,102 @@
+"""benchmarks/turn_rewards.py: its pure parts by hand, and `--smoke` end to end (every arm for two steps)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from simsearch.tinyworld.world import TWO_HOP, build_world
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "turn_rewards.py"
+_spec = importlib.util.spec_from_file_location("turn_rewards", SCRIPT)
+assert _spec is not None and _spec.loader is not None
+turn_rewards = importlib.util.module_from_spec(_spec)
+sys.modules["turn_rewards"] = turn_rewards  # dataclasses look their module up by name
+_spec.loader.exec_module(turn_rewards)
+
+KEYS = {"grpo_em", "igpo_em", "grpo_dynamic_em", "grpo_flat_share", "igpo_flat_share", "igpo_s_per_step_over_grpo"}
+
+
+def test_split_questions_halves_training_and_matches_held_out_sets() -> None:
+    world = build_world(seed=0, n_entities=12, n_train_entities=8, n_cities=4, two_hop_share=1.0)
+    splits = turn_rewards.split_questions(world, seed=0)
+    relation = {q.id: world.facts[q.id].relation for q in world.train + world.test}
+    # 8 training people: 8 two-hop questions and 8 of their 24 one-hop ones; 4 held out: 4 and 4.
+    assert [relation[q.id] == TWO_HOP for q in splits["train"]] == [False] * 8 + [True] * 8
+    assert len(splits["one_hop"]) == len(splits["two_hop"]) == 4
+    assert {relation[q.id] for q in splits["two_hop"]} == {TWO_HOP}
+    assert TWO_HOP not in {relation[q.id] for q in splits["one_hop"]}
+    assert {q.id for q in splits["one_hop"] + splits["two_hop"]} <= {q.id for q in world.test}
+    assert turn_rewards.split_questions(world, seed=0) == splits  # seeded
+    assert turn_rewards.split_questions(world, seed=1)["train"] != splits["train"]
+
+
+def _seed(em: dict[str, float], flat: float, step_s: float) -> dict:
+    rl = {"flat_share": flat, "step_s": step_s, "prompts_per_step": 8.0, "searches": 1.5, "steps": 3.0}
+    return {
+        "em": {arm: {"all": em[arm], "one_hop": 2 * em[arm], "two_hop": 0.0} for arm in ("base", *turn_rewards.ARMS)},
+        "rl": {arm: dict(rl) for arm in turn_rewards.ARMS},
+    }
+
+
+def test_summarize_gives_means_over_seeds_and_the_step_time_ratio() -> None:
+    results = {
+        0: _seed({"base": 1.0, "grpo": 10.0, "igpo": 20.0, "grpo_dynamic": 30.0}, flat=0.5, step_s=1.0),
+        1: _seed({"base": 3.0, "grpo": 20.0, "igpo": 40.0, "grpo_dynamic": 50.0}, flat=0.7, step_s=2.0),
+    }
+    results[1]["rl"]["igpo"]["step_s"] = 4.0
+    figures = turn_rewards.summarize(results, 3, smoke=False, wall_s=60.0)
+    assert set(figures) >= KEYS
+    assert (figures["grpo_em"], figures["igpo_em"], figures["grpo_dynamic_em"]) == (15.0, 30.0, 40.0)
+    assert figures["grpo_flat_share"] == pytest.approx(0.6, abs=1e-9)
+    # igpo: (1 + 4) / 2 = 2.5 s a step; grpo: (1 + 2) / 2 = 1.5 s; 2.5 / 1.5 = 1.6667.
+    assert figures["igpo_s_per_step_over_grpo"] == pytest.approx(1.6667, abs=1e-4)
+    lines = turn_rewards.table_lines(results)
+    # EM all (10, 20): 15.0 ± 7.1 (sd sqrt(50)); one-hop (20, 40): 30.0 ± 14.1; flat (0.5, 0.7): 0.60 ± 0.14.
+    assert (
+        "| GRPO | 15.0 ± 7.1 | 30.0 ± 14.1 | 0.0 ± 0.0 | 0.60 ± 0.14 | 1.50 ± 0.71 | 8.0 ± 0.0 | 1.50 ± 0.00 |" in lines
+    )
+    assert "| base, no RL | 2.0 ± 1.4 | 4.0 ± 2.8 | 0.0 ± 0.0 | - | - | - | - |" in lines
+
+
+def test_write_doc_rewrites_the_table_and_keeps_the_prose(tmp_path: Path) -> None:
+    doc = tmp_path / "turn_rewards.md"
+    figures = {"seeds": [0], "steps": 5, "smoke": False, "wall_s": 120.0}
+    turn_rewards.write_doc(doc, ["| a |", "|---|", "| 1 |"], figures)
+    doc.write_text(doc.read_text() + "\nOur reading.\n")
+    turn_rewards.write_doc(doc, ["| a |", "|---|", "| 2 |"], figures)
+    text = doc.read_text()
+    assert "Our reading." in text and "| 2 |" in text and "| 1 |" not in text and "2.0 min" in text
+
+
+@pytest.mark.slow
+def test_smoke_runs_every_arm_and_prints_every_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    turn_rewards.main(["--smoke", "--run-dir", str(tmp_path), "--threads", "1"])
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the JSON is the last line
+    assert set(figures) >= KEYS
+    for arm in turn_rewards.ARMS:
+        assert 0.0 <= figures[f"{arm}_em"] <= 100.0, arm
+    for arm in ("grpo", "igpo"):
+        assert 0.0 <= figures[f"{arm}_flat_share"] <= 1.0, arm
+    assert figures["igpo_s_per_step_over_grpo"] > 0
+    assert figures["smoke"] is True and figures["steps"] == 2 and figures["seeds"] == [0]
+    seed = tmp_path / "seed_0"
+    for arm in turn_rewards.ARMS:  # the same budget: two steps each, up to three searches, on BM25
+        rows = [json.loads(r) for r in (seed / "train" / arm / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == [1, 2], arm
+        assert all("sampling/flat_share" in r for r in rows), arm
+        recipe = (seed / "train" / arm / "recipe.yaml").read_text()
+        assert "max_turns: 3" in recipe and "kind: bm25" in recipe, arm
+    dynamic = [json.loads(r) for r in (seed / "train" / "grpo_dynamic" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["sampling/rounds"] >= 1 for r in dynamic)
+    for policy in ("base", *turn_rewards.ARMS):
+        summary = json.loads((seed / "eval" / policy / "summary.json").read_text())
+        assert set(summary["rows"]) == {"bm25"} and set(summary["datasets"]) == {"one_hop", "two_hop"}, policy
+    # The base was pretrained on a two-hop world with two-search traces.
+    world = (seed / "world_and_base" / "recipe.yaml").read_text()
+    assert "two_hop_share: 1.0" in world and "two_search_share: 0.5" in world
+    assert (tmp_path / "turn_rewards.md").read_text().count("smoke: a pipeline check") == 1
