@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from simsearch.commands import quickstart
+from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.data.rendering import render_documents, wrap_information
 from simsearch.data.templates import render_prompt
 from simsearch.models import train_tokenizer
@@ -213,3 +215,11 @@ def test_two_search_share_out_of_range_is_refused(two_hop: World, tokenizer) -> 
     engine = BM25SearchEngine.build(two_hop.passages, show_progress=False)
     with pytest.raises(ValueError, match=r"two_search_share=-0\.1"):
         make_traces(two_hop, engine, tokenizer, n=1, seed=0, two_search_share=-0.1)
+
+
+def test_quickstart_fingerprints_name_the_two_hop_settings_only_when_set() -> None:
+    rl = load_recipe(TrainRecipe, quickstart._recipes_dir(QuickstartRecipe()) / "train.yaml")
+    default = quickstart._base_settings(QuickstartRecipe(), rl)
+    assert "two_search_share" not in default  # so a default base keeps the fingerprint it had before
+    two = quickstart._base_settings(load_recipe(QuickstartRecipe, None, ["two_search_share=0.5"]), rl)
+    assert two == {**default, "two_search_share": 0.5}
