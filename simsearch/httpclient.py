@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import httpx
@@ -123,6 +123,44 @@ def env_secret(owner: str, variable: str, hint: str) -> str:
 def bearer_headers(token: str | None) -> dict[str, str]:
     """`Authorization: Bearer <token>`, or no header without a token."""
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+@dataclass(frozen=True)
+class ServerKey:
+    """A server's optional API key or bearer token, read from the environment (never a recipe).
+
+    Attributes:
+        value: The key; None for a server without one. Never shown in a repr.
+    """
+
+    value: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_env(cls, owner: str, variable: str | None, what: str) -> ServerKey:
+        """The key held in environment variable `variable`; no key when `variable` is None.
+
+        Args:
+            owner: The client, named in the error.
+            variable: The variable's name (a client's `api_key_env`), or None for a server without a key.
+            what: What the server calls it ("API key", "bearer token"), for the error's hint.
+
+        Raises:
+            ValueError: `variable` is named but unset or empty (see `env_secret`).
+        """
+        if variable is None:
+            return cls()
+        hint = f"export the server's {what} in it, or pass api_key_env=None for a server without one"
+        return cls(env_secret(owner, variable, hint))
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """`Authorization: Bearer <key>`, or no header without a key."""
+        return bearer_headers(self.value)
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """What error messages mask: the key, if there is one."""
+        return (self.value,) if self.value else ()
 
 
 class ReplicaSet:

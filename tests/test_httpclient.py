@@ -17,6 +17,7 @@ from simsearch.httpclient import (
     GenerationServiceError,
     ReplicaSet,
     SearchServiceError,
+    ServerKey,
     backoff_delay,
     bearer_headers,
     env_secret,
@@ -355,3 +356,16 @@ def test_env_secret_reads_the_variable_and_names_it_when_unset(monkeypatch: pyte
 def test_bearer_headers() -> None:
     assert bearer_headers("t0k") == {"Authorization": "Bearer t0k"}
     assert bearer_headers(None) == {} and bearer_headers("") == {}
+
+
+def test_server_key_from_the_environment_or_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SIMSEARCH_TEST_KEY", "k-123")
+    key = ServerKey.from_env("Client", "SIMSEARCH_TEST_KEY", "bearer token")
+    assert key.headers == {"Authorization": "Bearer k-123"} and key.secrets == ("k-123",)
+    assert "k-123" not in repr(key)
+    none = ServerKey.from_env("Client", None, "bearer token")  # a server without a key: nothing read
+    assert none.value is None and none.headers == {} and none.secrets == ()
+    monkeypatch.delenv("SIMSEARCH_TEST_KEY")
+    hint = "export the server's bearer token in it, or pass api_key_env=None for a server without one"
+    with pytest.raises(ValueError, match=rf"^Client: environment variable SIMSEARCH_TEST_KEY is not set; {hint}$"):
+        ServerKey.from_env("Client", "SIMSEARCH_TEST_KEY", "bearer token")

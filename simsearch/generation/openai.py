@@ -45,8 +45,7 @@ import httpx
 from simsearch.httpclient import (
     GenerationServiceError,
     ReplicaSet,
-    bearer_headers,
-    env_secret,
+    ServerKey,
     redact,
     request_json,
     run_concurrently,
@@ -167,13 +166,7 @@ class OpenAIEngine:
                 f"OpenAIEngine max_concurrency and max_prompts_per_request must be >= 1, got "
                 f"{max_concurrency} and {max_prompts_per_request}"
             )
-        self._api_key: str | None = None
-        if api_key_env is not None:
-            self._api_key = env_secret(
-                "OpenAIEngine",
-                api_key_env,
-                "export the server's API key in it, or pass api_key_env=None for a server without one",
-            )
+        self._key = ServerKey.from_env("OpenAIEngine", api_key_env, "API key")
         self.model = model
         self.tokenizer = tokenizer
         self.api_key_env = api_key_env
@@ -185,7 +178,6 @@ class OpenAIEngine:
         self.system_message = system_message
         self.max_prompts_per_request = max_prompts_per_request
         self.replicas = ReplicaSet([_server_root(u) for u in base_urls], cooldown_s=cooldown_s)
-        self._headers = bearer_headers(self._api_key)
         limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
         self._client = httpx.Client(limits=limits)
 
@@ -283,12 +275,12 @@ class OpenAIEngine:
             self.replicas,
             path=path,
             json_body=self._payload(chunk, params),
-            headers=self._headers,
+            headers=self._key.headers,
             retries=self.max_retries,
             backoff_s=self.backoff_s,
             timeout_s=self.timeout_s,
             error_cls=GenerationServiceError,
-            secrets=(self._api_key,) if self._api_key else (),
+            secrets=self._key.secrets,
         )
         expected = len(chunk) * params.n
         choices = data.get("choices")
@@ -365,7 +357,7 @@ class OpenAIEngine:
     def _malformed(self, path: str, what: str, data: dict[str, Any]) -> GenerationServiceError:
         # `what` and the response may echo the API key: masked everywhere, and before the cut,
         # so no head of it survives.
-        secrets = (self._api_key,) if self._api_key else ()
+        secrets = self._key.secrets
         snippet = redact(str(data), secrets)[:300]
         return GenerationServiceError(
             redact(

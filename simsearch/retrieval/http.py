@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from simsearch.httpclient import SearchServiceError, bearer_headers, env_secret, post_json, redact
+from simsearch.httpclient import SearchServiceError, ServerKey, post_json, redact
 from simsearch.types import Document, SearchRequest
 
 
@@ -115,21 +115,14 @@ class HTTPSearchEngine:
                 f"HTTPSearchEngine needs batch_size >= 1, max_retries >= 0 and timeout_s > 0; "
                 f"got {batch_size}, {max_retries}, {timeout_s}"
             )
-        self._api_key: str | None = None
-        if api_key_env is not None:
-            self._api_key = env_secret(
-                "HTTPSearchEngine",
-                api_key_env,
-                "export the server's bearer token in it, or pass api_key_env=None for a server without one",
-            )
+        self._key = ServerKey.from_env("HTTPSearchEngine", api_key_env, "bearer token")
         self.url = url
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.batch_size = batch_size
         self.api_key_env = api_key_env
-        self._headers = bearer_headers(self._api_key)
-        self._secrets = (self._api_key,) if self._api_key else ()
+        self._secrets = self._key.secrets
         self._client = httpx.Client()
 
     def __repr__(self) -> str:
@@ -182,7 +175,7 @@ class HTTPSearchEngine:
             retries=self.max_retries,
             backoff_s=self.backoff_s,
             timeout_s=self.timeout_s,
-            headers=self._headers,
+            headers=self._key.headers,
             error_cls=SearchServiceError,
             secrets=self._secrets,
         )
