@@ -6,11 +6,15 @@ How the documents an engine returns are shown to the policy lives in `data.rende
 
 from __future__ import annotations
 
-from typing import Protocol
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
-from simsearch.types import Document, SearchRequest
+from simsearch.data.corpus import JsonlCorpus, check_fingerprint, corpus_fingerprint
+from simsearch.types import Document, Passage, SearchRequest
 
 
 class SearchEngine(Protocol):
@@ -67,3 +71,36 @@ def select_top_k(scores: np.ndarray, k: int) -> np.ndarray:
     # lexsort sorts by the last key first: score descending, then position ascending.
     order = np.lexsort((candidates, -scores[candidates]))
     return candidates[order[:k]].astype(np.int64)
+
+
+def write_index_meta(meta_path: Path, format_version: int, passages: Sequence[Passage], fields: dict[str, Any]) -> None:
+    """Writes an index's metadata file: its format version, its corpus's fingerprint, then `fields`."""
+    meta = {"format_version": format_version, "corpus": corpus_fingerprint(passages), **fields}
+    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def read_index_meta(
+    meta_path: Path, format_version: int, corpus_path: str | Path
+) -> tuple[dict[str, Any], JsonlCorpus]:
+    """Reads a metadata file `write_index_meta` wrote and opens the corpus the index is said to be built from.
+
+    Args:
+        meta_path: The metadata file, in the index directory.
+        format_version: The index format this version of simsearch reads.
+        corpus_path: The JSONL corpus offered with the index.
+
+    Returns:
+        (the metadata, the corpus).
+
+    Raises:
+        ValueError: the index was written in another format, or built for another corpus.
+    """
+    meta = json.loads(meta_path.read_text())
+    if meta["format_version"] != format_version:
+        raise ValueError(
+            f"{meta_path}: index format {meta['format_version']}, this version reads {format_version}; "
+            "rebuild the index"
+        )
+    passages = JsonlCorpus(corpus_path)
+    check_fingerprint(meta["corpus"], passages, index_dir=meta_path.parent, corpus=str(corpus_path))
+    return meta, passages

