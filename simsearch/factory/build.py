@@ -293,11 +293,12 @@ def _build_local_index(cfg: SearchConfig) -> SearchEngine:
 def build_simulator(cfg: SearchConfig, *, seed: int = 0) -> SearchEngine:
     """The LLM simulator a `SearchConfig` with `kind=simulator` describes."""
     from simsearch.simulator.engine import SimulatedSearchEngine
-    from simsearch.simulator.prompts import Preset, PromptTemplates
+    from simsearch.simulator.prompts import PRESETS, Preset, PromptTemplates
 
     sim = cfg.simulator
     generation = sim.generation
-    templates = PromptTemplates(sim.useful_template, sim.noisy_template) if sim.preset == "custom" else None
+    preset = PRESETS[sim.preset]  # checked by the recipe
+    templates = PromptTemplates(sim.useful_template, sim.noisy_template) if preset.needs_templates else None
     generator, tokenizer, _ = build_generation_engine(generation)
     if generation.kind == "openai":
         # A served simulator applies its own chat template on /v1/chat/completions.

@@ -8,7 +8,9 @@ import pytest
 
 from simsearch.config import CurriculumConfig, SearchConfig
 from simsearch.errors import RecipeError
+from simsearch.factory import build
 from simsearch.factory.build import build_schedule, build_search_engine, search_fingerprint
+from simsearch.simulator import engine, prompts
 from simsearch.tinyworld.world import build_world
 from simsearch.types import SearchRequest
 
@@ -135,3 +137,19 @@ def test_the_recipe_accepts_exactly_the_engine_kinds_built_here() -> None:
     with pytest.raises(RecipeError, match=r"search.kind='google' is not one of bm25, dense, http"):
         SearchConfig(kind="google").check("search")
     assert build_search_engine(_config(kind="self")) is None
+
+
+def test_the_simulator_gets_the_recipe_templates_when_its_preset_table_entry_asks(monkeypatch) -> None:
+    """Whether templates are passed is the preset's `needs_templates`, not its name."""
+    templated = prompts.PresetSpec(prompts.PRESETS["custom"].render, needs_templates=True)
+    monkeypatch.setitem(prompts.PRESETS, "my-templated", templated)
+    monkeypatch.setattr(build, "build_generation_engine", lambda generation: (object(), None, None))
+    built: list[dict] = []
+    monkeypatch.setattr(engine, "SimulatedSearchEngine", lambda generator, **options: built.append(options))
+    cfg = SearchConfig(kind="simulator")
+    cfg.simulator.useful_template, cfg.simulator.noisy_template = "U {query}", "N {query}"
+    for preset in ("my-templated", "custom", "simsearch"):
+        cfg.simulator.preset = preset
+        build.build_simulator(cfg)
+    templates = prompts.PromptTemplates("U {query}", "N {query}")
+    assert [options["templates"] for options in built] == [templates, templates, None]
