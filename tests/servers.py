@@ -23,6 +23,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def dead_url() -> str:
+    """A 127.0.0.1 URL on which nothing listens (connections are refused at once)."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
 @contextmanager
 def serve_in_thread(app, port: int | None = None) -> Iterator[str]:
     """Yield the base URL of `app` served by uvicorn; stop it on exit."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +31,7 @@ from simsearch.training.distributed import (
     mean_over_ranks,
     prune_deepspeed_dirs,
 )
+from tests.servers import free_port
 
 
 @pytest.fixture(scope="module")
@@ -101,12 +101,11 @@ dist.destroy_process_group()
 """
 
 
-def test_mean_over_ranks_in_two_gloo_processes(tmp_path: Path) -> None:
+def _two_gloo_processes(script_text: str, tmp_path: Path) -> list[object]:
+    """Runs `script_text` as ranks 0 and 1 of a gloo process group; each rank's printed JSON."""
     script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
+    script.write_text(script_text)
+    port = str(free_port())
     base = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
     procs = [
         subprocess.Popen([sys.executable, str(script)], env={**base, "RANK": str(r)}, stdout=subprocess.PIPE,
@@ -115,8 +114,12 @@ def test_mean_over_ranks_in_two_gloo_processes(tmp_path: Path) -> None:
     ]  # fmt: skip
     outs = [p.communicate(timeout=60) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    return [json.loads(out) for out, _ in outs]
+
+
+def test_mean_over_ranks_in_two_gloo_processes(tmp_path: Path) -> None:
     # loss: (1 + 3) / 2 = 2; reward: (0 + 10) / 2 = 5; every rank gets the same means.
-    assert [json.loads(out) for out, _ in outs] == [{"loss": 2.0, "reward": 5.0}] * 2
+    assert _two_gloo_processes(RANK_SCRIPT, tmp_path) == [{"loss": 2.0, "reward": 5.0}] * 2
 
 
 MAX_SCRIPT = """
@@ -134,21 +137,8 @@ dist.destroy_process_group()
 
 
 def test_all_reduce_max_in_two_gloo_processes(tmp_path: Path) -> None:
-    script = tmp_path / "max.py"
-    script.write_text(MAX_SCRIPT)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
-    base = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-    procs = [
-        subprocess.Popen([sys.executable, str(script)], env={**base, "RANK": str(r)}, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-        for r in range(2)
-    ]  # fmt: skip
-    outs = [p.communicate(timeout=60) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
     # element-wise: max(3, 2), max(1, 4), max(0, 0); a sum would give [5, 5, 0]
-    assert [json.loads(out) for out, _ in outs] == [[3, 4, 0]] * 2
+    assert _two_gloo_processes(MAX_SCRIPT, tmp_path) == [[3, 4, 0]] * 2
     one = torch.tensor([7, 1])
     assert all_reduce_max(one, 1) is one and one.tolist() == [7, 1]
 

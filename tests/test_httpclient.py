@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import calendar
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -29,15 +28,8 @@ from simsearch.httpclient import (
 )
 from tests.servers import (  # the `serve` fixture is in conftest.py
     Seen,
+    dead_url,
 )
-
-
-def dead_url() -> str:
-    """A 127.0.0.1 URL on which nothing listens (connections are refused at once)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
 
 
 def scripted(*replies: Any) -> Callable[[Seen], Any]:

@@ -69,6 +69,17 @@ def _collect(tmp_path: Path, world_files, monkeypatch, *overrides: str) -> tuple
     return simulator_collect.main(recipe), policy
 
 
+def _written(tmp_path: Path, split: str = "train") -> list[dict]:
+    """The pairs `_collect` wrote to `split`.jsonl."""
+    return [json.loads(line) for line in (tmp_path / "collect" / f"{split}.jsonl").read_text().splitlines()]
+
+
+def _checked(tmp_path: Path, *overrides: str) -> CollectRecipe:
+    """A collect recipe with its required keys and `overrides`, loaded and checked (nothing runs)."""
+    required = [f"run_dir={tmp_path}", "policy.model.path=m", "data.train=[t]", "search.corpus=c.jsonl"]
+    return load_recipe(CollectRecipe, None, [*required, *overrides])
+
+
 def test_collect_writes_balanced_pairs_from_real_bm25_searches(tmp_path: Path, world_files, monkeypatch) -> None:
     world, _ = world_files
     stats, policy = _collect(tmp_path, world_files, monkeypatch, "batch_size=16", "val_fraction=0.2")
@@ -76,8 +87,7 @@ def test_collect_writes_balanced_pairs_from_real_bm25_searches(tmp_path: Path, w
     n_questions = len(world.train)
     assert policy.calls == 2 * -(-n_questions // 16)  # two turns per batch of 16 questions
     assert stats["collect/records"] == n_questions  # one executed search per question
-    train = [json.loads(line) for line in (tmp_path / "collect" / "train.jsonl").read_text().splitlines()]
-    val = [json.loads(line) for line in (tmp_path / "collect" / "val.jsonl").read_text().splitlines()]
+    train, val = _written(tmp_path), _written(tmp_path, "val")
     assert len(train) + len(val) == stats["collect/train"] + stats["collect/val"] > 0
     # target=retrieved: one useful and one noisy pair per record.
     labels = [p["label"] for p in train + val]
@@ -98,7 +108,7 @@ def test_contrast_queries_are_searched_with_the_real_retriever(tmp_path: Path, w
 
     n_questions = len(world.train)
     assert n_questions < stats["collect/records"] <= 3 * n_questions
-    pairs = [json.loads(line) for line in (tmp_path / "collect" / "train.jsonl").read_text().splitlines()]
+    pairs = _written(tmp_path)
     names = set(policy.names)
     contrast = [p for p in pairs if p["query"] not in names and p["query"] != "who was born"]
     assert contrast
@@ -109,60 +119,29 @@ def test_contrast_queries_are_searched_with_the_real_retriever(tmp_path: Path, w
 
 
 def test_collect_refuses_a_simulator_as_its_retriever(tmp_path: Path) -> None:
-    from simsearch.errors import RecipeError
-
     with pytest.raises(RecipeError, match="collect needs a real retriever"):
-        load_recipe(
-            CollectRecipe,
-            None,
-            [
-                f"run_dir={tmp_path}",
-                "policy.model.path=m",
-                "data.train=[t]",
-                "search.kind=simulator",
-                "search.simulator.generation.model.path=m",
-            ],
-        )
+        _checked(tmp_path, "search.kind=simulator", "search.simulator.generation.model.path=m")
 
 
 def test_collect_refuses_negative_contrast_queries(tmp_path: Path) -> None:
-    from simsearch.errors import RecipeError
-
     with pytest.raises(RecipeError, match="contrast_queries=-1"):
-        load_recipe(
-            CollectRecipe,
-            None,
-            [
-                f"run_dir={tmp_path}",
-                "policy.model.path=m",
-                "data.train=[t]",
-                "search.corpus=c.jsonl",
-                "contrast_queries=-1",
-            ],
-        )
+        _checked(tmp_path, "contrast_queries=-1")
 
 
 def test_collect_takes_every_preset_but_custom(tmp_path: Path) -> None:
-    from simsearch.errors import RecipeError
-
-    base = [f"run_dir={tmp_path}", "policy.model.path=m", "data.train=[t]", "search.corpus=c.jsonl"]
-    assert load_recipe(CollectRecipe, None, [*base, "preset=simsearch-brief"]).preset == "simsearch-brief"
+    assert _checked(tmp_path, "preset=simsearch-brief").preset == "simsearch-brief"
     with pytest.raises(RecipeError, match="preset"):
-        load_recipe(CollectRecipe, None, [*base, "preset=custom"])
+        _checked(tmp_path, "preset=custom")
 
 
 def test_collect_renders_responses_as_the_policy_reads_them_only_with_the_brief_preset(
     tmp_path: Path, world_files, monkeypatch
 ) -> None:
-    from simsearch.errors import RecipeError
-
     _collect(tmp_path, world_files, monkeypatch, "val_fraction=0.0", "preset=simsearch-brief", "search.rendering=brief")
-    pairs = [json.loads(line) for line in (tmp_path / "collect" / "train.jsonl").read_text().splitlines()]
-    written = [p["response"] for p in pairs if p["response"]]
+    written = [p["response"] for p in _written(tmp_path) if p["response"]]
     assert written and all(r.startswith("Doc 1: ") and "(Title:" not in r for r in written)
-    base = [f"run_dir={tmp_path}", "policy.model.path=m", "data.train=[t]", "search.corpus=c.jsonl"]
     with pytest.raises(RecipeError, match=r"search\.rendering=brief.*preset simsearch asks for"):
-        load_recipe(CollectRecipe, None, [*base, "search.rendering=brief"])
+        _checked(tmp_path, "search.rendering=brief")
 
 
 def test_trajectory_target_labels_every_search_by_its_trajectory_s_answer(
@@ -171,7 +150,7 @@ def test_trajectory_target_labels_every_search_by_its_trajectory_s_answer(
     # The scripted policy always answers "x", never a gold answer: under the paper's labelling every
     # search it made is noisy, even those whose BM25 results hold the answer.
     stats, _ = _collect(tmp_path, world_files, monkeypatch, "target=trajectory", "balance=false", "val_fraction=0.0")
-    pairs = [json.loads(line) for line in (tmp_path / "collect" / "train.jsonl").read_text().splitlines()]
+    pairs = _written(tmp_path)
     assert stats["collect/trajectory_noisy"] == len(pairs) == stats["collect/records"] > 0
     assert stats["collect/trajectory_useful"] == 0
     assert {p["label"] for p in pairs} == {"noisy"} and any(p["contains_answer"] for p in pairs)
@@ -179,27 +158,6 @@ def test_trajectory_target_labels_every_search_by_its_trajectory_s_answer(
 
 def test_collect_refuses_contrast_queries_with_the_trajectory_target(tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match="contrast_queries=1 with target=trajectory"):
-        load_recipe(
-            CollectRecipe,
-            None,
-            [
-                f"run_dir={tmp_path}",
-                "policy.model.path=m",
-                "data.train=[q.jsonl]",
-                "search.corpus=c.jsonl",
-                "target=trajectory",
-                "contrast_queries=1",
-            ],
-        )
+        _checked(tmp_path, "target=trajectory", "contrast_queries=1")
     with pytest.raises(RecipeError, match="outcome_metric='f1' is not one of substring_em, em"):
-        load_recipe(
-            CollectRecipe,
-            None,
-            [
-                f"run_dir={tmp_path}",
-                "policy.model.path=m",
-                "data.train=[q.jsonl]",
-                "search.corpus=c.jsonl",
-                "outcome_metric=f1",
-            ],
-        )
+        _checked(tmp_path, "outcome_metric=f1")

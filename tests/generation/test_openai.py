@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -17,15 +16,8 @@ from tests.servers import (  # the `serve` fixture is in conftest.py
     DROP,
     FakeServer,
     Seen,
+    dead_url,
 )
-
-
-def dead_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
-
 
 # --- a deterministic OpenAI-compatible fake
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from typing import Any
 
@@ -13,16 +12,8 @@ from simsearch.retrieval.http import HTTPSearchEngine, parse_document
 from simsearch.types import Document, SearchRequest
 from tests.servers import (  # the `serve` fixture is in conftest.py
     Seen,
+    dead_url,
 )
-
-
-def dead_url() -> str:
-    """A 127.0.0.1 URL on which nothing listens (connections are refused at once)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
-
 
 # --- a fake Search-R1 /retrieve server over a tiny wiki-18 style corpus
 
