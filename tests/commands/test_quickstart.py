@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from PIL import Image
+from transformers import AutoTokenizer
 
 from simsearch.commands import quickstart
 from simsearch.config import QuickstartRecipe, load_recipe
@@ -74,6 +76,17 @@ def test_smoke_runs_every_stage_and_writes_the_report(smoke_run) -> None:
     assert report["machine"]["versions"]["torch"] == torch.__version__
     assert set(report["base_reading"]) == {"birth_city", "occupation", "founding_year", "all"}
     assert report["base_reading"]["all"]["questions"] == 300
+
+
+@pytest.mark.slow
+def test_the_base_tokenizer_writes_names_cities_and_years_whole(smoke_run) -> None:
+    run_dir, _ = smoke_run
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "base")
+    corpus = (run_dir / "world" / "corpus.jsonl").read_text()
+    city, name = re.search(r"Born in (\w+), (\w+) became", corpus).groups()
+    year = re.search(r"founded [a-z ]+ in (\d{4})", corpus).group(1)
+    for value in (city, name, year):
+        assert len(tokenizer(value, add_special_tokens=False)["input_ids"]) == 1, value
 
 
 @pytest.mark.slow
