@@ -171,6 +171,7 @@ ESTIMATOR_STATS = {
     "rloo": "advantages/zero_std_groups",
     "ppo": "advantages/values_mean",
     "stratified_grpo": "advantages/num_strata",
+    "igpo": "advantages/gain_mean",
 }
 
 
@@ -389,7 +390,7 @@ def test_the_reward_and_validation_score_with_the_recipes_normalization(
         seen.append(normalization)
         return score_trajectories(trajectories, weights, normalization=normalization)
 
-    monkeypatch.setattr(train, "score_trajectories", recording_score)
+    monkeypatch.setattr(rl_module, "score_trajectories", recording_score)
     monkeypatch.setattr(validation, "score_trajectories", recording_score)
     overrides = _overrides(world, tmp_path, steps=1, eval_every=1, **{"reward.normalization": normalization})
     train.main(load_recipe(TrainRecipe, None, [*overrides, f"data.val=[{world / 'val.jsonl'}]"]))

@@ -64,14 +64,14 @@ def test_old_reference_and_current_logprobs_are_those_of_the_sampling_distributi
         return tokens
 
     rollouts: list[Any] = []
-    real_rollout = train.generate_trajectories
+    real_rollout = rl_module.generate_trajectories
 
     def reporting_rollout(*args: Any, sampling: SamplingParams, **kwargs: Any) -> Any:
         rollouts.append(real_rollout(*args, sampling=replace(sampling, logprobs=True), **kwargs))
         return rollouts[-1]
 
     monkeypatch.setattr(hf, "sample_next", recording_sample_next)
-    monkeypatch.setattr(train, "generate_trajectories", reporting_rollout)
+    monkeypatch.setattr(rl_module, "generate_trajectories", reporting_rollout)
     logprobs = _record(monkeypatch, "logprobs_in_micro_batches")
     losses = _record(monkeypatch, "actor_micro_loss")
     # Two epochs: the batch is reused, so old log-probs are computed; kl_coef > 0: a reference.
