@@ -320,7 +320,6 @@ def _base_settings(recipe: QuickstartRecipe, rl: TrainRecipe) -> dict[str, Any]:
         "typed_answer_share",
         "year_tokens",
         "city_tokens",
-        "name_tokens",
     )
     settings: dict[str, Any] = {name: getattr(recipe, name) for name in fields}
     if recipe.two_search_share:  # only when set: one-search bases keep the fingerprint they had before
@@ -388,13 +387,7 @@ def _pretrain_base(
     )
     texts = world.texts_for_tokenizer() + [render_prompt("", template=rl.rollout.template), simulator_prompt] * 100
     tokenizer = train_tokenizer(texts, vocab_size=recipe.vocab_size)
-    tokenizer.add_tokens(
-        [
-            *(YEARS if recipe.year_tokens else ()),
-            *(world.cities if recipe.city_tokens else ()),
-            *(entity.name for entity in world.entities if recipe.name_tokens),
-        ]
-    )
+    tokenizer.add_tokens([*(YEARS if recipe.year_tokens else ()), *(world.cities if recipe.city_tokens else ())])
     engine = BM25SearchEngine.build(world.passages, show_progress=False)
     model = build_tiny_model(tokenizer, hidden=128, layers=4, heads=4, kv_heads=2, ffn=384, seed=recipe.seed)
     # Smoke: just enough (40 x 16 traces at a high rate) that the base emits searches.
