@@ -558,6 +558,13 @@ class TrainRecipe:
                 f"vLLM would refuse the later turns of long trajectories; set policy.max_model_len >= {context} "
                 "(or 0 for the model's own)"
             )
+        if self.reward.overlong_buffer >= context:
+            # DAPO's penalty grows over the last overlong_buffer tokens before L_max: it needs room to start.
+            raise RecipeError(
+                f"reward.overlong_buffer={self.reward.overlong_buffer} must be below "
+                f"rollout.max_context_tokens={context} (L_max, where the penalty is full); lower the buffer "
+                "(DAPO: 4096 of 20480) or raise max_context_tokens"
+            )
         from simsearch.policy.advantages import ESTIMATORS  # torch-heavy: see AlgorithmConfig.check
 
         # self.algorithm.check (above) has refused an estimator name ESTIMATORS does not hold.

@@ -210,3 +210,12 @@ def test_collect_refuses_self_search(tmp_path: Path) -> None:
     }
     with pytest.raises(RecipeError, match=r"search\.kind=self: collect records what a search engine returns"):
         load_recipe(CollectRecipe, _write(tmp_path, body))
+
+
+def test_overlong_buffer_must_leave_room_below_the_context(train_yaml: Path) -> None:
+    with pytest.raises(RecipeError, match=r"reward\.overlong_buffer=4096 .* rollout\.max_context_tokens=4096"):
+        load_recipe(TrainRecipe, train_yaml, ["reward.overlong_buffer=4096"])
+    with pytest.raises(RecipeError, match=r"reward\.overlong_buffer=300 .* rollout\.max_context_tokens=200"):
+        load_recipe(TrainRecipe, train_yaml, ["reward.overlong_buffer=300", "rollout.max_context_tokens=200"])
+    recipe = load_recipe(TrainRecipe, train_yaml, ["reward.overlong_buffer=4095"])
+    assert recipe.reward.overlong_buffer == 4095
