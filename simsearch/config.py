@@ -304,8 +304,8 @@ class RewardConfig:
     # matches a gold answer that normalizes to "".
     normalization: str = "squad"
     # DAPO's overlong reward shaping (policy.rewards.overlong_penalty): a trajectory whose prompt +
-    # response tokens L come within overlong_buffer tokens of rollout.max_context_tokens (L_max, where
-    # the rollout cuts it) gets overlong_penalty x (L_max - buffer - L) / buffer added; 0 = off
+    # response tokens L come within overlong_buffer tokens of rollout.max_context_tokens (L_max; one the
+    # context cut counts as L_max) gets overlong_penalty x (L_max - buffer - L) / buffer added; 0 = off
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0  # the penalty at the limit (DAPO's penalty_factor)
 

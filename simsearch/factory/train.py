@@ -207,17 +207,19 @@ def step_rewards(recipe: TrainRecipe, trajectories: list[Trajectory]) -> RewardO
     """The rewards of a step's trajectories: the recipe's weighted reward, plus DAPO's overlong shaping.
 
     With `reward.overlong_buffer` > 0, L is a trajectory's prompt + response tokens (the documents
-    inserted count: they fill the same context) and L_max is `rollout.max_context_tokens`, the
-    limit at which the rollout cuts a trajectory (finish "context"), so the penalty reaches its
-    full value exactly where the rollout cuts. DAPO and verl's `DAPORewardManager` count the
-    response against a response budget separate from the prompt's; here one budget holds both.
+    inserted count: they fill the same context, so a trajectory that searches more is penalised
+    sooner) and L_max is `rollout.max_context_tokens`. A trajectory the context cut (finish
+    "context") counts as L = L_max and gets the full penalty, as DAPO's truncated responses do,
+    even when the rollout stopped it short of L_max because the next observation did not fit.
+    DAPO and verl's `DAPORewardManager` count the response against a response budget separate
+    from the prompt's; here one budget holds both.
     """
     reward = recipe.reward
     scored = score_trajectories(trajectories, reward.resolved_weights(), normalization=reward.normalization)
     if reward.overlong_buffer == 0:
         return scored
-    lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
     limit = recipe.rollout.max_context_tokens
+    lengths = [limit if t.finish == "context" else len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
     return shape_overlong(scored, lengths, limit, reward.overlong_buffer, reward.overlong_penalty)
 
 

@@ -135,7 +135,8 @@ def test_overlong_shaping_penalizes_trajectories_near_the_context_limit(
     _trained_two_steps(run, rows, _weights(world / "policy"))
     for (args, scored), logged in zip(calls, rows, strict=True):
         trajectories = args[1]
-        lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
+        # A trajectory the context cut counts as L_max (the full penalty).
+        lengths = [256 if t.finish == "context" else len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
         penalties = [max(0.5 * (256 - 220 - n) / 220, -0.5) if n > 36 else 0.0 for n in lengths]
         assert all(p < 0 for p in penalties)
         f1 = scored.components["f1"]

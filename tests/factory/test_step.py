@@ -1,0 +1,37 @@
+"""The per-step logic of `simsearch train` (`factory.step`) against hand-computed values."""
+
+from __future__ import annotations
+
+import pytest
+
+from simsearch.config import TrainRecipe
+from simsearch.factory.train import step_rewards
+from simsearch.types import QAExample, Trajectory, TrajectoryFinish
+
+
+def _trajectory(prompt: int, response: int, finish: TrajectoryFinish, answer: str) -> Trajectory:
+    text = f"<answer> {answer} </answer>" if finish == "answer" else "<search> q </search>"
+    return Trajectory(
+        prompt_id=0, example=QAExample("q0", "Where?", ["paris"]), prompt_ids=[1] * prompt,
+        response_ids=[2] * response, loss_mask=[1] * response, turns=[], response_text=text,
+        answer=answer if finish == "answer" else None, num_searches=0, num_invalid=0, finish=finish,
+    )  # fmt: skip
+
+
+def test_a_trajectory_the_context_cut_gets_the_full_overlong_penalty() -> None:
+    recipe = TrainRecipe(run_dir="unused")
+    recipe.rollout.max_context_tokens = 100
+    recipe.reward.overlong_buffer, recipe.reward.overlong_penalty = 20, 0.5
+    rows = [
+        _trajectory(30, 40, "answer", "paris"),  # L = 70 <= 80: no penalty; f1 1
+        _trajectory(30, 60, "answer", "paris"),  # L = 90: 0.5 x (100 - 20 - 90) / 20 = -0.25
+        # Cut with 10 tokens to spare (an observation did not fit): L counts as L_max = 100, -0.5,
+        # not 0.5 x (80 - 90) / 20 = -0.25 as its 90 tokens alone would give.
+        _trajectory(30, 60, "context", ""),
+        _trajectory(30, 20, "max_turns", ""),  # L = 50: unfinished, but short: no penalty
+    ]
+    scored = step_rewards(recipe, rows)
+    assert scored.components["f1"] == [1.0, 1.0, 0.0, 0.0]
+    assert scored.total == pytest.approx([1.0, 0.75, -0.5, 0.0], abs=1e-12)
+    assert scored.stats["reward/overlong"] == pytest.approx(-0.75 / 4, abs=1e-12)
+    assert scored.stats["reward/overlong_share"] == 0.5
