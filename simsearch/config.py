@@ -359,7 +359,8 @@ class AlgorithmConfig:
     # correcting for a rollout engine (vLLM) that samples slightly off the trainer; 0 = off, else >= 1
     tis_cap: float = 0.0
     # DAPO's dynamic sampling (policy.sampling): drop the groups whose rewards are all equal and roll out
-    # the next prompts of the data stream, round after round, until prompts_per_step informative groups
+    # the next prompts of the data stream, round after round, until prompts_per_step informative groups;
+    # only with an estimator whose flat groups get no gradient (ESTIMATORS' flat_groups_are_silent)
     dynamic_sampling: bool = False
     max_sampling_rounds: int = 3  # rollout rounds per step at most, the first included (verl: max_num_gen_batches)
     # importance ratio the loss clips: a name in policy.losses.RATIO_LEVELS (sequence = GSPO's
@@ -565,13 +566,34 @@ class TrainRecipe:
                 f"rollout.max_context_tokens={context} (L_max, where the penalty is full); lower the buffer "
                 "(DAPO: 4096 of 20480) or raise max_context_tokens"
             )
+        self._check_algorithm_with_groups()
+
+    def _check_algorithm_with_groups(self) -> None:
+        """The algorithm's options that depend on the rollout's groups."""
         from simsearch.policy.advantages import ESTIMATORS  # torch-heavy: see AlgorithmConfig.check
 
         # self.algorithm.check (above) has refused an estimator name ESTIMATORS does not hold.
-        if ESTIMATORS[self.algorithm.estimator].compares_group and self.rollout.group_size < 2:
+        alg, group = self.algorithm, self.rollout.group_size
+        estimator = ESTIMATORS[alg.estimator]
+        if alg.dynamic_sampling and group < 2:
             raise RecipeError(
-                f"algorithm.estimator={self.algorithm.estimator} compares rollouts of one prompt: "
-                "set rollout.group_size >= 2"
+                f"algorithm.dynamic_sampling=true with rollout.group_size={group}: a group of one rollout is never "
+                "flat, so there is nothing to drop; set rollout.group_size >= 2 or dynamic_sampling=false"
+            )
+        if estimator.compares_group and group < 2:
+            raise RecipeError(
+                f"algorithm.estimator={alg.estimator} compares rollouts of one prompt: set rollout.group_size >= 2"
+            )
+        if alg.dynamic_sampling and not estimator.flat_groups_are_silent:
+            why = (
+                "a group whose outcomes are all equal still has its turns' information gains to learn from"
+                if estimator.information_gain
+                else "it has no group baseline, so a group whose rewards are all equal still carries a gradient"
+            )
+            silent = ", ".join(name for name, e in ESTIMATORS.items() if e.flat_groups_are_silent)
+            raise RecipeError(
+                f"algorithm.dynamic_sampling=true with algorithm.estimator={alg.estimator}: {why}, and dropping it "
+                f"would lose that signal; use it with {silent}, or set dynamic_sampling=false"
             )
 
     def _check_policy_is_trainable(self) -> None:

@@ -219,3 +219,17 @@ def test_overlong_buffer_must_leave_room_below_the_context(train_yaml: Path) -> 
         load_recipe(TrainRecipe, train_yaml, ["reward.overlong_buffer=300", "rollout.max_context_tokens=200"])
     recipe = load_recipe(TrainRecipe, train_yaml, ["reward.overlong_buffer=4095"])
     assert recipe.reward.overlong_buffer == 4095
+
+
+def test_dynamic_sampling_only_where_a_flat_group_carries_no_gradient(train_yaml: Path) -> None:
+    on = "algorithm.dynamic_sampling=true"
+    for estimator in ("grpo", "dr_grpo", "rloo", "stratified_grpo"):
+        assert load_recipe(TrainRecipe, train_yaml, [on, f"algorithm.estimator={estimator}"]).algorithm.dynamic_sampling
+    for estimator in ("ppo", "reinforce", "reinforce_pp", "reinforce_baseline"):
+        with pytest.raises(RecipeError, match=rf"estimator={estimator}: it has no group baseline"):
+            load_recipe(TrainRecipe, train_yaml, [on, f"algorithm.estimator={estimator}"])
+    with pytest.raises(RecipeError, match=r"estimator=igpo: .* information gains"):
+        load_recipe(TrainRecipe, train_yaml, [on, "algorithm.estimator=igpo"])
+    for estimator in ("grpo", "reinforce"):
+        with pytest.raises(RecipeError, match=r"rollout\.group_size=1: a group of one rollout is never flat"):
+            load_recipe(TrainRecipe, train_yaml, [on, "rollout.group_size=1", f"algorithm.estimator={estimator}"])

@@ -539,6 +539,16 @@ class Estimator:
     compares_group: bool
     information_gain: bool = False
 
+    @property
+    def flat_groups_are_silent(self) -> bool:
+        """A group whose rewards are all equal gets advantage 0 everywhere: no policy gradient.
+
+        True of the group-baseline estimators; not of those without one (a flat group still sits
+        above or below a batch mean, a critic's values or nothing), nor of IGPO (its turns'
+        information gains differ within a flat group). DAPO's dynamic sampling drops such groups.
+        """
+        return self.compares_group and not self.information_gain
+
 
 def _sequence(advantages_and_stats: tuple[torch.Tensor, Stats]) -> EstimatorOutput:
     advantages, stats = advantages_and_stats

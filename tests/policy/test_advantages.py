@@ -343,3 +343,20 @@ def test_table_entries_call_their_estimator():
     torch.testing.assert_close(ESTIMATORS["rloo"].compute(x)[0], torch.tensor([1.0, -1.0, 0.0, 0.0]))
     with pytest.raises(ValueError, match="needs the critic's values"):
         ESTIMATORS["ppo"].compute(x)
+
+
+def test_flat_groups_are_silent_exactly_where_the_table_says():
+    # Two flat groups, rewards (1, 1) and (0, 0), two turns of one token each. Group-baseline
+    # estimators give 0 everywhere; REINFORCE gives the reward (1), its batch-mean baseline
+    # +-0.5, REINFORCE++ and GAE (critic values 0) non-zero returns, and IGPO's gains
+    # (0.5, 0; 0.2, 0.1) differ within each group, so its turns are not flat.
+    rewards, groups = torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.tensor([0, 0, 1, 1])
+    x = EstimatorInputs(
+        rewards, torch.ones(4, 2), groups, torch.zeros(4, dtype=torch.long), values=torch.zeros(4, 2),
+        gains=torch.tensor([[0.5], [0.0], [0.2], [0.1]]), turn_index=torch.tensor([[0, 1]] * 4),
+    )  # fmt: skip
+    silent = [n for n, e in ESTIMATORS.items() if e.flat_groups_are_silent]
+    assert silent == ["grpo", "dr_grpo", "rloo", "stratified_grpo"]
+    for name, estimator in ESTIMATORS.items():
+        advantages = estimator.compute(x)[0]
+        assert bool((advantages == 0).all()) == (name in silent), name
