@@ -203,8 +203,11 @@ def update_settings(recipe: TrainRecipe, minibatch_rows: int) -> UpdateSettings:
     )  # fmt: skip
 
 
-def step_rewards(recipe: TrainRecipe, trajectories: list[Trajectory]) -> RewardOutput:
-    """The rewards of a step's trajectories: the recipe's weighted reward, plus DAPO's overlong shaping.
+def step_rewards(recipe: TrainRecipe, trajectories: list[Trajectory]) -> tuple[RewardOutput, list[float]]:
+    """(the rewards trained on, their totals before shaping) of a step's trajectories.
+
+    The rewards trained on are the recipe's weighted reward plus DAPO's overlong shaping; dynamic
+    sampling judges a group's flatness on the totals before shaping (`policy.sampling`).
 
     With `reward.overlong_buffer` > 0, L is a trajectory's prompt + response tokens (the documents
     inserted count: they fill the same context, so a trajectory that searches more is penalised
@@ -217,10 +220,10 @@ def step_rewards(recipe: TrainRecipe, trajectories: list[Trajectory]) -> RewardO
     reward = recipe.reward
     scored = score_trajectories(trajectories, reward.resolved_weights(), normalization=reward.normalization)
     if reward.overlong_buffer == 0:
-        return scored
+        return scored, scored.total
     limit = recipe.rollout.max_context_tokens
     lengths = [limit if t.finish == "context" else len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
-    return shape_overlong(scored, lengths, limit, reward.overlong_buffer, reward.overlong_penalty)
+    return shape_overlong(scored, lengths, limit, reward.overlong_buffer, reward.overlong_penalty), scored.total
 
 
 def step_batch(recipe: TrainRecipe, trajectories: list[Trajectory], pad_id: int) -> TrainBatch:
@@ -373,8 +376,8 @@ def sample_step(
     def one_round(i: int) -> Round[tuple[RolloutResult, RewardOutput]]:
         indices = stream_indices(len(data), position + i * step_prompts, step_prompts, recipe.seed)[share]
         result = rollout([data[j] for j in indices], i)
-        scored = step_rewards(recipe, result.trajectories)
-        return Round((result, scored), scored.total, [t.prompt_id for t in result.trajectories])
+        scored, unshaped = step_rewards(recipe, result.trajectories)
+        return Round((result, scored), unshaped, [t.prompt_id for t in result.trajectories])
 
     rounds = alg.max_sampling_rounds if alg.dynamic_sampling else 1
     sampled = sample_informative(one_round, share.stop - share.start, rounds)

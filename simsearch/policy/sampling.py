@@ -18,6 +18,10 @@ Where this departs from verl's implementation (`recipe/dapo/dapo_ray_trainer.py:
   would give such a step no loss metrics and need every process to skip it together.)
 - Flat means exactly equal rewards (verl tests `np.std(rewards) > 0`, which can see equal floats
   as different after rounding). As in verl, a group of one sample is never flat.
+- Which reward is the caller's: `simsearch train` passes the recipe's reward before DAPO's
+  overlong shaping (`factory.train.step_rewards`), as DAPO filters on accuracy
+  (`filter_groups.metric=acc` in verl's DAPO scripts), not on the shaped score: a group all right
+  or all wrong stays flat however its lengths differ.
 - Each round is one rollout call over a fixed number of prompts (the caller's choice; verl rolls
   out a whole `gen_batch_size` each time); the informative groups beyond the target are dropped,
   keeping the earliest (round, then order within the round), as verl's `batch[:traj_bsz]`.

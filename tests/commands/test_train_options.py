@@ -105,7 +105,7 @@ def test_mask_unfinished_leaves_unfinished_trajectories_out_of_the_loss_only(
     rows = read_metrics(run)
     _trained_two_steps(run, rows, _weights(world / "policy"))
     masked_total = 0
-    for (scored_args, scored), (update_args, _), logged in zip(scored_calls, updates, rows, strict=True):
+    for (scored_args, (scored, _)), (update_args, _), logged in zip(scored_calls, updates, rows, strict=True):
         trajectories = scored_args[1]
         batch, trained = update_args[2].to("cpu"), update_args[3].cpu()
         unfinished = torch.tensor([t.finish in UNFINISHED for t in trajectories])
@@ -133,7 +133,7 @@ def test_overlong_shaping_penalizes_trajectories_near_the_context_limit(
     train.main(_recipe(world, run, **{"reward.overlong_buffer": 220, "reward.overlong_penalty": 0.5}))
     rows = read_metrics(run)
     _trained_two_steps(run, rows, _weights(world / "policy"))
-    for (args, scored), logged in zip(calls, rows, strict=True):
+    for (args, (scored, unshaped)), logged in zip(calls, rows, strict=True):
         trajectories = args[1]
         # A trajectory the context cut counts as L_max (the full penalty).
         lengths = [256 if t.finish == "context" else len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
@@ -141,6 +141,7 @@ def test_overlong_shaping_penalizes_trajectories_near_the_context_limit(
         assert all(p < 0 for p in penalties)
         f1 = scored.components["f1"]
         assert scored.total == pytest.approx([r + p for r, p in zip(f1, penalties)], abs=1e-12)
+        assert unshaped == f1  # what dynamic sampling would judge flatness on
         assert logged["reward/overlong"] == pytest.approx(sum(penalties) / len(penalties), abs=1e-9)
         assert logged["reward/mean"] == pytest.approx((sum(f1) + sum(penalties)) / len(f1), abs=1e-9)
         assert logged["reward/f1"] == pytest.approx(sum(f1) / len(f1), abs=1e-9)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from simsearch.config import TrainRecipe
-from simsearch.factory.train import step_rewards
+from simsearch.factory.train import sample_step, step_rewards
+from simsearch.policy.rollout import RolloutResult
 from simsearch.types import QAExample, Trajectory, TrajectoryFinish
 
 
@@ -30,8 +31,33 @@ def test_a_trajectory_the_context_cut_gets_the_full_overlong_penalty() -> None:
         _trajectory(30, 60, "context", ""),
         _trajectory(30, 20, "max_turns", ""),  # L = 50: unfinished, but short: no penalty
     ]
-    scored = step_rewards(recipe, rows)
-    assert scored.components["f1"] == [1.0, 1.0, 0.0, 0.0]
+    scored, unshaped = step_rewards(recipe, rows)
+    assert scored.components["f1"] == unshaped == [1.0, 1.0, 0.0, 0.0]
     assert scored.total == pytest.approx([1.0, 0.75, -0.5, 0.0], abs=1e-12)
     assert scored.stats["reward/overlong"] == pytest.approx(-0.75 / 4, abs=1e-12)
     assert scored.stats["reward/overlong_share"] == 0.5
+
+
+def test_dynamic_sampling_judges_flatness_before_overlong_shaping() -> None:
+    # One prompt a step, two rollouts, two rounds at most; L_max 100, buffer 20, penalty 1.
+    # Round 0: both right (f1 1, 1), L = 50 and 90: shaped 1 and 1 - 0.5 = 0.5 differ, but the
+    # group is flat on the reward itself, so round 1 runs: right and wrong (1, 0), L = 50: kept.
+    recipe = TrainRecipe(run_dir="unused", prompts_per_step=1)
+    recipe.rollout.group_size, recipe.rollout.max_context_tokens = 2, 100
+    recipe.reward.overlong_buffer = 20
+    recipe.algorithm.dynamic_sampling, recipe.algorithm.max_sampling_rounds = True, 2
+    rounds = [
+        [_trajectory(30, 20, "answer", "paris"), _trajectory(30, 60, "answer", "paris")],
+        [_trajectory(30, 20, "answer", "paris"), _trajectory(30, 20, "answer", "rome")],
+    ]
+    data = [QAExample(str(i), "Where?", ["paris"]) for i in range(2)]
+
+    def rollout(examples: list[QAExample], i: int) -> RolloutResult:
+        return RolloutResult(rounds[i], {"perf/prompt_tokens": 60.0, "perf/decoded_tokens": 40.0}, {})
+
+    sample = sample_step(recipe, rollout, data, 0, slice(0, 1), 1, 0)
+    assert sample.metrics == {"sampling/flat_share": 1.0, "sampling/rounds": 2.0, "sampling/prompts": 2.0,
+                              "sampling/groups": 1.0}  # fmt: skip
+    assert sample.prompts == 2
+    assert [t.answer for t in sample.result.trajectories] == ["paris", "rome"]
+    assert sample.scored.total == [1.0, 0.0]
