@@ -386,13 +386,6 @@ class AlgorithmConfig:
         _check_choice(f"{key}.loss_agg", self.loss_agg, tuple(LOSS_AGGREGATIONS))
         _check_positive(f"{key}.ppo_epochs", self.ppo_epochs)
         _check_choice(f"{key}.ratio_level", self.ratio_level, tuple(RATIO_LEVELS))
-        if self.ratio_level != "token" and self.ppo_epochs == 1 and self.minibatch_size == 0:
-            # one on-policy update per batch: every ratio is 1 and GSPO's loss and gradient are GRPO's
-            raise RecipeError(
-                f"{key}.ratio_level={self.ratio_level} changes nothing when each batch makes one optimizer step "
-                f"(every ratio is 1); set {key}.minibatch_size to a divisor of the batch or {key}.ppo_epochs > 1, "
-                f"or keep {key}.ratio_level=token"
-            )
         _check_range(f"{key}.igpo_gamma", self.igpo_gamma, 0.0, 1.0)
         if ESTIMATORS[self.estimator].information_gain and self.kl_in_reward:
             raise RecipeError(
@@ -575,6 +568,15 @@ class TrainRecipe:
         # self.algorithm.check (above) has refused an estimator name ESTIMATORS does not hold.
         alg, group = self.algorithm, self.rollout.group_size
         estimator = ESTIMATORS[alg.estimator]
+        batch = self.prompts_per_step * group
+        if alg.ratio_level != "token" and alg.ppo_epochs == 1 and alg.minibatch_size in (0, batch):
+            # one on-policy update per batch: every ratio is 1 and GSPO's loss and gradient are GRPO's
+            raise RecipeError(
+                f"algorithm.ratio_level={alg.ratio_level} changes nothing when each batch makes one optimizer step "
+                f"(every ratio is 1): algorithm.minibatch_size={alg.minibatch_size} with ppo_epochs=1 trains the "
+                f"{batch} trajectories at once; set algorithm.minibatch_size to a smaller divisor of {batch} or "
+                "algorithm.ppo_epochs > 1, or keep algorithm.ratio_level=token"
+            )
         if alg.dynamic_sampling and group < 2:
             raise RecipeError(
                 f"algorithm.dynamic_sampling=true with rollout.group_size={group}: a group of one rollout is never "

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from simsearch.config import AlgorithmConfig
+from simsearch.config import AlgorithmConfig, TrainRecipe
 from simsearch.errors import RecipeError
 from simsearch.policy.batch import ActorLossSettings, actor_micro_loss, collate_trajectories, loss_denominators
 from simsearch.policy.losses import RATIO_LEVELS, policy_loss
@@ -115,11 +115,22 @@ def test_token_level_is_the_default_and_unknown_levels_are_refused() -> None:
         policy_loss(logp, OLD, ADV, MASK, ratio_level="seq")
 
 
+def _train_recipe(**algorithm: object) -> TrainRecipe:
+    """2 prompts x 4 rollouts = a batch of 8 trajectories."""
+    recipe = TrainRecipe(run_dir="unused", prompts_per_step=2, algorithm=AlgorithmConfig(**algorithm))  # type: ignore[arg-type]
+    recipe.rollout.group_size, recipe.data.train, recipe.search.corpus = 4, ["train.jsonl"], "corpus.jsonl"
+    recipe.policy.model.path = "models/tiny"
+    return recipe
+
+
 def test_recipe_checks_the_ratio_level() -> None:
     AlgorithmConfig().check("algorithm")
-    AlgorithmConfig(ratio_level="sequence", minibatch_size=4).check("algorithm")
-    AlgorithmConfig(ratio_level="sequence", ppo_epochs=2).check("algorithm")
+    _train_recipe(ratio_level="sequence", minibatch_size=4).check("")
+    _train_recipe(ratio_level="sequence", ppo_epochs=2).check("")
+    _train_recipe(ratio_level="sequence", ppo_epochs=2, minibatch_size=8).check("")
     with pytest.raises(RecipeError, match=r"algorithm\.ratio_level='seq' is not one of token, sequence"):
         AlgorithmConfig(ratio_level="seq").check("algorithm")
-    with pytest.raises(RecipeError, match=r"ratio_level=sequence changes nothing .* one optimizer step"):
-        AlgorithmConfig(ratio_level="sequence").check("algorithm")
+    # One optimizer step per batch: no minibatches (0) or one minibatch of the whole batch (8).
+    for minibatch in (0, 8):
+        with pytest.raises(RecipeError, match=rf"changes nothing .* algorithm\.minibatch_size={minibatch} with"):
+            _train_recipe(ratio_level="sequence", minibatch_size=minibatch).check("")
