@@ -32,15 +32,19 @@ search-agent systems ran on):
   per group A_SAN equals A_GRPO.
 
 - IGPO (`igpo_advantages`; its information gains, extra forward passes, come from
-  `policy.infogain`, which depends on this module, not the reverse). The paper's settings
-  (GuoqingWang1/IGPO `policy_optimization.sh`): gamma = 1, 32 prompts x 16 rollouts, lr 1e-6, KL
-  as a loss term (`AlgorithmConfig` refuses `kl_in_reward` with IGPO), temperature 1, up to 10
-  turns; its outcome is the answer's F1, ours the recipe's reward. The std over a group's turn
-  rewards divides by their count, as its code's `compute_grpo_outcome_advantage` (not by
-  count - 1 as our GRPO). Departures from its code: a gain of exactly 0 is still a turn reward
-  (its code finds turns by their non-zero rewards, so a zero gain merged that turn into the next);
-  gains are differences of probabilities, the paper's (its later code also offers log-probability
-  differences and separate normalization of gains and outcomes; neither is offered here).
+  `policy.infogain`, which depends on this module, not the reverse). Sources: the paper (Wang et
+  al. 2025, arXiv 2510.14967, section 3) for the method: a gain is the change in
+  exp(mean log-prob of the gold answer's tokens) over a turn, the final turn's reward is the
+  outcome (its F1, ours the recipe's reward), every turn reward of a group is z-scored jointly,
+  and a turn's advantage is the discounted sum of the normalized rewards from it on. The released
+  code (GuoqingWang1/IGPO bdceb82) for the settings (`policy_optimization.sh`: 32 prompts x 16
+  rollouts, lr 1e-6, KL as a loss term, temperature 1, up to 10 turns; gamma = 1 in
+  `verl/trainer/ppo/core_algos.py:193`) and the gain (`scrl/llm_agent/generation.py:416-422`,
+  a difference of probabilities). Not followed: that code's advantage (`core_algos.py:193-252`)
+  subtracts a group's mean return token position by token position and never divides by the std
+  it computes; we follow the paper. Our choices where neither says: the std divides by the count
+  of turn rewards (population std, not count - 1 as our GRPO), and a gain of exactly 0 is a turn
+  reward like any other. `AlgorithmConfig` refuses `kl_in_reward` with IGPO.
 
 Dependency direction: `losses.py` imports the masked utilities from here, never the reverse.
 """
@@ -408,7 +412,7 @@ def igpo_advantages(
     turns k < n_b - 1 (the change in the policy's probability of the gold answer that turn k and
     its information caused, `policy.infogain`) and r_{n_b - 1} = rewards[b], the outcome. Every
     turn reward of a group (all its rows, all their turns) is normalized jointly,
-    r^_k = (r_k - mean) / (std + eps), as the paper does (its code's default `joint` mode); a
+    r^_k = (r_k - mean) / (std + eps), as the paper does (section 3; population std); a
     group whose turn rewards are all equal gets 0. Turn k's advantage is the discounted sum over
     the turns that follow, A_k = sum_{j >= k} gamma^(j - k) r^_j, and every trained token of
     turn k (loss mask 1) gets A_k; inserted tokens and padding get 0.

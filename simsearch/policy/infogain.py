@@ -14,7 +14,7 @@ information gain is p_{k+1} - p_k (k < n - 1); the final turn keeps the outcome 
 softmax(logits / temperature), the distribution the rollout sampled from, as everywhere in the
 trainer.
 
-Departures from IGPO's code (GuoqingWang1/IGPO, `scrl/llm_agent/generation.py`):
+Departures from IGPO's code (GuoqingWang1/IGPO bdceb82, `scrl/llm_agent/generation.py`):
 
 - Its code appends a fixed sentence closing the model's thinking, then the gold answer on its
   own line in its chat format; we append the templates' answer form, `<answer>` then ` gold`
