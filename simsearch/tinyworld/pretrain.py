@@ -203,7 +203,8 @@ def make_traces(
             documents hold one; the rest draw from all candidates.
         rendering: How the documents are shown, as in the rollout (`render_documents`).
         two_search_share: Share of traces that search a second time before answering (module
-            docstring); drawn after everything else, so 0 (the default) gives the traces of before.
+            docstring); drawn after the first searches and before the answers, but only when the
+            share is > 0: at 0 (the default) nothing is drawn and the traces are those of before.
 
     Returns:
         The traces, in draw order.
