@@ -14,7 +14,8 @@ Launch:
     torchrun --nproc_per_node 2 -m simsearch.cli train RECIPE deepspeed.stage=3
     deepspeed --num_gpus 8 --no_local_rank --module simsearch.cli train RECIPE
 
-Run directory: `recipe.yaml`, `metrics.jsonl` (+ `tensorboard/`; search counts, latency, cost),
+Run directory: `recipe.yaml`, `metrics.jsonl` (+ `tensorboard/`; search counts, latency, cost;
+`time/rollout_s` the step's rollout rounds, `time/reward_s` their scoring, `time/update_s` the update),
 `cost.json` (totals over every invocation), `trajectories.jsonl` (samples for `simsearch view`),
 `checkpoints/step_N/` (`model/`: Hugging Face format, full or the LoRA adapter; `trainer_state.pt`:
 optimizer, scheduler, curriculum, data position, RNG, critic), with DeepSpeed `deepspeed/step_N/`.
@@ -107,7 +108,7 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
             p_noise = t.schedule(step)  # the curriculum decides how noisy search is, in every round
             sample = _sample(t, position, p_noise, step)
             position, result, scored = position + sample.prompts, sample.result, sample.scored
-            rollout_s = time.perf_counter() - began
+            rollout_s = time.perf_counter() - began - sample.metrics["time/reward_s"]  # rounds, without scoring
             batch = rl.step_batch(recipe, result.trajectories, t.tokenizer.pad_token_id).to(t.learner.device)
             passes = forward_passes(t.learner, t.settings, batch)
             advantages, trained, returns, stats = rl.step_advantages(

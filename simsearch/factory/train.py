@@ -343,9 +343,10 @@ class StepSample:
         scored: The rewards of those trajectories; its stats, too, are the first round's.
         prompts: Data-stream positions the step used, over all processes: the data position
             advances by this much.
-        metrics: `sampling/flat_share`; under dynamic sampling `sampling/rounds`,
-            `sampling/prompts` and `sampling/groups` (informative groups trained on, over all
-            processes; 0 when none was found and the first round is trained on).
+        metrics: `sampling/flat_share`, `time/reward_s` (scoring and shaping the rewards, every
+            round); under dynamic sampling `sampling/rounds`, `sampling/prompts` and
+            `sampling/groups` (informative groups trained on, over all processes; 0 when none was
+            found and the first round is trained on).
     """
 
     result: RolloutResult
@@ -372,16 +373,20 @@ def sample_step(
     need is skipped.
     """
     step_prompts, alg = recipe.prompts_per_step, recipe.algorithm
+    reward_s = 0.0
 
     def one_round(i: int) -> Round[tuple[RolloutResult, RewardOutput]]:
+        nonlocal reward_s
         indices = stream_indices(len(data), position + i * step_prompts, step_prompts, recipe.seed)[share]
         result = rollout([data[j] for j in indices], i)
+        began = time.perf_counter()
         scored, unshaped = step_rewards(recipe, result.trajectories)
+        reward_s += time.perf_counter() - began
         return Round((result, scored), unshaped, [t.prompt_id for t in result.trajectories])
 
     rounds = alg.max_sampling_rounds if alg.dynamic_sampling else 1
     sampled = sample_informative(one_round, share.stop - share.start, rounds)
-    metrics = {"sampling/flat_share": sampled.flat_share}
+    metrics = {"sampling/flat_share": sampled.flat_share, "time/reward_s": reward_s}
     if not alg.dynamic_sampling:
         result, scored = sampled.rounds[0].output
         return StepSample(result, scored, step_prompts, metrics)

@@ -131,6 +131,8 @@ def test_without_dynamic_sampling_the_flat_share_is_logged_alone(world: Path, tm
     assert recorded["trained"] == [[10, 2]]  # the flat group is trained on, as always without the option
     (row,) = read_metrics(run)
     assert row["sampling/flat_share"] == 0.5
+    # The step's time: its rollout, the rewards' scoring apart from it, the rest (update, ...).
+    assert 0 <= row["time/reward_s"] and 0 < row["time/rollout_s"] + row["time/reward_s"] <= row["time/step_s"]
     assert not any(k in row for k in ("sampling/rounds", "sampling/prompts", "sampling/groups"))
     assert row["data/position"] == 2.0
 
@@ -192,6 +194,7 @@ def test_each_process_fills_its_share_and_all_agree(
 
     assert reduced == [[3, -2]]  # this process: 3 rounds, 2 informative groups (items 2 and 8)
     assert sample.prompts == 12
+    assert sample.metrics.pop("time/reward_s") >= 0
     assert sample.metrics == {"sampling/flat_share": 0.5, "sampling/rounds": 3.0, "sampling/prompts": 12.0,
                               "sampling/groups": 2.0}  # fmt: skip
     trained = sample.result.trajectories

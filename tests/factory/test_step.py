@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import pytest
 
+import simsearch.factory.train as step_module
 from simsearch.config import TrainRecipe
 from simsearch.factory.train import sample_step, step_rewards
 from simsearch.policy.rollout import RolloutResult
@@ -56,8 +60,29 @@ def test_dynamic_sampling_judges_flatness_before_overlong_shaping() -> None:
         return RolloutResult(rounds[i], {"perf/prompt_tokens": 60.0, "perf/decoded_tokens": 40.0}, {})
 
     sample = sample_step(recipe, rollout, data, 0, slice(0, 1), 1, 0)
+    assert sample.metrics.pop("time/reward_s") >= 0
     assert sample.metrics == {"sampling/flat_share": 1.0, "sampling/rounds": 2.0, "sampling/prompts": 2.0,
                               "sampling/groups": 1.0}  # fmt: skip
     assert sample.prompts == 2
     assert [t.answer for t in sample.result.trajectories] == ["paris", "rome"]
     assert sample.scored.total == [1.0, 0.0]
+
+
+def test_scoring_is_timed_apart_from_the_rollout(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two rounds (the first flat), each scored in 0.05 s or more: time/reward_s >= 0.1.
+    recipe = TrainRecipe(run_dir="unused", prompts_per_step=1)
+    recipe.rollout.group_size = 2
+    recipe.algorithm.dynamic_sampling, recipe.algorithm.max_sampling_rounds = True, 2
+    real_step_rewards = step_module.step_rewards
+
+    def slow_rewards(*args: Any) -> Any:
+        time.sleep(0.05)
+        return real_step_rewards(*args)
+
+    monkeypatch.setattr(step_module, "step_rewards", slow_rewards)
+    rows = [_trajectory(30, 20, "answer", "rome")] * 2  # f1 0, 0: flat, so both rounds run
+    data = [QAExample(str(i), "Where?", ["paris"]) for i in range(2)]
+    rollout_result = RolloutResult(rows, {"perf/prompt_tokens": 60.0, "perf/decoded_tokens": 40.0}, {})
+    sample = sample_step(recipe, lambda examples, i: rollout_result, data, 0, slice(0, 1), 1, 0)
+    assert sample.metrics["sampling/rounds"] == 2.0
+    assert 0.1 <= sample.metrics["time/reward_s"] < 5.0
