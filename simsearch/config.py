@@ -367,7 +367,7 @@ class AlgorithmConfig:
     # length-normalized sequence ratio; it differs from token only when a batch makes several updates)
     ratio_level: str = "token"
     # Mini-o3's over-turn masking: trajectories that ran out of turns or context without an answer
-    # (policy.rollout.UNFINISHED) get loss mask 0 instead of being trained on their reward of 0
+    # (types.UNFINISHED) get loss mask 0 instead of being trained on their reward of 0
     mask_unfinished: bool = False
 
     def check(self, key: str) -> None:

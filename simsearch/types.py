@@ -97,6 +97,14 @@ class Passage:
 ActionKind = Literal["search", "answer", "invalid"]
 TrajectoryFinish = Literal["answer", "max_turns", "context", "length"]
 
+UNFINISHED: frozenset[TrajectoryFinish] = frozenset({"max_turns", "context"})
+"""Finishes without an answer because the turns ("max_turns": the final turn searched, or ended
+without answering) or the context ("context") ran out; `algorithm.mask_unfinished` leaves these
+trajectories out of the loss (Mini-o3's over-turn masking). "length" (the final turn cut by
+`max_new_tokens`) is not one: Mini-o3 masks only responses still calling a tool when the budget
+ran out, and a final turn that outgrows the per-turn cap would outgrow it at evaluation too, so
+its reward of 0 is trained on."""
+
 
 @dataclass
 class Turn:

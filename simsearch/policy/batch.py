@@ -47,8 +47,7 @@ from simsearch.policy.losses import (
     policy_loss,
     token_logprobs,
 )
-from simsearch.policy.rollout import UNFINISHED
-from simsearch.types import Trajectory
+from simsearch.types import UNFINISHED, Trajectory
 
 # --------------------------------------------------------------------------- data order
 
@@ -171,7 +170,7 @@ def collate_trajectories(
     """Pads trajectories into a `TrainBatch` (left-padded prompts, right-padded responses).
 
     With `mask_unfinished` (Mini-o3's over-turn masking, Lai et al. 2025) a trajectory whose
-    finish is in `rollout.UNFINISHED` (no answer: the turns or the context ran out) gets loss
+    finish is in `types.UNFINISHED` (no answer: the turns or the context ran out) gets loss
     mask 0 on every token, so it is left out of the loss, of its denominators, of the KL and
     entropy terms and of the critic's loss, instead of being trained on its reward (0 without an
     answer). Its row stays in the batch with its reward: sequence-level estimators (GRPO, RLOO,

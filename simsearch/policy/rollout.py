@@ -80,6 +80,7 @@ from simsearch.types import (
     QAExample,
     SamplingParams,
     SearchRequest,
+    UNFINISHED,
     Trajectory,
     TrajectoryFinish,
     Turn,
@@ -87,14 +88,6 @@ from simsearch.types import (
 
 ROLLOUT_TEMPLATES: tuple[str, ...] = tuple(name for name in TEMPLATE_NAMES if name != "rag")
 """Templates a rollout can start from ("rag" needs documents in the prompt and is not one)."""
-
-UNFINISHED: frozenset[TrajectoryFinish] = frozenset({"max_turns", "context"})
-"""Finishes without an answer because the turns ("max_turns": the final turn searched, or ended
-without answering) or the context ("context") ran out; `algorithm.mask_unfinished` leaves these
-trajectories out of the loss (Mini-o3's over-turn masking). "length" (the final turn cut by
-`max_new_tokens`) is not one: Mini-o3 masks only responses still calling a tool when the budget
-ran out, and a final turn that outgrows the per-turn cap would outgrow it at evaluation too, so
-its reward of 0 is trained on."""
 
 SEARCH_STOPS: tuple[str, ...] = (SEARCH_STOP, ANSWER_STOP)
 SELF_SEARCH_STOPS: tuple[str, ...] = (ANSWER_STOP,)

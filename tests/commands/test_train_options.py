@@ -19,10 +19,9 @@ import simsearch.policy.batch as batch_module
 from simsearch.commands import train
 from simsearch.generation.hf import HFEngine
 from simsearch.policy.advantages import grpo_advantages
-from simsearch.policy.rollout import UNFINISHED
 from simsearch.training.checkpoint import latest_checkpoint
 from simsearch.training.runlog import read_metrics
-from simsearch.types import Completion
+from simsearch.types import UNFINISHED, Completion
 from tests.commands import test_train
 from tests.commands.test_train import SEARCH_TURN, _finite_losses, _recipe, _weights
 

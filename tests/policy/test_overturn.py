@@ -8,18 +8,18 @@ import pytest
 import torch
 
 from simsearch.policy.batch import collate_trajectories, loss_denominators, token_advantages
-from simsearch.policy.rollout import UNFINISHED
-from simsearch.types import Trajectory
+from simsearch.types import UNFINISHED, Trajectory
 from tests.policy.test_batch import PAD, trajectory
 
 
 def _group(finishes: list[str]) -> list[Trajectory]:
     """One group of trajectories with response [7, 8, 9] and mask [1, 0, 1] (a search in the middle)."""
-    return [replace(trajectory([5, 6], [7, 8, 9], [1, 0, 1]), finish=finish) for finish in finishes]  # type: ignore[arg-type]
+    row = trajectory([5, 6], [7, 8, 9], [1, 0, 1])
+    return [replace(row, finish=finish) for finish in finishes]  # type: ignore[arg-type]
 
 
 def test_unfinished_are_the_turn_and_context_finishes() -> None:
-    assert frozenset({"max_turns", "context"}) == UNFINISHED  # "length" is trained on (see rollout.UNFINISHED)
+    assert frozenset({"max_turns", "context"}) == UNFINISHED  # "length" is trained on (see types.UNFINISHED)
 
 
 def test_masking_zeroes_the_rows_of_unfinished_trajectories_only() -> None:
