@@ -36,8 +36,10 @@ from dataclasses import dataclass
 _ASCII_PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _INFORMATION_BLOCK = re.compile(r"<information>.*?</information>", re.DOTALL)
-_ANSWER_OPEN = "<answer>"
-_ANSWER_CLOSE = "</answer>"
+# The answer tags, defined here, the lowest floor that reads them; `policy.tags` takes them for the
+# agent's tag language (docs/architecture.md: eval may not import policy).
+ANSWER_OPEN = "<answer>"
+ANSWER_CLOSE = "</answer>"
 
 
 def _is_punctuation(char: str) -> bool:
@@ -226,12 +228,12 @@ def extract_answer(response: str) -> str | None:
         response has no complete answer block.
     """
     text = _INFORMATION_BLOCK.sub(" ", response)
-    close = text.rfind(_ANSWER_CLOSE)
+    close = text.rfind(ANSWER_CLOSE)
     if close == -1:
         return None
-    open_ = text.rfind(_ANSWER_OPEN, 0, close)
+    open_ = text.rfind(ANSWER_OPEN, 0, close)
     if open_ == -1:
         return None
-    start = open_ + len(_ANSWER_OPEN)
+    start = open_ + len(ANSWER_OPEN)
     # A stray `</answer>` after the block does not extend it: `<answer> a </answer> </answer>` is "a".
-    return text[start : text.find(_ANSWER_CLOSE, start)].strip()
+    return text[start : text.find(ANSWER_CLOSE, start)].strip()

@@ -42,9 +42,8 @@ from torch import nn
 
 from simsearch.policy.advantages import masked_mean
 from simsearch.policy.batch import collate_trajectories, logprobs_in_micro_batches, response_logits
+from simsearch.policy.tags import ANSWER_OPEN  # the answer form every template asks for: <answer> gold </answer>
 from simsearch.types import QAExample, Trajectory
-
-ANSWER_OPEN = "<answer>"  # the answer form every template asks for: <answer> gold </answer>
 
 
 @dataclass(frozen=True)

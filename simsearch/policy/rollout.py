@@ -76,11 +76,11 @@ from simsearch.policy.tags import (
 )
 from simsearch.retrieval.base import SearchEngine
 from simsearch.types import (
+    UNFINISHED,
     Completion,
     QAExample,
     SamplingParams,
     SearchRequest,
-    UNFINISHED,
     Trajectory,
     TrajectoryFinish,
     Turn,

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from simsearch.data.rendering import INFORMATION_CLOSE, INFORMATION_OPEN
+from simsearch.eval.metrics import ANSWER_CLOSE
+from simsearch.eval.metrics import ANSWER_OPEN as ANSWER_OPEN  # the agent's too (re-exported)
 
 SEARCH_STOP = "</search>"
-ANSWER_STOP = "</answer>"
+ANSWER_STOP = ANSWER_CLOSE
 STOP_STRINGS: tuple[str, ...] = (SEARCH_STOP, ANSWER_STOP)
 """Where one policy turn ends; pass `list(STOP_STRINGS)` as `SamplingParams.stop`."""
 
