@@ -2,7 +2,7 @@
 
 Set-up (processes, data, models, engines, resume) → loop → clean-up. One step: this process's
 share of `prompts_per_step` questions from a seeded permutation per epoch; p_noise from the
-curriculum; `group_size` rollouts per question and their rewards (`factory.train.sample_step`; with
+curriculum; `group_size` rollouts per question and their rewards (`factory.step.sample_step`; with
 `algorithm.dynamic_sampling`, DAPO's: groups whose rewards are all equal give way to the next questions'
 groups, rolled out in further rounds, `policy.sampling`); reference / old log-probs and values
 (`policy.update.forward_passes`); advantages (`algorithm.estimator`); the update
@@ -54,6 +54,7 @@ from simsearch.config import TrainRecipe, save_recipe
 from simsearch.curriculum.schedules import NoiseSchedule
 from simsearch.data.qa import load_qa
 from simsearch.errors import ServiceError
+from simsearch.factory import step as steps
 from simsearch.factory import train as rl
 from simsearch.factory.build import build_schedule, build_search_engine, meter_search_engine
 from simsearch.policy.records import search_usage, trajectory_rows
@@ -109,9 +110,9 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
             sample = _sample(t, position, p_noise, step)
             position, result, scored = position + sample.prompts, sample.result, sample.scored
             rollout_s = time.perf_counter() - began - sample.metrics["time/reward_s"]  # rounds, without scoring
-            batch = rl.step_batch(recipe, result.trajectories, t.tokenizer.pad_token_id).to(t.learner.device)
+            batch = steps.step_batch(recipe, result.trajectories, t.tokenizer.pad_token_id).to(t.learner.device)
             passes = forward_passes(t.learner, t.settings, batch)
-            advantages, trained, returns, stats = rl.step_advantages(
+            advantages, trained, returns, stats = steps.step_advantages(
                 recipe.algorithm, t.learner, t.settings, scored.total, batch, passes, result, t.tokenizer
             )
             update_began = time.perf_counter()
@@ -176,11 +177,12 @@ def _set_up(recipe: TrainRecipe) -> _Training:
                      search, ledger, logger, previous_cost, {})  # fmt: skip
 
 
-def _sample(t: _Training, position: int, p_noise: float, step: int) -> rl.StepSample:
-    """The step's rollout rounds from data position `position`, each search with p_noise (`rl.sample_step`)."""
-    rollout = partial(rl.rollout_round, t.recipe, t.weights.generator, t.tokenizer, t.search, t.run.rank, p_noise, step)
+def _sample(t: _Training, position: int, p_noise: float, step: int) -> steps.StepSample:
+    """The step's rollout rounds from data position `position`, each search with p_noise (`steps.sample_step`)."""
+    rollout = partial(steps.rollout_round, t.recipe, t.weights.generator, t.tokenizer, t.search, t.run.rank,
+                      p_noise, step)  # fmt: skip
     with t.generation():
-        sample = rl.sample_step(t.recipe, rollout, t.train_data, position, t.share, t.run.world,
+        sample = steps.sample_step(t.recipe, rollout, t.train_data, position, t.share, t.run.world,
                                 t.settings.minibatch_rows)  # fmt: skip
     if t.weights.vllm and t.recipe.policy.enable_sleep_mode:
         t.weights.generator.sleep()  # its GPU memory to the update; sync and the next rollout wake it

@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 import simsearch.commands.train as train
+import simsearch.factory.step as step_module
 import simsearch.factory.train as rl_module
 import simsearch.policy.validation as validation
 import simsearch.training.distributed as distributed
@@ -390,7 +391,7 @@ def test_the_reward_and_validation_score_with_the_recipes_normalization(
         seen.append(normalization)
         return score_trajectories(trajectories, weights, normalization=normalization)
 
-    monkeypatch.setattr(rl_module, "score_trajectories", recording_score)
+    monkeypatch.setattr(step_module, "score_trajectories", recording_score)
     monkeypatch.setattr(validation, "score_trajectories", recording_score)
     overrides = _overrides(world, tmp_path, steps=1, eval_every=1, **{"reward.normalization": normalization})
     train.main(load_recipe(TrainRecipe, None, [*overrides, f"data.val=[{world / 'val.jsonl'}]"]))

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-import simsearch.factory.train as rl_module
+import simsearch.factory.step as step_module
 from simsearch.commands import train
 from simsearch.errors import RecipeError
 from simsearch.policy.batch import stream_indices
@@ -64,7 +64,7 @@ def _rule_score(trajectories: list[Any], weights: dict[str, float], *, normaliza
 def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list]]:
     """The rule as the reward; records each rollout round's items and seed, and each trained batch's items."""
     seen: dict[str, list] = {"rounds": [], "seeds": [], "trained": [], "scored": []}
-    real_rollout, real_collate = rl_module.generate_trajectories, rl_module.collate_trajectories
+    real_rollout, real_collate = step_module.generate_trajectories, step_module.collate_trajectories
 
     def rollout(examples: list[Any], **kwargs: Any) -> Any:
         seen["rounds"].append([_item(e.question) for e in examples])
@@ -81,9 +81,9 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list]]:
         seen["trained"].append([item for _, item in groups])
         return real_collate(trajectories, pad_id, **kwargs)
 
-    monkeypatch.setattr(rl_module, "generate_trajectories", rollout)
-    monkeypatch.setattr(rl_module, "score_trajectories", score)
-    monkeypatch.setattr(rl_module, "collate_trajectories", collate)
+    monkeypatch.setattr(step_module, "generate_trajectories", rollout)
+    monkeypatch.setattr(step_module, "score_trajectories", score)
+    monkeypatch.setattr(step_module, "collate_trajectories", collate)
     yield seen
 
 
@@ -132,7 +132,7 @@ def test_without_dynamic_sampling_the_flat_share_is_logged_alone(world: Path, tm
     (row,) = read_metrics(run)
     assert row["sampling/flat_share"] == 0.5
     # The step's time: its rollout, the rewards' scoring apart from it, the rest (update, ...).
-    assert 0 <= row["time/reward_s"] and 0 < row["time/rollout_s"] + row["time/reward_s"] <= row["time/step_s"]
+    assert row["time/reward_s"] >= 0 and 0 < row["time/rollout_s"] + row["time/reward_s"] <= row["time/step_s"]
     assert not any(k in row for k in ("sampling/rounds", "sampling/prompts", "sampling/groups"))
     assert row["data/position"] == 2.0
 
@@ -186,11 +186,11 @@ def test_each_process_fills_its_share_and_all_agree(
         reduced.append(values.tolist())
         return values.copy_(values.clamp(min=values.new_tensor([3, -1])))
 
-    monkeypatch.setattr(rl_module, "score_trajectories", _rule_score)
-    monkeypatch.setattr(rl_module, "all_reduce_max", other_max)
-    monkeypatch.setattr(rl_module, "all_reduce_sum", lambda values, world: values.add_(6))  # its 3 rounds x 2
+    monkeypatch.setattr(step_module, "score_trajectories", _rule_score)
+    monkeypatch.setattr(step_module, "all_reduce_max", other_max)
+    monkeypatch.setattr(step_module, "all_reduce_sum", lambda values, world: values.add_(6))  # its 3 rounds x 2
     recipe = _recipe(world, tmp_path, **DYNAMIC, prompts_per_step=4)
-    sample = rl_module.sample_step(recipe, _fake_rollout, data, 0, slice(0, 2), 2, 0)
+    sample = step_module.sample_step(recipe, _fake_rollout, data, 0, slice(0, 2), 2, 0)
 
     assert reduced == [[3, -2]]  # this process: 3 rounds, 2 informative groups (items 2 and 8)
     assert sample.prompts == 12

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 import simsearch.commands.train as train
-import simsearch.factory.train as rl_module
+import simsearch.factory.step as step_module
 from simsearch.policy.infogain import turn_starts
 from simsearch.training.checkpoint import latest_checkpoint
 from simsearch.training.runlog import read_metrics
@@ -20,7 +20,7 @@ from tests.commands.test_train import _finite_losses, _recipe, _weights, world  
 
 def test_igpo_trains_two_steps_on_its_turn_rewards(world: Path, tmp_path: Path, monkeypatch) -> None:  # noqa: F811
     measured: list[tuple[int, torch.Tensor]] = []
-    real_gold_queries, real_gold_probabilities = rl_module.gold_queries, rl_module.gold_probabilities
+    real_gold_queries, real_gold_probabilities = step_module.gold_queries, step_module.gold_probabilities
     expected_queries: list[int] = []
 
     def recording_queries(trajectories, tokenizer, fill=False):
@@ -33,8 +33,8 @@ def test_igpo_trains_two_steps_on_its_turn_rewards(world: Path, tmp_path: Path, 
         measured.append((len(queries), probabilities))
         return probabilities
 
-    monkeypatch.setattr(rl_module, "gold_queries", recording_queries)
-    monkeypatch.setattr(rl_module, "gold_probabilities", recording_probabilities)
+    monkeypatch.setattr(step_module, "gold_queries", recording_queries)
+    monkeypatch.setattr(step_module, "gold_probabilities", recording_probabilities)
     run = tmp_path / "run"
     train.main(_recipe(world, run, **{"algorithm.estimator": "igpo", "rollout.max_turns": 2}))
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-import simsearch.factory.train as rl_module
+import simsearch.factory.step as step_module
 import simsearch.policy.batch as batch_module
 from simsearch.commands import train
 from simsearch.generation.hf import HFEngine
@@ -97,7 +97,7 @@ def test_mask_unfinished_leaves_unfinished_trajectories_out_of_the_loss_only(
     world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _answers_become_over_budget_searches(monkeypatch)
-    scored_calls = _record(monkeypatch, rl_module, "step_rewards")
+    scored_calls = _record(monkeypatch, step_module, "step_rewards")
     updates = _record(monkeypatch, train, "update")
     run = tmp_path / "run"
     train.main(_recipe(world, run, **{"algorithm.mask_unfinished": "true", "algorithm.kl_coef": 0.0}))
@@ -125,7 +125,7 @@ def test_mask_unfinished_leaves_unfinished_trajectories_out_of_the_loss_only(
 def test_overlong_shaping_penalizes_trajectories_near_the_context_limit(
     world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls = _record(monkeypatch, rl_module, "step_rewards")
+    calls = _record(monkeypatch, step_module, "step_rewards")
     run = tmp_path / "run"
     # L_max = rollout.max_context_tokens = 256, buffer 220: the penalty starts past 36 tokens,
     # so every trajectory (its prompt alone is longer) pays (36 - L) / 220 x 0.5.

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-import simsearch.factory.train as rl_module
+import simsearch.factory.step as step_module
 import simsearch.generation.hf as hf
 import simsearch.policy.update as update_module
 from simsearch.commands import train
@@ -34,7 +34,7 @@ T = 0.6
 def _record(monkeypatch: pytest.MonkeyPatch, name: str) -> list[tuple[tuple[Any, ...], Any]]:
     """Wraps `train.<name>`, recording (args, result) of every call."""
     calls: list[tuple[tuple[Any, ...], Any]] = []
-    homes = [m for m in (train, update_module, rl_module) if hasattr(m, name)]  # where train's steps call it
+    homes = [m for m in (train, update_module, step_module) if hasattr(m, name)]  # where train's steps call it
     real = getattr(homes[0], name)
 
     def recording(*args: Any, **kwargs: Any) -> Any:
@@ -64,14 +64,14 @@ def test_old_reference_and_current_logprobs_are_those_of_the_sampling_distributi
         return tokens
 
     rollouts: list[Any] = []
-    real_rollout = rl_module.generate_trajectories
+    real_rollout = step_module.generate_trajectories
 
     def reporting_rollout(*args: Any, sampling: SamplingParams, **kwargs: Any) -> Any:
         rollouts.append(real_rollout(*args, sampling=replace(sampling, logprobs=True), **kwargs))
         return rollouts[-1]
 
     monkeypatch.setattr(hf, "sample_next", recording_sample_next)
-    monkeypatch.setattr(rl_module, "generate_trajectories", reporting_rollout)
+    monkeypatch.setattr(step_module, "generate_trajectories", reporting_rollout)
     logprobs = _record(monkeypatch, "logprobs_in_micro_batches")
     losses = _record(monkeypatch, "actor_micro_loss")
     # Two epochs: the batch is reused, so old log-probs are computed; kl_coef > 0: a reference.

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+import simsearch.factory.step as step_module
 import simsearch.factory.train as rl_module
 import simsearch.policy.update as update_module
 from simsearch.commands import train
@@ -35,7 +36,7 @@ LOG4 = math.log(4.0)
 def _record(monkeypatch: pytest.MonkeyPatch, name: str) -> list[tuple[tuple[Any, ...], dict[str, Any], Any]]:
     """Wraps `train.<name>`, recording (args, kwargs, result) of every call."""
     calls: list[tuple[tuple[Any, ...], dict[str, Any], Any]] = []
-    homes = [m for m in (train, update_module, rl_module) if hasattr(m, name)]  # where train's steps call it
+    homes = [m for m in (train, update_module, step_module) if hasattr(m, name)]  # where train's steps call it
     real = getattr(homes[0], name)
 
     def recording(*args: Any, **kwargs: Any) -> Any:

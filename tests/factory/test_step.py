@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-import simsearch.factory.train as step_module
+import simsearch.factory.step as step_module
 from simsearch.config import TrainRecipe
-from simsearch.factory.train import sample_step, step_rewards
+from simsearch.factory.step import sample_step, step_rewards
 from simsearch.policy.rollout import RolloutResult
 from simsearch.types import QAExample, Trajectory, TrajectoryFinish
 
