@@ -136,20 +136,31 @@ class ServerKey:
     value: str | None = field(default=None, repr=False)
 
     @classmethod
-    def from_env(cls, owner: str, variable: str | None, what: str) -> ServerKey:
+    def from_env(cls, owner: str, variable: str | None, what: str, *, required: bool = False) -> ServerKey:
         """The key held in environment variable `variable`; no key when `variable` is None.
 
         Args:
             owner: The client, named in the error.
             variable: The variable's name (a client's `api_key_env`), or None for a server without a key.
             what: What the server calls it ("API key", "bearer token"), for the error's hint.
+            required: The service takes no request without a key (a web search API): `variable`
+                must name a set variable, and `value` is then never None.
 
         Raises:
-            ValueError: `variable` is named but unset or empty (see `env_secret`).
+            ValueError: `variable` is named but unset or empty (see `env_secret`), or None when
+                `required`.
         """
         if variable is None:
+            if required:
+                raise ValueError(f"{owner} needs an {what}: name the environment variable holding it with api_key_env=")
             return cls()
-        hint = f"export the server's {what} in it, or pass api_key_env=None for a server without one"
+        if required:
+            hint = (
+                f"export your {what} in it (keys are never read from recipes), or name another variable with "
+                "api_key_env="
+            )
+        else:
+            hint = f"export the server's {what} in it, or pass api_key_env=None for a server without one"
         return cls(env_secret(owner, variable, hint))
 
     @property

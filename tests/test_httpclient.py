@@ -361,3 +361,14 @@ def test_server_key_from_the_environment_or_none(monkeypatch: pytest.MonkeyPatch
     hint = "export the server's bearer token in it, or pass api_key_env=None for a server without one"
     with pytest.raises(ValueError, match=rf"^Client: environment variable SIMSEARCH_TEST_KEY is not set; {hint}$"):
         ServerKey.from_env("Client", "SIMSEARCH_TEST_KEY", "bearer token")
+
+
+def test_a_required_server_key_must_be_named_and_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SIMSEARCH_TEST_KEY", "k-123")
+    assert ServerKey.from_env("Web", "SIMSEARCH_TEST_KEY", "API key", required=True).value == "k-123"
+    monkeypatch.delenv("SIMSEARCH_TEST_KEY")
+    hint = r"export your API key in it \(keys are never read from recipes\), or name another variable with api_key_env="
+    with pytest.raises(ValueError, match=rf"^Web: environment variable SIMSEARCH_TEST_KEY is not set; {hint}$"):
+        ServerKey.from_env("Web", "SIMSEARCH_TEST_KEY", "API key", required=True)
+    with pytest.raises(ValueError, match=r"^Web needs an API key: name the environment variable holding it"):
+        ServerKey.from_env("Web", None, "API key", required=True)

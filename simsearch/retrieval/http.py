@@ -122,7 +122,6 @@ class HTTPSearchEngine:
         self.backoff_s = backoff_s
         self.batch_size = batch_size
         self.api_key_env = api_key_env
-        self._secrets = self._key.secrets
         self._client = httpx.Client()
 
     def __repr__(self) -> str:
@@ -177,7 +176,7 @@ class HTTPSearchEngine:
             timeout_s=self.timeout_s,
             headers=self._key.headers,
             error_cls=SearchServiceError,
-            secrets=self._secrets,
+            secrets=self._key.secrets,
         )
         result = data.get("result")
         if not isinstance(result, list) or len(result) != len(requests):
@@ -193,9 +192,9 @@ class HTTPSearchEngine:
                     f"POST {self.url} returned a result that is not a list: {self._quote(entries)}"
                 )
             # A server that returns more than asked is cut to top_k, so k means k everywhere.
-            documents.append([parse_document(e, self.url, self._secrets) for e in entries[:top_k]])
+            documents.append([parse_document(e, self.url, self._key.secrets) for e in entries[:top_k]])
         return documents
 
     def _quote(self, value: Any) -> str:
         # Errors quote the response, which may echo the token: masked, then cut.
-        return redact(str(value), self._secrets)[:300]
+        return redact(str(value), self._key.secrets)[:300]

@@ -21,19 +21,11 @@ from typing import Any
 
 import httpx
 
-from simsearch.httpclient import SearchServiceError, env_secret, redact, request_json, run_concurrently
+from simsearch.httpclient import SearchServiceError, ServerKey, redact, request_json, run_concurrently
 from simsearch.types import Document, SearchRequest
 
 SERPER_URL = "https://google.serper.dev/search"
 SERPAPI_URL = "https://serpapi.com/search"
-
-
-def _read_key(engine: str, api_key_env: str) -> str:
-    return env_secret(
-        engine,
-        api_key_env,
-        "export your API key in it (keys are never read from recipes), or name another variable with api_key_env=",
-    )
 
 
 def _environment_proxy(url: str) -> str | None:
@@ -104,7 +96,9 @@ class _WebClient:
                 f"{bounds.timeout_s}, {bounds.max_retries}, {bounds.max_concurrency}"
             )
         self.engine = engine
-        self.api_key = _read_key(engine, api_key_env)
+        key = ServerKey.from_env(engine, api_key_env, "API key", required=True).value
+        assert key is not None  # required: from_env raised otherwise
+        self.api_key = key
         self.api_key_env = api_key_env
         self.base_url = base_url
         self.bounds = bounds
