@@ -120,16 +120,8 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     """
     began = time.perf_counter()
     clock = _StageClock()
-    torch.set_num_threads(recipe.threads or torch.get_num_threads())
-    pipeline = _pipeline(recipe)
+    pipeline, rl_recipe, world, world_fp, base_fp = _first_stages(recipe, clock)
     run = pipeline.run
-    # The base LM is pretrained on prompts and results shown as RL will show them.
-    rl_recipe = load_recipe(TrainRecipe, pipeline.recipes / "train.yaml")
-
-    clock.start("world", "1/6 world and search indexes")
-    world, world_fp = _world_stage(pipeline)
-    clock.start("pretrain", "2/6 base policy (copy drills, then random-query traces)")
-    base_fp = _base_stage(pipeline, world, world_fp, rl_recipe)
     reading = _base_reading(run / "base", world, rl_recipe)
     clock.start("collect", "3/6 simulator SFT data (base policy x real BM25)")
     collect_fp = _collect_stage(pipeline, base_fp)
@@ -162,12 +154,29 @@ def world_and_base(recipe: QuickstartRecipe) -> tuple[World, dict[str, str], dic
         The world; the paths `corpus`, `train`, `test`, `bm25`, `dense` and `base`; the fingerprints
         `world` and `base`.
     """
+    pipeline, _, world, world_fp, base_fp = _first_stages(recipe, None)
+    return world, {**pipeline.paths, "base": str(pipeline.run / "base")}, {"world": world_fp, "base": base_fp}
+
+
+def _first_stages(
+    recipe: QuickstartRecipe, clock: _StageClock | None
+) -> tuple[_Pipeline, TrainRecipe, World, str, str]:
+    """Threads, the pipeline, the RL recipe and stages 1-2 (`clock`, if any, announces them).
+
+    Returns:
+        (pipeline, RL recipe, world, world fingerprint, base fingerprint).
+    """
     torch.set_num_threads(recipe.threads or torch.get_num_threads())
     pipeline = _pipeline(recipe)
+    # The base LM is pretrained on prompts and results shown as RL will show them.
     rl_recipe = load_recipe(TrainRecipe, pipeline.recipes / "train.yaml")
+    if clock is not None:
+        clock.start("world", "1/6 world and search indexes")
     world, world_fp = _world_stage(pipeline)
+    if clock is not None:
+        clock.start("pretrain", "2/6 base policy (copy drills, then random-query traces)")
     base_fp = _base_stage(pipeline, world, world_fp, rl_recipe)
-    return world, {**pipeline.paths, "base": str(pipeline.run / "base")}, {"world": world_fp, "base": base_fp}
+    return pipeline, rl_recipe, world, world_fp, base_fp
 
 
 def _pipeline(recipe: QuickstartRecipe) -> _Pipeline:
