@@ -194,7 +194,9 @@ def step_advantages(
     device = learner.device
     kl_tokens, timing = None, {}
     if alg.kl_in_reward and settings.needs_reference:
-        kl_tokens = sequence_kl(passes.old_logp, passes.ref_logp, batch.loss_mask, alg.kl_estimator)  # type: ignore[arg-type]
+        kl_tokens = sequence_kl(
+            passes.old_logp, passes.ref_logp, batch.loss_mask, alg.kl_estimator  # type: ignore[arg-type]
+        )  # fmt: skip
     if ESTIMATORS[alg.estimator].information_gain:  # kl_in_reward is refused with it (AlgorithmConfig)
         began = time.perf_counter()
         advantages, returns, adv_stats = _information_gain_advantages(
@@ -216,7 +218,9 @@ def step_advantages(
         # advantages stay the estimator's. Both sides are raw (untempered) log-probs, so the weights
         # measure the engines' disagreement; p_trainer is the old log-probs, then always computed.
         rollout_logp = collate_rollout_logprobs(result.trajectories).to(device)  # [B, L]
-        weights, tis_stats = truncated_is_weights(passes.raw_logp, rollout_logp, alg.tis_cap, batch.loss_mask)  # type: ignore[arg-type]
+        weights, tis_stats = truncated_is_weights(
+            passes.raw_logp, rollout_logp, alg.tis_cap, batch.loss_mask  # type: ignore[arg-type]
+        )  # fmt: skip
         trained = advantages * weights  # [B, L], 0 where not trained
     stats = {f"advantages/{k}": float(v) for k, v in adv_stats.items()}
     stats.update({f"offpolicy/{k}": float(v) for k, v in tis_stats.items()})

@@ -8,6 +8,7 @@ row 1 (mask 1 1 1, A = -1): d = -0.3, 0, 0 -> mean -0.1, s_1 = e^-0.1 = 0.904837
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -115,9 +116,9 @@ def test_token_level_is_the_default_and_unknown_levels_are_refused() -> None:
         policy_loss(logp, OLD, ADV, MASK, ratio_level="seq")
 
 
-def _train_recipe(**algorithm: object) -> TrainRecipe:
+def _train_recipe(**algorithm: Any) -> TrainRecipe:
     """2 prompts x 4 rollouts = a batch of 8 trajectories."""
-    recipe = TrainRecipe(run_dir="unused", prompts_per_step=2, algorithm=AlgorithmConfig(**algorithm))  # type: ignore[arg-type]
+    recipe = TrainRecipe(run_dir="unused", prompts_per_step=2, algorithm=AlgorithmConfig(**algorithm))
     recipe.rollout.group_size, recipe.data.train, recipe.search.corpus = 4, ["train.jsonl"], "corpus.jsonl"
     recipe.policy.model.path = "models/tiny"
     return recipe
