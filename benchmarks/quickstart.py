@@ -67,6 +67,10 @@ def main() -> None:
         print("| policy | " + " | ".join(ENGINES) + " |\n|---|" + "---|" * len(ENGINES))
         for policy in POLICIES:
             print(f"| {policy} | " + " | ".join(f"{em[policy][e]:.1f}" for e in ENGINES) + " |")
+        naming = report["query_naming"]  # share of held-out queries naming the person exactly / miscopied
+        print("\nqueries naming the person exactly / miscopied / not at all (share), base -> rl_search:",
+              " / ".join(f"{naming['base'][k]['share']:.2f} -> {naming['rl_search'][k]['share']:.2f}"
+                         for k in ("exact", "miscopied", "unnamed")))  # fmt: skip
 
     def gain(report: dict[str, Any], engine: str, over: str = "base") -> float:
         return report["em"]["rl_search"][engine] - report["em"][over][engine]
@@ -106,7 +110,10 @@ def main() -> None:
         "wall_s_max": max(r["wall_s"] for r in all_runs),
         "peak_rss_gb_max": max(r["peak_rss_gb"] for r in all_runs),
         "by_seed": {
-            str(seed): {key: r[key] for key in ("em", "wall_s", "peak_rss_gb", "stage_s", "base_reading", "machine")}
+            str(seed): {
+                key: r[key]
+                for key in ("em", "wall_s", "peak_rss_gb", "stage_s", "base_reading", "query_naming", "machine")
+            }
             for seed, r in reports.items()
         },
     }

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from simsearch.commands import evaluate, simulator_collect, simulator_finetune, train
+from simsearch.commands.evaluate import examples_file
 from simsearch.config import (
     CollectRecipe,
     EvalRecipe,
@@ -65,9 +66,17 @@ from simsearch.eval.view import write_page
 from simsearch.factory.build import build_search_engine
 from simsearch.fingerprints import claim_stage, digest, finish_stage
 from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
+from simsearch.policy.tags import extract_queries
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.simulator.prompts import render as render_simulator_prompt
-from simsearch.tinyworld.pretrain import make_copy_drills, make_traces, pretrain, reading_accuracy
+from simsearch.tinyworld.pretrain import (
+    QUERY_NAMING,
+    make_copy_drills,
+    make_traces,
+    pretrain,
+    query_naming,
+    reading_accuracy,
+)
 from simsearch.tinyworld.world import YEARS, World, build_world
 from simsearch.training.checkpoint import latest_checkpoint
 from simsearch.training.runlog import read_metrics
@@ -140,7 +149,11 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     summaries = {name: json.loads((run / "eval" / name / "summary.json").read_text()) for name in POLICIES}
     page = write_page(run / "eval" / "rl_search")  # the RL policy's trajectories, engine by engine
 
-    result = _report(recipe, run, summaries, reading, wall_s=time.perf_counter() - began, stage_s=clock.stop())
+    naming = {name: _query_naming(run / "eval" / name, world) for name in ("base", "rl_search")}
+    result = _report(
+        recipe, run, summaries, {"base_reading": reading, "query_naming": naming},
+        wall_s=time.perf_counter() - began, stage_s=clock.stop(),
+    )  # fmt: skip
     print((run / "report.md").read_text())
     print(f"simsearch quickstart: the RL policy's trajectories, engine by engine: {page}")
     return result
@@ -352,6 +365,19 @@ def _base_reading(base: Path, world: World, rl: TrainRecipe) -> dict[str, dict[s
     return reading
 
 
+def _query_naming(eval_dir: Path, world: World) -> dict[str, dict[str, float]]:
+    """How a policy's first query on each held-out question (BM25) names the asked person
+    (`tinyworld.pretrain.query_naming`): per kind, the share of questions and their EM."""
+    rows = [json.loads(line) for line in examples_file(eval_dir, "bm25", "heldout").read_text().splitlines()]
+    kinds: dict[str, list[float]] = {kind: [] for kind in QUERY_NAMING}
+    for row in rows:
+        queries = extract_queries(row["samples"][0]["response"])
+        kinds[query_naming(queries[0] if queries else "", world.facts[row["id"]].entity)].append(row["scores"]["em"])
+    return {
+        kind: {"share": len(ems) / len(rows), "em": sum(ems) / len(ems) if ems else 0.0} for kind, ems in kinds.items()
+    }
+
+
 def _machine() -> dict[str, Any]:
     """What a run's float results depend on besides its recipe: CPU, threads, library versions."""
     cpu = platform.processor() or platform.machine()
@@ -438,7 +464,7 @@ def _report(
     recipe: QuickstartRecipe,
     run: Path,
     summaries: dict[str, dict],
-    reading: dict[str, dict[str, float]],
+    diagnostics: dict[str, dict[str, Any]],
     *,
     wall_s: float,
     stage_s: dict[str, float],
@@ -461,7 +487,7 @@ def _report(
         "seed": recipe.seed,
         "machine": _machine(),
         "em": em,
-        "base_reading": reading,
+        **diagnostics,  # base_reading, query_naming
         "rl_search_baselines_em": baselines,
         "fidelity": summaries["rl_search"]["fidelity"],
     }
@@ -477,15 +503,7 @@ def _report(
         "",
         *(f"RL policy, {name} baseline: {value:.1f}" for name, value in baselines.items()),
         "",
-        "The base's reading of held-out results (name query; share of questions whose answer is a",
-        "value of the asked kind copied from the results / found nowhere in them / the gold answer):",
-        "",
-        "| relation | copied | invented | right |",
-        "|---|---|---|---|",
-        *(
-            f"| {rel} | {row['copied']:.2f} | {row['invented']:.2f} | {row['right']:.2f} |"
-            for rel, row in reading.items()
-        ),
+        *_diagnostic_lines(diagnostics),
         "",
         f"Wall time {wall_s / 60:.1f} min, peak memory {peak_rss_gb:.2f} GB.",
         "",
@@ -510,6 +528,32 @@ def _report(
     if rows:
         report.plot_training_curves(rows, run / "curves.png")
     return result
+
+
+def _diagnostic_lines(diagnostics: dict[str, dict[str, Any]]) -> list[str]:
+    """report.md's tables of the base's reading and of how each policy's queries name the person."""
+    return [
+        "The base's reading of held-out results (name query; share of questions whose answer is a",
+        "value of the asked kind copied from the results / found nowhere in them / the gold answer):",
+        "",
+        "| relation | copied | invented | right |",
+        "|---|---|---|---|",
+        *(
+            f"| {rel} | {row['copied']:.2f} | {row['invented']:.2f} | {row['right']:.2f} |"
+            for rel, row in diagnostics["base_reading"].items()
+        ),
+        "",
+        "How the first query names the asked person (held-out, BM25; share of questions, and their EM):",
+        "",
+        "| policy | " + " | ".join(QUERY_NAMING) + " |",
+        "|---|" + "---|" * len(QUERY_NAMING),
+        *(
+            f"| {policy} | "
+            + " | ".join(f"{kinds[k]['share']:.2f} ({kinds[k]['em']:.2f})" for k in QUERY_NAMING)
+            + " |"
+            for policy, kinds in diagnostics["query_naming"].items()
+        ),
+    ]
 
 
 class _StageClock:

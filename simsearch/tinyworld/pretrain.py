@@ -695,6 +695,24 @@ def pretrain(
     return history
 
 
+QUERY_NAMING: tuple[str, ...] = ("exact", "miscopied", "unnamed")
+"""How a query names the person its question asks about (`query_naming`)."""
+
+
+def query_naming(query: str, name: str) -> str:
+    """How `query` names the person `name`, one of `QUERY_NAMING`.
+
+    `exact`: the name is one of the query's words. `miscopied`: it is not, but a word starting
+    with the name's first three letters is (the first syllable copied, the rest not: `Konis`
+    searched as `Konbe`). `unnamed`: neither (question words only). A miscopied query finds
+    nobody; RL has to learn to name the person, and a policy that cannot copy names cannot.
+    """
+    words = re.findall(r"[A-Za-z]+", query)
+    if name in words:
+        return "exact"
+    return "miscopied" if any(word.startswith(name[:3]) for word in words) else "unnamed"
+
+
 def reading_accuracy(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,

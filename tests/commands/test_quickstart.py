@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 from simsearch.commands import quickstart
 from simsearch.config import QuickstartRecipe, load_recipe
 from simsearch.errors import RecipeError
+from simsearch.tinyworld.pretrain import QUERY_NAMING
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "quickstart"
 # What may differ between two runs of the same recipe: clocks and memory.
@@ -76,6 +77,12 @@ def test_smoke_runs_every_stage_and_writes_the_report(smoke_run) -> None:
     assert report["machine"]["versions"]["torch"] == torch.__version__
     assert set(report["base_reading"]) == {"birth_city", "occupation", "founding_year", "all"}
     assert report["base_reading"]["all"]["questions"] == 300
+    assert set(report["query_naming"]) == {"base", "rl_search"}
+    for kinds in report["query_naming"].values():
+        assert set(kinds) == set(QUERY_NAMING)
+        assert sum(kind["share"] for kind in kinds.values()) == pytest.approx(1.0)
+        assert all(0.0 <= kind["em"] <= 1.0 for kind in kinds.values())
+    assert "| rl_search | " in (tmp_path / "report.md").read_text().split("names the asked person")[1]
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ from simsearch.tinyworld.pretrain import (
     make_copy_drills,
     make_traces,
     pretrain,
+    query_naming,
     trace_loss,
     value_kind,
     value_spans,
@@ -340,3 +341,19 @@ def test_copy_drills_teach_copying_fast(tokenizer) -> None:
     drills = make_copy_drills(tokenizer, n=64 * 150, seed=0, length=16, alphabet=(8, 8))
     history = pretrain(model, drills, steps=150, batch_size=64, lr=5e-3, copy_loss_weight=0.0, seed=0, progress=False)
     assert sum(history["losses/policy"][-10:]) / 10 < 0.5
+
+
+@pytest.mark.parametrize(
+    ("query", "kind"),
+    [
+        (" Konis What ", "exact"),
+        ("where was Konis born", "exact"),
+        (" Konbe What ", "miscopied"),  # the first syllable copied, the rest invented
+        ("Konisis", "miscopied"),  # the name inside a longer word is not the name
+        ("where born", "unnamed"),
+        ("", "unnamed"),
+        ("Kobe", "unnamed"),  # two letters in common are not a copy
+    ],
+)
+def test_query_naming_sorts_queries_by_how_they_name_the_person(query: str, kind: str) -> None:
+    assert query_naming(query, "Konis") == kind
