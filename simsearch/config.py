@@ -152,8 +152,8 @@ class SamplingConfig:
 class SimulatorConfig:
     """An LLM that plays search engine (ZeroSearch)."""
 
-    preset: str = "simsearch"  # simsearch | simsearch-brief | zerosearch | zerosearch-prompt | custom
-    useful_template: str = ""  # preset=custom: template with {query} {question} {answers} {top_k}
+    preset: str = "simsearch"  # a name in simulator.prompts.PRESETS
+    useful_template: str = ""  # presets that need templates (custom): {query} {question} {answers} {top_k}
     noisy_template: str = ""  # preset=custom: the noisy counterpart
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     chat: bool = False  # hf: send prompts through the simulator's chat template (openai: generation.chat)
@@ -167,7 +167,7 @@ class SimulatorConfig:
         _check_shows(f"{key}.show_question", self.show_question, self.preset)
         _check_shows(f"{key}.show_answer", self.show_answer, self.preset)
         if PRESETS[self.preset].needs_templates and not (self.useful_template and self.noisy_template):
-            raise RecipeError(f"{key}.preset=custom needs both {key}.useful_template and {key}.noisy_template")
+            raise RecipeError(f"{key}.preset={self.preset} needs both {key}.useful_template and {key}.noisy_template")
         self.generation.check(f"{key}.generation")
         SamplingConfig.check_temperature(f"{key}.temperature", self.temperature)
         _check_positive(f"{key}.max_new_tokens", self.max_new_tokens)

@@ -201,6 +201,14 @@ def test_the_simulators_sampling_is_checked_before_any_work(train_yaml: Path) ->
     load_recipe(TrainRecipe, train_yaml, [*simulator, "search.simulator.temperature=0.8"])
 
 
+def test_a_preset_that_needs_templates_names_the_missing_ones(train_yaml: Path) -> None:
+    simulator = ["search.kind=simulator", "search.simulator.generation.model.path=models/sim"]
+    custom = [*simulator, "search.simulator.preset=custom", "search.simulator.useful_template='Doc: {query}'"]
+    with pytest.raises(RecipeError, match=r"preset=custom needs both search\.simulator\.useful_template and"):
+        load_recipe(TrainRecipe, train_yaml, custom)
+    load_recipe(TrainRecipe, train_yaml, [*custom, "search.simulator.noisy_template='noisy: {query}'"])
+
+
 def test_collect_refuses_self_search(tmp_path: Path) -> None:
     body = {
         "run_dir": str(tmp_path / "run"),
