@@ -27,7 +27,7 @@ from simsearch.policy.batch import (
     stream_indices,
     token_advantages,
 )
-from simsearch.policy.infogain import gold_probabilities, gold_queries, information_gains, turn_index
+from simsearch.policy.infogain import distinct, gold_probabilities, gold_queries, information_gains, turn_index
 from simsearch.policy.offpolicy import truncated_is_weights
 from simsearch.policy.rewards import RewardOutput, shape_overlong
 from simsearch.policy.rollout import RolloutResult, generate_trajectories, score_trajectories
@@ -238,7 +238,7 @@ def _information_gain_advantages(
         raise ValueError(f"step_advantages: {len(trajectories)} trajectories for a batch of {batch.size} rows")
     mbs, sync = settings.micro_batch_size, learner.actor.zero3 and learner.world > 1
     queries = gold_queries(trajectories, tokenizer, fill=sync)
-    count = torch.tensor([-(-len(queries) // mbs)])
+    count = torch.tensor([-(-len(distinct(queries)[0]) // mbs)])  # forward passes
     count = all_reduce_max(count, learner.world) if sync else count  # ZeRO-3: as many forward passes everywhere
     with learner.autocast_context():
         probabilities = gold_probabilities(

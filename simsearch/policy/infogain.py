@@ -116,6 +116,24 @@ def gold_queries(trajectories: Sequence[Trajectory], tokenizer: Any, fill: bool 
     return queries
 
 
+def distinct(queries: Sequence[GoldQuery]) -> tuple[list[GoldQuery], list[int]]:
+    """The queries worth a forward pass: each (context, answer) once, and every query's index among them.
+
+    All trajectories of a group share their prompt-alone prefix, and often their first search, so
+    a step holds far fewer distinct measurements than queries.
+    """
+    first: dict[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]], int] = {}
+    unique: list[GoldQuery] = []
+    index = []
+    for q in queries:
+        key = (tuple(q.context), tuple(q.answer), tuple(q.scored))
+        if key not in first:
+            first[key] = len(unique)
+            unique.append(q)
+        index.append(first[key])
+    return unique, index
+
+
 @torch.no_grad()
 def gold_probabilities(
     model: nn.Module,
@@ -127,7 +145,8 @@ def gold_probabilities(
     temperature: float = 1.0,
     passes: int = 0,
 ) -> torch.Tensor:
-    """`[N]` exp(mean log-prob of each query's scored tokens), in length-sorted micro-batches.
+    """`[N]` exp(mean log-prob of each query's scored tokens), in length-sorted micro-batches, each
+    distinct measurement run once (`distinct`).
 
     Args:
         model: The policy (a causal LM accepting `position_ids` and `logits_to_keep`); the caller
@@ -137,8 +156,9 @@ def gold_probabilities(
         device: The model's device.
         micro_batch_size: Most queries per forward pass.
         temperature: The rollout's sampling temperature.
-        passes: At least this many forward passes: extra ones rerun the first query and are
-            discarded (ZeRO-3 gathers weights in every pass, so every process runs as many).
+        passes: At least this many forward passes (count them over `distinct` queries): extra ones
+            rerun the first query and are discarded (ZeRO-3 gathers weights in every pass, so every
+            process runs as many).
 
     Returns:
         `[N]` float32 on CPU; 1.0 for a query without scored tokens.
@@ -147,6 +167,7 @@ def gold_probabilities(
         if passes > 0:
             raise ValueError("gold_probabilities: forward passes asked for, but no query to run (use fill=True)")
         return torch.zeros(0)
+    queries, index = distinct(queries)
     records = [
         Trajectory(prompt_id=q.row, example=_NO_EXAMPLE, prompt_ids=q.context, response_ids=q.answer,
                    loss_mask=q.scored, turns=[], response_text="", answer=None, num_searches=0, num_invalid=0,
@@ -158,7 +179,8 @@ def gold_probabilities(
     logp = logprobs_in_micro_batches(model, batch, micro_batch_size, temperature)  # [N, A]
     for _ in range(passes - -(-len(queries) // micro_batch_size)):
         response_logits(model, batch.select(torch.arange(1, device=batch.input_ids.device)))
-    return torch.exp(masked_mean(logp, batch.loss_mask, dim=-1)).float().cpu()
+    probabilities = torch.exp(masked_mean(logp, batch.loss_mask, dim=-1)).float().cpu()
+    return probabilities[torch.tensor(index, dtype=torch.long)]
 
 
 _NO_EXAMPLE = QAExample(id="", question="", golden_answers=[])

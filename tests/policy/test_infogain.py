@@ -22,6 +22,7 @@ from simsearch.models import build_tiny_model, train_tokenizer
 from simsearch.policy.advantages import ESTIMATORS, EstimatorInputs, igpo_advantages
 from simsearch.policy.infogain import (
     GoldQuery,
+    distinct,
     gold_probabilities,
     gold_queries,
     information_gains,
@@ -164,6 +165,20 @@ def test_extra_passes_run_and_change_nothing():
     torch.testing.assert_close(probs, torch.tensor([p_red(c) for c in (0, 2, 3)]), **TOL)
     with pytest.raises(ValueError, match="fill=True"):
         gold_probabilities(model, [], pad_id=PAD, device="cpu", micro_batch_size=2, passes=1)
+
+
+def test_a_shared_prefix_is_measured_once():
+    # A group's trajectories share the prompt alone, and these two their first turn as well.
+    group = [THREE_TURNS, THREE_TURNS, _trajectory(THREE_TURNS.response_ids[:5], THREE_TURNS.loss_mask[:5])]
+    queries = gold_queries(group, FakeTokenizer())
+    unique, index = distinct(queries)
+    assert len(queries) == 3 + 3 + 2 and len(unique) == 3
+    assert index == [0, 1, 2, 0, 1, 2, 0, 1]
+    model = CountingLM([0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    probs = gold_probabilities(model, queries, pad_id=PAD, device="cpu", micro_batch_size=1)
+    assert model.calls == 3  # one forward pass per distinct measurement
+    expected = [p_red(c) for c in (0, 2, 3)]
+    torch.testing.assert_close(probs, torch.tensor([expected[i] for i in index]), **TOL)
 
 
 # --------------------------------------------------------------------------- gains and advantages
