@@ -238,12 +238,13 @@ def _information_gain_advantages(
         raise ValueError(f"step_advantages: {len(trajectories)} trajectories for a batch of {batch.size} rows")
     mbs, sync = settings.micro_batch_size, learner.actor.zero3 and learner.world > 1
     queries = gold_queries(trajectories, tokenizer, fill=sync)
-    count = torch.tensor([-(-len(distinct(queries)[0]) // mbs)])  # forward passes
-    count = all_reduce_max(count, learner.world) if sync else count  # ZeRO-3: as many forward passes everywhere
+    passes = 0  # alone, a process runs the passes its queries need (gold_probabilities counts them)
+    if sync:  # ZeRO-3: as many forward passes on every process as the busiest one runs
+        passes = int(all_reduce_max(torch.tensor([-(-len(distinct(queries)[0]) // mbs)]), learner.world)[0])
     with learner.autocast_context():
         probabilities = gold_probabilities(
             learner.actor.engine, queries, pad_id=tokenizer.pad_token_id, device=learner.device,
-            micro_batch_size=mbs, temperature=settings.loss.temperature, passes=int(count[0]),
+            micro_batch_size=mbs, temperature=settings.loss.temperature, passes=passes,
         )  # fmt: skip
     turns = turn_index(trajectories, batch.response_width)  # [B, L]
     cpu = batch.to("cpu")
