@@ -183,7 +183,17 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:  # an unexpected failure: show the whole traceback
         traceback.print_exc()
         return 1
+    finally:
+        _close_process_group()
     return 0
+
+
+def _close_process_group() -> None:
+    """Ends torch.distributed if the command started it (DeepSpeed runs): left alive at exit,
+    gloo's threads can abort the process after its work is done."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -95,3 +95,16 @@ def test_train_help_lists_the_choices_from_their_tables(capsys: pytest.CaptureFi
     out = " ".join(capsys.readouterr().out.split())
     assert f"search.kind {'|'.join(SEARCH_ENGINES)};" in out.replace("| ", "|")
     assert f"curriculum.kind {'|'.join(SCHEDULE_KINDS)};" in out.replace("| ", "|")
+
+
+def test_a_command_that_started_torch_distributed_ends_it(monkeypatch) -> None:
+    import torch.distributed as dist
+
+    from tests.servers import free_port
+
+    def start_a_group(args) -> None:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+
+    monkeypatch.setattr(cli, "run", start_a_group)
+    assert cli.main(["train", "recipe.yaml"]) == 0
+    assert not dist.is_initialized()

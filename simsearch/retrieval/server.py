@@ -92,6 +92,7 @@ class ServerStats:
     """Counters exposed on `/health`."""
 
     http_requests: int = 0
+    queued: int = 0  # requests waiting for the engine now
     queries: int = 0
     engine_calls: int = 0
     errors: int = 0
@@ -100,6 +101,7 @@ class ServerStats:
     def as_dict(self) -> dict[str, int]:
         return {
             "http_requests": self.http_requests,
+            "queued": self.queued,
             "queries": self.queries,
             "engine_calls": self.engine_calls,
             "errors": self.errors,
@@ -126,6 +128,8 @@ class _Batcher:
     def submit(self, pending: _Pending) -> None:
         with self._cond:
             self._queue.append(pending)
+            with self.stats.lock:
+                self.stats.queued = len(self._queue)
             self._cond.notify()
 
     def close(self) -> None:
@@ -144,6 +148,8 @@ class _Batcher:
                 item = self._queue.pop(0)
                 batch.append(item)
                 size += len(item.requests)
+            with self.stats.lock:
+                self.stats.queued = len(self._queue)
             return batch
 
     def _work(self) -> None:

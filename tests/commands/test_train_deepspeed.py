@@ -57,6 +57,9 @@ for name in ("skip", "every_row"):
 rank = torch.distributed.get_rank()
 with open(f"{out_file}.rank{rank}.json", "w") as f:
     json.dump(results, f)
+# Left alive at exit, gloo's threads can abort the process ("terminate called without an active exception").
+torch.distributed.barrier()
+torch.distributed.destroy_process_group()
 """
 
 # 8 questions x 2 rollouts; 2 minibatches x 2 epochs = 4 optimizer steps; micro-batches of 2 rows.

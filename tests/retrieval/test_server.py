@@ -121,7 +121,7 @@ def test_simulator_fields_reach_the_engine() -> None:
 
 
 class GatedEngine(RecordingEngine):
-    """Holds its first call until the server has received `expected` HTTP requests."""
+    """Holds its first call until the other `expected - 1` HTTP requests wait in the server's queue."""
 
     def __init__(self, expected: int) -> None:
         super().__init__()
@@ -131,7 +131,7 @@ class GatedEngine(RecordingEngine):
     def search(self, requests: list[SearchRequest]) -> list[list[Document]]:
         if not self.calls:
             deadline = time.monotonic() + 20
-            while self.app.state.stats.http_requests < self.expected and time.monotonic() < deadline:
+            while self.app.state.stats.queued < self.expected - 1 and time.monotonic() < deadline:
                 time.sleep(0.01)
         return super().search(requests)
 
@@ -149,10 +149,11 @@ def test_concurrent_requests_are_coalesced_into_fewer_engine_calls() -> None:
         with ThreadPoolExecutor(16) as pool:
             codes = list(pool.map(one, range(16)))
     assert codes == [200] * 16
-    # The first call waits until all 16 requests are in; the rest are then queued and go to the
-    # engine together: 16 requests, 2 engine calls.
+    # The first call waits until the other 15 requests are queued; they then go to the engine
+    # together: 16 requests, 2 engine calls.
     assert len(engine.calls) == 2
     assert sum(len(call) for call in engine.calls) == 16
+    assert app.state.stats.queued == 0
 
 
 def test_bearer_token_guards_retrieve() -> None:
