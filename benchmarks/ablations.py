@@ -54,7 +54,6 @@ import json
 import re
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -75,7 +74,7 @@ from simsearch.tinyworld.world import World, build_world
 from simsearch.types import SearchRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
-from benchlib import NO_NOISE, RECIPES, mean_sd, replace_block, run_stage, timed
+from benchlib import NO_NOISE, RECIPES, arm_arguments, mean_sd, replace_block, run_stage, timed
 
 ENGINES = ("simulator", "bm25", "dense")
 SELF_ENGINES = ("self", *ENGINES)  # a self-search policy also writes its own information
@@ -218,9 +217,7 @@ class Seed:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = _parse(argv)
     began = time.perf_counter()
-    run_dir = Path(args.run_dir or (tempfile.mkdtemp(prefix="ablations-smoke-") if args.smoke else "runs/ablations"))
-    out = Path(args.out or (run_dir / "ablations.md" if args.smoke else "docs/ablations.md"))
-    steps = args.steps or (SMOKE_STEPS if args.smoke else STEPS)
+    run_dir, out, steps = args.run_dir, args.out, args.steps
     results = {seed: run_seed(seed, args, run_dir, steps) for seed in args.seeds}
     figures = summarize(results, args, steps, wall_s=time.perf_counter() - began)
     write_doc(out, results, figures)
@@ -231,20 +228,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", help="one world, base and simulator per seed (default 0 1)")
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS), help="RL runs (default all)")
-    parser.add_argument("--steps", type=int, default=0, help=f"RL steps per arm (default {STEPS}; smoke 2)")
-    parser.add_argument("--run-dir", default="", help="runs/ablations, or a temporary directory with --smoke")
     parser.add_argument(
         "--quickstart-dir", default="", help="the quickstart run of each seed, '{seed}' filled in "
         "(default RUN_DIR/seed_{seed}/quickstart); e.g. 'runs/bench_quickstart/seed_{seed}' reuses those runs",
     )  # fmt: skip
-    parser.add_argument("--out", default="", help="the doc (docs/ablations.md; with --smoke, in the run directory)")
-    parser.add_argument("--smoke", action="store_true", help="every arm for two steps on the quickstart's smoke run")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = every core), as the quickstart's")
-    args = parser.parse_args(argv)
-    args.seeds = args.seeds if args.seeds is not None else ([0] if args.smoke else [0, 1])
-    return args
+    return arm_arguments(
+        argv, parser, "ablations", steps=STEPS, smoke_steps=SMOKE_STEPS,
+        seeds_help="one world, base and simulator per seed (default 0 1)",
+        smoke_help="every arm for two steps on the quickstart's smoke run",
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- one seed

@@ -1,4 +1,5 @@
-"""What several benchmarks share: fingerprinted stages, timing, mean ± sd and the doc's rewritten blocks.
+"""What several benchmarks share: their common options, fingerprinted stages, timing, mean ± sd and the
+doc's rewritten blocks.
 
 A benchmark imports it as a sibling module (`sys.path` gets this folder first, as `python
 benchmarks/x.py` already gives it), so a benchmark loaded by path from a test finds it too.
@@ -6,9 +7,11 @@ benchmarks/x.py` already gives it), so a benchmark loaded by path from a test fi
 
 from __future__ import annotations
 
+import argparse
 import statistics
+import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -22,6 +25,38 @@ RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "quickstart"
 # Overrides of the quickstart's train.yaml for an engine other than the simulator: no noise to
 # schedule, and no cache (it would hold the simulator's).
 NO_NOISE = ("curriculum.kind=constant", "curriculum.p_start=0.0", "search.cache=''")
+
+
+def arm_arguments(
+    argv: Sequence[str] | None,
+    parser: argparse.ArgumentParser,
+    name: str,
+    *,
+    steps: int,
+    smoke_steps: int,
+    seeds_help: str,
+    smoke_help: str,
+) -> argparse.Namespace:
+    """Parses `argv` with `parser` (holding a benchmark's own options) plus the options every arm
+    benchmark takes: --seeds, --steps, --run-dir, --out, --smoke and --threads.
+
+    Returns the options with their defaults resolved: `seeds` (0 and 1, 0 with --smoke), `steps`
+    (`steps`, `smoke_steps` with --smoke), `run_dir` (runs/NAME, a temporary directory with
+    --smoke) and `out` (docs/NAME.md, NAME.md in the run directory with --smoke), as Paths.
+    """
+    parser.add_argument("--seeds", type=int, nargs="+", help=seeds_help)
+    parser.add_argument("--steps", type=int, default=0, help=f"RL steps per arm (default {steps}; smoke {smoke_steps})")
+    parser.add_argument("--run-dir", default="", help=f"runs/{name}, or a temporary directory with --smoke")
+    parser.add_argument("--out", default="", help=f"the doc (docs/{name}.md; with --smoke, in the run directory)")
+    parser.add_argument("--smoke", action="store_true", help=smoke_help)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = every core), as the quickstart's")
+    args = parser.parse_args(argv)
+    args.seeds = args.seeds if args.seeds is not None else ([0] if args.smoke else [0, 1])
+    args.steps = args.steps or (smoke_steps if args.smoke else steps)
+    smoke_dir = tempfile.mkdtemp(prefix=f"{name.replace('_', '-')}-smoke-") if args.smoke and not args.run_dir else ""
+    args.run_dir = Path(args.run_dir or smoke_dir or f"runs/{name}")
+    args.out = Path(args.out or (args.run_dir / f"{name}.md" if args.smoke else f"docs/{name}.md"))
+    return args
 
 
 def run_stage(

@@ -42,7 +42,6 @@ import json
 import random
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,7 +58,7 @@ from simsearch.tinyworld.world import TWO_HOP, World
 from simsearch.training.runlog import read_metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
-from benchlib import NO_NOISE, RECIPES, mean_sd, replace_block, run_stage, timed
+from benchlib import NO_NOISE, RECIPES, arm_arguments, mean_sd, replace_block, run_stage, timed
 
 ARMS: dict[str, tuple[str, ...]] = {
     "grpo": (),
@@ -84,11 +83,7 @@ SMOKE_LIMIT = 4  # held-out questions per dataset
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = _parse(argv)
     began = time.perf_counter()
-    run_dir = Path(
-        args.run_dir or (tempfile.mkdtemp(prefix="turn-rewards-smoke-") if args.smoke else "runs/turn_rewards")
-    )
-    out = Path(args.out or (run_dir / "turn_rewards.md" if args.smoke else "docs/turn_rewards.md"))
-    steps = args.steps or (SMOKE_STEPS if args.smoke else STEPS)
+    run_dir, out, steps = args.run_dir, args.out, args.steps
     results = {seed: run_seed(seed, args, run_dir / f"seed_{seed}", steps) for seed in args.seeds}
     figures = summarize(results, steps, smoke=args.smoke, wall_s=time.perf_counter() - began)
     lines = table_lines(results)
@@ -100,15 +95,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", help="one world and base per seed (default 0 1; smoke 0)")
-    parser.add_argument("--steps", type=int, default=0, help=f"RL steps per arm (default {STEPS}; smoke 2)")
-    parser.add_argument("--run-dir", default="", help="runs/turn_rewards, or a temporary directory with --smoke")
-    parser.add_argument("--out", default="", help="the doc (docs/turn_rewards.md; with --smoke, in the run directory)")
-    parser.add_argument("--smoke", action="store_true", help="every arm for two steps on the quickstart's smoke base")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = every core), as the quickstart's")
-    args = parser.parse_args(argv)
-    args.seeds = args.seeds if args.seeds is not None else ([0] if args.smoke else [0, 1])
-    return args
+    return arm_arguments(
+        argv, parser, "turn_rewards", steps=STEPS, smoke_steps=SMOKE_STEPS,
+        seeds_help="one world and base per seed (default 0 1; smoke 0)",
+        smoke_help="every arm for two steps on the quickstart's smoke base",
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- one seed
