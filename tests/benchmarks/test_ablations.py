@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,13 +10,9 @@ from PIL import Image
 
 from simsearch.tinyworld.world import build_world
 from simsearch.types import Document, SearchRequest
+from tests.benchmark_scripts import load_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "ablations.py"
-_spec = importlib.util.spec_from_file_location("ablations", SCRIPT)
-assert _spec is not None and _spec.loader is not None
-ablations = importlib.util.module_from_spec(_spec)
-sys.modules["ablations"] = ablations  # dataclasses look their module up by name
-_spec.loader.exec_module(ablations)
+ablations = load_benchmark("ablations")
 
 KEYS = {
     "curriculum_exp", "curriculum_constant", "curriculum_none", "loop_simulator", "loop_bm25", "loop_none",

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from simsearch.tinyworld.world import TWO_HOP, build_world
+from tests.benchmark_scripts import load_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "turn_rewards.py"
-_spec = importlib.util.spec_from_file_location("turn_rewards", SCRIPT)
-assert _spec is not None and _spec.loader is not None
-turn_rewards = importlib.util.module_from_spec(_spec)
-sys.modules["turn_rewards"] = turn_rewards  # dataclasses look their module up by name
-_spec.loader.exec_module(turn_rewards)
+turn_rewards = load_benchmark("turn_rewards")
 
 KEYS = {"grpo_em", "igpo_em", "grpo_dynamic_em", "grpo_flat_share", "igpo_flat_share", "igpo_s_per_step_over_grpo"}
 
