@@ -8,6 +8,7 @@ fields are checked in `__post_init__`.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -887,6 +888,9 @@ class QuickstartRecipe:
     typed_answer_share: float = 0.8  # traces answering with a value of the asked kind (a city for a birthplace)
     two_hop_share: float = 0.0  # people (each split) with a two-hop question: the birth city of their venture's founder
     two_search_share: float = 0.0  # pretraining traces that search twice before answering (the multi-turn format)
+    # pretraining traces' query kinds (tinyworld.pretrain.QUERY_KINDS): the person's name alone, question
+    # words alone, or both; a trace whose query found nothing is redrawn, which only a name query never is
+    query_mix: list[float] = field(default_factory=lambda: [1 / 3, 1 / 3, 1 / 3])
     year_tokens: bool = True  # every year of the world one token of the tiny tokenizer (else four digit tokens)
     city_tokens: bool = True  # every city name one token (else the BPE's pieces)
     threads: int = 0  # torch threads (0 = torch's default: every core)
@@ -905,6 +909,11 @@ class QuickstartRecipe:
         _check_range("typed_answer_share", self.typed_answer_share, 0.0, 1.0)
         _check_range("two_hop_share", self.two_hop_share, 0.0, 1.0)
         _check_range("two_search_share", self.two_search_share, 0.0, 1.0)
+        if len(self.query_mix) != 3 or min(self.query_mix) < 0 or not math.isclose(sum(self.query_mix), 1.0):
+            raise RecipeError(
+                f"query_mix={self.query_mix} must be 3 shares >= 0 summing to 1: traces whose query is the "
+                "name alone, question words alone, or both"
+            )
         for name in ("n_background_entities", "drill_steps"):
             if getattr(self, name) < 0:
                 raise RecipeError(f"{name}={getattr(self, name)} must be >= 0")

@@ -37,6 +37,7 @@ Why these choices, and what the alternatives did: docs/quickstart-notes.md.
 from __future__ import annotations
 
 import json
+import math
 import platform
 import resource
 import time
@@ -346,6 +347,8 @@ def _base_settings(recipe: QuickstartRecipe, rl: TrainRecipe) -> dict[str, Any]:
     settings: dict[str, Any] = {name: getattr(recipe, name) for name in fields}
     if recipe.two_search_share:  # only when set: one-search bases keep the fingerprint they had before
         settings["two_search_share"] = recipe.two_search_share
+    if not all(math.isclose(share, 1 / 3) for share in recipe.query_mix):  # likewise
+        settings["query_mix"] = list(recipe.query_mix)
     settings.update(template=rl.rollout.template, top_k=rl.search.top_k, rendering=rl.search.rendering)
     return settings
 
@@ -447,6 +450,7 @@ def _pretrain_base(
         typed_answer_share=recipe.typed_answer_share,
         rendering=rl.search.rendering,
         two_search_share=recipe.two_search_share,
+        query_mix=tuple(recipe.query_mix),
     )
     pretrain(
         model,

@@ -509,23 +509,27 @@ def _search_until_found(
     """Searches all queries in one call; redraws (in place) kind and query of those that found nothing.
 
     The kind is redrawn too: for some phrasings ("What job does X have?") no subset of the
-    question words occurs in the corpus, so only a query with the name finds anything.
+    question words occurs in the corpus, so only a query with the name finds anything. The last
+    redraw is the name alone, which finds its person's passages whatever `query_mix` says.
     """
     documents: list[list[Document]] = [[] for _ in queries]
     pending = list(range(len(queries)))
-    for _ in range(_MAX_REDRAWS):
+    for attempt in range(1, _MAX_REDRAWS + 1):
         results = engine.search([SearchRequest(query=queries[i], top_k=top_k) for i in pending])
         for i, docs in zip(pending, results):
             documents[i] = list(docs)
         pending = [i for i in pending if not documents[i]]
         if not pending:
             return documents
+        if attempt == _MAX_REDRAWS:
+            break
         for i in pending:
-            kinds[i] = rng.choices(QUERY_KINDS, weights=query_mix)[0]
+            last = attempt == _MAX_REDRAWS - 1
+            kinds[i] = "name" if last else rng.choices(QUERY_KINDS, weights=query_mix)[0]
             queries[i] = _random_query(rng, questions[i], names[i], kinds[i])
     raise ValueError(
-        f"{len(pending)} queries, e.g. {queries[pending[0]]!r}, retrieved nothing after {_MAX_REDRAWS} "
-        "redraws; check that the engine indexes the world's passages"
+        f"{len(pending)} queries, e.g. {queries[pending[0]]!r}, retrieved nothing after {_MAX_REDRAWS - 1} "
+        "redraws, the last of them the name alone; check that the engine indexes the world's passages"
     )
 
 

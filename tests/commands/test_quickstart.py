@@ -13,7 +13,7 @@ from PIL import Image
 from transformers import AutoTokenizer
 
 from simsearch.commands import quickstart
-from simsearch.config import QuickstartRecipe, load_recipe
+from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.errors import RecipeError
 from simsearch.tinyworld.pretrain import QUERY_NAMING
 
@@ -151,3 +151,16 @@ def test_missing_stage_recipes_are_a_clear_error(tmp_path: Path) -> None:
     recipe = load_recipe(QuickstartRecipe, None, [f"run_dir={tmp_path}", f"recipes_dir={tmp_path}"])
     with pytest.raises(RecipeError, match="no quickstart recipes in"):
         quickstart.main(recipe)
+
+
+def test_the_trace_query_mix_is_checked_and_fingerprinted_when_not_even() -> None:
+    rl = load_recipe(TrainRecipe, quickstart._recipes_dir(QuickstartRecipe()) / "train.yaml")
+    even = quickstart._base_settings(
+        load_recipe(QuickstartRecipe, None, ["query_mix=[0.3333333333,0.3333333333,0.3333333334]"]), rl
+    )
+    assert "query_mix" not in even  # so a base of the even mix keeps the fingerprint it had before the option
+    words = quickstart._base_settings(load_recipe(QuickstartRecipe, None, ["query_mix=[0.1,0.8,0.1]"]), rl)
+    assert words == {**even, "query_mix": [0.1, 0.8, 0.1]}
+    for bad in ("[0.5,0.5,0.5]", "[0.5,0.5]", "[-0.1,0.6,0.5]"):
+        with pytest.raises(RecipeError, match=re.escape("query_mix=") + ".*summing to 1"):
+            load_recipe(QuickstartRecipe, None, [f"query_mix={bad}"])

@@ -179,6 +179,19 @@ def test_queries_mix_all_kinds_and_are_not_always_the_name(world, traces):
     assert all(t.example in world.train for t in traces)  # held-out questions stay unseen
 
 
+def test_a_words_only_mix_names_the_person_only_where_no_words_find_anything(world, engine, tokenizer):
+    traces = make_traces(world, engine, tokenizer, n=600, seed=7, query_mix=(0.0, 1.0, 0.0))
+    assert all(t.documents for t in traces)
+    # Phrasings whose words never occur in the corpus ("What job does X have?") fall back to the
+    # name on the last redraw instead of failing; every other trace keeps a words query.
+    fallbacks = [t for t in traces if t.query_kind == "name"]
+    assert {t.query_kind for t in traces} == {"words", "name"}
+    assert 0 < len(fallbacks) < len(traces) / 2
+    for trace in fallbacks:
+        words_only = " ".join(w for w in trace.example.question.split() if w.strip("?") != trace.query)
+        assert not engine.search([SearchRequest(query=words_only, top_k=3)])[0], trace.example.question
+
+
 def test_answers_are_copied_values_not_the_gold_answer(world, traces):
     for trace in traces:
         assert trace.answer in trace.candidates
