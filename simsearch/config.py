@@ -888,8 +888,9 @@ class QuickstartRecipe:
     typed_answer_share: float = 0.8  # traces answering with a value of the asked kind (a city for a birthplace)
     two_hop_share: float = 0.0  # people (each split) with a two-hop question: the birth city of their venture's founder
     two_search_share: float = 0.0  # pretraining traces that search twice before answering (the multi-turn format)
-    # pretraining traces' query kinds (tinyworld.pretrain.QUERY_KINDS): the person's name alone, question
-    # words alone, or both; a trace whose query found nothing is redrawn, which only a name query never is
+    # shares of the pretraining traces' query kinds (tinyworld.pretrain.QUERY_KINDS): the person's name
+    # alone, question words alone, or both; a query that finds nothing is redrawn and a name always finds
+    # its person, so more queries name the person than the shares say (86% of them under the even mix)
     query_mix: list[float] = field(default_factory=lambda: [1 / 3, 1 / 3, 1 / 3])
     year_tokens: bool = True  # every year of the world one token of the tiny tokenizer (else four digit tokens)
     city_tokens: bool = True  # every city name one token (else the BPE's pieces)

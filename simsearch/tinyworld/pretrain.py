@@ -523,8 +523,8 @@ def _search_until_found(
             return documents
         if attempt == _MAX_REDRAWS:
             break
+        last = attempt == _MAX_REDRAWS - 1
         for i in pending:
-            last = attempt == _MAX_REDRAWS - 1
             kinds[i] = "name" if last else rng.choices(QUERY_KINDS, weights=query_mix)[0]
             queries[i] = _random_query(rng, questions[i], names[i], kinds[i])
     raise ValueError(
