@@ -386,6 +386,9 @@ class AlgorithmConfig:
             )
         _check_choice(f"{key}.loss_agg", self.loss_agg, tuple(LOSS_AGGREGATIONS))
         _check_positive(f"{key}.ppo_epochs", self.ppo_epochs)
+        for name in ("kl_coef", "entropy_coef", "value_coef"):
+            if not getattr(self, name) >= 0:  # `not >=` also refuses NaN
+                raise RecipeError(f"{key}.{name}={getattr(self, name)} must be >= 0 (0 = off)")
         _check_choice(f"{key}.ratio_level", self.ratio_level, tuple(RATIO_LEVELS))
         _check_range(f"{key}.igpo_gamma", self.igpo_gamma, 0.0, 1.0)
         if ESTIMATORS[self.estimator].information_gain and self.kl_in_reward:

@@ -61,6 +61,13 @@ def test_missing_required_value(tmp_path: Path) -> None:
         load_recipe(TrainRecipe, path)
 
 
+def test_negative_loss_weights_are_refused_not_read_as_off(train_yaml: Path) -> None:
+    for name in ("kl_coef", "entropy_coef", "value_coef"):
+        with pytest.raises(RecipeError, match=rf"algorithm\.{name}=-0\.01 must be >= 0"):
+            load_recipe(TrainRecipe, train_yaml, [f"algorithm.{name}=-0.01"])
+        assert getattr(load_recipe(TrainRecipe, train_yaml, [f"algorithm.{name}=0"]).algorithm, name) == 0
+
+
 def test_group_size_must_divide_the_minibatch(train_yaml: Path) -> None:
     # 8 prompts x 4 rollouts = 32 trajectories; 12 does not divide 32.
     with pytest.raises(RecipeError, match=r"minibatch_size=12 must divide .* = 32"):
