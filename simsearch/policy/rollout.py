@@ -63,6 +63,7 @@ from simsearch.data.rendering import (
     wrap_information,
 )
 from simsearch.data.templates import TEMPLATE_NAMES, TemplateName, encode_prompt
+from simsearch.errors import DataError
 from simsearch.eval.metrics import extract_answer
 from simsearch.generation.base import GenerationEngine
 from simsearch.policy.rewards import RewardOutput, weighted_reward
@@ -205,9 +206,10 @@ def generate_trajectories(
         batch totals), and in self-search mode `search/self_calls_per_traj`.
 
     Raises:
-        ValueError: an argument the loop cannot honour (message names it and the fix), a
-            prompt longer than `max_context_tokens`, an engine returning the wrong number of
-            results, or a `noise` count outside [0, top_k].
+        DataError: an example whose prompt leaves no room under `max_context_tokens` (a
+            ValueError too; the CLI prints its message without a traceback).
+        ValueError: an argument the loop cannot honour (message names it and the fix), an
+            engine returning the wrong number of results, or a `noise` count outside [0, top_k].
     """
     _check_arguments(examples, search, settings, sampling, group_size, rng)
     clock = _Clock(started=time.perf_counter())
@@ -451,7 +453,7 @@ def _start(
         # Rendered and tokenized as the template's reference does (chat template, special tokens).
         prompt_ids = encode_prompt(example.question, template=settings.template, tokenizer=tokens.tokenizer)
         if len(prompt_ids) >= settings.max_context_tokens:
-            raise ValueError(
+            raise DataError(
                 f"example {prompt_id} (id {example.id!r}): the prompt has {len(prompt_ids)} tokens, "
                 f"leaving no room under max_context_tokens={settings.max_context_tokens}; raise "
                 "max_context_tokens or shorten the question"

@@ -16,6 +16,7 @@ import torch
 
 from simsearch.data.rendering import render_documents, wrap_information
 from simsearch.data.templates import SEARCH_R1_TEMPLATE, SELF_SEARCH_TEMPLATE
+from simsearch.errors import DataError
 from simsearch.generation.hf import HFEngine
 from simsearch.models import EOS_TOKEN, PAD_TOKEN, build_tiny_model, train_tokenizer
 from simsearch.policy.rollout import (
@@ -349,6 +350,12 @@ def test_context_limit_cuts_the_last_generation(tokenizer):
     assert traj.finish == "context" and traj.answer is None
     assert len(traj.prompt_ids) + len(traj.response_ids) == limit
     assert traj.loss_mask[-4:] == [1, 1, 1, 1]
+
+
+def test_a_prompt_without_room_under_the_context_limit_is_a_data_error_naming_the_example(tokenizer):
+    prompt_len = len(tokenizer.encode(SEARCH_R1_TEMPLATE.format(question=QUESTIONS[0])))
+    with pytest.raises(DataError, match=rf"example 0 \(id {EXAMPLES[0].id!r}\): the prompt has {prompt_len} tokens"):
+        run(tokenizer, by_turn(SEARCH_TURN, ANSWER_TURN), max_context_tokens=prompt_len)
 
 
 def test_context_limit_stops_before_an_observation_that_does_not_fit(tokenizer):
