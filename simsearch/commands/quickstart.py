@@ -450,7 +450,7 @@ def _pretrain_base(
         typed_answer_share=recipe.typed_answer_share,
         rendering=rl.search.rendering,
         two_search_share=recipe.two_search_share,
-        query_mix=(recipe.query_mix[0], recipe.query_mix[1], recipe.query_mix[2]),  # checked: three
+        query_mix=recipe.query_mix,
     )
     pretrain(
         model,

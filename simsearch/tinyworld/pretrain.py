@@ -170,7 +170,7 @@ def make_traces(
     seed: int,
     top_k: int = 3,
     template: TemplateName = "search-r1",
-    query_mix: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3),
+    query_mix: Sequence[float] = (1 / 3, 1 / 3, 1 / 3),
     examples: Sequence[QAExample] | None = None,
     typed_answer_share: float = 0.0,
     rendering: RenderStyle = "search-r1",
@@ -273,7 +273,7 @@ def _second_searches(
     first: _Searches,
     share: float,
     top_k: int,
-    query_mix: tuple[float, float, float],
+    query_mix: Sequence[float],
 ) -> dict[int, _Search]:
     """The second search of a `share` of the traces, by trace index.
 
@@ -298,7 +298,7 @@ def _second_searches(
 def _check_trace_args(
     n: int,
     top_k: int,
-    query_mix: tuple[float, float, float],
+    query_mix: Sequence[float],
     template: TemplateName,
     typed_answer_share: float,
     two_search_share: float,
@@ -504,7 +504,7 @@ def _search_until_found(
     kinds: list[str],
     queries: list[str],
     top_k: int,
-    query_mix: tuple[float, float, float],
+    query_mix: Sequence[float],
 ) -> list[list[Document]]:
     """Searches all queries in one call; redraws (in place) kind and query of those that found nothing.
 
