@@ -889,12 +889,18 @@ class QuickstartRecipe:
     pretrain_traces: int = 16000
     copy_loss_weight: float = 1.0  # auxiliary loss on copyable tokens inside <information>
     typed_answer_share: float = 0.8  # traces answering with a value of the asked kind (a city for a birthplace)
+    # reading traces: the person's name searched (out of the LM loss) and the gold value answered; they
+    # teach reading, not which query to write
+    reading_share: float = 0.7
+    # shares of the other traces' query kinds (tinyworld.pretrain.QUERY_KINDS): the person's name alone,
+    # question words alone, or both; the base samples the name in about 40% of its queries, and its
+    # greedy query holds question words only
+    query_mix: list[float] = field(default_factory=lambda: [0.2, 0.6, 0.2])
+    # redraw a trace query that finds nothing (which favours the name wherever the question's other words
+    # are not in the corpus); false keeps it, with empty results and a guessed answer
+    redraw_empty_searches: bool = False
     two_hop_share: float = 0.0  # people (each split) with a two-hop question: the birth city of their venture's founder
     two_search_share: float = 0.0  # pretraining traces that search twice before answering (the multi-turn format)
-    # shares of the pretraining traces' query kinds (tinyworld.pretrain.QUERY_KINDS): the person's name
-    # alone, question words alone, or both; a query that finds nothing is redrawn and a name always finds
-    # its person, so more queries name the person than the shares say (86% of them under the even mix)
-    query_mix: list[float] = field(default_factory=lambda: [1 / 3, 1 / 3, 1 / 3])
     year_tokens: bool = True  # every year of the world one token of the tiny tokenizer (else four digit tokens)
     city_tokens: bool = True  # every city name one token (else the BPE's pieces)
     threads: int = 0  # torch threads (0 = torch's default: every core)
@@ -911,6 +917,7 @@ class QuickstartRecipe:
         ):
             _check_positive(name, getattr(self, name))
         _check_range("typed_answer_share", self.typed_answer_share, 0.0, 1.0)
+        _check_range("reading_share", self.reading_share, 0.0, 1.0)
         _check_range("two_hop_share", self.two_hop_share, 0.0, 1.0)
         _check_range("two_search_share", self.two_search_share, 0.0, 1.0)
         if len(self.query_mix) != 3 or min(self.query_mix) < 0 or not math.isclose(sum(self.query_mix), 1.0):

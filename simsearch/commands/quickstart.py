@@ -3,10 +3,10 @@
 1. build a fictional world: a corpus about train, held-out (test) and background entities, and
    questions about each group;
 2. pretrain a tiny base LM, first on copy drills (a random token run, then the same run again),
-   then on traces about background entities with random queries and answers copied from the
-   results (half of them a value of the asked kind): it knows the tags, can copy from
-   `<information>` and knows a birthplace is a city, but not which query to issue, which
-   passage holds the answer, nor any fact of the train or test entities;
+   then on traces about background entities: reading traces (the name searched, out of the
+   loss, and the right value copied from the results) and traces with random queries and
+   answers drawn from the results: it knows the tags and can read `<information>`, but not
+   which query to issue, nor any fact of the train or test entities;
 3. collect simulator SFT data with that base policy and real BM25 on the training questions,
    plus contrast queries (a word dropped, cut short or swapped) (`simulator collect`);
 4. fine-tune a tiny simulator on it (`simulator finetune`, the answer tokens weighted);
@@ -37,7 +37,6 @@ Why these choices, and what the alternatives did: docs/quickstart-notes.md.
 from __future__ import annotations
 
 import json
-import math
 import platform
 import resource
 import time
@@ -341,14 +340,15 @@ def _base_settings(recipe: QuickstartRecipe, rl: TrainRecipe) -> dict[str, Any]:
         "pretrain_traces",
         "copy_loss_weight",
         "typed_answer_share",
+        "reading_share",
+        "redraw_empty_searches",
         "year_tokens",
         "city_tokens",
     )
     settings: dict[str, Any] = {name: getattr(recipe, name) for name in fields}
+    settings["query_mix"] = list(recipe.query_mix)
     if recipe.two_search_share:  # only when set: one-search bases keep the fingerprint they had before
         settings["two_search_share"] = recipe.two_search_share
-    if not all(math.isclose(share, 1 / 3) for share in recipe.query_mix):  # likewise
-        settings["query_mix"] = list(recipe.query_mix)
     settings.update(template=rl.rollout.template, top_k=rl.search.top_k, rendering=rl.search.rendering)
     return settings
 
@@ -448,6 +448,8 @@ def _pretrain_base(
         template=rl.rollout.template,
         examples=questions,
         typed_answer_share=recipe.typed_answer_share,
+        reading_share=recipe.reading_share,
+        redraw_empty=recipe.redraw_empty_searches,
         rendering=rl.search.rendering,
         two_search_share=recipe.two_search_share,
         query_mix=recipe.query_mix,

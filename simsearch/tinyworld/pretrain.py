@@ -13,7 +13,9 @@ that teach the format and the skill of copying, and nothing RL is meant to find:
 
 - the query is drawn at random from three kinds: the question's entity name alone, a random
   subset of the other question words, or the name mixed with some of those words; so the trace
-  never says which query is the right one;
+  never says which query is the right one. By default a query that finds nothing is redrawn,
+  which favours the name where no question word occurs in the corpus ("What job does X
+  have?"); with `redraw_empty=False` it is kept, and its trace answers with a guess;
 - the answer is a value drawn uniformly from all the value-like spans (city names, occupations,
   years) of the retrieved documents, whatever the question asks; so the trace never says which
   document or relation to trust, and a value is the gold answer only as often as chance makes
@@ -21,6 +23,11 @@ that teach the format and the skill of copying, and nothing RL is meant to find:
   draws only among the values of the kind the question asks for (a city for a birthplace): the
   reading any pretrained LM brings, which still leaves open which query finds the entity and
   which of its passages (its birth, or a visit that names another city) holds the answer;
+- with `reading_share`, that share are reading traces: the query is the entity name and the
+  answer the gold value of the passage stating it: reading comprehension, as a pretrained LM
+  has it. Their
+  search turn is out of the LM loss, so they teach reading without teaching which query to
+  write; and they are about background people, whose facts no RL or evaluation question asks;
 - with `two_search_share`, that share of the traces searches twice before answering, the
   multi-turn format (search, read, search again, answer) with nothing more to it: the second
   query is of a random kind as the first, its "name" a person's name copied from the first
@@ -62,7 +69,7 @@ from simsearch.data.templates import TemplateName, render_prompt
 from simsearch.eval.metrics import extract_answer
 from simsearch.generation.hf import HFEngine
 from simsearch.retrieval.base import SearchEngine
-from simsearch.tinyworld.world import OCCUPATIONS, TWO_HOP, World
+from simsearch.tinyworld.world import OCCUPATIONS, TWO_HOP, YEARS, World
 from simsearch.types import Document, QAExample, SamplingParams, SearchRequest
 
 QUERY_KINDS: tuple[str, ...] = ("name", "words", "mixed")
@@ -101,6 +108,7 @@ class Trace:
     second_documents: list[Document] = field(default_factory=list)
     answer: str = ""
     candidates: list[str] = field(default_factory=list)  # the values the answer was drawn from
+    reading: bool = False  # a reading trace (`make_traces(reading_share=...)`): its searches are out of the loss
 
 
 def value_spans(text: str, cities: Sequence[str]) -> list[str]:
@@ -173,6 +181,8 @@ def make_traces(
     query_mix: Sequence[float] = (1 / 3, 1 / 3, 1 / 3),
     examples: Sequence[QAExample] | None = None,
     typed_answer_share: float = 0.0,
+    reading_share: float = 0.0,
+    redraw_empty: bool = True,
     rendering: RenderStyle = "search-r1",
     two_search_share: float = 0.0,
 ) -> list[Trace]:
@@ -201,6 +211,13 @@ def make_traces(
         typed_answer_share: Share of traces whose answer is drawn only from the candidates of
             the kind the question asks for (a city for a birthplace, `value_kind`), when the
             documents hold one; the rest draw from all candidates.
+        reading_share: Share of reading traces (module docstring): query the name alone, out of
+            the LM loss, answer the gold value when the results hold the answer passage
+            (`Fact.passage_id`). Drawn only when > 0: at 0 (the default) the traces are those of
+            before.
+        redraw_empty: Redraw a query that retrieves nothing (the default). False keeps it: the
+            information block is empty and the answer a value of the asked kind drawn from the
+            whole world (`world.cities`, `OCCUPATIONS`, `YEARS`), a guess.
         rendering: How the documents are shown, as in the rollout (`render_documents`).
         two_search_share: Share of traces that search a second time before answering (module
             docstring); drawn after the first searches and before the answers, but only when the
@@ -214,31 +231,38 @@ def make_traces(
             question whose fact is not in `world.facts`, or queries that still retrieve nothing
             after repeated redraws.
     """
-    _check_trace_args(n, top_k, query_mix, template, typed_answer_share, two_search_share)
+    _check_trace_args(n, top_k, query_mix, template, typed_answer_share, reading_share, two_search_share)
     pool = _question_pool(world, examples)
 
     rng = random.Random(seed)
     chosen = [rng.choice(pool) for _ in range(n)]
     kinds = rng.choices(QUERY_KINDS, weights=query_mix, k=n)
+    reading = [rng.random() < reading_share for _ in range(n)] if reading_share else [False] * n
+    kinds = ["name" if read else kind for kind, read in zip(kinds, reading)]
     names = [world.facts[example.id].named for example in chosen]
     queries = [_random_query(rng, example.question, name, kind) for example, name, kind in zip(chosen, names, kinds)]
     questions = [example.question for example in chosen]
-    documents = _search_until_found(rng, engine, questions, names, kinds, queries, top_k, query_mix)
+    documents = _search(rng, engine, questions, names, kinds, queries, top_k, query_mix, redraw_empty)
     first = _Searches(names, kinds, queries, documents)
     second = (
-        _second_searches(rng, engine, world, questions, first, two_search_share, top_k, query_mix)
+        _second_searches(rng, engine, world, questions, first, two_search_share, top_k, query_mix, redraw_empty)
         if two_search_share
         else {}
     )
-    candidates = [
-        [v for doc in (*docs, *second.get(i, _NO_SEARCH).documents) for v in value_spans(doc.text, world.cities)]
-        for i, docs in enumerate(first.documents)
-    ]
-    answers = _draw_answers(rng, world, chosen, queries, candidates, typed_answer_share)
+    results = [[*docs, *second.get(i, _NO_SEARCH).documents] for i, docs in enumerate(first.documents)]
+    candidates = [[v for doc in docs for v in value_spans(doc.text, world.cities)] for docs in results]
+    # Only without redraws can a search find nothing.
+    answers = _draw_answers(
+        rng, world, chosen, queries, [bool(docs) for docs in results], candidates, typed_answer_share
+    )
+    for i, example in enumerate(chosen):
+        fact = world.facts[example.id]
+        if reading[i] and fact.passage_id in {doc.id for doc in results[i]}:
+            answers[i] = fact.answer
 
     pieces = _tokenize_pieces(tokenizer, pool, first, second, answers, template, rendering)
     return [
-        _assemble_trace(pieces, i, example, first, second, answers[i], candidates[i])
+        _assemble_trace(pieces, i, example, first, second, answers[i], candidates[i], reading[i])
         for i, example in enumerate(chosen)
     ]
 
@@ -274,6 +298,7 @@ def _second_searches(
     share: float,
     top_k: int,
     query_mix: Sequence[float],
+    redraw_empty: bool,
 ) -> dict[int, _Search]:
     """The second search of a `share` of the traces, by trace index.
 
@@ -291,7 +316,7 @@ def _second_searches(
     kinds = rng.choices(QUERY_KINDS, weights=query_mix, k=len(twice))
     asked = [questions[i] for i in twice]
     queries = [_random_query(rng, question, name, kind) for question, name, kind in zip(asked, names, kinds)]
-    documents = _search_until_found(rng, engine, asked, names, kinds, queries, top_k, query_mix)
+    documents = _search(rng, engine, asked, names, kinds, queries, top_k, query_mix, redraw_empty)
     return {i: _Search(kinds[j], queries[j], documents[j]) for j, i in enumerate(twice)}
 
 
@@ -301,6 +326,7 @@ def _check_trace_args(
     query_mix: Sequence[float],
     template: TemplateName,
     typed_answer_share: float,
+    reading_share: float,
     two_search_share: float,
 ) -> None:
     if n < 1 or top_k < 1:
@@ -309,7 +335,11 @@ def _check_trace_args(
         raise ValueError(f"query_mix={query_mix} must give {len(QUERY_KINDS)} probabilities {QUERY_KINDS} summing to 1")
     if template == "search-r1-chat":
         raise ValueError("template='search-r1-chat' is not supported for pretraining traces; use 'search-r1'")
-    for name, share in (("typed_answer_share", typed_answer_share), ("two_search_share", two_search_share)):
+    for name, share in (
+        ("typed_answer_share", typed_answer_share),
+        ("reading_share", reading_share),
+        ("two_search_share", two_search_share),
+    ):
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"{name}={share} must lie in [0, 1]")
 
@@ -334,22 +364,32 @@ def _draw_answers(
     world: World,
     chosen: Sequence[QAExample],
     queries: Sequence[str],
+    found: Sequence[bool],
     candidates: Sequence[list[str]],
     typed_answer_share: float,
 ) -> list[str]:
-    """One answer per trace, drawn from its candidates (typed to the question for a share)."""
+    """One answer per trace, drawn from its candidates (typed to the question for a share), or from
+    the whole world's values of the asked kind when the search found nothing."""
     answers = []
     for i, values in enumerate(candidates):
+        kind = RELATION_KINDS[world.facts[chosen[i].id].relation]
+        if not found[i]:
+            answers.append(rng.choice(_world_values(world, kind)))
+            continue
         if not values:
             raise ValueError(
                 f"the documents retrieved for query {queries[i]!r} hold no city, occupation or year; "
                 "make_traces expects a tiny-world corpus"
             )
         if typed_answer_share and rng.random() < typed_answer_share:
-            kind = RELATION_KINDS[world.facts[chosen[i].id].relation]
             values = [v for v in values if value_kind(v, world.cities) == kind] or values
         answers.append(rng.choice(values))
     return answers
+
+
+def _world_values(world: World, kind: str) -> Sequence[str]:
+    """Every value of `kind` ("city", "occupation" or "year") the world's passages can hold."""
+    return {"city": world.cities, "occupation": OCCUPATIONS, "year": YEARS}[kind]
 
 
 @dataclass
@@ -403,6 +443,7 @@ def _assemble_trace(
     second: dict[int, _Search],
     answer: str,
     candidates: list[str],
+    reading: bool,
 ) -> Trace:
     """Trace `i`: prompt, search turn, observation (again, for a two-search trace) and answer turn, with its
     loss and copy masks."""
@@ -416,7 +457,7 @@ def _assemble_trace(
         observation = head + pieces.tail_ids
         spans.append((len(ids) + len(search), len(ids) + len(search) + len(observation)))
         ids += search + observation
-        loss_mask += [1] * len(search) + [0] * len(observation)
+        loss_mask += [0 if reading else 1] * len(search) + [0] * len(observation)
     ids += pieces.answer_ids[i]
     loss_mask += [1] * len(pieces.answer_ids[i])
     copy = [max(marks) for marks in zip(*(copy_mask(ids, start, end) for start, end in spans))]
@@ -434,6 +475,7 @@ def _assemble_trace(
         second_query_kind=extra.kind,
         second_query=extra.query,
         second_documents=extra.documents,
+        reading=reading,
     )
 
 
@@ -496,7 +538,7 @@ def _random_query(rng: random.Random, question: str, name: str, kind: str) -> st
     return " ".join([*picked[:position], name, *picked[position:]])
 
 
-def _search_until_found(
+def _search(
     rng: random.Random,
     engine: SearchEngine,
     questions: list[str],
@@ -505,8 +547,10 @@ def _search_until_found(
     queries: list[str],
     top_k: int,
     query_mix: Sequence[float],
+    redraw_empty: bool,
 ) -> list[list[Document]]:
-    """Searches all queries in one call; redraws (in place) kind and query of those that found nothing.
+    """Searches all queries in one call; with `redraw_empty`, redraws (in place) kind and query of
+    those that found nothing until they find something.
 
     The kind is redrawn too: for some phrasings ("What job does X have?") no subset of the
     question words occurs in the corpus, so only a query with the name finds anything. The last
@@ -519,7 +563,7 @@ def _search_until_found(
         for i, docs in zip(pending, results):
             documents[i] = list(docs)
         pending = [i for i in pending if not documents[i]]
-        if not pending:
+        if not pending or not redraw_empty:
             return documents
         if attempt == _MAX_REDRAWS:
             break

@@ -153,14 +153,18 @@ def test_missing_stage_recipes_are_a_clear_error(tmp_path: Path) -> None:
         quickstart.main(recipe)
 
 
-def test_the_trace_query_mix_is_checked_and_fingerprinted_when_not_even() -> None:
+def test_the_trace_settings_are_checked_and_fingerprinted() -> None:
     rl = load_recipe(TrainRecipe, quickstart._recipes_dir(QuickstartRecipe()) / "train.yaml")
-    even = quickstart._base_settings(
-        load_recipe(QuickstartRecipe, None, ["query_mix=[0.3333333333,0.3333333333,0.3333333334]"]), rl
-    )
-    assert "query_mix" not in even  # so a base of the even mix keeps the fingerprint it had before the option
-    words = quickstart._base_settings(load_recipe(QuickstartRecipe, None, ["query_mix=[0.1,0.8,0.1]"]), rl)
-    assert words == {**even, "query_mix": [0.1, 0.8, 0.1]}
+    default = quickstart._base_settings(QuickstartRecipe(), rl)
+    for override, key, value in (
+        ("query_mix=[0.1,0.8,0.1]", "query_mix", [0.1, 0.8, 0.1]),
+        ("reading_share=0.5", "reading_share", 0.5),
+        ("redraw_empty_searches=true", "redraw_empty_searches", True),
+    ):
+        changed = quickstart._base_settings(load_recipe(QuickstartRecipe, None, [override]), rl)
+        assert changed == {**default, key: value} != default, override
     for bad in ("[0.5,0.5,0.5]", "[0.5,0.5]", "[-0.1,0.6,0.5]"):
         with pytest.raises(RecipeError, match=re.escape("query_mix=") + ".*summing to 1"):
             load_recipe(QuickstartRecipe, None, [f"query_mix={bad}"])
+    with pytest.raises(RecipeError, match="reading_share"):
+        load_recipe(QuickstartRecipe, None, ["reading_share=1.5"])

@@ -241,6 +241,40 @@ def test_typed_answers_are_of_the_asked_kind_but_not_always_gold(world, engine, 
     assert base_rate < hits < 0.6, (base_rate, hits)
 
 
+def test_reading_traces_search_the_name_out_of_the_loss_and_answer_gold(world, engine, tokenizer):
+    traces = make_traces(world, engine, tokenizer, n=400, seed=7, typed_answer_share=0.8, reading_share=0.5)
+    reading = [t for t in traces if t.reading]
+    assert 150 < len(reading) < 250
+    for trace in reading:
+        fact = world.facts[trace.example.id]
+        assert trace.query_kind == "name" and trace.query == fact.named
+        assert fact.passage_id in {doc.id for doc in trace.documents}
+        assert trace.answer == fact.answer
+        # Only the answer turn is trained: the policy tokens are its last ones.
+        trained = [i for i, m in enumerate(trace.loss_mask) if m]
+        assert trained == list(range(len(trace.input_ids) - len(trained), len(trace.input_ids)))
+        assert tokenizer.decode([trace.input_ids[i] for i in trained]).strip() == f"<answer> {fact.answer} </answer>"
+    ordinary = [t for t in traces if not t.reading]
+    searched = [tokenizer.decode([t.input_ids[i] for i, m in enumerate(t.loss_mask) if m]) for t in ordinary]
+    assert all(f"<search> {t.query} </search>" in text for t, text in zip(ordinary, searched))
+    # An ordinary trace's answer is drawn, as without reading traces: right about half the time at best.
+    assert sum(t.answer == t.example.golden_answers[0] for t in ordinary) / len(ordinary) < 0.6
+
+
+def test_kept_empty_searches_answer_a_guess_of_the_asked_kind(world, engine, tokenizer):
+    redrawn = make_traces(world, engine, tokenizer, n=400, seed=7, query_mix=(0.0, 1.0, 0.0))
+    kept = make_traces(world, engine, tokenizer, n=400, seed=7, query_mix=(0.0, 1.0, 0.0), redraw_empty=False)
+    assert all(t.documents for t in redrawn)
+    assert all(t.query_kind == "words" for t in kept)  # no query turned into a name query
+    empty = [t for t in kept if not t.documents]
+    assert 20 < len(empty) < 400
+    for trace in empty:
+        asked = RELATION_KINDS[world.facts[trace.example.id].relation]
+        assert trace.candidates == [] and value_kind(trace.answer, world.cities) == asked
+        assert "<information></information>" in tokenizer.decode(trace.input_ids).replace(" ", "")
+    assert len({t.answer for t in empty}) > 10  # drawn from the whole world, not one value
+
+
 def test_value_kind() -> None:
     assert [value_kind(v, ["Lumere"]) for v in ("Lumere", "1695", "salt trader")] == ["city", "year", "occupation"]
 
@@ -248,6 +282,8 @@ def test_value_kind() -> None:
 def test_make_traces_rejects_bad_arguments(world, engine, tokenizer):
     with pytest.raises(ValueError, match="typed_answer_share"):
         make_traces(world, engine, tokenizer, n=2, seed=0, typed_answer_share=1.5)
+    with pytest.raises(ValueError, match="reading_share"):
+        make_traces(world, engine, tokenizer, n=2, seed=0, reading_share=-0.1)
     with pytest.raises(ValueError, match="query_mix"):
         make_traces(world, engine, tokenizer, n=2, seed=0, query_mix=(0.5, 0.5, 0.5))
     with pytest.raises(ValueError, match="not a question of this world"):
