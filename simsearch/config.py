@@ -893,8 +893,8 @@ class QuickstartRecipe:
     # teach reading, not which query to write
     reading_share: float = 0.7
     # shares of the other traces' query kinds (tinyworld.pretrain.QUERY_KINDS): the person's name alone,
-    # question words alone, or both; the base samples the name in about 40% of its queries, and its
-    # greedy query holds question words only
+    # question words alone, or both (40% of these traces name the person; the base names them in about
+    # one query in eight)
     query_mix: list[float] = field(default_factory=lambda: [0.2, 0.6, 0.2])
     # redraw a trace query that finds nothing (which favours the name wherever the question's other words
     # are not in the corpus); false keeps it, with empty results and a guessed answer

@@ -190,11 +190,13 @@ def make_traces(
 
     Each trace takes a question drawn uniformly from `examples`, a query of a kind drawn with
     `query_mix`, the top-k documents `engine` returns for it (all queries in one batched
-    `search` call; a query that retrieves nothing is redrawn, kind included), and as answer a value drawn
-    uniformly from the pooled `value_spans` of those documents. The answer is therefore the gold
-    answer exactly as often as the gold answer's share of the candidates: about 1/6 for a query
-    holding the entity name (its three passages hold six values), about 0 otherwise. The name of
-    a two-hop question (`world.TWO_HOP`) is the venture's, which finds the founding passage only.
+    `search` call; a query that retrieves nothing is redrawn, kind included, unless
+    `redraw_empty` is False), and as answer a value drawn uniformly from the pooled `value_spans`
+    of those documents. The answer is therefore the gold answer exactly as often as the gold
+    answer's share of the candidates: about 1/6 for a query holding the entity name (its three
+    passages hold six values), about 0 otherwise. Reading traces (`reading_share`) differ: the
+    name alone, the gold answer. The name of a two-hop question (`world.TWO_HOP`) is the
+    venture's, which finds the founding passage only.
 
     Args:
         world: The tiny world: questions, facts (for the entity name) and city names.
