@@ -24,10 +24,10 @@ that teach the format and the skill of copying, and nothing RL is meant to find:
   reading any pretrained LM brings, which still leaves open which query finds the entity and
   which of its passages (its birth, or a visit that names another city) holds the answer;
 - with `reading_share`, that share are reading traces: the query is the entity name and the
-  answer the gold value of the passage stating it: reading comprehension, as a pretrained LM
-  has it. Their
-  search turn is out of the LM loss, so they teach reading without teaching which query to
-  write; and they are about background people, whose facts no RL or evaluation question asks;
+  answer the gold value of the passage stating it (reading comprehension, as a pretrained LM
+  has it). Their search turn is out of the LM loss, so they teach reading without teaching
+  which query to write; and they are about background people, whose facts no RL or evaluation
+  question asks;
 - with `two_search_share`, that share of the traces searches twice before answering, the
   multi-turn format (search, read, search again, answer) with nothing more to it: the second
   query is of a random kind as the first, its "name" a person's name copied from the first
@@ -88,7 +88,8 @@ class Trace:
     """One pretraining sequence and how it was made.
 
     `loss_mask[i]` is 1 when `input_ids[i]` is a token the policy would generate (the search and
-    answer turns), 0 on the prompt and the information block. `copy_mask[i]` is 1 on the tokens
+    answer turns; the answer turn only, in a reading trace), 0 on the prompt and the information
+    block. `copy_mask[i]` is 1 on the tokens
     of the information block whose bigram `(input_ids[i-1], input_ids[i])` occurs at an earlier
     position of the sequence. Both masks mark targets: position i is predicted from the tokens
     before it.
