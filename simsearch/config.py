@@ -883,7 +883,7 @@ class QuickstartRecipe:
     n_background_entities: int = 900  # more people, in the corpus, whose questions pretrain the base LM
     vocab_size: int = 1000  # byte-level BPE of the tiny models
     drill_steps: int = 300  # copy drills (batch 64) before the traces: they form induction heads
-    pretrain_steps: int = 800  # base-model pretraining on random-query traces
+    pretrain_steps: int = 800  # base-model pretraining on reading and random-query traces
     pretrain_batch_size: int = 32
     pretrain_lr: float = 2e-3
     pretrain_traces: int = 16000

@@ -187,7 +187,7 @@ def _first_stages(
         clock.start("world", "1/6 world and search indexes")
     world, world_fp = _world_stage(pipeline)
     if clock is not None:
-        clock.start("pretrain", "2/6 base policy (copy drills, then random-query traces)")
+        clock.start("pretrain", "2/6 base policy (copy drills, then reading and random-query traces)")
     base_fp = _base_stage(pipeline, world, world_fp, rl_recipe)
     return pipeline, rl_recipe, world, world_fp, base_fp
 
@@ -417,7 +417,7 @@ def final_model(train_run: Path) -> Path:
 def _pretrain_base(
     recipe: QuickstartRecipe, world: World, questions: list[QAExample], rl: TrainRecipe, out: Path
 ) -> None:
-    """Tokenizer + tiny Qwen2 + copy drills + pretraining on random-query traces, saved like any HF model."""
+    """Tokenizer + tiny Qwen2 + copy drills + reading and random-query traces, saved like any HF model."""
     # The tokenizer learns English from the policy prompt and the simulator's instructions (a
     # real LM's tokenizer knows English words); world names stay unseen by it and split into pieces.
     simulator_prompt = render_simulator_prompt(
