@@ -11,7 +11,8 @@ quickstart issue's targets with whether each is met, and as the last line one JS
 
 - `gain_bm25_by_seed`, `gain_dense_by_seed`: rl_search - base, EM points, per seed;
 - `gain_bm25_min`, `gain_bm25_mean`, `gain_bm25_sd`, `gain_dense_min`, `gain_dense_mean`;
-- `over_nosearch_bm25_min`: min over seeds of rl_search - rl_nosearch on BM25;
+- `over_nosearch_bm25_min`: min over seeds of rl_search on BM25 - rl_nosearch (which never
+  searches: trained and evaluated with an engine that finds nothing, Search-R1's "R1");
 - `rerun_max_abs_diff`: the largest EM difference (any policy, any engine) between the two runs
   of the first seed;
 - `wall_s_max`, `peak_rss_gb_max`, and `by_seed` (each run's `report.json` figures).
@@ -34,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when 
 from benchlib import mean_sd
 
 POLICIES = ("base", "rl_search", "rl_nosearch")
-ENGINES = ("simulator", "bm25", "dense")
+ENGINES = ("simulator", "bm25", "dense", "none")  # none: no search (the only one of rl_nosearch)
 
 
 def run_quickstart(run_dir: Path, seed: int, overrides: list[str]) -> dict[str, Any]:
@@ -66,25 +67,29 @@ def main() -> None:
         print(f"\nseed {seed} ({report['wall_s'] / 60:.1f} min, {report['peak_rss_gb']:.2f} GB)\n")
         print("| policy | " + " | ".join(ENGINES) + " |\n|---|" + "---|" * len(ENGINES))
         for policy in POLICIES:
-            print(f"| {policy} | " + " | ".join(f"{em[policy][e]:.1f}" for e in ENGINES) + " |")
+            print(
+                f"| {policy} | "
+                + " | ".join(f"{em[policy][e]:.1f}" if e in em[policy] else "-" for e in ENGINES)
+                + " |"
+            )
         naming = report["query_naming"]  # share of held-out queries naming the person exactly / miscopied
         print("\nqueries naming the person exactly / miscopied / not at all (share), base -> rl_search:",
               " / ".join(f"{naming['base'][k]['share']:.2f} -> {naming['rl_search'][k]['share']:.2f}"
                          for k in ("exact", "miscopied", "unnamed")))  # fmt: skip
 
-    def gain(report: dict[str, Any], engine: str, over: str = "base") -> float:
-        return report["em"]["rl_search"][engine] - report["em"][over][engine]
+    def gain(report: dict[str, Any], engine: str) -> float:
+        return report["em"]["rl_search"][engine] - report["em"]["base"][engine]
 
     gains_bm25 = [gain(r, "bm25") for r in reports.values()]
     gains_dense = [gain(r, "dense") for r in reports.values()]
-    over_nosearch = [gain(r, "bm25", "rl_nosearch") for r in reports.values()]
+    over_nosearch = [r["em"]["rl_search"]["bm25"] - r["em"]["rl_nosearch"]["none"] for r in reports.values()]
     rerun_diff = None
     if rerun is not None:
         first = reports[args.seeds[0]]["em"]
-        rerun_diff = max(abs(first[p][e] - rerun["em"][p][e]) for p in POLICIES for e in ENGINES)
+        rerun_diff = max(abs(first[p][e] - rerun["em"][p][e]) for p in POLICIES for e in first[p])
     all_runs = [*reports.values(), *([rerun] if rerun is not None else [])]
 
-    print("\n| seed | base bm25 | rl_search bm25 | gain bm25 | gain dense | rl_search - rl_nosearch (bm25) |")
+    print("\n| seed | base bm25 | rl_search bm25 | gain bm25 | gain dense | rl_search bm25 - rl_nosearch |")
     print("|---|---|---|---|---|---|")
     for (seed, report), g_bm25, g_dense, g_over in zip(reports.items(), gains_bm25, gains_dense, over_nosearch):
         em = report["em"]

@@ -10,10 +10,12 @@
 3. collect simulator SFT data with that base policy and real BM25 on the training questions,
    plus contrast queries (a word dropped, cut short or swapped) (`simulator collect`);
 4. fine-tune a tiny simulator on it (`simulator finetune`, the answer tokens weighted);
-5. RL the policy against the simulator only (`train`), and a no-search policy for contrast;
-6. evaluate the base and both RL policies on held-out questions against the simulator, BM25 and
-   dense retrieval (`eval`), and write `report.json`, `report.md`, the plots and the RL policy's
-   trajectory page (`eval/rl_search/view.html`, `simsearch view`).
+5. RL the policy against the simulator only (`train`), and, for contrast, RL without search
+   (`train_nosearch`: every search finds nothing, Search-R1's "R1" baseline);
+6. evaluate on held-out questions (`eval`) the base and the RL policy against the simulator, BM25,
+   dense retrieval and no search, and the no-search policy as it was trained, with no search;
+   write `report.json`, `report.md`, the plots and the RL policy's trajectory page
+   (`eval/rl_search/view.html`, `simsearch view`).
 
 Stages 3-6 run the recipes in `recipes/quickstart/` with their paths pointed into the run
 directory, so each is also a worked example of a command a user runs by hand.
@@ -83,7 +85,10 @@ from simsearch.training.runlog import read_metrics
 from simsearch.types import QAExample
 
 POLICIES = ("base", "rl_search", "rl_nosearch")
-ENGINES = ("simulator", "bm25", "dense")
+ENGINES = ("simulator", "bm25", "dense", "none")  # none: every search finds nothing
+# The no-search policy is evaluated as it was trained: given a search engine at test time, its
+# score would be the base's search habit plus 50 steps of noise, not what RL without search learns.
+POLICY_ENGINES = {"base": ENGINES, "rl_search": ENGINES, "rl_nosearch": ("none",)}
 
 # Every stage for a step or two: a check that the pipeline holds together, not a result.
 SMOKE = {
@@ -138,7 +143,7 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     simulator_fp = _simulator_stage(pipeline, collect_fp)
     clock.start("rl", "5/6 RL against the simulator, then RL without search")
     policy_fps = {"base": base_fp, **_rl_stages(pipeline, base_fp, simulator_fp)}
-    clock.start("eval", "6/6 held-out evaluation: simulator, BM25, dense")
+    clock.start("eval", "6/6 held-out evaluation: simulator, BM25, dense, no search")
     policies = {
         "base": run / "base",
         "rl_search": final_model(run / "train"),
@@ -287,13 +292,20 @@ def _rl_stages(pipeline: _Pipeline, base_fp: str, simulator_fp: str) -> dict[str
 
 
 def _evaluate(pipeline: _Pipeline, name: str, policy: Path, inputs: list[str]) -> None:
-    """The eval stage for one policy, into run/eval/{name} (its summary.json feeds the report)."""
+    """The eval stage for one policy, into run/eval/{name} (its summary.json feeds the report):
+    eval.yaml, or eval_nosearch.yaml (no search engine) for the no-search policy."""
     run, paths = pipeline.run, pipeline.paths
-    overrides = [
+    common = [
         f"run_dir={run / 'eval' / name}",
         f"seed={pipeline.recipe.seed}",
         f"policy.model.path={policy}",
         f"datasets=[{{name: heldout, path: {paths['test']}, limit: {8 if pipeline.recipe.smoke else 0}}}]",
+    ]
+    if name == "rl_nosearch":
+        pipeline.stage("eval_nosearch", EvalRecipe, evaluate.main, inputs, common)
+        return
+    overrides = [
+        *common,
         f"engines.simulator.simulator.generation.model.path={_simulator(run)}",
         f"engines.bm25.corpus={paths['corpus']}",
         f"engines.bm25.index_dir={paths['bm25']}",
@@ -477,8 +489,8 @@ def _report(
 ) -> dict[str, Any]:
     """`report.json` (figures), `report.md` (the table), `bars.png` and `curves.png`."""
     em = {
-        policy: {engine: 100.0 * summaries[policy]["rows"][engine]["average"]["em"] for engine in ENGINES}
-        for policy in POLICIES
+        policy: {engine: 100.0 * summaries[policy]["rows"][engine]["average"]["em"] for engine in engines}
+        for policy, engines in POLICY_ENGINES.items()
     }
     rl = summaries["rl_search"]["rows"]
     baselines = {name: 100.0 * rl[name]["average"]["em"] for name in ("direct", "rag") if name in rl}
@@ -501,11 +513,12 @@ def _report(
     lines = [
         "# simsearch quickstart" + (" (smoke: a pipeline check, not a result)" if recipe.smoke else ""),
         "",
-        "Held-out exact match (%), greedy; the RL policy only ever searched the simulator.",
+        "Held-out exact match (%), greedy; the RL policy only ever searched the simulator, and the",
+        "no-search policy never searched (none: every search finds nothing).",
         "",
         "| policy | " + " | ".join(ENGINES) + " |",
         "|---|" + "---|" * len(ENGINES),
-        *(f"| {p} | " + " | ".join(f"{em[p][e]:.1f}" for e in ENGINES) + " |" for p in POLICIES),
+        *(f"| {p} | " + " | ".join(f"{em[p][e]:.1f}" if e in em[p] else "-" for e in ENGINES) + " |" for p in POLICIES),
         "",
         *(f"RL policy, {name} baseline: {value:.1f}" for name, value in baselines.items()),
         "",
@@ -523,13 +536,13 @@ def _report(
             p: {
                 "kind": "policy",
                 "search": "trained vs simulator" if p == "rl_search" else "",
-                "results": {e: summaries[p]["rows"][e]["average"] for e in ENGINES},
+                "results": {e: summaries[p]["rows"][e]["average"] for e in POLICY_ENGINES[p]},
                 "average": {},
             }
             for p in POLICIES
         },
     }
-    report.plot_bars(by_engine, run / "bars.png", metric="em")
+    report.plot_bars(by_engine, run / "bars.png", metric="em", title="Held-out exact match (%) per search engine")
     rows = read_metrics(run / "train")
     if rows:
         report.plot_training_curves(rows, run / "curves.png")

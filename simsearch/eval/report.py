@@ -580,6 +580,7 @@ def plot_bars(
     metric: str = "substring_em",
     size_px: tuple[int, int] = (1200, 600),
     dpi: int = 100,
+    title: str = "",
 ) -> Path:
     """Grouped bars: one group per dataset (and "Avg.", see `bar_layout`), one bar per method.
 
@@ -591,6 +592,7 @@ def plot_bars(
         metric: Which score to plot (percent).
         size_px: Image width and height in pixels.
         dpi: Resolution; the figure is sized so the PNG has exactly `size_px` pixels.
+        title: The plot's title ("" = the metric's title, "per dataset").
 
     Returns:
         The written path.
@@ -611,7 +613,7 @@ def plot_bars(
     ax.set_ylim(0.0, max(10.0, 1.25 * highest))
     ax.set_xticks(range(len(groups)), groups)
     ax.set_ylabel(f"{metric} (%)")
-    ax.set_title(f"{SCORE_TITLES.get(metric, metric)} per dataset")
+    ax.set_title(title or f"{SCORE_TITLES.get(metric, metric)} per dataset")
     ax.legend(fontsize="small", loc="upper right")
     ax.grid(axis="y", alpha=0.3)
     figure.tight_layout()

@@ -52,10 +52,16 @@ def test_smoke_runs_every_stage_and_writes_the_report(smoke_run) -> None:
     report = json.loads((tmp_path / "report.json").read_text())
     assert report == result
     assert report["smoke"] is True and report["wall_s"] > 0 and 0 < report["peak_rss_gb"] < 4
-    assert set(report["em"]) == {"base", "rl_search", "rl_nosearch"}
-    for scores in report["em"].values():
-        assert set(scores) == {"simulator", "bm25", "dense"}
-        assert all(0.0 <= v <= 100.0 for v in scores.values())
+    # The no-search policy is evaluated as it was trained, with no search engine; the others on every engine.
+    assert {policy: set(scores) for policy, scores in report["em"].items()} == {
+        "base": {"simulator", "bm25", "dense", "none"},
+        "rl_search": {"simulator", "bm25", "dense", "none"},
+        "rl_nosearch": {"none"},
+    }
+    assert all(0.0 <= v <= 100.0 for scores in report["em"].values() for v in scores.values())
+    nosearch_rows = (tmp_path / "eval" / "rl_nosearch" / "examples" / "none" / "heldout.jsonl").read_text()
+    turns = [turn for line in nosearch_rows.splitlines() for turn in json.loads(line)["samples"][0]["turns"]]
+    assert turns and all(turn["documents"] == [] for turn in turns)
     # Every stage left its output where the next one (and a user) looks for it.
     assert (tmp_path / "base" / "config.json").is_file()
     assert (tmp_path / "collect" / "train.jsonl").stat().st_size > 0
