@@ -1,7 +1,12 @@
-"""Pretrain the quickstart's tiny base model and measure what RL will start from.
+"""Pretrain a tiny base model of the quickstart's shape and measure what RL would start from.
 
-    python benchmarks/pretrain_base.py                         # the quickstart settings
+    python benchmarks/pretrain_base.py                         # this script's defaults
     python benchmarks/pretrain_base.py --steps 800 --lr 2e-3   # tuning
+
+An experiment bench for base pretraining, not the quickstart's own base (`simsearch quickstart`
+builds that one; its recipe and docs/quickstart.md give its settings). This script pretrains on
+traces from other worlds (seeds 1..N) with the long Search-R1 prompt and `make_traces`' defaults
+(no reading traces, no whole-token years or cities), as the quickstart did before it had those.
 
 Builds the tiny world (seed 0), a 1000-token byte-level BPE, the 0.92M-parameter Qwen2 of the
 quickstart's base policy (hidden 128, 4 layers, 4 heads / 2 KV heads, FFN 384, tied), pretrains it on

@@ -111,17 +111,30 @@ class _Pipeline:
     def stage(self, name: str, schema: type, command: Any, inputs: list[str], overrides: list[str]) -> str:
         """Runs one stage's command on its shipped recipe with the run's paths (and smoke limits).
 
-        Returns the stage's fingerprint: its resolved recipe and its inputs' fingerprints. A stage
-        that finished under that fingerprint is skipped; an unfinished one is run again, and the
-        command resumes its own work (checkpoints, finished evaluation rows).
+        Returns the stage's fingerprint: its resolved recipe, with paths inside the run directory
+        relative to it (a moved run directory keeps its stages), and its inputs' fingerprints. A
+        stage that finished under that fingerprint is skipped; an unfinished one is run again,
+        and the command resumes its own work (checkpoints, finished evaluation rows).
         """
         smoke = SMOKE.get(name.removesuffix("_nosearch"), []) if self.recipe.smoke else []
         stage: Any = load_recipe(schema, self.recipes / f"{name}.yaml", [*overrides, *smoke])
-        fingerprint = digest({"stage": name, "inputs": inputs, "recipe": asdict(stage)})
+        recipe = _inside(asdict(stage), str(self.run))
+        fingerprint = digest({"stage": name, "inputs": inputs, "recipe": recipe})
         if not claim_stage(Path(stage.run_dir), fingerprint):
             command(stage)
             finish_stage(Path(stage.run_dir), fingerprint)
         return fingerprint
+
+
+def _inside(value: Any, run: str) -> Any:
+    """`value` (a recipe's dict) with every path under `run` written as `<run_dir>/...`."""
+    if isinstance(value, dict):
+        return {key: _inside(item, run) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_inside(item, run) for item in value]
+    if isinstance(value, str) and (value == run or value.startswith(run + "/")):
+        return "<run_dir>" + value[len(run) :]
+    return value
 
 
 def main(recipe: QuickstartRecipe) -> dict[str, Any]:

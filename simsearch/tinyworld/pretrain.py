@@ -778,9 +778,10 @@ def reading_accuracy(
 ) -> dict[str, dict[str, float]]:
     """How well a base model reads results, per relation: what RL has to start from.
 
-    Each question is searched with its entity's name (the query RL should learn), and the model
-    continues greedily after the results block, as in a rollout's answer turn. Per relation,
-    the shares of questions whose answer is
+    Each one-hop question is searched with its entity's name (the query RL should learn), and the
+    model continues greedily after the results block, as in a rollout's answer turn. Two-hop
+    questions are left out: one search for the entity does not find their answer. Per relation,
+    the shares of questions whose answer is (`score_reading`)
 
     - `copied`: a value of the asked kind found in the results, written whole (a year, a city);
     - `invented`: a value of the asked kind found nowhere in the results (digits or name
@@ -801,6 +802,7 @@ def reading_accuracy(
     Returns:
         {relation: {"copied", "invented", "right", "questions"}} plus the same under "all".
     """
+    examples = [example for example in examples if world.facts[example.id].relation != TWO_HOP]
     names = [world.facts[example.id].entity for example in examples]
     documents = engine.search([SearchRequest(query=name, top_k=top_k) for name in names])
     prompt_ids = tokenizer([render_prompt(e.question, template=template) for e in examples])["input_ids"]
@@ -809,14 +811,20 @@ def reading_accuracy(
     contexts = [p + s + o for p, s, o in zip(prompt_ids, search_ids, observation_ids)]
     params = SamplingParams(temperature=0.0, max_new_tokens=24, stop=["</answer>"])
     completions = HFEngine(model, tokenizer, batch_size=batch_size, prefix_cache=False).generate(contexts, params)
+    return score_reading(world, examples, documents, [completion.text for completion in completions])
 
+
+def score_reading(
+    world: World, examples: Sequence[QAExample], documents: Sequence[list[Document]], completions: Sequence[str]
+) -> dict[str, dict[str, float]]:
+    """`reading_accuracy`'s shares, from each one-hop question's results and the answer turn written after them."""
     counts: dict[str, dict[str, float]] = {}
     cities = world.cities
-    for example, docs, completion in zip(examples, documents, completions):
+    for example, docs, completion in zip(examples, documents, completions, strict=True):
         relation = world.facts[example.id].relation
         kind = RELATION_KINDS[relation]
         found = {v for doc in docs for v in value_spans(doc.text, cities) if value_kind(v, cities) == kind}
-        answer = (extract_answer(completion.text) or "").strip()
+        answer = (extract_answer(completion) or "").strip()
         is_kind = bool(answer) and value_spans(answer, cities) == [answer] and value_kind(answer, cities) == kind
         for key in (relation, "all"):
             row = counts.setdefault(key, dict.fromkeys(("copied", "invented", "right", "questions"), 0.0))

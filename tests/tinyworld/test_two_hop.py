@@ -13,9 +13,9 @@ from simsearch.commands import quickstart
 from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.data.rendering import render_documents, wrap_information
 from simsearch.data.templates import render_prompt
-from simsearch.models import train_tokenizer
+from simsearch.models import build_tiny_model, train_tokenizer
 from simsearch.retrieval.bm25 import BM25SearchEngine
-from simsearch.tinyworld.pretrain import copy_mask, make_traces, value_spans
+from simsearch.tinyworld.pretrain import copy_mask, make_traces, reading_accuracy, value_spans
 from simsearch.tinyworld.world import TWO_HOP, TWO_HOP_QUESTIONS, World, build_world
 from simsearch.types import Document, SearchRequest
 
@@ -223,3 +223,17 @@ def test_quickstart_fingerprints_name_the_two_hop_settings_only_when_set() -> No
     assert "two_search_share" not in default  # so a default base keeps the fingerprint it had before
     two = quickstart._base_settings(load_recipe(QuickstartRecipe, None, ["two_search_share=0.5"]), rl)
     assert two == {**default, "two_search_share": 0.5}
+
+
+def test_reading_accuracy_leaves_two_hop_questions_out(two_hop: World, tokenizer) -> None:
+    # One search for the entity's name cannot find a two-hop answer: those questions are not a reading test.
+    engine = BM25SearchEngine.build(two_hop.passages, show_progress=False)
+    model = build_tiny_model(tokenizer, hidden=32, layers=1, heads=2, kv_heads=1, ffn=64, seed=0)
+    examples = two_hop.train + two_hop.test
+    one_hop = [e for e in examples if two_hop.facts[e.id].relation != TWO_HOP]
+    assert 0 < len(one_hop) < len(examples)
+    reading = reading_accuracy(
+        model, tokenizer, two_hop, engine, examples, top_k=3, template="search-r1-brief", rendering="brief"
+    )
+    assert TWO_HOP not in reading
+    assert reading["all"]["questions"] == len(one_hop)
