@@ -84,11 +84,11 @@ from simsearch.training.checkpoint import latest_checkpoint
 from simsearch.training.runlog import read_metrics
 from simsearch.types import QAExample
 
-POLICIES = ("base", "rl_search", "rl_nosearch")
 ENGINES = ("simulator", "bm25", "dense", "none")  # none: every search finds nothing
 # The no-search policy is evaluated as it was trained: given a search engine at test time, its
 # score would be the base's search habit plus 50 steps of noise, not what RL without search learns.
 POLICY_ENGINES = {"base": ENGINES, "rl_search": ENGINES, "rl_nosearch": ("none",)}
+POLICIES = tuple(POLICY_ENGINES)
 
 # Every stage for a step or two: a check that the pipeline holds together, not a result.
 SMOKE = {
@@ -527,7 +527,7 @@ def _report(
         "# simsearch quickstart" + (" (smoke: a pipeline check, not a result)" if recipe.smoke else ""),
         "",
         "Held-out exact match (%), greedy; the RL policy only ever searched the simulator, and the",
-        "no-search policy never searched (none: every search finds nothing).",
+        "no-search policy never got a search result (none: every search finds nothing).",
         "",
         "| policy | " + " | ".join(ENGINES) + " |",
         "|---|" + "---|" * len(ENGINES),
