@@ -14,7 +14,7 @@ is the estimator, not the simulator. Every arm has the same budget: `--steps` st
 questions x 16 rollouts. Training questions: every two-hop training question and as many
 one-hop ones (seeded draw), so half are two-hop. Each policy, and the base for reference, is
 evaluated greedily on BM25 on the held-out people's two-hop questions and as many of their
-one-hop ones (eval.yaml without the simulator and dense engines, `max_turns` as in training).
+one-hop ones (eval.yaml with BM25 as its only engine, `max_turns` as in training).
 
 The arms:
 
@@ -187,7 +187,7 @@ def write_data(world: World, directory: Path, seed: int, *, limit: int) -> tuple
 def write_eval_recipe(path: Path) -> Path:
     """The quickstart's eval.yaml with BM25 as its only engine (no simulator here), written to `path`."""
     recipe = OmegaConf.load(RECIPES / "eval.yaml")
-    for engine in ("simulator", "dense"):
+    for engine in ("simulator", "dense", "none"):
         del recipe.engines[engine]
     path.parent.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(recipe, path)

@@ -91,9 +91,9 @@ def test_smoke_runs_every_arm_and_prints_every_key(tmp_path: Path, capsys: pytes
     for arm in [*ablations.ARMS, "knowing_base"]:
         summary = json.loads((seed / "eval" / arm / "summary.json").read_text())
         engines = (
-            {"self", "simulator", "bm25", "dense"}
+            {"self", "simulator", "bm25", "dense", "none"}
             if arm in ("ssrl", "knowing_base")
-            else {"simulator", "bm25", "dense"}
+            else {"simulator", "bm25", "dense", "none"}
         )
         assert set(summary["rows"]) == engines, arm
     for arm in ablations.ARMS:  # the same budget: two steps each
