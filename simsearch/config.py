@@ -870,8 +870,9 @@ class QuickstartRecipe:
     """`simsearch quickstart`: the whole pipeline on a tiny world, offline on CPU.
 
     The stages after pretraining run the shipped recipes in `recipes_dir` (collect.yaml,
-    simulator.yaml, train.yaml, train_nosearch.yaml, eval.yaml, eval_nosearch.yaml) with their paths pointed into
-    `run_dir`; the fields here set the world and the base model those recipes start from.
+    simulator.yaml, train.yaml, train_nosearch.yaml, eval.yaml, eval_nosearch.yaml) with their
+    paths pointed into `run_dir`; the fields here set the world and the base model those recipes
+    start from.
     """
 
     seed: int = 0

@@ -89,10 +89,9 @@ class Trace:
 
     `loss_mask[i]` is 1 when `input_ids[i]` is a token the policy would generate (the search and
     answer turns; the answer turn only, in a reading trace), 0 on the prompt and the information
-    block. `copy_mask[i]` is 1 on the tokens
-    of the information block whose bigram `(input_ids[i-1], input_ids[i])` occurs at an earlier
-    position of the sequence. Both masks mark targets: position i is predicted from the tokens
-    before it.
+    block. `copy_mask[i]` is 1 on the tokens of the information block whose bigram
+    `(input_ids[i-1], input_ids[i])` occurs at an earlier position of the sequence. Both masks
+    mark targets: position i is predicted from the tokens before it.
     """
 
     input_ids: list[int]
