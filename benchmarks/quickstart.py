@@ -31,11 +31,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from simsearch.commands.quickstart import ENGINES, POLICIES
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
 from benchlib import mean_sd
-
-POLICIES = ("base", "rl_search", "rl_nosearch")
-ENGINES = ("simulator", "bm25", "dense", "none")  # none: no search (the only one of rl_nosearch)
 
 
 def run_quickstart(run_dir: Path, seed: int, overrides: list[str]) -> dict[str, Any]:
