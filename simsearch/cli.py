@@ -1,8 +1,8 @@
-"""`simsearch <command> RECIPE [key=value ...]` (and `simsearch view RUN_DIR`): a thin dispatcher to
-`simsearch.commands`.
+"""`simsearch <command> RECIPE [key=value ...]` (and `simsearch view RUN_DIR`, `simsearch config COMMAND
+RECIPE`, `simsearch --version`): a thin dispatcher to `simsearch.commands`.
 
 Commands import their heavy dependencies (torch, transformers) only when they run, so
-`simsearch --help` answers at once.
+`simsearch --help` answers at once, and a recipe's keys and paths are checked before they load.
 
 User errors end in one `simsearch: error: ...` line and exit status 2: `RecipeError`,
 `SimsearchError` (data, services), and a missing model, adapter, QA file, corpus or index, which
@@ -16,36 +16,76 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 import traceback
+from collections.abc import Callable, Iterable
+from importlib import metadata
+from typing import Any
 
-from simsearch.config import (
-    RECIPE_TEMPLATES,
-    CollectRecipe,
-    EvalRecipe,
-    FinetuneRecipe,
-    QuickstartRecipe,
-    ServeRecipe,
-    TrainRecipe,
-    load_recipe,
-)
+from simsearch.commands import preflight
+from simsearch.commands.recipe_doc import COMMANDS
+from simsearch.config import RECIPE_TEMPLATES, load_recipe
 from simsearch.curriculum.schedules import SCHEDULE_KINDS
 from simsearch.errors import RecipeError, SimsearchError
 from simsearch.factory.build import GENERATION_ENGINES, SEARCH_ENGINES
 
-_EPILOG = "Overrides are dotted keys, e.g. steps=10 policy.model.path=/models/qwen rollout.max_turns=3."
-_CHOICES = (
-    f"Choices: policy.kind {'|'.join(GENERATION_ENGINES)}; search.kind {'|'.join(SEARCH_ENGINES)}; "
-    f"rollout.template {'|'.join(RECIPE_TEMPLATES)}."
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "quickstart": ("simsearch quickstart --smoke", "simsearch quickstart seed=1 run_dir=runs/quickstart_seed1"),
+    "train": (
+        "simsearch train recipes/train/tiny_cpu.yaml",
+        "simsearch train recipes/train/tiny_cpu.yaml steps=10 optim.lr=1e-4 run_dir=runs/try threads=2",
+    ),
+    "eval": (
+        "simsearch eval recipes/quickstart/eval.yaml",
+        "simsearch eval recipes/quickstart/eval.yaml ~engines.dense chunk_size=16 run_dir=runs/eval_try",
+    ),
+    "serve": ("simsearch serve recipes/serve/bm25_wiki18.yaml port=8001 search.top_k=5",),
+    "collect": ("simsearch simulator collect recipes/quickstart/collect.yaml max_questions=32",),
+    "finetune": ("simsearch simulator finetune recipes/quickstart/simulator.yaml steps=2 run_dir=runs/sim_try",),
+    "config": (
+        "simsearch config train recipes/train/tiny_cpu.yaml --doc",
+        "simsearch config eval recipes/quickstart/eval.yaml engines.dense=null",
+    ),
+}
+"""The examples each command's --help shows; tests/test_first_contact.py runs every one's parse and recipe."""
+
+_OVERRIDES = (
+    "Overrides are dotted keys (optim.lr=1e-4, data.train=[a.jsonl,b.jsonl]); ~key or key=null removes an "
+    "entry of a mapping or an optional section. Every key, its default and allowed values: simsearch config {} "
+    "RECIPE --doc, or docs/recipes.md."
 )
-_TRAIN_CHOICES = (
-    f"{_CHOICES} curriculum.kind {'|'.join(SCHEDULE_KINDS)}; algorithm.estimator: a name in "
-    "simsearch.policy.advantages.ESTIMATORS."
-)
+
+
+def _epilog(name: str, command: str, choices: str = "") -> str:
+    examples = "\n".join(f"  {line}" for line in EXAMPLES[name])
+    notes = [
+        textwrap.fill(text, width=100, break_on_hyphens=False) for text in (_OVERRIDES.format(command), choices) if text
+    ]
+    return f"examples:\n{examples}\n\n" + "\n\n".join(notes)
+
+
+def _choices(*keys: str) -> str:
+    """`key a|b|c` for each key, from the tables the recipe checks read (no name retyped here)."""
+    tables: dict[str, Iterable[str]] = {
+        "policy.kind": GENERATION_ENGINES,
+        "search.kind": SEARCH_ENGINES,
+        "engines.NAME.kind": SEARCH_ENGINES,
+        "rollout.template": RECIPE_TEMPLATES,
+        "curriculum.kind": SCHEDULE_KINDS,
+    }
+    return "Choices: " + "; ".join(f"{key} {'|'.join(tables[key])}" for key in keys) + "."
 
 
 def _add_recipe_args(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
     parser.add_argument("recipe", nargs=None if required else "?", help="YAML recipe file")
-    parser.add_argument("overrides", nargs="*", help="key.sub=value overrides of the recipe")
+    # default=[]: without it argparse calls the (optional) overrides required when RECIPE is missing
+    parser.add_argument("overrides", nargs="*", default=[], help="key.sub=value overrides of the recipe")
+
+
+def _parser(sub: Any, name: str, *, help: str, description: str, epilog: str) -> argparse.ArgumentParser:
+    return sub.add_parser(
+        name, help=help, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,47 +95,64 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train LLM search agents with RL against a simulated search engine, and "
         "evaluate the transfer to real retrievers.",
     )
+    parser.add_argument("--version", action="version", version=f"simsearch {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _pipeline_parsers(sub)
+    _tool_parsers(sub)
+    return parser
 
-    quick = sub.add_parser(
-        "quickstart",
-        help="the whole pipeline on a tiny synthetic world, offline on CPU",
-        description="Builds a tiny world, pretrains a tiny base policy, collects simulator SFT "
-        "data with BM25, fine-tunes a tiny simulator, trains the policy with curriculum RL "
-        "against the simulator only, and evaluates it against the simulator, BM25 and dense "
-        "retrieval. Stage recipes: recipes/quickstart/.",
-        epilog=_EPILOG,
-    )
+
+def _pipeline_parsers(sub: Any) -> None:
+    quick = _parser(
+        sub, "quickstart", help="the whole pipeline on a tiny synthetic world, offline on CPU",
+        description="Builds a tiny world, pretrains a tiny base policy, collects simulator SFT data with BM25, "
+        "fine-tunes a tiny simulator, trains the policy with curriculum RL against the simulator only, and "
+        "evaluates it against the simulator, BM25 and dense retrieval. Stage recipes: recipes/quickstart/.",
+        epilog=_epilog("quickstart", "quickstart"),
+    )  # fmt: skip
     quick.add_argument("--smoke", action="store_true", help="every stage for a step or two")
     _add_recipe_args(quick, required=False)
-
-    train = sub.add_parser(
-        "train",
-        help="curriculum RL of a search agent (GRPO, PPO, REINFORCE++, RLOO, ...)",
-        description="Trains a policy to search and answer against the engine the recipe names "
-        "(simulator, self-search, or a real retriever). Examples: recipes/train/.",
-        epilog=f"{_EPILOG} {_TRAIN_CHOICES}",
-    )
+    train = _parser(
+        sub, "train", help="curriculum RL of a search agent (GRPO, PPO, REINFORCE++, RLOO, ...)",
+        description="Trains a policy to search and answer against the engine the recipe names (simulator, "
+        "self-search, or a real retriever). Recipes: recipes/train/ (tiny_cpu.yaml runs on a CPU after "
+        "`simsearch quickstart --smoke`). Ends with a line naming the final checkpoint.",
+        epilog=_epilog("train", "train", _choices("policy.kind", "search.kind", "rollout.template", "curriculum.kind")),
+    )  # fmt: skip
     _add_recipe_args(train)
-
-    evaluate = sub.add_parser(
-        "eval",
-        help="evaluate a policy against the simulator and real retrievers",
-        description="Evaluates one policy on QA sets against several engines plus the direct "
-        "and RAG baselines, and writes tables and plots. Examples: recipes/eval/.",
-        epilog=f"{_EPILOG} {_CHOICES}",
-    )
+    evaluate = _parser(
+        sub, "eval", help="evaluate a policy against the simulator and real retrievers",
+        description="Evaluates one policy on QA sets against several engines plus the direct and RAG "
+        "baselines, and writes tables, plots and view.html. Recipes: recipes/eval/, recipes/quickstart/eval.yaml.",
+        epilog=_epilog("eval", "eval", _choices("policy.kind", "engines.NAME.kind", "rollout.template")),
+    )  # fmt: skip
     _add_recipe_args(evaluate)
-
-    serve = sub.add_parser(
-        "serve",
-        help="serve any engine over Search-R1's POST /retrieve",
-        description="Serves a retriever or the simulator behind Search-R1's /retrieve protocol, "
-        "so Search-R1, ZeroSearch and verl pipelines can use it. Examples: recipes/serve/.",
-        epilog=_EPILOG,
-    )
+    serve = _parser(
+        sub, "serve", help="serve any engine over Search-R1's POST /retrieve",
+        description="Serves a retriever or the simulator behind Search-R1's /retrieve protocol, so Search-R1, "
+        "ZeroSearch and verl pipelines can use it. Recipes: recipes/serve/.",
+        epilog=_epilog("serve", "serve", _choices("search.kind")),
+    )  # fmt: skip
     _add_recipe_args(serve)
+    simulator = sub.add_parser("simulator", help="collect SFT data for, and fine-tune, the simulator")
+    sim_sub = simulator.add_subparsers(dest="simulator_command", required=True, metavar="STEP")
+    collect = _parser(
+        sim_sub, "collect", help="simulator SFT data from real-search trajectories",
+        description="Runs a policy with a real retriever, labels each retrieved document set useful or noisy, "
+        "and writes balanced SFT pairs. Recipe: recipes/quickstart/collect.yaml.",
+        epilog=_epilog("collect", "simulator-collect", _choices("policy.kind", "search.kind", "rollout.template")),
+    )  # fmt: skip
+    _add_recipe_args(collect)
+    finetune = _parser(
+        sim_sub, "finetune", help="supervised fine-tuning of the simulator (full or LoRA, DeepSpeed)",
+        description="Fine-tunes a causal LM on the collected pairs with loss on the response only. Recipe: "
+        "recipes/quickstart/simulator.yaml; recipes/serve/finetuned_simulator.yaml serves the result.",
+        epilog=_epilog("finetune", "simulator-finetune"),
+    )  # fmt: skip
+    _add_recipe_args(finetune)
 
+
+def _tool_parsers(sub: Any) -> None:
     view = sub.add_parser(
         "view",
         help="write a run's trajectories as one HTML page",
@@ -105,62 +162,80 @@ def build_parser() -> argparse.ArgumentParser:
     )
     view.add_argument("run_dir", help="a `simsearch eval` or `simsearch train` run directory")
     view.add_argument("--out", default="", help="where to write the page (default RUN_DIR/view.html)")
+    show = _parser(
+        sub, "config", help="print a command's recipe resolved, with every default",
+        description="Prints the recipe COMMAND would run, resolved: the file, the overrides and every default "
+        "(without RECIPE: the defaults, required values as ???). --doc adds each key's description and "
+        "allowed values.",
+        epilog=_epilog("config", "COMMAND"),
+    )  # fmt: skip
+    show.add_argument("for_command", metavar="COMMAND", choices=list(COMMANDS),
+                      help=" | ".join(COMMANDS))  # fmt: skip
+    show.add_argument("--doc", action="store_true", help="annotate each key with its description and allowed values")
+    _add_recipe_args(show, required=False)
 
-    simulator = sub.add_parser("simulator", help="collect SFT data for, and fine-tune, the simulator")
-    sim_sub = simulator.add_subparsers(dest="simulator_command", required=True, metavar="STEP")
-    collect = sim_sub.add_parser(
-        "collect",
-        help="simulator SFT data from real-search trajectories",
-        description="Runs a policy with a real retriever, labels each retrieved document set "
-        "useful or noisy, and writes balanced SFT pairs. Examples: recipes/simulator/.",
-        epilog=_EPILOG,
-    )
-    _add_recipe_args(collect)
-    finetune = sim_sub.add_parser(
-        "finetune",
-        help="supervised fine-tuning of the simulator (full or LoRA, DeepSpeed)",
-        description="Fine-tunes a causal LM on the collected pairs with loss on the response "
-        "only. Examples: recipes/simulator/.",
-        epilog=_EPILOG,
-    )
-    _add_recipe_args(finetune)
-    return parser
+
+def _version() -> str:
+    try:
+        return metadata.version("simsearch")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _recipe_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str]]:
+    """RECIPE and the overrides; a first argument that is an override (`quickstart seed=1`) is one."""
+    path, overrides = args.recipe, list(args.overrides)
+    if path is not None and ("=" in path or path.startswith("~")) and not path.endswith((".yaml", ".yml")):
+        path, overrides = None, [path, *overrides]
+    return path, overrides
 
 
 def run(args: argparse.Namespace) -> None:
-    """Load the recipe for the chosen command and run it."""
-    if args.command == "quickstart":
-        path, overrides = args.recipe, list(args.overrides)
-        if path is not None and "=" in path and not path.endswith((".yaml", ".yml")):
-            path, overrides = None, [path, *overrides]  # `quickstart key=value` has no recipe
-        overrides += ["smoke=true"] if args.smoke else []
-        from simsearch.commands import quickstart
-
-        quickstart.main(load_recipe(QuickstartRecipe, path, overrides))
-    elif args.command == "train":
-        from simsearch.commands import train
-
-        train.main(load_recipe(TrainRecipe, args.recipe, args.overrides))
-    elif args.command == "eval":
-        from simsearch.commands import evaluate
-
-        evaluate.main(load_recipe(EvalRecipe, args.recipe, args.overrides))
-    elif args.command == "serve":
-        from simsearch.commands import serve
-
-        serve.main(load_recipe(ServeRecipe, args.recipe, args.overrides))
-    elif args.command == "view":
+    """Load the recipe for the chosen command, check its paths, and run it."""
+    if args.command == "view":
         from simsearch.commands import view
 
         view.main(args.run_dir, args.out)
-    elif args.simulator_command == "collect":
+        return
+    if args.command == "config":
+        from simsearch.commands import recipe_doc
+
+        path, overrides = _recipe_and_overrides(args)
+        recipe_doc.main(args.for_command, path, overrides, doc=args.doc)
+        return
+    name = args.command if args.command != "simulator" else f"simulator-{args.simulator_command}"
+    path, overrides = _recipe_and_overrides(args) if name == "quickstart" else (args.recipe, list(args.overrides))
+    overrides += ["smoke=true"] if name == "quickstart" and args.smoke else []
+    recipe: Any = load_recipe(COMMANDS[name], path, overrides)
+    preflight.check_paths(recipe)  # before the command's module imports torch
+    _command_main(name)(recipe)
+
+
+def _command_main(name: str) -> Callable[[Any], Any]:
+    """The command's `main`, imported only now: torch loads with it."""
+    if name == "quickstart":
+        from simsearch.commands import quickstart
+
+        return quickstart.main
+    if name == "train":
+        from simsearch.commands import train
+
+        return train.main
+    if name == "eval":
+        from simsearch.commands import evaluate
+
+        return evaluate.main
+    if name == "serve":
+        from simsearch.commands import serve
+
+        return serve.main
+    if name == "simulator-collect":
         from simsearch.commands import simulator_collect
 
-        simulator_collect.main(load_recipe(CollectRecipe, args.recipe, args.overrides))
-    else:
-        from simsearch.commands import simulator_finetune
+        return simulator_collect.main
+    from simsearch.commands import simulator_finetune
 
-        simulator_finetune.main(load_recipe(FinetuneRecipe, args.recipe, args.overrides))
+    return simulator_finetune.main
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,6 +60,22 @@ def _check_positive(name: str, value: float) -> None:
         raise RecipeError(f"{_key(name)}={value} must be > 0")
 
 
+def _check_threads(value: int) -> None:
+    if value < 0:
+        raise RecipeError(f"threads={value} must be >= 0 (0 = torch's default: every core)")
+
+
+RESUME_MODES = ("true", "false", "force")
+"""`resume` of train and simulator finetune: continue | start over | continue with a changed recipe."""
+
+
+def _resume_mode(value: str) -> str:
+    """The `resume` value, lower-cased (YAML's `true` reaches a str field as "True"), checked."""
+    mode = str(value).lower()
+    _check_choice("resume", mode, RESUME_MODES)
+    return mode
+
+
 # --------------------------------------------------------------------------- models & engines
 
 
@@ -506,13 +522,19 @@ class TrainRecipe:
     bf16: bool = False  # bf16 autocast where the hardware has it
     save_every: int = 50  # steps between checkpoints (0 = only at the end)
     eval_every: int = 0  # steps between validations (0 = never)
-    resume: bool = True  # continue from the run directory's last checkpoint if there is one
+    # true: continue from the run directory's last checkpoint if there is one, refused when the recipe
+    # differs from its recipe.yaml | false: start over | force: continue and apply the changed recipe
+    # (the change is recorded in recipe_changes.jsonl)
+    resume: str = "true"
+    threads: int = 0  # torch threads (0 = torch's default: every core)
     tensorboard: bool = True
     wandb_project: str = ""  # log to Weights & Biases too (needs [wandb])
     trajectory_samples: int = 4  # trajectories per sampled step written to trajectories.jsonl (0 = none)
     trajectory_every: int = 10  # steps between samples (and always the first and last step)
 
     def check(self, key: str) -> None:
+        self.resume = _resume_mode(self.resume)
+        _check_threads(self.threads)
         self.policy.check("policy")
         self._check_policy_is_trainable()
         self.sampling.check("sampling")
@@ -620,7 +642,8 @@ class EvalDataset:
     """One QA set to evaluate on."""
 
     name: str = MISSING  # column name in the tables (nq, hotpotqa, ...)
-    path: str = MISSING  # local file (FlashRAG JSONL/Parquet or verl Parquet)
+    path: str = MISSING  # local file (FlashRAG JSONL/Parquet or verl Parquet), or a FlashRAG folder with `split`
+    split: str | None = None  # for a folder: which file to read (test -> test.jsonl|json|parquet)
     limit: int = 0  # first N questions only (0 = all)
 
 
@@ -653,8 +676,10 @@ class EvalRecipe:
     # score with, so a table compares with theirs; unicode (ours) also deletes non-ASCII
     # punctuation and never matches a gold answer that normalizes to "".
     normalization: str = "squad"
+    threads: int = 0  # torch threads (0 = torch's default: every core)
 
     def check(self, key: str) -> None:
+        _check_threads(self.threads)
         self.policy.check("policy")
         _check_choice(f"{key}.normalization", self.normalization, tuple(NORMALIZATIONS))
         self.sampling.check("sampling")
@@ -768,8 +793,10 @@ class CollectRecipe:
     val_fraction: float = 0.1  # share of questions whose pairs go to validation
     batch_size: int = 64  # questions per rollout call
     max_questions: int = 0  # first N questions of data.train only (0 = all)
+    threads: int = 0  # torch threads (0 = torch's default: every core)
 
     def check(self, key: str) -> None:
+        _check_threads(self.threads)
         self.policy.check("policy")
         self.sampling.check("sampling")
         self.search.check("search")
@@ -825,9 +852,12 @@ class FinetuneRecipe:
     eval_every: int = 100
     gradient_checkpointing: bool = False
     bf16: bool = False
-    resume: bool = True
+    resume: str = "true"  # true | false | force: as `simsearch train`'s resume
+    threads: int = 0  # torch threads (0 = torch's default: every core)
 
     def check(self, key: str) -> None:
+        self.resume = _resume_mode(self.resume)
+        _check_threads(self.threads)
         if not self.model.path:
             raise RecipeError("model.path is empty: give the model to fine-tune")
         if self.model.adapter:
@@ -856,8 +886,10 @@ class ServeRecipe:
     max_body_bytes: int = 1_000_000
     max_top_k: int = 100  # larger topk requests get 422
     token_env: str = ""  # environment variable with a bearer token required on /retrieve
+    threads: int = 0  # torch threads (0 = torch's default: every core)
 
     def check(self, key: str) -> None:
+        _check_threads(self.threads)
         self.search.check("search")
         if self.search.kind == "self":
             raise RecipeError("search.kind=self has nothing to serve: pick a retriever or the simulator")
@@ -934,8 +966,7 @@ class QuickstartRecipe:
                 f"n_train_entities={self.n_train_entities} must be below n_entities={self.n_entities}: "
                 "the rest are the held-out entities"
             )
-        if self.threads < 0:
-            raise RecipeError(f"threads={self.threads} must be >= 0")
+        _check_threads(self.threads)
 
 
 R = TypeVar("R")
@@ -943,6 +974,9 @@ R = TypeVar("R")
 
 def load_recipe(schema: type[R], path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> R:
     """Load a YAML recipe plus `key.sub=value` overrides onto a recipe dataclass.
+
+    `~key` removes an entry of a mapping (an eval engine: `~engines.dense`) or sets an optional
+    section to null (`~val_search`); `key=null` does the same.
 
     Raises:
         RecipeError: the file is missing or not YAML, a key is unknown, a value has the wrong
@@ -957,12 +991,16 @@ def load_recipe(schema: type[R], path: str | os.PathLike | None, overrides: Sequ
             if not Path(path).is_file():
                 raise RecipeError(f"{where}: recipe file not found")
             layers.append(_read_yaml(path))
-        if overrides:
-            bad = [o for o in overrides if "=" not in o]
+        removals = [o[1:] if o.startswith("~") else o.partition("=")[0] for o in overrides if _is_removal(o)]
+        setting = [o for o in overrides if not _is_removal(o)]
+        if setting:
+            bad = [o for o in setting if "=" not in o]
             if bad:
-                raise RecipeError(f"override {bad[0]!r} is not key=value (e.g. steps=10)")
-            layers.append(_parse_overrides(overrides))
-        merged = OmegaConf.merge(*layers)
+                raise RecipeError(f"override {bad[0]!r} is not key=value (e.g. steps=10) or ~key (removes it)")
+            layers.append(_parse_overrides(setting))
+        merged = cast(DictConfig, OmegaConf.merge(*layers))  # a structured recipe is a mapping
+        for key in removals:
+            _remove(merged, key)
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:
             raise RecipeError(
@@ -1002,6 +1040,28 @@ def _read_yaml(path: str | os.PathLike) -> DictConfig:
     if not isinstance(loaded, DictConfig):
         raise RecipeError("a recipe is a mapping of `key: value` lines, not a list")
     return loaded
+
+
+def _is_removal(override: str) -> bool:
+    """`~key`, or `key=null`: both remove the key (an entry of a mapping, or an optional value)."""
+    return override.startswith("~") or override.partition("=")[2].strip() in ("null", "~")
+
+
+def _remove(merged: DictConfig, key: str) -> None:
+    """Deletes `key` from a mapping (`engines.dense`) or sets an optional section to null (`val_search`)."""
+    parent_key, _, name = key.rpartition(".")
+    parent = OmegaConf.select(merged, parent_key) if parent_key else merged
+    if not isinstance(parent, DictConfig) or name not in parent:
+        raise RecipeError(f"override ~{key}: there is no {key} to remove")
+    if OmegaConf.get_type(parent) is dict:  # a mapping of named entries: drop the entry
+        del parent[name]
+        return
+    try:
+        parent[name] = None
+    except OmegaConfBaseException:
+        raise RecipeError(
+            f"override ~{key}: {key} is not optional and cannot be removed; set its keys instead"
+        ) from None
 
 
 def _parse_overrides(overrides: Sequence[str]) -> DictConfig:

@@ -30,7 +30,7 @@ counts the summary averages; `rag` rows add the `retrieval`); `summary.json`, `s
 `table.md`, `bars.png`; `curves.png` when `training_run` is set; `fidelity.json` when the engines
 hold a simulator and a real retriever; `metrics.jsonl`, one row of search counts, latency and
 cost per engine per chunk (`retrieval.accounting`), and `cost.json`, their totals over every
-invocation (the table's cost section). `simsearch view RUN_DIR` shows the per-example rows.
+invocation (the table's cost section); `view.html`, the per-example rows as one page (`simsearch view`).
 
 Simulator fidelity (`simulator.fidelity.measure_fidelity`): for each simulator engine and each real
 retriever among the engines, per dataset, the first `fidelity_size` questions with the first query
@@ -74,6 +74,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from simsearch.commands import preflight
 from simsearch.config import EvalDataset, EvalRecipe, SearchConfig, save_recipe
 from simsearch.curriculum.schedules import num_noisy
 from simsearch.data.qa import load_qa
@@ -81,6 +82,7 @@ from simsearch.data.templates import render_prompt
 from simsearch.errors import DataError, RecipeError
 from simsearch.eval import report
 from simsearch.eval.metrics import extract_answer
+from simsearch.eval.view import write_page
 from simsearch.factory.build import (
     build_generation_engine,
     build_search_engine,
@@ -115,10 +117,44 @@ class Method:
     fingerprint: str  # what shaped its results; rows written under another one are not reused
 
 
+@dataclass
+class _Evaluation:
+    """Everything the loop works with, built by `_set_up`."""
+
+    recipe: EvalRecipe
+    run_dir: Path
+    methods: list[Method]
+    datasets: dict[str, list[QAExample]]
+    done: dict[tuple[str, str], set[str]]  # (method, dataset) -> ids finished by earlier invocations
+    training_metrics: list[dict[str, Any]] | None
+    policy: GenerationEngine
+    tokenizer: Any
+    engines: dict[str, SearchEngine | None]
+    ledger: Ledger
+    previous_cost: Any
+    logger: RunLogger
+    chunk_step: int  # metrics rows written so far, one per chunk
+
+
 def main(recipe: EvalRecipe) -> dict[str, Any]:
     """Evaluates the recipe's policy; returns the summary also written to `summary.json`."""
-    # ------------------------------------------------------------------ setup
+    e = _set_up(recipe)
+    for method in e.methods:
+        for dataset, examples in e.datasets.items():
+            _evaluate(e, method, dataset, examples)
+    # Fidelity inspects the simulator's type for its parse statistics; the inner counters still
+    # count its queries and tokens.
+    engines = {name: unmetered(engine) for name, engine in e.engines.items()}
+    fidelity = fidelity_section(recipe, engines, e.datasets, e.run_dir)
+    return _clean_up(e, fidelity)
+
+
+def _set_up(recipe: EvalRecipe) -> _Evaluation:
+    """Paths, rows, datasets and finished work checked, then the policy and engines loaded; only then
+    is the run directory written to."""
     run_dir = Path(recipe.run_dir)
+    preflight.set_threads(recipe.threads)
+    preflight.check_paths(recipe)
     methods = plan_methods(recipe)
     datasets = {spec.name: load_dataset(spec) for spec in recipe.datasets}
     training_metrics = _training_metrics(recipe.training_run) if recipe.training_run else None
@@ -128,64 +164,68 @@ def main(recipe: EvalRecipe) -> dict[str, Any]:
         for method in methods
         for dataset in datasets
     }
-    save_recipe(recipe, run_dir)
-    _record_command(run_dir)
     policy, tokenizer, _ = build_generation_engine(recipe.policy)
     ledger, previous_cost = Ledger(), accounting.read_cost(run_dir)
     engines = {
         name: meter_search_engine(build_search_engine(cfg, seed=recipe.seed), cfg, ledger, name)
         for name, cfg in recipe.engines.items()
     }
+    save_recipe(recipe, run_dir)
+    _record_command(run_dir)
     # One metrics row per chunk, numbered on from the rows earlier invocations wrote.
     logged = read_metrics(run_dir)
     chunk_step = int(logged[-1]["step"]) if logged else 0
     logger = RunLogger(run_dir, resume_step=chunk_step, tensorboard=False)
+    return _Evaluation(recipe, run_dir, methods, datasets, done, training_metrics, policy, tokenizer, engines,
+                       ledger, previous_cost, logger, chunk_step)  # fmt: skip
+
+
+def _evaluate(e: _Evaluation, method: Method, dataset: str, examples: list[QAExample]) -> None:
+    """One row of the tables on one dataset, chunk by chunk, each chunk's rows appended as it ends."""
+    recipe = e.recipe
     sampling = SamplingParams(
         temperature=recipe.sampling.temperature,
         top_p=recipe.sampling.top_p,
         max_new_tokens=recipe.sampling.max_new_tokens,
     )
+    path = examples_file(e.run_dir, method.name, dataset)
+    finished = e.done[method.name, dataset]
+    resumed = sum(ex.id in finished for ex in examples)
+    began = time.perf_counter()
+    for index, chunk in enumerate(_chunks(examples, recipe.chunk_size)):
+        todo = [ex for ex in chunk if ex.id not in finished]
+        if not todo:
+            continue
+        seed = chunk_seed(recipe.seed, method.name, dataset, index)
+        started = time.perf_counter()
+        rows = _run_chunk(method, todo, recipe, e.policy, e.tokenizer, e.engines, sampling, seed)
+        report.append_rows(path, rows, wall_s=time.perf_counter() - started, fingerprint=method.fingerprint)
+        e.chunk_step += 1
+        e.logger.log(e.chunk_step, e.ledger.step_metrics())
+        accounting.write_cost(e.run_dir, e.previous_cost, e.ledger.total)
+    print(
+        f"simsearch eval: {method.name} / {dataset}: {len(examples)} questions "
+        f"({resumed} resumed) in {time.perf_counter() - began:.1f} s",
+        flush=True,
+    )
 
-    # ------------------------------------------------------------------ loop
-    for method in methods:
-        for dataset, examples in datasets.items():
-            path = examples_file(run_dir, method.name, dataset)
-            finished = done[method.name, dataset]
-            resumed = sum(ex.id in finished for ex in examples)
-            began = time.perf_counter()
-            for index, chunk in enumerate(_chunks(examples, recipe.chunk_size)):
-                todo = [ex for ex in chunk if ex.id not in finished]
-                if not todo:
-                    continue
-                seed = chunk_seed(recipe.seed, method.name, dataset, index)
-                started = time.perf_counter()
-                rows = _run_chunk(method, todo, recipe, policy, tokenizer, engines, sampling, seed)
-                report.append_rows(path, rows, wall_s=time.perf_counter() - started, fingerprint=method.fingerprint)
-                chunk_step += 1
-                logger.log(chunk_step, ledger.step_metrics())
-                accounting.write_cost(run_dir, previous_cost, ledger.total)
-            print(
-                f"simsearch eval: {method.name} / {dataset}: {len(examples)} questions "
-                f"({resumed} resumed) in {time.perf_counter() - began:.1f} s",
-                flush=True,
-            )
 
-    # Fidelity inspects the simulator's type for its parse statistics; the inner counters still
-    # count its queries and tokens.
-    fidelity = fidelity_section(recipe, {name: unmetered(e) for name, e in engines.items()}, datasets, run_dir)
-
-    # ------------------------------------------------------------------ cleanup: reports
-    logger.close()
-    cost = accounting.write_cost(run_dir, previous_cost, ledger.total)
-    summary = build_summary(recipe, methods, datasets, run_dir, fidelity)
+def _clean_up(e: _Evaluation, fidelity: list[dict[str, Any]]) -> dict[str, Any]:
+    """Tables, plots and the trajectory page, from the per-example files; the last line says where."""
+    run_dir = e.run_dir
+    e.logger.close()
+    cost = accounting.write_cost(run_dir, e.previous_cost, e.ledger.total)
+    summary = build_summary(e.recipe, e.methods, e.datasets, run_dir, fidelity)
     summary["cost"] = accounting.cost_record(cost)["engines"]
     report.write_json(summary, run_dir / "summary.json")
     report.write_csv(summary, run_dir / "summary.csv")
     report.write_markdown(summary, run_dir / "table.md")
     report.plot_bars(summary, run_dir / "bars.png")
-    if training_metrics is not None:
-        report.plot_training_curves(training_metrics, run_dir / "curves.png")
-    print(f"simsearch eval: tables and plots in {run_dir}", flush=True)
+    if e.training_metrics is not None:
+        report.plot_training_curves(e.training_metrics, run_dir / "curves.png")
+    page = write_page(run_dir)
+    print(f"simsearch eval: results in {run_dir / 'table.md'} (summary.json, bars.png; trajectories: {page})",
+          flush=True)  # fmt: skip
     return summary
 
 
@@ -279,7 +319,7 @@ def load_dataset(spec: EvalDataset) -> list[QAExample]:
         DataError: two rows share an id (resume and the per-example files key on ids).
         QADataError, FileNotFoundError: from `load_qa`, naming the file and line.
     """
-    examples = load_qa(spec.path)
+    examples = load_qa(spec.path, split=spec.split)
     if spec.limit:
         examples = examples[: spec.limit]
     seen: set[str] = set()

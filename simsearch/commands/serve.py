@@ -8,10 +8,12 @@ served and what it cost (`retrieval.accounting`).
 from __future__ import annotations
 
 import os
+import socket
 import warnings
 
 import uvicorn
 
+from simsearch.commands import preflight
 from simsearch.config import ServeRecipe
 from simsearch.errors import RecipeError
 from simsearch.factory.build import build_search_engine, meter_search_engine
@@ -31,8 +33,29 @@ def bearer_token(env_name: str) -> str | None:
     return token
 
 
+def check_port(host: str, port: int) -> None:
+    """Refuses a port something already listens on, before the engine loads.
+
+    Raises:
+        RecipeError: The address is taken (or cannot be bound), naming `port` and the fix.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a closing socket does not block
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            raise RecipeError(
+                f"port={port}: cannot listen on {host}:{port} ({err.strerror or err}); pick a free port "
+                f"(e.g. port={port + 1}) or stop what listens there"
+            ) from None
+
+
 def main(recipe: ServeRecipe) -> None:
     """Serve the recipe's engine until interrupted."""
+    preflight.set_threads(recipe.threads)
+    preflight.check_paths(recipe)
+    check_port(recipe.host, recipe.port)
     token = bearer_token(recipe.token_env)
     if recipe.host not in LOOPBACK:
         warnings.warn(

@@ -21,6 +21,7 @@ from typing import cast
 
 from tqdm import tqdm
 
+from simsearch.commands import preflight
 from simsearch.config import CollectRecipe, save_recipe
 from simsearch.data.qa import load_qa
 from simsearch.errors import SimsearchError
@@ -43,7 +44,8 @@ from simsearch.types import SamplingParams
 def main(recipe: CollectRecipe) -> dict[str, float]:
     """Collect, label and write the pairs; returns the collection statistics."""
     run_dir = Path(recipe.run_dir)
-    save_recipe(recipe, run_dir)
+    preflight.set_threads(recipe.threads)
+    preflight.check_paths(recipe)
     policy, tokenizer, _ = build_generation_engine(recipe.policy)
     search = build_search_engine(recipe.search, seed=recipe.seed)
     assert search is not None  # CollectRecipe.check refuses kind=self
@@ -55,6 +57,7 @@ def main(recipe: CollectRecipe) -> dict[str, float]:
     examples = [e for path in recipe.data.train for e in load_qa(path)]
     if recipe.max_questions:
         examples = examples[: recipe.max_questions]
+    save_recipe(recipe, run_dir)  # the models, the engine and the data loaded: now the run directory is written
     settings = RolloutSettings(
         template=recipe.rollout.template,
         max_turns=recipe.rollout.max_turns,
@@ -95,8 +98,9 @@ def main(recipe: CollectRecipe) -> dict[str, float]:
         )
     if recipe.contrast_queries:
         records += contrast_records(
-            records, search, n=recipe.contrast_queries, top_k=recipe.search.top_k, seed=recipe.seed
-        )
+            records, search, n=recipe.contrast_queries, top_k=recipe.search.top_k, seed=recipe.seed,
+            edits=recipe.contrast_edits,
+        )  # fmt: skip
     data = build_sft_pairs(
         records,
         preset=cast(Preset, recipe.preset),  # both checked by the recipe

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from simsearch.commands import preflight
 from simsearch.config import FinetuneRecipe, save_recipe
 from simsearch.errors import DataError
 from simsearch.simulator.sft import (
@@ -49,7 +50,7 @@ from simsearch.training.distributed import (
     gathered_state_dict,
     load_for_training,
 )
-from simsearch.training.runlog import RunLogger
+from simsearch.training.runlog import RECIPE_CHANGES_FILE, RunLogger, log_recipe_change
 from simsearch.training.session import Run, TrainedModel, TrainSettings, deepspeed_device, open_run, train_model
 
 
@@ -57,9 +58,11 @@ def main(recipe: FinetuneRecipe) -> Path:
     """Fine-tunes the simulator; returns the final checkpoint directory (its `model/` is the result)."""
     # ------------------------------------------------------------------ setup
     use_ds = recipe.deepspeed.stage > 0
-    run = open_run(recipe.run_dir, seed=recipe.seed, deepspeed=use_ds, resume=recipe.resume, task="fine-tuning")
-    if run.rank == 0:
-        save_recipe(recipe, run.run_dir)
+    preflight.set_threads(recipe.threads)
+    preflight.check_paths(recipe)
+    changes = preflight.check_resume(recipe, Path(recipe.run_dir), preflight.FINETUNE_UNCOMPUTED)
+    run = open_run(recipe.run_dir, seed=recipe.seed, deepspeed=use_ds, resume=recipe.resume != "false",
+                   task="fine-tuning")  # fmt: skip
 
     # Resumed weights: full or the LoRA adapter load here; under DeepSpeed `TrainedModel.restore` restores them below.
     model, tokenizer = load_for_training(
@@ -81,6 +84,12 @@ def main(recipe: FinetuneRecipe) -> Path:
         trained.restore(run.state)
     start = run.start
     run.restore_rng()
+    if run.rank == 0:  # the data and the model loaded: now the run directory is written
+        save_recipe(recipe, run.run_dir)
+        if changes:
+            log_recipe_change(run.run_dir, start, changes)
+            print(f"simsearch simulator finetune: resumed at step {start} with a changed {', '.join(changes)} "
+                  f"(resume=force; recorded in {run.run_dir / RECIPE_CHANGES_FILE})", flush=True)  # fmt: skip
     sft = _SFT(recipe, run, trained, tokenizer, deepspeed_device() if use_ds else torch.device(recipe.model.device))
     logger = RunLogger(run.run_dir, resume_step=start) if run.rank == 0 else None
     if logger is not None and start == 0:
@@ -121,6 +130,7 @@ def main(recipe: FinetuneRecipe) -> Path:
     final = checkpoint_dir(run.run_dir, recipe.steps) if last_saved == recipe.steps else _save(sft, recipe.steps)
     if logger is not None:
         logger.close()
+        print(f"simsearch simulator finetune: final checkpoint {final / 'model'}", flush=True)
     return final
 
 

@@ -50,6 +50,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from simsearch.commands import preflight
 from simsearch.config import TrainRecipe, save_recipe
 from simsearch.curriculum.schedules import NoiseSchedule
 from simsearch.data.qa import load_qa
@@ -64,8 +65,9 @@ from simsearch.policy.update import Learner, UpdateSettings, forward_passes, upd
 from simsearch.policy.validation import Validation, validate
 from simsearch.retrieval import accounting
 from simsearch.retrieval.accounting import EngineUsage, Ledger
+from simsearch.training.checkpoint import checkpoint_dir
 from simsearch.training.distributed import mean_over_ranks
-from simsearch.training.runlog import RunLogger, read_metrics
+from simsearch.training.runlog import METRICS_FILE, RECIPE_CHANGES_FILE, RunLogger, log_recipe_change, read_metrics
 from simsearch.training.session import Run, open_run
 
 
@@ -151,12 +153,17 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
 
 
 def _set_up(recipe: TrainRecipe) -> _Training:
-    """Processes, data, models, engines and the resumed state, in the order that seeds them alike."""
-    run = open_run(recipe.run_dir, seed=recipe.seed, deepspeed=recipe.deepspeed.stage > 0, resume=recipe.resume,
-                   task="training")  # fmt: skip
+    """Processes, data, models, engines and the resumed state, in the order that seeds them alike.
+
+    The paths and a resume are checked first, and the run directory is written to only once the
+    data, the models and the engines have loaded.
+    """
+    preflight.set_threads(recipe.threads)
+    preflight.check_paths(recipe)
+    changes = preflight.check_resume(recipe, Path(recipe.run_dir), preflight.TRAIN_UNCOMPUTED)
+    run = open_run(recipe.run_dir, seed=recipe.seed, deepspeed=recipe.deepspeed.stage > 0,
+                   resume=recipe.resume != "false", task="training")  # fmt: skip
     share, minibatch_rows = rl.process_shape(recipe, run.rank, run.world)
-    if run.rank == 0:
-        save_recipe(recipe, run.run_dir)
     train_data = [example for path in recipe.data.train for example in load_qa(path)]
     val_data = [ex for path in recipe.data.val for ex in load_qa(path)[: recipe.data.val_size or None]]
     rows = minibatch_rows or (share.stop - share.start) * recipe.rollout.group_size
@@ -171,10 +178,22 @@ def _set_up(recipe: TrainRecipe) -> _Training:
     if run.state is not None:
         schedule.load_state_dict(run.state["curriculum"])
     run.restore_rng()
+    if run.rank == 0:
+        _save_recipe(recipe, run, changes)
     logger = RunLogger(run.run_dir, resume_step=run.start, tensorboard=recipe.tensorboard,
                        wandb_project=recipe.wandb_project) if run.rank == 0 else None  # fmt: skip
     return _Training(recipe, run, learner, weights, tokenizer, settings, schedule, share, train_data, validation,
                      search, ledger, logger, previous_cost, {})  # fmt: skip
+
+
+def _save_recipe(recipe: TrainRecipe, run: Run, changes: dict[str, tuple[Any, Any]]) -> None:
+    """recipe.yaml, and a forced resume's changes in the run log (`resume: force`)."""
+    save_recipe(recipe, run.run_dir)
+    if changes:
+        log_recipe_change(run.run_dir, run.start, changes)
+        keys = ", ".join(changes)
+        print(f"simsearch train: resumed at step {run.start} with a changed {keys} (resume=force; recorded in "
+              f"{run.run_dir / RECIPE_CHANGES_FILE})", flush=True)  # fmt: skip
 
 
 def _sample(t: _Training, position: int, p_noise: float, step: int) -> steps.StepSample:
@@ -224,8 +243,9 @@ def _save(t: _Training, done: int, position: int) -> Path:
 def _clean_up(t: _Training, metrics: dict[str, float], position: int, last_saved: int) -> dict[str, float]:
     """The final checkpoint, the run log closed; a finished run resumed reports what it logged last."""
     recipe, run = t.recipe, t.run
-    if last_saved != recipe.steps:
-        _save(t, recipe.steps, position)
+    final = (
+        _save(t, recipe.steps, position) if last_saved != recipe.steps else checkpoint_dir(run.run_dir, recipe.steps)
+    )
     if t.logger is not None:
         t.logger.close()
     if run.rank == 0:
@@ -235,4 +255,6 @@ def _clean_up(t: _Training, metrics: dict[str, float], position: int, last_saved
         line = accounting.simulator_line(accounting.merged_totals(t.previous_cost, t.run_usage))
         if line:
             print(f"simsearch train: {line}", flush=True)
+        print(f"simsearch train: final checkpoint {final / 'model'} (metrics in {run.run_dir / METRICS_FILE})",
+              flush=True)  # fmt: skip
     return metrics

@@ -27,8 +27,9 @@ Where the tables depart from the papers:
 - The papers' "EM" is two metrics: ZeroSearch's is substring match, labelled `substring_em`
   ("Substring EM") here; Search-R1's and SSRL's is strict equality, labelled `em`. Each, and
   token `f1`, gets a table of its own, so nobody compares one with the other.
-- Each score table opens with its protocol (`protocol_line`): the engine and top-k of every row,
-  the metric and the normalization the scores were computed with.
+- The score tables open with their protocol, stated once (`protocol_line`): the engine and top-k
+  of every row and the normalization the scores were computed with; each table then names its
+  metric (`metric_line`).
 - The average is the unweighted mean over datasets, as in the papers, but it is only printed
   when every dataset has results; a missing dataset shows "–" rather than a partial average.
 - With n > 1 samples per question the scores are pass@n (a question counts as solved when any
@@ -327,12 +328,16 @@ def score_table(summary: Mapping[str, Any], metric: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def protocol_line(summary: Mapping[str, Any], metric: str) -> str:
-    """The protocol of a score table: engine and top-k per row, the metric, the normalization.
+def metric_line(metric: str) -> str:
+    """What a score table measures: one Markdown line naming `metric` (one of `SCORE_METRICS`)."""
+    return f"Metric: {metric}, {SCORE_DEFINITIONS[metric]}.\n"
+
+
+def protocol_line(summary: Mapping[str, Any]) -> str:
+    """The protocol every score table shares: engine and top-k per row, and the normalization.
 
     Args:
         summary: The summary dict (module docstring), with its `normalization`.
-        metric: One of `SCORE_METRICS`.
 
     Returns:
         One Markdown line, ending with a newline.
@@ -348,7 +353,7 @@ def protocol_line(summary: Mapping[str, Any], metric: str) -> str:
         )
     engines = "; ".join(f"{row['search'] or 'none'} ({name})" for name, row in summary["rows"].items())
     return (
-        f"Protocol. Engine, top-k: {engines}. Metric: {metric}, {SCORE_DEFINITIONS[metric]}. "
+        f"Protocol of the score tables. Engine, top-k: {engines}. "
         f"Normalization: {normalization} ({NORMALIZATIONS[normalization].summary}).\n"
     )
 
@@ -453,9 +458,10 @@ def markdown_report(summary: Mapping[str, Any]) -> str:
     for label, value in summary.get("header", {}).items():
         parts.append(f"- {label}: {value}")
     parts.append("")
+    parts.append(protocol_line(summary))
     for metric in SCORE_METRICS:
         parts.append(f"## {SCORE_TITLES[metric]}, %{at}\n")
-        parts.append(protocol_line(summary, metric))
+        parts.append(metric_line(metric))
         parts.append(score_table(summary, metric))
     parts.append("## Behaviour and cost (all datasets)\n")
     parts.append(behaviour_table(summary))

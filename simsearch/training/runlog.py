@@ -5,6 +5,7 @@ the JSONL is cut back to the resumed step, so curves never hold a step twice.
 
 A training run also appends sampled trajectories, one JSON object per line with its `step`, to
 `trajectories.jsonl` (`log_trajectories`; `simsearch view` reads them), cut back on resume too.
+A run resumed under a changed recipe (`resume: force`) records the change in `recipe_changes.jsonl`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,25 @@ from typing import Any
 
 METRICS_FILE = "metrics.jsonl"
 TRAJECTORIES_FILE = "trajectories.jsonl"
+RECIPE_CHANGES_FILE = "recipe_changes.jsonl"
+
+
+def log_recipe_change(run_dir: str | os.PathLike, step: int, changes: dict[str, tuple[Any, Any]]) -> Path:
+    """Appends one row to `recipe_changes.jsonl`: a run resumed at `step` under a changed recipe.
+
+    Args:
+        run_dir: The run directory.
+        step: The step the run resumed from (the change applies to the steps after it).
+        changes: Dotted key -> (value in the saved recipe, value now).
+
+    Returns:
+        The file's path.
+    """
+    path = Path(run_dir) / RECIPE_CHANGES_FILE
+    row = {"step": step, "changes": {key: {"was": old, "now": new} for key, (old, new) in changes.items()}}
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(row, default=str) + "\n")
+    return path
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:

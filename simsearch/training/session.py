@@ -190,14 +190,27 @@ class TrainedModel:
         return deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None)
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Loads the optimizer (or DeepSpeed) state and the LR schedule from a trainer state."""
+        """Loads the optimizer (or DeepSpeed) state and the LR schedule from a trainer state.
+
+        The checkpoint gives the state (moments, step counts, schedule position); the recipe this
+        model was built from keeps its hyper-parameters (peak LR, betas, weight decay), which differ
+        only when a run is resumed with `resume: force` after a change.
+        """
+        hyper = [{k: v for k, v in group.items() if k not in ("params", "lr")} for group in self.optimizer.param_groups]
+        base_lrs = list(self.scheduler.base_lrs) if not self.schedule_in_deepspeed else []
         if self.deepspeed:
             self.engine.load_checkpoint(str(Path(state["deepspeed_dir"]) / self.name), tag="state")
         else:
             self.optimizer.load_state_dict(state[f"{self.prefix}optimizer"])
+        for group, kept in zip(self.optimizer.param_groups, hyper, strict=True):
+            group.update(kept)
         if not self.schedule_in_deepspeed:
             self.scheduler.load_state_dict(state[f"{self.prefix}scheduler"])
-            for group, lr in zip(self.scheduler.optimizer.param_groups, self.scheduler.get_last_lr(), strict=True):
+            self.scheduler.base_lrs = base_lrs
+            epoch = self.scheduler.last_epoch
+            lrs = [base * factor(epoch) for base, factor in zip(base_lrs, self.scheduler.lr_lambdas, strict=True)]
+            self.scheduler._last_lr = lrs  # what get_last_lr reports (LambdaLR keeps no other record)
+            for group, lr in zip(self.scheduler.optimizer.param_groups, lrs, strict=True):
                 group["lr"] = lr  # whatever the optimizer state restored, the schedule decides
 
     def state(self) -> dict[str, Any]:

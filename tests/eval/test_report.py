@@ -223,18 +223,21 @@ def test_markdown_report_sections() -> None:
     assert fidelity_line.startswith("| sim | bm25 | nq | 3 / 1 | 75.00 | – | 50.00 |")
 
 
-def test_every_score_table_states_its_protocol() -> None:
+def test_the_protocol_is_stated_once_and_every_score_table_names_its_metric() -> None:
     summary = _summary()
     summary["rows"]["direct"] = {"kind": "direct", "search": "", "top_k": 0, "results": {}, "average": {}}
     lines = report.markdown_report(summary).splitlines()
     engines = "Engine, top-k: bm25 top-3 (bm25); simulator top-3, p_noise 0 (sim); none (direct)."
+    protocols = [line for line in lines if line.startswith("Protocol")]
+    assert protocols == [
+        f"Protocol of the score tables. {engines} Normalization: squad (" + NORMALIZATIONS["squad"].summary + ")."
+    ]
+    assert lines.index(protocols[0]) < lines.index(f"## {report.SCORE_TITLES['substring_em']}, %")
     for metric, title in report.SCORE_TITLES.items():
         heading = lines.index(f"## {title}, %")
-        protocol = lines[heading + 2]  # the heading, a blank line, the protocol
-        assert protocol.startswith(f"Protocol. {engines} Metric: {metric}, ")
-        assert protocol.endswith("Normalization: squad (" + NORMALIZATIONS["squad"].summary + ").")
-    assert report.protocol_line({**summary, "normalization": "unicode"}, "em") == (
-        f"Protocol. {engines} Metric: em, the normalized answer equals a normalized gold answer. "
+        assert lines[heading + 2].startswith(f"Metric: {metric}, ")  # the heading, a blank line, the metric
+    assert report.metric_line("em") == "Metric: em, the normalized answer equals a normalized gold answer.\n"
+    assert report.protocol_line({**summary, "normalization": "unicode"}).endswith(
         "Normalization: unicode (" + NORMALIZATIONS["unicode"].summary + ").\n"
     )
     # the titles name whose "EM" each metric is
