@@ -15,3 +15,7 @@ class ServiceError(SimsearchError, RuntimeError):
 
 class RecipeError(ValueError):
     """A recipe that cannot run: says which file and key, and what to do."""
+
+
+class NonFiniteError(SimsearchError, FloatingPointError):
+    """A model whose logits came out inf or nan: names the rows and the generated token."""

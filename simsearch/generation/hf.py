@@ -51,6 +51,18 @@ must still be run for the next-token logits) prefills only what is new:
   only a whole kept sequence is reused (the n samples of a prompt share its prefill through
   `n`, not through the cache).
 
+Non-finite logits (inf or nan, e.g. a bf16 overflow) are never sampled from: such a row is
+detected on the device before sampling, and the call raises `NonFiniteError` naming the rows and
+the generated token, instead of a device-side assert. The check rides on the one device-to-host
+copy each decode step already makes (the sampled ids), so it costs no extra synchronization.
+
+With `compile=True` the decode steps run over a static KV cache (transformers' `StaticCache`)
+through `torch.compile(mode="reduce-overhead")`, which on a GPU replays each step as a CUDA
+graph. Prefill is the same eager code as above; finished rows stay in the batch (fed a pad
+token, their outputs ignored) so every step has the same shapes; the batch is padded to a power
+of two rows and the cache to a multiple of `STATIC_LENGTH_STEP` tokens, so a handful of shapes
+are compiled. Greedy tokens are the same as eager decoding's (to float rounding).
+
 Only the previous call's sequences are kept (see `HFEngine` for the memory bound), and they are
 valid only for the weights that computed them: a trainer must call `reset_prefix_cache()` after
 every optimizer step. The engine also drops them by itself when the model's parameters were
@@ -61,13 +73,16 @@ changed, but that check is a safety net, not the contract: fused optimizers and 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase, StaticCache
 from transformers.cache_utils import DynamicLayer
 
+from simsearch.errors import NonFiniteError
 from simsearch.generation.base import prompt_token_ids
 from simsearch.types import Completion, SamplingParams
 
@@ -167,15 +182,25 @@ def sample_next(
         generator: Source of randomness for sampling.
 
     Returns:
-        [B] token ids.
+        [B] token ids; -1 for a row whose (temperature-scaled) logits hold an inf or a nan. Such
+        rows are sampled from a uniform stand-in, so no device-side assert fires and nothing
+        waits for the device.
     """
+    scaled = logits if temperature == 0 else logits / temperature  # [B, V]
+    finite = torch.isfinite(scaled).all(dim=-1)  # [B]
+    scaled = torch.where(finite[:, None], scaled, 0.0)
     if temperature == 0:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits / temperature, dim=-1)  # [B, V]
-    if top_p < 1.0:
-        probs = top_p_filter(probs, top_p)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        tokens = scaled.argmax(dim=-1)
+    else:
+        probs = torch.softmax(scaled, dim=-1)  # [B, V]
+        if top_p < 1.0:
+            probs = top_p_filter(probs, top_p)
+        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return torch.where(finite, tokens, -1)
 
+
+STATIC_LENGTH_STEP = 256
+"""With `compile=True` the static cache holds a multiple of this many tokens (fewer shapes to compile)."""
 
 GROUP_RATIO = 2
 """A row joins a prefill group while its uncached length is at most GROUP_RATIO x the group's
@@ -227,14 +252,19 @@ class HFEngine:
             that rows of later chunks still need. Models whose cache is not plain full
             attention in every layer (sliding-window, linear-attention or shared-KV layers)
             run without reuse; `self.prefix_cache` then reads False.
+        compile: Decode over a static KV cache with a `torch.compile`d forward (CUDA graphs on
+            a GPU; module docstring). The first call of each shape compiles (tens of seconds on
+            a GPU). Needs plain full-attention caches, like prefix reuse.
 
     Attributes:
         stats: Running totals over the engine's life: `prompt_tokens` (tokens of the prompts
             given, one per prompt whatever n), `reused_tokens` (of those, tokens whose keys and
             values came from a kept sequence), `prefill_tokens` (tokens run through the model
             in prefills: prompt_tokens - reused_tokens) and `prefill_slots` (token positions
-            run through the model in prefills, padding included: the compute spent). Reset
-            them by assigning zeros.
+            run through the model in prefills, padding included: the compute spent),
+            `decode_steps` (one-token forwards of the decode loop; generated tokens over
+            decode steps is the mean number of rows each step served) and `decoded_tokens`.
+            Reset them by assigning zeros.
     """
 
     def __init__(
@@ -244,6 +274,7 @@ class HFEngine:
         *,
         batch_size: int = 64,
         prefix_cache: bool = True,
+        compile: bool = False,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
@@ -266,7 +297,16 @@ class HFEngine:
         layers = DynamicCache(config=model.config).layers
         self._plain_cache = all(type(layer) is DynamicLayer for layer in layers)
         self.prefix_cache = prefix_cache and self._plain_cache
-        self.stats = dict.fromkeys(("prompt_tokens", "reused_tokens", "prefill_tokens", "prefill_slots"), 0)
+        if compile and not self._plain_cache:
+            raise ValueError(
+                f"compile=True needs a model whose every layer is plain full attention; {type(model).__name__} has "
+                "sliding-window or other cache layers: leave compile off"
+            )
+        self.compile = compile
+        self._compiled: Callable[..., Any] | None = None  # torch.compile(model), built on first use
+        self._stop_filters: dict[tuple[str, ...], list[bool]] = {}
+        keys = ("prompt_tokens", "reused_tokens", "prefill_tokens", "prefill_slots", "decode_steps", "decoded_tokens")
+        self.stats = dict.fromkeys(keys, 0)
         self._kept = _PrefixStore()
         self._kept_for: tuple = ()  # _weights_key() of the weights that computed `_kept`
 
@@ -318,8 +358,11 @@ class HFEngine:
         results: list[Completion | None] = [None] * (len(prompt_ids) * params.n)
         was_training = self.model.training
         self.model.eval()
+        # Compiled graphs and inference tensors do not mix well on every torch version: no_grad there.
+        grad_off: AbstractContextManager = torch.no_grad() if self.compile else torch.inference_mode()
+        decode = self._decode_static if self.compile else self._decode
         try:
-            with torch.inference_mode():
+            with grad_off:
                 for start in range(0, len(order), per_chunk):
                     chunk = order[start : start + per_chunk]
                     chunk_prompts = [prompt_ids[i] for i in chunk]
@@ -327,7 +370,7 @@ class HFEngine:
                     batch = self._prefill(chunk_prompts, chunk_prefixes, chunk, params.n)
                     for i in chunk:
                         prefixes[i] = None  # frees the kept prefixes no later chunk needs
-                    for row, completion in self._decode(batch, params, generator):
+                    for row, completion in decode(batch, params, generator):
                         results[row] = completion
         finally:
             self.model.train(was_training)
@@ -483,60 +526,84 @@ class HFEngine:
                 kv[:, :, b, :, kept - count :] = prefix.kv[:, :, :, :count]
         return DynamicCache(ddp_cache_data=[(k, v) for k, v in kv], config=self.model.config)
 
-    def _keep(self, batch: _Batch, b: int, generated: list[int]) -> None:
-        """Keeps row b's keys and values, which cover its prompt and all but its last token.
+    def _keep(self, layers: list[Any], b: int, end: int, token_ids: list[int]) -> None:
+        """Keeps the keys and values of row b's `token_ids`, which end at cache column `end`.
 
-        The token that ended the row was sampled but never fed to the model.
+        `token_ids` is the row's prompt and all but its last generated token: the token that
+        ended the row was sampled but never fed to the model.
         """
-        token_ids = batch.prompts[b] + generated[:-1]
-        end = batch.attention_mask.shape[1]
         start = end - len(token_ids)  # the row's true tokens; padding lies before them
-        layers: list[Any] = batch.cache.layers
         # One copy of just these columns: a view would keep the whole batch tensor alive.
-        parts = [t[b, :, start:] for layer in layers for t in (layer.keys, layer.values)]
+        parts = [t[b, :, start:end] for layer in layers for t in (layer.keys, layer.values)]
         kv = torch.stack(parts).unflatten(0, (len(layers), 2))  # [layers, 2, kv_heads, L, head_dim]
         self._kept.add(_Prefix(token_ids, kv))
+
+    def _sample(
+        self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
+    ) -> tuple[list[int], list[float] | None]:
+        """One token per row (and its log-probability), in one device-to-host copy; -1 marks non-finite logits."""
+        tokens = sample_next(logits, temperature=params.temperature, top_p=params.top_p, generator=generator)  # [B]
+        self.stats["decode_steps"] += 1
+        if not params.logprobs:
+            return tokens.tolist(), None
+        logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]
+        chosen = logprobs.gather(-1, tokens.clamp(min=0)[:, None]).squeeze(-1)  # [B]
+        both = torch.stack([tokens.double(), chosen.double()]).tolist()  # ids < 2^53: exact in float64
+        return [int(t) for t in both[0]], both[1]
+
+    def _advance(
+        self,
+        sequences: list[_Sequence | None],
+        tokens: list[int],
+        chosen: list[float] | None,
+        params: SamplingParams,
+        rows: list[int],
+    ) -> list[tuple[int, Completion]]:
+        """Appends each live row's token; returns (row, completion) for the rows it finished.
+
+        A finished row's slot in `sequences` becomes None. Raises `NonFiniteError` when a live
+        row's logits were not finite (token -1).
+        """
+        bad = [b for b, seq in enumerate(sequences) if seq is not None and tokens[b] < 0]
+        if bad:
+            raise NonFiniteError(_non_finite_message([rows[b] for b in bad], params.n, sequences[bad[0]]))
+        stop_filter = self._stop_filter(params.stop)
+        window = max((len(s.encode("utf-8")) for s in params.stop), default=0) + 2
+        finished = []
+        for b, seq in enumerate(sequences):
+            if seq is None:
+                continue
+            seq.token_ids.append(tokens[b])
+            if seq.logprobs is not None and chosen is not None:
+                seq.logprobs.append(chosen[b])
+            completion = self._finished(seq, params, window, stop_filter)
+            if completion is not None:
+                finished.append((b, completion))
+                sequences[b] = None
+        self.stats["decoded_tokens"] += sum(seq is not None for seq in sequences) + len(finished)
+        return finished
 
     def _decode(
         self, batch: _Batch, params: SamplingParams, generator: torch.Generator
     ) -> list[tuple[int, Completion]]:
-        """Samples until every row has finished; returns (output row, completion) pairs."""
-        sequences = [_Sequence([], [] if params.logprobs else None) for _ in range(len(batch.rows))]
-        # A stop string of k bytes is completed by at most its last k tokens (every token is at
-        # least one byte); one more token of context keeps the window's first token, whose
-        # decoding can differ from in-context decoding (e.g. a stripped leading space), before it.
-        window = max((len(s.encode("utf-8")) for s in params.stop), default=0) + 2
+        """Samples until every row has finished, dropping finished rows; returns (output row, completion) pairs."""
+        sequences: list[_Sequence | None] = [_Sequence([], [] if params.logprobs else None) for _ in batch.rows]
         done: list[tuple[int, Completion]] = []
         while True:
-            tokens = sample_next(
-                batch.logits,
-                temperature=params.temperature,
-                top_p=params.top_p,
-                generator=generator,
-            )  # [B]
-            if params.logprobs:
-                logprobs = torch.log_softmax(batch.logits, dim=-1)  # [B, V]
-                chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1).tolist()
-            keep: list[int] = []
-            for b, token in enumerate(tokens.tolist()):
-                seq = sequences[b]
-                seq.token_ids.append(token)
-                if seq.logprobs is not None:
-                    seq.logprobs.append(chosen[b])
-                completion = self._finished(seq, params, window)
-                if completion is None:
-                    keep.append(b)
-                else:
-                    done.append((batch.rows[b], completion))
-                    if self.prefix_cache:
-                        self._keep(batch, b, seq.token_ids)
+            tokens, chosen = self._sample(batch.logits, params, generator)
+            for b, completion in self._advance(sequences, tokens, chosen, params, batch.rows):
+                done.append((batch.rows[b], completion))
+                if self.prefix_cache:
+                    token_ids = batch.prompts[b] + completion.token_ids[:-1]
+                    self._keep(batch.cache.layers, b, batch.attention_mask.shape[1], token_ids)
+            keep = [b for b, seq in enumerate(sequences) if seq is not None]
             if not keep:
                 return done
-            if len(keep) < len(sequences):
+            next_tokens = torch.tensor([tokens[b] for b in keep], device=batch.logits.device)
+            if len(keep) < len(batch.rows):
                 batch = _select_rows(batch, keep)
                 sequences = [sequences[b] for b in keep]
-                tokens = tokens[keep]
-            batch = self._step(batch, tokens)
+            batch = self._step(batch, next_tokens)
 
     def _step(self, batch: _Batch, tokens: torch.Tensor) -> _Batch:
         """Feeds one new token per row through the model, extending the cache."""
@@ -558,12 +625,99 @@ class HFEngine:
             prompts=batch.prompts,
         )
 
-    def _finished(self, seq: _Sequence, params: SamplingParams, window: int) -> Completion | None:
+    def _decode_static(
+        self, batch: _Batch, params: SamplingParams, generator: torch.Generator
+    ) -> list[tuple[int, Completion]]:
+        """`_decode` over a static cache with the compiled forward; finished rows stay, fed pad tokens."""
+        rows, width = len(batch.rows), batch.attention_mask.shape[1]
+        cache, attention_mask, size = self._static_state(batch, width + params.max_new_tokens)
+        position = torch.zeros(size, dtype=torch.long, device=batch.logits.device)
+        position[:rows] = batch.next_position
+        pad = torch.full((size,), self.pad_id, dtype=torch.long, device=position.device)
+        forward = self._compiled_forward()
+        sequences: list[_Sequence | None] = [_Sequence([], [] if params.logprobs else None) for _ in batch.rows]
+        done: list[tuple[int, Completion]] = []
+        logits, fed = batch.logits, 0
+        while True:
+            tokens, chosen = self._sample(logits, params, generator)
+            for b, completion in self._advance(sequences, tokens, chosen, params, batch.rows):
+                done.append((batch.rows[b], completion))
+                if self.prefix_cache:
+                    token_ids = batch.prompts[b] + completion.token_ids[:-1]
+                    self._keep(cache.layers, b, width + fed, token_ids)
+            if all(seq is None for seq in sequences):
+                return done
+            live = torch.tensor([seq is not None for seq in sequences] + [False] * (size - rows), device=pad.device)
+            fed_tokens = pad.clone()
+            fed_tokens[:rows] = torch.tensor(tokens, device=pad.device).clamp(min=0)
+            out = forward(
+                input_ids=torch.where(live, fed_tokens, pad)[:, None],
+                attention_mask=attention_mask,
+                position_ids=(position + fed)[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            )
+            logits, fed = out.logits[:rows, -1, :].float(), fed + 1
+
+    def _static_state(self, batch: _Batch, needed: int) -> tuple[StaticCache, torch.Tensor, int]:
+        """A static cache holding the batch's prefilled keys and values, and its attention mask.
+
+        Rows are padded to a power of two and the length to a multiple of STATIC_LENGTH_STEP.
+        The mask is 1 on each row's prompt and on every later column: the causal mask hides the
+        columns not yet written. Padding rows attend to zeros.
+
+        Returns:
+            (cache, attention mask [size, length], size).
+        """
+        rows, width = batch.attention_mask.shape
+        size = 1 << (rows - 1).bit_length()
+        length = -(-needed // STATIC_LENGTH_STEP) * STATIC_LENGTH_STEP
+        cache = StaticCache(config=self.model.config, max_cache_len=length)
+        static_layers: list[Any] = cache.layers
+        dynamic_layers: list[Any] = batch.cache.layers
+        for static, dynamic in zip(static_layers, dynamic_layers):
+            heads, head_dim = dynamic.keys.shape[1], dynamic.keys.shape[3]
+            static.lazy_initialization(*(dynamic.keys.new_zeros((size, heads, 1, head_dim)),) * 2)
+            static.keys[:rows, :, :width] = dynamic.keys
+            static.values[:rows, :, :width] = dynamic.values
+            static.cumulative_length.fill_(width)
+        attention_mask = batch.attention_mask.new_ones((size, length))
+        attention_mask[:rows, :width] = batch.attention_mask
+        return cache, attention_mask, size
+
+    def _compiled_forward(self) -> Callable[..., Any]:
+        """The model's forward under torch.compile, compiled on first use (CUDA graphs on a GPU)."""
+        if self._compiled is None:
+            self._compiled = torch.compile(self.model, mode="reduce-overhead", dynamic=False)
+        return self._compiled
+
+    def _stop_filter(self, stops: list[str]) -> list[bool] | None:
+        """Per token id, whether that token can complete one of `stops`; None: any token can.
+
+        A token completes a stop string only if the text it decodes to on its own holds the
+        string's last character, or a U+FFFD (part of a multi-byte character). Other tokens
+        skip the stop check, which otherwise decodes a window of text per row per step. A stop
+        string ending in whitespace turns the filter off (tokenizers strip a lone leading space).
+        """
+        key = tuple(stops)
+        if not stops or any(s[-1].isspace() for s in stops):
+            return None
+        if key not in self._stop_filters:
+            lasts = {s[-1] for s in stops}
+            texts = self.tokenizer.batch_decode(
+                [[i] for i in range(len(self.tokenizer))], skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
+            self._stop_filters[key] = [("\ufffd" in text) or any(c in text for c in lasts) for text in texts]
+        return self._stop_filters[key]
+
+    def _finished(
+        self, seq: _Sequence, params: SamplingParams, window: int, stop_filter: list[bool] | None
+    ) -> Completion | None:
         """The completion of `seq` if its last token ended it, else None."""
         ids = seq.token_ids
         if ids[-1] in self.eos_ids:
             return Completion(ids, self._decode_text(ids[:-1]), "stop", None, seq.logprobs)
-        if params.stop:
+        if params.stop and (stop_filter is None or ids[-1] >= len(stop_filter) or stop_filter[ids[-1]]):
             tail = self._decode_text(ids[-window:])
             if any(s in tail for s in params.stop):
                 text = self._decode_text(ids)
@@ -609,3 +763,15 @@ def _check_params(params: SamplingParams) -> None:
         raise ValueError(f"SamplingParams.n must be >= 1, got {params.n}")
     if any(not s for s in params.stop):
         raise ValueError("SamplingParams.stop holds an empty string; remove it")
+
+
+def _non_finite_message(rows: list[int], n: int, first: _Sequence | None) -> str:
+    """What `NonFiniteError` says: which output rows (prompt, sample), at which generated token, what to do."""
+    named = ", ".join(f"prompt {row // n} sample {row % n}" for row in rows[:8])
+    more = f" and {len(rows) - 8} more" if len(rows) > 8 else ""
+    token = len(first.token_ids) + 1 if first is not None else 1
+    return (
+        f"the model's next-token logits are inf or nan for {len(rows)} row(s) ({named}{more}) at generated token "
+        f"{token}; nothing was sampled from them. The weights or activations overflowed or diverged: in bfloat16 "
+        "or float16 try model.dtype=float32 to check, lower the learning rate, or resume from the last checkpoint"
+    )

@@ -7,6 +7,7 @@ numerical (greedy agreement with `model.generate`, batch vs alone, seeds, logpro
 
 from __future__ import annotations
 
+import copy
 import random
 from dataclasses import replace
 from types import SimpleNamespace
@@ -15,6 +16,7 @@ import pytest
 import torch
 from transformers import GenerationConfig, Qwen2Config
 
+from simsearch.errors import NonFiniteError
 from simsearch.generation.hf import HFEngine, sample_next, similar_lengths, top_p_filter
 from simsearch.models import build_tiny_model, train_tokenizer
 from simsearch.types import Completion, SamplingParams
@@ -297,7 +299,9 @@ def test_prefix_reuse_on_hand_computed_lengths(tokenizer):
     # One prefill group (7 <= 2 * 4 + 16), window 7: 2 x 7 slots.
     outs, stats = run([script[:4], script[:7]])
     assert outs == [script[4:7], script[7:10]]
-    assert stats == {"prompt_tokens": 11, "reused_tokens": 0, "prefill_tokens": 11, "prefill_slots": 14}
+    # 3 decode steps (one per generated id, the last never fed), 2 rows x 3 ids decoded.
+    assert stats == {"prompt_tokens": 11, "reused_tokens": 0, "prefill_tokens": 11, "prefill_slots": 14,
+                     "decode_steps": 3, "decoded_tokens": 6}  # fmt: skip
     assert engine.kept_tokens == 15
 
     # Turn 2: a extends the 6 kept tokens of row 0 (suffix 3), b the 9 of row 1 (suffix 6);
@@ -309,7 +313,8 @@ def test_prefix_reuse_on_hand_computed_lengths(tokenizer):
     c = [mark] * 4
     outs, stats = run([a, b, c])
     assert outs == [script[9:12], script[15:18], script[4:7]]  # true positions: 9, 15, 4
-    assert stats == {"prompt_tokens": 28, "reused_tokens": 12, "prefill_tokens": 16, "prefill_slots": 18}
+    assert stats == {"prompt_tokens": 28, "reused_tokens": 12, "prefill_tokens": 16, "prefill_slots": 18,
+                     "decode_steps": 3, "decoded_tokens": 9}  # fmt: skip
     assert engine.kept_tokens == (9 + 2) + (15 + 2) + (4 + 2)
 
     # Turn 3: f extends a's 11 kept tokens (suffix 4). d is a with its first token changed
@@ -321,7 +326,8 @@ def test_prefix_reuse_on_hand_computed_lengths(tokenizer):
     e = script[:8]
     outs, stats = run([f, d, e])
     assert outs == [script[15:18], script[30:33], script[8:11]]
-    assert stats == {"prompt_tokens": 53, "reused_tokens": 7, "prefill_tokens": 46, "prefill_slots": 2 * 8 + 30}
+    assert stats == {"prompt_tokens": 53, "reused_tokens": 7, "prefill_tokens": 46, "prefill_slots": 2 * 8 + 30,
+                     "decode_steps": 3, "decoded_tokens": 9}  # fmt: skip
 
     # A prompt equal to a kept sequence reuses all but its last token (which gives the logits).
     outs, stats = run([f + script[15:17]])  # f's kept sequence: f + the first 2 generated ids
@@ -489,3 +495,95 @@ def test_sample_next_greedy_and_temperature():
     # top_p 0.5 keeps only the 3/4 token: every draw is 1.
     nucleus = sample_next(two, temperature=1.0, top_p=0.5, generator=generator)
     assert bool((nucleus == 1).all())
+
+
+def test_sample_next_marks_rows_with_non_finite_logits():
+    logits = torch.tensor([[0.0, 3.0, 1.0], [float("nan"), 0.0, 0.0], [0.0, float("inf"), 0.0], [1e38, 0.0, 0.0]])
+    assert sample_next(logits, temperature=0.0, top_p=1.0, generator=None).tolist() == [1, -1, -1, 0]
+    # At temperature 1e-3 row 3's 1e38 overflows float32 to inf: marked too, never sampled.
+    generator = torch.Generator().manual_seed(0)
+    assert sample_next(logits, temperature=1e-3, top_p=0.9, generator=generator).tolist() == [1, -1, -1, -1]
+
+
+class NanAfter(ScriptedLM):
+    """ScriptedLM whose logits turn nan for batch rows `rows` from position `position` on."""
+
+    def __init__(self, *args, rows: set[int], position: int) -> None:
+        super().__init__(*args)
+        self.nan_rows, self.nan_position = rows, position
+
+    def forward(self, input_ids, attention_mask, position_ids, past_key_values, use_cache, logits_to_keep=0):
+        out = super().forward(input_ids, attention_mask, position_ids, past_key_values, use_cache, logits_to_keep)
+        for b in self.nan_rows & set(range(len(input_ids))):  # the prefill has one row per prompt
+            out.logits[b, position_ids[b] >= self.nan_position] = float("nan")
+        return out
+
+
+def test_non_finite_logits_raise_a_clear_error_naming_rows_and_token(tokenizer):
+    script = [0] * 3 + list(range(40, 60))
+    lm = NanAfter(script, len(tokenizer), tokenizer.eos_token_id, rows={1}, position=5)
+    engine = HFEngine(lm, tokenizer, prefix_cache=False)
+    params = SamplingParams(temperature=1.0, max_new_tokens=10, n=2, seed=0)
+    # Prompts of 3 tokens: the logits after position 5 give generated token 4 (positions 3, 4, 5).
+    with pytest.raises(NonFiniteError, match=r"1 row\(s\) \(prompt 0 sample 1\) at generated token 4"):
+        engine.generate([[10, 11, 12]], params)
+    # A row that finished before its logits went bad ends normally.
+    lm.nan_position = 7
+    stop = SamplingParams(temperature=0.0, max_new_tokens=3)
+    assert [c.token_ids for c in engine.generate([[10, 11, 12]] * 2, stop)] == [script[3:6]] * 2
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_non_finite_weights_end_a_real_model_with_the_error(model, tokenizer, compile, monkeypatch):
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)  # the static path, eagerly
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.lm_head.weight[5] = float("inf")  # logit 5 is +-inf or nan for every row
+    with pytest.raises(
+        NonFiniteError, match=r"2 row\(s\) \(prompt 0 sample 0, prompt 1 sample 0\) at generated token 1"
+    ):
+        HFEngine(broken, tokenizer, compile=compile).generate(
+            [[5, 6, 7], [8, 9]], SamplingParams(temperature=1.0, max_new_tokens=4)
+        )
+
+
+@pytest.mark.parametrize("batch_size", [64, 2])
+def test_static_cache_decoding_gives_the_eager_greedy_tokens(model, tokenizer, batch_size, monkeypatch):
+    """compile=True's static-cache loop, with torch.compile replaced by the identity (a real compile: below)."""
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
+    texts = ["Where was Alma Varn born?", "Oslo", "founded in 1987 by the", "the answer is", "Varn was born in the"]
+    prompts = [ids(tokenizer, t) for t in texts]
+    params = SamplingParams(temperature=0.0, max_new_tokens=10, stop=["e"], logprobs=True)
+    static = HFEngine(model, tokenizer, batch_size=batch_size, compile=True)
+    eager = HFEngine(model, tokenizer, batch_size=batch_size)
+    turns_static, turns_eager = three_turns(static, prompts, params), three_turns(eager, prompts, params)
+    assert len({len(c.token_ids) for c in turns_eager[0]}) > 1  # rows finished at different steps
+    for turn_static, turn_eager in zip(turns_static, turns_eager):
+        assert [(c.token_ids, c.text, c.finish_reason) for c in turn_static] == [
+            (c.token_ids, c.text, c.finish_reason) for c in turn_eager
+        ]
+        for c_static, c_eager in zip(turn_static, turn_eager):
+            assert torch.allclose(torch.tensor(c_static.logprobs), torch.tensor(c_eager.logprobs), atol=1e-5, rtol=0)
+    assert static.stats["reused_tokens"] == eager.stats["reused_tokens"] > 0  # kept from the static cache
+    assert static.kept_tokens == eager.kept_tokens
+
+
+@pytest.mark.slow
+def test_compiled_decoding_gives_the_eager_greedy_tokens(model, tokenizer):
+    """torch.compile for real (inductor on CPU: about 20-50 s here, most of it compiling)."""
+    prompts = [ids(tokenizer, t) for t in ["Where was Alma Varn born?", "Oslo", "the answer is"]]
+    params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    compiled = HFEngine(model, tokenizer, compile=True, prefix_cache=False)
+    expected = [c.token_ids for c in HFEngine(model, tokenizer).generate(prompts, params)]
+    assert [c.token_ids for c in compiled.generate(prompts, params)] == expected
+    assert compiled.stats["decode_steps"] == 8 and compiled.stats["decoded_tokens"] == 24
+
+
+def test_stop_filter_skips_only_tokens_that_cannot_end_a_stop(tokenizer, model):
+    engine = HFEngine(model, tokenizer)
+    keep = engine._stop_filter(["</search>", "Oslo, fo"])
+    assert keep is not None and len(keep) == len(tokenizer)
+    close = tokenizer.convert_tokens_to_ids("</search>")
+    assert keep[close] and keep[ids(tokenizer, " founded")[0]]  # ">" and "o"
+    assert not keep[ids(tokenizer, " Varn")[0]]  # neither ">" nor "o"
+    assert engine._stop_filter(["end "]) is None and engine._stop_filter([]) is None
