@@ -18,4 +18,12 @@ class RecipeError(ValueError):
 
 
 class NonFiniteError(SimsearchError, FloatingPointError):
-    """A model whose logits came out inf or nan: names the rows and the generated token."""
+    """A model whose logits came out inf or nan: names the rows and the generated token.
+
+    Attributes:
+        rows: The generate call's output rows (prompt-major: prompt i, sample j is i * n + j) that hit them.
+    """
+
+    def __init__(self, message: str, rows: list[int]) -> None:
+        super().__init__(message)
+        self.rows = rows

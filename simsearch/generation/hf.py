@@ -566,7 +566,8 @@ class HFEngine:
         """
         bad = [b for b, seq in enumerate(sequences) if seq is not None and tokens[b] < 0]
         if bad:
-            raise NonFiniteError(_non_finite_message([rows[b] for b in bad], params.n, sequences[bad[0]]))
+            named = [rows[b] for b in bad]
+            raise NonFiniteError(_non_finite_message(named, params.n, sequences[bad[0]]), named)
         stop_filter = self._stop_filter(params.stop)
         window = max((len(s.encode("utf-8")) for s in params.stop), default=0) + 2
         finished = []

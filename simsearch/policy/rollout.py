@@ -63,7 +63,7 @@ from simsearch.data.rendering import (
     wrap_information,
 )
 from simsearch.data.templates import TEMPLATE_NAMES, TemplateName, encode_prompt
-from simsearch.errors import DataError
+from simsearch.errors import DataError, NonFiniteError
 from simsearch.eval.metrics import extract_answer
 from simsearch.generation.base import GenerationEngine
 from simsearch.policy.rewards import RewardOutput, weighted_reward
@@ -208,6 +208,8 @@ def generate_trajectories(
     Raises:
         DataError: an example whose prompt leaves no room under `max_context_tokens` (a
             ValueError too; the CLI prints its message without a traceback).
+        NonFiniteError: the policy's logits were inf or nan; the message names the generate
+            call and the questions.
         ValueError: an argument the loop cannot honour (message names it and the fix), an
             engine returning the wrong number of results, or a `noise` count outside [0, top_k].
     """
@@ -506,7 +508,13 @@ def _generate_turn(
         else:
             prompts = [row.context() for row in rows]
         began = time.perf_counter()
-        out = policy.generate(prompts, params)
+        try:
+            out = policy.generate(prompts, params)
+        except NonFiniteError as err:
+            questions = sorted({rows[row].example.id for row in err.rows})
+            raise NonFiniteError(
+                f"rollout turn {clock.generate_calls + 1}, questions {questions}: {err}", err.rows
+            ) from err
         clock.generate_s += time.perf_counter() - began
         clock.generate_calls += 1
         if len(out) != len(rows):
