@@ -99,6 +99,7 @@ class GenerationConfig:
     kind: str = "hf"  # a name in factory.build.GENERATION_ENGINES (hf: transformers in process)
     model: ModelConfig = field(default_factory=ModelConfig)
     batch_size: int = 64  # hf: prompts per forward batch
+    compile: bool = False  # hf: decode over a static KV cache under torch.compile (CUDA graphs; docs/performance.md)
     base_urls: list[str] = field(default_factory=list)  # openai: server URLs (load balanced)
     served_model_name: str = ""  # openai: the model name the server expects
     api_key_env: str | None = None  # openai: environment variable holding the API key
@@ -117,6 +118,8 @@ class GenerationConfig:
 
         _check_choice(f"{key}.kind", self.kind, tuple(GENERATION_ENGINES))
         _check_positive(f"{key}.batch_size", self.batch_size)
+        if self.compile and self.kind != "hf":
+            raise RecipeError(f"{key}.compile=true is an option of kind=hf; {self.kind} has its own (remove it)")
         if self.kind == "openai" and not self.base_urls:
             raise RecipeError(f"{key}.kind=openai needs {key}.base_urls, e.g. [http://127.0.0.1:8000]")
         if self.kind in ("hf", "vllm") and not self.model.path:

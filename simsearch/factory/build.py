@@ -51,7 +51,7 @@ def _hf_engine(cfg: GenerationConfig, tokenizer: Any, seed: int, backend: str | 
     from simsearch.models import load_model
 
     model, tok = load_model(cfg.model.path, adapter=cfg.model.adapter, dtype=cfg.model.dtype, device=cfg.model.device)
-    return HFEngine(model, tok, batch_size=cfg.batch_size), tok, model
+    return HFEngine(model, tok, batch_size=cfg.batch_size, compile=cfg.compile), tok, model
 
 
 def _openai_engine(cfg: GenerationConfig, tokenizer: Any, seed: int, backend: str | None) -> Built:

@@ -103,7 +103,7 @@ def _rollout_weights(
         )
     else:
         module = rollout_copy if rollout_copy is not None else actor.module
-        generator = HFEngine(module, tokenizer, batch_size=recipe.policy.batch_size)
+        generator = HFEngine(module, tokenizer, batch_size=recipe.policy.batch_size, compile=recipe.policy.compile)
     return RolloutWeights(generator, actor.module, use_vllm, recipe.lora.r > 0, actor.zero3, rollout_copy)
 
 
