@@ -204,7 +204,7 @@ class SearchConfig:
 
     kind: str = "bm25"  # a name in factory.build.SEARCH_ENGINES (self: self-search, no engine)
     top_k: int = 3  # documents per search
-    corpus: str = ""  # bm25/dense: corpus JSONL ({id, contents} or {id, title, text})
+    corpus: str = ""  # bm25/dense/random: corpus JSONL ({id, contents} or {id, title, text})
     index_dir: str = ""  # bm25/dense: where the index is saved; built on first use when empty
     embedding_model: str = ""  # dense: sentence-transformers model; "" = embedded all-MiniLM-L6-v2
     query_prefix: str = ""  # dense: e.g. "query: " for e5 models
@@ -238,7 +238,7 @@ class SearchConfig:
                 f"{key}.rendering={VERBATIM_STYLE} shows the simulator's own text and needs {key}.kind=simulator; "
                 f"for {self.kind} results use search-r1, or zerosearch-google for serpapi/serper"
             )
-        if self.kind in ("bm25", "dense") and not self.corpus:
+        if self.kind in ("bm25", "dense", "random") and not self.corpus:
             raise RecipeError(f"{key}.kind={self.kind} needs {key}.corpus (a JSONL file of passages)")
         if self.kind == "http" and not self.url:
             raise RecipeError(f"{key}.kind=http needs {key}.url, e.g. http://127.0.0.1:8000/retrieve")
@@ -792,6 +792,9 @@ class CollectRecipe:
     target: str = "judged"
     outcome_metric: str = "substring_em"  # trajectory: correct = this is 1 (substring_em: ZeroSearch's "EM" | em)
     contrast_queries: int = 0  # per search, perturbed queries also sent to the retriever (word dropped/cut/swapped)
+    # the edits those variants draw from: simulator.sft_data.CONTRAST_EDITS (respell: a word's prefix kept, its
+    # ending replaced, as a policy miscopies a name)
+    contrast_edits: list[str] = field(default_factory=lambda: ["drop", "cut", "swap"])
     balance: bool = True  # judged, trajectory: equal numbers of useful and noisy pairs
     val_fraction: float = 0.1  # share of questions whose pairs go to validation
     batch_size: int = 64  # questions per rollout call
@@ -829,6 +832,12 @@ class CollectRecipe:
         _check_positive("batch_size", self.batch_size)
         if self.contrast_queries < 0:
             raise RecipeError(f"contrast_queries={self.contrast_queries} must be 0 (off) or more")
+        from simsearch.simulator.sft_data import CONTRAST_EDITS  # torch-free
+
+        if not self.contrast_edits:
+            raise RecipeError("contrast_edits is empty: list at least one of " + ", ".join(CONTRAST_EDITS))
+        for i, edit in enumerate(self.contrast_edits):
+            _check_choice(f"contrast_edits[{i}]", edit, CONTRAST_EDITS)
         if self.search.kind in ("simulator", "self"):
             raise RecipeError(f"search.kind={self.search.kind}: collect needs a real retriever")
 

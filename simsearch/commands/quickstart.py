@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import PreTrainedTokenizerFast
 
 from simsearch.commands import evaluate, simulator_collect, simulator_finetune, train
 from simsearch.commands.evaluate import examples_file
@@ -73,6 +74,7 @@ from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.simulator.prompts import render as render_simulator_prompt
 from simsearch.tinyworld.pretrain import (
     QUERY_NAMING,
+    Trace,
     make_copy_drills,
     make_traces,
     pretrain,
@@ -82,7 +84,7 @@ from simsearch.tinyworld.pretrain import (
 from simsearch.tinyworld.world import YEARS, World, build_world
 from simsearch.training.checkpoint import latest_checkpoint
 from simsearch.training.runlog import read_metrics
-from simsearch.types import QAExample
+from simsearch.types import Passage, QAExample
 
 ENGINES = ("simulator", "bm25", "dense", "none")  # none: every search finds nothing
 # The no-search policy is evaluated as it was trained: given a search engine at test time, its
@@ -214,8 +216,12 @@ def _pipeline(recipe: QuickstartRecipe) -> _Pipeline:
     """The run directory (its recipe saved) and the paths every stage reads."""
     run = Path(recipe.run_dir)
     save_recipe(recipe, run)
-    paths = {name: str(run / "world" / f"{name}.jsonl") for name in ("corpus", "train", "test")}
-    paths.update(bm25=str(run / "index" / "bm25"), dense=str(run / "index" / "dense"))
+    paths = {name: str(run / "world" / f"{name}.jsonl") for name in ("corpus", "train", "test", "corpus_known")}
+    paths.update(
+        bm25=str(run / "index" / "bm25"),
+        dense=str(run / "index" / "dense"),
+        bm25_known=str(run / "index" / "bm25_known"),
+    )
     return _Pipeline(recipe, _recipes_dir(recipe), run, paths)
 
 
@@ -233,16 +239,30 @@ def _world_stage(pipeline: _Pipeline) -> tuple[World, str]:
             "sizes": [recipe.n_entities, recipe.n_train_entities, recipe.n_background_entities],
             # Only when set, so a world without two-hop questions keeps the fingerprint it had before them.
             **({"two_hop_share": recipe.two_hop_share} if recipe.two_hop_share else {}),
+            "collect_corpus": "without held-out people",
         }
     )
     claimed = [claim_stage(run / folder, world_fp) for folder in ("world", "index")]
     if not all(claimed):
         world.write(run / "world")
-        for kind in ("bm25", "dense"):  # built once here: later stages only load them
-            build_search_engine(SearchConfig(kind=kind, corpus=paths["corpus"], index_dir=paths[kind]))
+        # What the simulator's SFT data is collected from: the corpus less the held-out people, whom
+        # a name-less query would otherwise bring into its pairs.
+        _write_corpus(world.passages_without(world.people("test")), Path(paths["corpus_known"]))
+        for kind, corpus, index in (
+            ("bm25", "corpus", "bm25"),
+            ("dense", "corpus", "dense"),
+            ("bm25", "corpus_known", "bm25_known"),
+        ):  # built once here: later stages only load them
+            build_search_engine(SearchConfig(kind=kind, corpus=paths[corpus], index_dir=paths[index]))
         for folder in ("world", "index"):
             finish_stage(run / folder, world_fp)
     return world, world_fp
+
+
+def _write_corpus(passages: list[Passage], path: Path) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        for passage in passages:
+            f.write(json.dumps({"id": passage.id, "contents": passage.contents}, ensure_ascii=False) + "\n")
 
 
 def _base_stage(pipeline: _Pipeline, world: World, world_fp: str, rl_recipe: TrainRecipe) -> str:
@@ -264,8 +284,8 @@ def _collect_stage(pipeline: _Pipeline, base_fp: str) -> str:
         f"seed={pipeline.recipe.seed}",
         f"policy.model.path={run / 'base'}",
         f"data.train=[{paths['train']}]",
-        f"search.corpus={paths['corpus']}",
-        f"search.index_dir={paths['bm25']}",
+        f"search.corpus={paths['corpus_known']}",
+        f"search.index_dir={paths['bm25_known']}",
     ]
     return pipeline.stage("collect", CollectRecipe, simulator_collect.main, [base_fp], overrides)
 
@@ -375,6 +395,7 @@ def _base_settings(recipe: QuickstartRecipe, rl: TrainRecipe) -> dict[str, Any]:
     if recipe.two_search_share:  # only when set: one-search bases keep the fingerprint they had before
         settings["two_search_share"] = recipe.two_search_share
     settings.update(template=rl.rollout.template, top_k=rl.search.top_k, rendering=rl.search.rendering)
+    settings["trace_corpus"] = "background people and cities"  # `trace_passages`
     return settings
 
 
@@ -443,15 +464,7 @@ def _pretrain_base(
     recipe: QuickstartRecipe, world: World, questions: list[QAExample], rl: TrainRecipe, out: Path
 ) -> None:
     """Tokenizer + tiny Qwen2 + copy drills + reading and random-query traces, saved like any HF model."""
-    # The tokenizer learns English from the policy prompt and the simulator's instructions (a
-    # real LM's tokenizer knows English words); world names stay unseen by it and split into pieces.
-    simulator_prompt = render_simulator_prompt(
-        "simsearch", query="", question="", golden_answers=[""], noisy=False, top_k=3
-    )
-    texts = world.texts_for_tokenizer() + [render_prompt("", template=rl.rollout.template), simulator_prompt] * 100
-    tokenizer = train_tokenizer(texts, vocab_size=recipe.vocab_size)
-    tokenizer.add_tokens([*(YEARS if recipe.year_tokens else ()), *(world.cities if recipe.city_tokens else ())])
-    engine = BM25SearchEngine.build(world.passages, show_progress=False)
+    tokenizer = base_tokenizer(recipe, world, rl)
     model = build_tiny_model(tokenizer, hidden=128, layers=4, heads=4, kv_heads=2, ffn=384, seed=recipe.seed)
     # Smoke: just enough (40 x 16 traces at a high rate) that the base emits searches.
     drill_steps, steps, batch_size, lr = (
@@ -462,12 +475,49 @@ def _pretrain_base(
     if drill_steps:
         drills = make_copy_drills(tokenizer, n=64 * drill_steps, seed=recipe.seed)
         pretrain(model, drills, steps=drill_steps, batch_size=64, lr=lr, copy_loss_weight=0.0, seed=recipe.seed)
-    n_traces = steps * batch_size if recipe.smoke else recipe.pretrain_traces
-    traces = make_traces(
+    traces = base_traces(recipe, world, questions, tokenizer, rl, n=steps * batch_size if recipe.smoke else 0)
+    pretrain(
+        model,
+        traces,
+        steps=steps,
+        batch_size=batch_size,
+        lr=lr,
+        copy_loss_weight=recipe.copy_loss_weight,
+        seed=recipe.seed,
+    )
+    save_tiny(model, tokenizer, out)
+
+
+def base_tokenizer(recipe: QuickstartRecipe, world: World, rl: TrainRecipe) -> PreTrainedTokenizerFast:
+    """The base's tokenizer: English from the prompts, world-like names in pieces, years and cities whole."""
+    # The tokenizer learns English from the policy prompt and the simulator's instructions (a
+    # real LM's tokenizer knows English words); world names stay unseen by it and split into pieces.
+    simulator_prompt = render_simulator_prompt(
+        "simsearch", query="", question="", golden_answers=[""], noisy=False, top_k=3
+    )
+    texts = world.texts_for_tokenizer() + [render_prompt("", template=rl.rollout.template), simulator_prompt] * 100
+    tokenizer = train_tokenizer(texts, vocab_size=recipe.vocab_size)
+    tokenizer.add_tokens([*(YEARS if recipe.year_tokens else ()), *(world.cities if recipe.city_tokens else ())])
+    return tokenizer
+
+
+def base_traces(
+    recipe: QuickstartRecipe,
+    world: World,
+    questions: list[QAExample],
+    tokenizer: PreTrainedTokenizerFast,
+    rl: TrainRecipe,
+    *,
+    n: int = 0,
+) -> list[Trace]:
+    """The base's pretraining traces about `questions` (`recipe.pretrain_traces` of them, or `n`),
+    searching `trace_passages` only."""
+    engine = BM25SearchEngine.build(trace_passages(world), show_progress=False)
+    return make_traces(
         world,
         engine,
         tokenizer,
-        n=n_traces,
+        n=n or recipe.pretrain_traces,
         seed=recipe.seed,
         top_k=rl.search.top_k,
         template=rl.rollout.template,
@@ -479,16 +529,12 @@ def _pretrain_base(
         two_search_share=recipe.two_search_share,
         query_mix=recipe.query_mix,
     )
-    pretrain(
-        model,
-        traces,
-        steps=steps,
-        batch_size=batch_size,
-        lr=lr,
-        copy_loss_weight=recipe.copy_loss_weight,
-        seed=recipe.seed,
-    )
-    save_tiny(model, tokenizer, out)
+
+
+def trace_passages(world: World) -> list[Passage]:
+    """What the base's pretraining traces search: the corpus less the train and test people, so no
+    trace holds a name (or a fact) of anyone RL or the evaluation asks about."""
+    return world.passages_without(world.people("train") | world.people("test"))
 
 
 def _report(

@@ -215,6 +215,15 @@ def _empty_engine(cfg: SearchConfig, seed: int) -> SearchEngine:
     return EmptySearchEngine()
 
 
+def _random_engine(cfg: SearchConfig, seed: int) -> SearchEngine:
+    from simsearch.data.corpus import JsonlCorpus
+    from simsearch.retrieval.random_docs import RandomDocumentsEngine
+
+    if not Path(cfg.corpus).is_file():
+        raise RecipeError(f"corpus {cfg.corpus!r} not found: give a JSONL file of passages")
+    return RandomDocumentsEngine(JsonlCorpus(cfg.corpus), seed=seed)
+
+
 def _local_engine(cfg: SearchConfig, seed: int) -> SearchEngine:
     if not Path(cfg.corpus).is_file():
         raise RecipeError(f"corpus {cfg.corpus!r} not found: give a JSONL file of passages")
@@ -258,6 +267,7 @@ SEARCH_ENGINES: dict[str, Callable[[SearchConfig, int], SearchEngine | None]] = 
     "simulator": _simulator_engine,
     "self": _no_engine,
     "empty": _empty_engine,  # finds nothing
+    "random": _random_engine,  # top_k corpus passages drawn at random, whatever the query
 }
 """Every search engine kind (`SearchConfig.kind`): kind -> (cfg, seed) -> engine (None for self-search)."""
 

@@ -334,13 +334,25 @@ def _draw_usable(pool: Sequence[Document], usable: Callable[[Document], bool], r
     return rng.choice(rest) if rest else None
 
 
-def query_variants(query: str, n: int, rng: random.Random, donors: Sequence[str]) -> list[str]:
+CONTRAST_EDITS: tuple[str, ...] = ("drop", "cut", "swap", "respell")
+"""The edits `query_variants` draws from (`CollectRecipe.contrast_edits`)."""
+
+
+def query_variants(
+    query: str,
+    n: int,
+    rng: random.Random,
+    donors: Sequence[str],
+    edits: Sequence[str] = ("drop", "cut", "swap"),
+) -> list[str]:
     """Up to `n` distinct perturbations of `query`, each different from it.
 
-    One edit per variant, chosen at random: drop a word (queries of two words or more), cut a
-    word of four letters or more to a prefix of at least two, or replace a word by a word of a
-    `donors` query. Draws that repeat a variant or the query itself are retried a bounded number
-    of times, so fewer than `n` come back when the query allows few edits.
+    One edit per variant, drawn from `edits`: `drop` a word (queries of two words or more),
+    `cut` a word of four letters or more to a prefix of at least two, `swap` a word for a word
+    of a `donors` query, or `respell` a word of four letters or more: its prefix of at least two
+    letters kept, the rest replaced by the ending of a donor word (`Konis` -> `Konbe`, the way a
+    policy miscopies a name). Draws that repeat a variant or the query itself are retried a
+    bounded number of times, so fewer than `n` come back when the query allows few edits.
     """
     words = query.split()
     donor_words = [w for d in donors for w in d.split()]
@@ -349,20 +361,27 @@ def query_variants(query: str, n: int, rng: random.Random, donors: Sequence[str]
         if len(out) == n or not words:
             break
         i = rng.randrange(len(words))
-        edit = rng.choice(("drop", "cut", "swap"))
         edited = list(words)
-        if edit == "drop" and len(words) >= 2:
-            del edited[i]
-        elif edit == "cut" and len(words[i]) >= 4:
-            edited[i] = words[i][: rng.randrange(2, len(words[i]) - 1)]
-        elif edit == "swap" and donor_words:
-            edited[i] = rng.choice(donor_words)
-        else:
-            continue
+        edited[i : i + 1] = _edit(words[i], rng.choice(tuple(edits)), len(words), donor_words, rng)
         variant = " ".join(edited)
-        if variant != query and variant not in out:
+        if edited != words and variant not in out:
             out.append(variant)
     return out
+
+
+def _edit(word: str, edit: str, n_words: int, donor_words: list[str], rng: random.Random) -> list[str]:
+    """`word` after one `query_variants` edit: no word (dropped), one word, or `[word]` when it does not apply."""
+    if edit == "drop" and n_words >= 2:
+        return []
+    if edit == "cut" and len(word) >= 4:
+        return [word[: rng.randrange(2, len(word) - 1)]]
+    if edit == "swap" and donor_words:
+        return [rng.choice(donor_words)]
+    if edit == "respell" and len(word) >= 4 and donor_words:
+        donor = rng.choice(donor_words)
+        keep = rng.randrange(2, len(word) - 1)
+        return [word[:keep] + donor[min(keep, len(donor) - 1) :].lower()]
+    return [word]
 
 
 def contrast_records(
@@ -373,15 +392,16 @@ def contrast_records(
     top_k: int,
     seed: int,
     chunk_size: int = 256,
+    edits: Sequence[str] = ("drop", "cut", "swap"),
 ) -> list[SearchRecord]:
-    """`n` variants of each record's query (`query_variants`, words swapped in from another
-    record's query), searched with `search`, as records of the same question and answers."""
+    """`n` variants of each record's query (`query_variants` with `edits`, donor words from
+    another record's query), searched with `search`, as records of the same question and answers."""
     rng = random.Random(seed)
     queries = [r.query for r in records]
     sources: list[SearchRecord] = []
     variants: list[str] = []
     for r in records:
-        for variant in query_variants(r.query, n, rng, donors=[rng.choice(queries)]):
+        for variant in query_variants(r.query, n, rng, donors=[rng.choice(queries)], edits=edits):
             sources.append(r)
             variants.append(variant)
     out: list[SearchRecord] = []

@@ -200,6 +200,15 @@ class World:
             write_qa_jsonl(self.background, paths["background"])
         return paths
 
+    def people(self, split: str) -> set[str]:
+        """The names of the people asked about in `split`: train, test or background."""
+        questions = {"train": self.train, "test": self.test, "background": self.background}[split]
+        return {self.facts[q.id].entity for q in questions}
+
+    def passages_without(self, names: set[str]) -> list[Passage]:
+        """The corpus less every passage about one of `names` (a person's passages carry their name as title)."""
+        return [p for p in self.passages if p.title.strip('"') not in names]
+
     def texts_for_tokenizer(self, n_texts: int = 2000, *, seed: int = 0) -> list[str]:
         """Sample texts for training a tokenizer that has never seen this world's names.
 

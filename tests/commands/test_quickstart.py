@@ -102,6 +102,57 @@ def test_the_base_tokenizer_writes_cities_and_years_whole(smoke_run) -> None:
         assert len(tokenizer(value, add_special_tokens=False)["input_ids"]) == 1, value
 
 
+def _names_in(text: str, names: set[str]) -> set[str]:
+    return {word for word in re.findall(r"[A-Z][a-z]+", text) if word in names}
+
+
+@pytest.mark.slow
+def test_no_held_out_person_reaches_the_simulators_sft_pairs(smoke_run) -> None:
+    run_dir, _ = smoke_run
+    world = quickstart.build_world(seed=0, n_entities=300, n_train_entities=200, n_background_entities=900)
+    pairs = [
+        json.loads(line)
+        for name in ("train.jsonl", "val.jsonl")
+        for line in (run_dir / "collect" / name).read_text().splitlines()
+    ]
+    assert pairs
+    text = "\n".join(pair["prompt"] + pair["response"] for pair in pairs)
+    assert not _names_in(text, world.people("test"))
+    # The check can see names: the pairs hold training people (the questions' own) and background ones.
+    assert _names_in(text, world.people("train") | world.people("background"))
+    # What collect searched: the corpus less exactly the held-out people's passages.
+    known = [
+        json.loads(line)["contents"] for line in (run_dir / "world" / "corpus_known.jsonl").read_text().splitlines()
+    ]
+    assert len(known) == len(world.passages) - 3 * len(world.people("test"))
+    assert not _names_in("\n".join(known), world.people("test"))
+
+
+@pytest.mark.slow
+def test_rl_prompts_name_no_held_out_person_and_rl_searches_only_the_simulator(smoke_run) -> None:
+    run_dir, _ = smoke_run
+    world = quickstart.build_world(seed=0, n_entities=300, n_train_entities=200, n_background_entities=900)
+    rows = [json.loads(line) for line in (run_dir / "train" / "trajectories.jsonl").read_text().splitlines()]
+    assert rows and not _names_in("\n".join(row["question"] for row in rows), world.people("test"))
+    assert _names_in("\n".join(row["question"] for row in rows), world.people("train"))
+    engines = json.loads((run_dir / "train" / "cost.json").read_text())["engines"]
+    assert [usage["kind"] for usage in engines.values()] == ["simulator"]
+
+
+def test_no_pretraining_trace_names_anyone_rl_or_the_evaluation_asks_about() -> None:
+    world = quickstart.build_world(seed=3, n_entities=40, n_train_entities=25, n_background_entities=60)
+    recipe = load_recipe(QuickstartRecipe, None, ["pretrain_traces=400", "seed=3"])
+    rl = load_recipe(TrainRecipe, RECIPES / "train.yaml")
+    tokenizer = quickstart.base_tokenizer(recipe, world, rl)
+    traces = quickstart.base_traces(recipe, world, world.background, tokenizer, rl)
+    text = "\n".join(tokenizer.decode(trace.input_ids) for trace in traces)
+    assert len(traces) == 400
+    assert not _names_in(text, world.people("train") | world.people("test"))
+    assert len(_names_in(text, world.people("background"))) > 30  # the check sees the names that are there
+    # A name-less query over the whole corpus would have reached them: 3 x 40 of 300 passages are theirs.
+    assert len(quickstart.trace_passages(world)) == len(world.passages) - 3 * 40
+
+
 @pytest.mark.slow
 def test_the_same_recipe_gives_the_same_numbers(smoke_run, tmp_path: Path) -> None:
     """Same recipe, seed and threads on the same machine: every metric equal, not just close."""

@@ -378,3 +378,28 @@ def test_trajectory_target_refuses_records_without_an_outcome() -> None:
             preset="simsearch",
             target="trajectory",
         )
+
+
+def test_respelled_variants_keep_a_prefix_and_take_a_donor_ending() -> None:
+    import random
+
+    variants = query_variants("Konis", 6, random.Random(0), donors=["Tisun Gosgos"], edits=["respell"])
+    assert variants and len(set(variants)) == len(variants)
+    for variant in variants:
+        # A miscopy: the first two letters or more kept, the ending from a donor word, never the name itself.
+        keep = next(k for k in range(len("Konis"), 1, -1) if variant.startswith("Konis"[:k]))
+        assert variant != "Konis" and keep >= 2
+        assert any(donor.lower().endswith(variant[keep:]) for donor in ("Tisun", "Gosgos")), variant
+
+
+def test_the_recipe_names_an_unknown_contrast_edit() -> None:
+    from simsearch.config import CollectRecipe, load_recipe
+    from simsearch.errors import RecipeError
+
+    overrides = ["run_dir=r", "policy.model.path=m", "data.train=[t.jsonl]", "search.corpus=c.jsonl"]
+    assert load_recipe(CollectRecipe, None, [*overrides, "contrast_edits=[cut,respell]"]).contrast_edits == [
+        "cut",
+        "respell",
+    ]
+    with pytest.raises(RecipeError, match=r"contrast_edits\[1\]='typo' is not one of drop, cut, swap, respell"):
+        load_recipe(CollectRecipe, None, [*overrides, "contrast_edits=[cut,typo]"])

@@ -1,0 +1,308 @@
+"""What the simulator adds: RL arms that differ only in the engine in the loop, on several worlds.
+
+    python benchmarks/controls.py --seeds 0 1 2 3 4 --jobs 2 --threads 1     # the reporting worlds
+    python benchmarks/controls.py --seeds 100 101 102 --jobs 2 --threads 1   # development worlds
+    python benchmarks/controls.py --smoke                                    # a pipeline check
+
+Per world (seed): `simsearch quickstart` in RUN_DIR/world_SEED (its base, its simulator and its
+RL policy, which is the simulator arm), then one RL run per control on the same base with
+`recipes/quickstart/train.yaml`, the same seed, steps, prompts and group size; only the engine in
+the loop changes:
+
+- `simulator`: the fine-tuned simulator under the quickstart's noise curriculum (the quickstart's
+  own RL run);
+- `empty`: every search finds nothing;
+- `random`: `top_k` corpus passages drawn at random, whatever the query;
+- `noisy`: the same simulator asked for noisy documents on every search (p_noise = 1);
+- `bm25`: real BM25 in the loop (the reference a simulator stands in for).
+
+Every policy (and the base) is evaluated greedily on the held-out questions against BM25 and
+dense retrieval. Worlds run in `--jobs` worker processes at `--threads` torch threads each.
+
+Prints per-arm mean ± sd, the paired difference of the simulator arm over each control with a
+95% bootstrap interval over worlds, and as its last line one JSON object: `sim_em_bm25_mean`,
+`sim_em_bm25_min`, `sim_over_best_control_mean`, `sim_over_best_control_ci_low` /
+`_ci_high` (the best control is, in each world, the highest of empty, random and noisy on BM25),
+`sim_share_of_bm25_loop_gain` ((simulator - base) / (bm25 arm - base), means over worlds),
+`wall_s_max` and `peak_rss_gb_max` (the quickstart part of each world), `world_set`
+(`reporting`: seeds below 100, which no design choice was tuned on; `development`: 100 and up),
+and the detail per world.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
+from benchlib import NO_NOISE, RECIPES, mean_sd
+
+ARMS: dict[str, tuple[str, ...]] = {
+    "empty": ("search.kind=empty", *NO_NOISE),
+    "random": ("search.kind=random", "search.corpus={corpus}", *NO_NOISE),
+    "noisy": ("curriculum.kind=constant", "curriculum.p_start=1.0"),
+    "bm25": ("search.kind=bm25", "search.corpus={corpus}", "search.index_dir={bm25}", *NO_NOISE),
+}
+"""Control arm -> overrides of the quickstart's train.yaml (the simulator arm is the quickstart's RL run)."""
+CONTROLS = ("empty", "random", "noisy")  # the uninformative engines; bm25 is the reference
+ROWS = ("base", "simulator", *ARMS)
+ENGINES = ("bm25", "dense")
+DEVELOPMENT_SEEDS = 100  # seeds from here on are development worlds; below, reporting worlds
+BOOTSTRAP_DRAWS = 10_000
+
+SMOKE_TRAIN = ["steps=2", "prompts_per_step=2", "rollout.group_size=2", "save_every=1", "eval_every=0"]
+SMOKE_EVAL = ["chunk_size=8"]
+SMOKE_LIMIT = 8  # held-out questions per evaluation in smoke mode
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = _parse(argv)
+    if args.one_world is not None:
+        run_world(args.one_world, args)
+        return {}
+    began = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        worlds = dict(zip(args.seeds, pool.map(lambda seed: _world_in_subprocess(seed, args), args.seeds)))
+    figures = summarize(worlds, args, wall_s=time.perf_counter() - began)
+    print_tables(worlds, figures)
+    print(json.dumps(figures))
+    return figures
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", help="one world per seed (default 0 1 2 3 4; smoke 0)")
+    parser.add_argument("--jobs", type=int, default=1, help="worlds run at once, each in its own process")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per world (0 = every core)")
+    parser.add_argument("--run-dir", default="", help="parent of the worlds' runs (runs/controls; smoke: a temp dir)")
+    parser.add_argument("--smoke", action="store_true", help="every stage for a step or two")
+    parser.add_argument("--one-world", type=int, default=None, help=argparse.SUPPRESS)  # a worker's seed
+    parser.add_argument("overrides", nargs="*", help="quickstart recipe overrides, after --")
+    args = parser.parse_args(argv)
+    args.seeds = args.seeds or ([0] if args.smoke else [0, 1, 2, 3, 4])
+    smoke_dir = tempfile.mkdtemp(prefix="controls-smoke-") if args.smoke and not args.run_dir else ""
+    args.run_dir = Path(args.run_dir or smoke_dir or "runs/controls")
+    return args
+
+
+def _world_in_subprocess(seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One world in a worker process (its own threads and peak memory); returns its controls.json."""
+    command = [
+        sys.executable, __file__, "--one-world", str(seed), "--run-dir", str(args.run_dir),
+        "--threads", str(args.threads), *(["--smoke"] if args.smoke else []), "--", *args.overrides,
+    ]  # fmt: skip
+    log = args.run_dir / f"world_{seed}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"world {seed}: running (log: {log})", flush=True)
+    with log.open("w") as out:
+        subprocess.run(command, check=True, stdout=out, stderr=subprocess.STDOUT)
+    result = json.loads((args.run_dir / f"world_{seed}" / "controls.json").read_text())
+    print(f"world {seed}: done, BM25 EM " + ", ".join(f"{r} {result['em'][r]['bm25']:.1f}" for r in ROWS), flush=True)
+    return result
+
+
+# --------------------------------------------------------------------------- one world (a worker)
+
+
+def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The quickstart, then every control arm and its evaluation; writes and returns controls.json."""
+    from simsearch.commands import quickstart
+    from simsearch.config import QuickstartRecipe, load_recipe
+    from simsearch.fingerprints import stage_fingerprint
+
+    root = args.run_dir / f"world_{seed}"
+    qs = load_recipe(
+        QuickstartRecipe, None,
+        [f"run_dir={root / 'quickstart'}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}",
+         *args.overrides],
+    )  # fmt: skip
+    report = quickstart.main(qs)  # sets this process's torch threads
+    run = Path(qs.run_dir)
+    paths = {
+        "corpus": str(run / "world" / "corpus.jsonl"),
+        "train": str(run / "world" / "train.jsonl"),
+        "test": str(run / "world" / "test.jsonl"),
+        "bm25": str(run / "index" / "bm25"),
+        "dense": str(run / "index" / "dense"),
+        "base": str(run / "base"),
+        "simulator": str(quickstart.final_model(run / "simulator")),
+    }
+    fingerprints = {stage: stage_fingerprint(run / stage) for stage in ("world", "base", "simulator")}
+    em = {"base": _real(report["em"]["base"]), "simulator": _real(report["em"]["rl_search"])}
+    stage_s: dict[str, float] = {}
+    for arm in ARMS:
+        began = time.perf_counter()
+        policy_fp = train_arm(root, arm, seed, paths, fingerprints, args.smoke)
+        em[arm] = evaluate_arm(root, arm, seed, paths, [policy_fp, fingerprints["world"]], args.smoke)
+        stage_s[arm] = round(time.perf_counter() - began, 1)
+    result = {
+        "seed": seed,
+        "em": em,
+        "quickstart_wall_s": report["wall_s"],
+        "quickstart_peak_rss_gb": report["peak_rss_gb"],
+        "arm_s": stage_s,
+        "query_naming": report["query_naming"],
+        "sim_rl_searches_by_kind": _searches_by_kind(run / "train"),  # the simulator arm: no other engine
+        "machine": report["machine"],
+    }
+    (root / "controls.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _searches_by_kind(train_run: Path) -> dict[str, int]:
+    """An RL run's searches per engine kind, from its cost.json."""
+    engines = json.loads((train_run / "cost.json").read_text())["engines"]
+    return {usage["kind"]: usage["searches"] for usage in engines.values()}
+
+
+def _real(em: dict[str, float]) -> dict[str, float]:
+    return {engine: em[engine] for engine in ENGINES}
+
+
+def train_arm(root: Path, arm: str, seed: int, paths: dict[str, str], fingerprints: dict[str, str], smoke: bool) -> str:
+    """One control's RL run: the quickstart's train.yaml on its base, the engine swapped; its fingerprint."""
+    from simsearch.commands import train
+    from simsearch.config import TrainRecipe
+
+    overrides = [
+        f"seed={seed}", f"run_dir={root / 'train' / arm}", f"policy.model.path={paths['base']}",
+        f"data.train=[{paths['train']}]",
+        f"search.simulator.generation.model.path={paths['simulator']}",
+        f"search.cache={root / 'cache' / arm}.sqlite",
+        *(SMOKE_TRAIN if smoke else []),
+        *(o.format(**paths) for o in ARMS[arm]),
+    ]  # fmt: skip
+    inputs = [fingerprints["base"], fingerprints["simulator"]]
+    return _stage(TrainRecipe, RECIPES / "train.yaml", overrides, train.main, inputs)
+
+
+def evaluate_arm(root: Path, arm: str, seed: int, paths: dict[str, str], inputs: list[str], smoke: bool) -> dict:
+    """eval.yaml for one control's policy, BM25 and dense only; EM (percent) per engine."""
+    from simsearch.commands import evaluate, quickstart
+    from simsearch.config import EvalRecipe
+
+    out = root / "eval" / arm
+    overrides = [
+        f"run_dir={out}", f"seed={seed}", f"policy.model.path={quickstart.final_model(root / 'train' / arm)}",
+        f"datasets=[{{name: heldout, path: {paths['test']}, limit: {SMOKE_LIMIT if smoke else 0}}}]",
+        f"engines.bm25.corpus={paths['corpus']}", f"engines.bm25.index_dir={paths['bm25']}",
+        f"engines.dense.corpus={paths['corpus']}", f"engines.dense.index_dir={paths['dense']}",
+        "training_run=''", "baselines=[]", "fidelity_size=0", *(SMOKE_EVAL if smoke else []),
+    ]  # fmt: skip
+
+    def real_engines_only(recipe: Any) -> None:
+        recipe.engines = {name: recipe.engines[name] for name in ENGINES}
+
+    _stage(EvalRecipe, RECIPES / "eval.yaml", overrides, evaluate.main, inputs, edit=real_engines_only)
+    summary = json.loads((out / "summary.json").read_text())
+    return {engine: 100.0 * summary["rows"][engine]["average"]["em"] for engine in ENGINES}
+
+
+def _stage(schema: type, recipe_file: Path, overrides: list[str], command: Any, inputs: list[str], edit: Any = None):
+    """`benchlib.run_stage`, with an optional edit of the loaded recipe before it is fingerprinted."""
+    from simsearch.config import load_recipe
+    from simsearch.fingerprints import claim_stage, digest, finish_stage
+
+    stage = load_recipe(schema, recipe_file, overrides)
+    if edit is not None:
+        edit(stage)
+    fingerprint = digest({"recipe": asdict(stage), "inputs": inputs})
+    if not claim_stage(Path(stage.run_dir), fingerprint):
+        command(stage)
+        finish_stage(Path(stage.run_dir), fingerprint)
+    return fingerprint
+
+
+# --------------------------------------------------------------------------- over worlds
+
+
+def bootstrap_interval(values: Sequence[float], *, draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> tuple[float, float]:
+    """95% percentile bootstrap interval of the mean of `values` (worlds resampled with replacement)."""
+    rng = random.Random(seed)
+    n = len(values)
+    means = sorted(sum(values[rng.randrange(n)] for _ in range(n)) / n for _ in range(draws))
+    return means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
+
+
+def summarize(worlds: dict[int, dict[str, Any]], args: argparse.Namespace, *, wall_s: float) -> dict[str, Any]:
+    """The JSON figures: per-arm means, paired differences with their intervals, the targets' keys."""
+    seeds = list(worlds)
+    em = {row: {e: [worlds[s]["em"][row][e] for s in seeds] for e in ENGINES} for row in ROWS}
+    best_control = [max(worlds[s]["em"][c]["bm25"] for c in CONTROLS) for s in seeds]
+    over_best = [sim - best for sim, best in zip(em["simulator"]["bm25"], best_control)]
+    paired = {}
+    for arm in (*CONTROLS, "bm25", "base"):
+        diffs = [a - b for a, b in zip(em["simulator"]["bm25"], em[arm]["bm25"])]
+        low, high = bootstrap_interval(diffs)
+        paired[arm] = {"mean": round(mean_sd(diffs)[0], 2), "ci_low": round(low, 2), "ci_high": round(high, 2)}
+    low, high = bootstrap_interval(over_best)
+    base, sim, loop = (mean_sd(em[row]["bm25"])[0] for row in ("base", "simulator", "bm25"))
+    return {
+        "seeds": seeds,
+        "world_set": world_set(seeds),
+        "threads": args.threads,
+        "smoke": args.smoke,
+        "sim_em_bm25_mean": round(sim, 2),
+        "sim_em_bm25_min": round(min(em["simulator"]["bm25"]), 2),
+        "sim_over_best_control_mean": round(mean_sd(over_best)[0], 2),
+        "sim_over_best_control_ci_low": round(low, 2),
+        "sim_over_best_control_ci_high": round(high, 2),
+        "sim_share_of_bm25_loop_gain": round((sim - base) / (loop - base), 3) if loop != base else None,
+        "wall_s_max": max(w["quickstart_wall_s"] for w in worlds.values()),
+        "peak_rss_gb_max": max(w["quickstart_peak_rss_gb"] for w in worlds.values()),
+        "wall_s": round(wall_s, 1),
+        "em_mean": {row: {e: round(mean_sd(em[row][e])[0], 2) for e in ENGINES} for row in ROWS},
+        "em_sd": {row: {e: round(mean_sd(em[row][e])[1], 2) for e in ENGINES} for row in ROWS},
+        "sim_minus": paired,
+        "by_world": {str(s): worlds[s] for s in seeds},
+    }
+
+
+def world_set(seeds: Sequence[int]) -> str:
+    """`reporting` (every seed below 100), `development` (every seed 100 or more) or `mixed`."""
+    development = [seed >= DEVELOPMENT_SEEDS for seed in seeds]
+    return "development" if all(development) else "mixed" if any(development) else "reporting"
+
+
+def print_tables(worlds: dict[int, dict[str, Any]], figures: dict[str, Any]) -> None:
+    """The per-world and per-arm tables, the paired differences and the targets."""
+    print(
+        f"\nHeld-out EM (%), greedy, {figures['world_set']} worlds {figures['seeds']}, {figures['threads']} thread(s)."
+    )
+    print("\n| world | " + " | ".join(ROWS) + " |\n|---|" + "---|" * len(ROWS))
+    for seed, world in worlds.items():
+        print(f"| {seed} | " + " | ".join(f"{world['em'][r]['bm25']:.1f}" for r in ROWS) + " |")
+    print("\n(BM25 above.) Mean ± sd over worlds:\n\n| arm | bm25 | dense |\n|---|---|---|")
+    for row in ROWS:
+        cells = [f"{figures['em_mean'][row][e]:.1f} ± {figures['em_sd'][row][e]:.1f}" for e in ENGINES]
+        print(f"| {row} | " + " | ".join(cells) + " |")
+    print("\nSimulator arm minus each arm, BM25, paired by world (95% bootstrap interval over worlds):\n")
+    print("| minus | mean | 95% interval |\n|---|---|---|")
+    for arm, d in figures["sim_minus"].items():
+        print(f"| {arm} | {d['mean']:+.1f} | [{d['ci_low']:+.1f}, {d['ci_high']:+.1f}] |")
+    targets = [
+        ("sim_em_bm25_mean", ">= 50", figures["sim_em_bm25_mean"] >= 50),
+        ("sim_em_bm25_min", ">= 35", figures["sim_em_bm25_min"] >= 35),
+        ("sim_over_best_control_mean", ">= 15", figures["sim_over_best_control_mean"] >= 15),
+        ("sim_over_best_control_ci_low", "> 0", figures["sim_over_best_control_ci_low"] > 0),
+        ("sim_share_of_bm25_loop_gain", ">= 0.7", (figures["sim_share_of_bm25_loop_gain"] or 0) >= 0.7),
+        ("wall_s_max", "<= 600", figures["wall_s_max"] <= 600),
+        ("peak_rss_gb_max", "<= 2", figures["peak_rss_gb_max"] <= 2),
+    ]
+    print("\n| target | measured | wanted | met |\n|---|---|---|---|")
+    for key, wanted, met in targets:
+        print(f"| {key} | {figures[key]} | {wanted} | {'yes' if met else 'NO'} |")
+
+
+if __name__ == "__main__":
+    main()

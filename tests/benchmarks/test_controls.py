@@ -1,0 +1,75 @@
+"""benchmarks/controls.py: its statistics by hand, and `--smoke` end to end (every arm for two steps)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.benchmark_scripts import load_benchmark
+
+controls = load_benchmark("controls")
+
+KEYS = {
+    "sim_em_bm25_mean", "sim_em_bm25_min", "sim_over_best_control_mean", "sim_over_best_control_ci_low",
+    "sim_share_of_bm25_loop_gain", "wall_s_max", "peak_rss_gb_max", "world_set",
+}  # fmt: skip  # the issue's keys, and which worlds
+
+
+def test_bootstrap_interval_by_hand() -> None:
+    # Two worlds, 0 and 10: a resample's mean is 0, 5 or 10 with odds 1/4, 1/2, 1/4, so the 2.5th
+    # percentile is 0 and the 97.5th is 10.
+    assert controls.bootstrap_interval([0.0, 10.0]) == (0.0, 10.0)
+    assert controls.bootstrap_interval([4.0, 4.0, 4.0]) == (4.0, 4.0)
+    low, high = controls.bootstrap_interval([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert 1.0 < low < 3.0 < high < 5.0
+
+
+def test_world_sets() -> None:
+    assert controls.world_set([0, 1, 4]) == "reporting"
+    assert controls.world_set([100, 101]) == "development"
+    assert controls.world_set([0, 100]) == "mixed"
+
+
+def _world(seed: int, bm25: dict[str, float]) -> dict:
+    em = {row: {"bm25": value, "dense": value / 2} for row, value in bm25.items()}
+    return {"seed": seed, "em": em, "quickstart_wall_s": 100.0 + seed, "quickstart_peak_rss_gb": 1.0}
+
+
+def test_the_best_control_is_taken_world_by_world() -> None:
+    worlds = {
+        0: _world(0, {"base": 10, "simulator": 60, "empty": 5, "random": 20, "noisy": 12, "bm25": 70}),
+        1: _world(1, {"base": 20, "simulator": 50, "empty": 30, "random": 10, "noisy": 25, "bm25": 60}),
+    }
+    args = argparse.Namespace(threads=1, smoke=False)
+    figures = controls.summarize(worlds, args, wall_s=1.0)
+    # World 0's best control is random (20), world 1's empty (30): differences 40 and 20.
+    assert figures["sim_over_best_control_mean"] == 30.0
+    assert (figures["sim_over_best_control_ci_low"], figures["sim_over_best_control_ci_high"]) == (20.0, 40.0)
+    assert figures["sim_em_bm25_mean"] == 55.0 and figures["sim_em_bm25_min"] == 50.0
+    # (55 - 15) / (65 - 15) = 0.8
+    assert figures["sim_share_of_bm25_loop_gain"] == 0.8
+    assert figures["sim_minus"]["empty"]["mean"] == 37.5  # (55 + 20) / 2
+    assert figures["wall_s_max"] == 101.0 and figures["world_set"] == "reporting"
+    assert figures["em_mean"]["random"] == {"bm25": 15.0, "dense": 7.5}
+
+
+@pytest.mark.slow
+def test_smoke_trains_every_arm_on_its_own_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    controls.main(["--smoke", "--run-dir", str(tmp_path), "--threads", "1"])
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the JSON is the last line
+    assert set(figures) >= KEYS and figures["smoke"] is True and figures["seeds"] == [0]
+    world = tmp_path / "world_0"
+    kinds = {"empty": "empty", "random": "random", "noisy": "simulator", "bm25": "bm25"}
+    for arm, kind in kinds.items():
+        engines = json.loads((world / "train" / arm / "cost.json").read_text())["engines"]
+        assert [usage["kind"] for usage in engines.values()] == [kind], arm
+        rows = [json.loads(line) for line in (world / "train" / arm / "metrics.jsonl").read_text().splitlines()]
+        assert [row["step"] for row in rows] == [1, 2], arm  # the same budget for every arm
+        # Only the noisy arm asks the simulator for noisy documents, on every search.
+        assert {row["curriculum/p_noise"] for row in rows} == {1.0 if arm == "noisy" else 0.0}, arm
+        summary = json.loads((world / "eval" / arm / "summary.json").read_text())
+        assert set(summary["rows"]) == {"bm25", "dense"}, arm
+    assert set(figures["by_world"]["0"]["em"]) == {"base", "simulator", *kinds}
