@@ -1,0 +1,316 @@
+"""The GPU path, run end to end on one device: training (hf, ZeRO-2, ZeRO-3), rollouts and generation speed.
+
+Run:  bash benchmarks/gpu_check.sh [--model PATH] [--device cuda] [--shape 0.5b] [--skip PART ...]
+      bash benchmarks/gpu_check.sh --device cpu --shape tiny     (what the test suite runs)
+
+Offline and self-contained: the tiny world (`simsearch.tinyworld`) gives questions and a corpus; the
+policy is a Qwen2 of `--shape` with random weights and a byte-level BPE trained on the world's texts
+(`simsearch.models`), unless `--model` names a local directory or hub name. Parts, in order:
+
+- train_hf:   `simsearch train` with the hf engine (REINFORCE, BM25, 2 turns, bf16 and gradient
+              checkpointing on a GPU), 3 steps; the mean step time after the first.
+- zero2/zero3: the same job under DeepSpeed ZeRO-2 and ZeRO-3 in one process (torchrun), 2 steps.
+- generation: HFEngine vs a bare KV-cached greedy loop vs `model.generate` vs HFEngine(compile=True),
+              `--batch` prompts of `--prompt-tokens`, `--new-tokens` new, greedy, best of 2.
+- rollout:    `generate_trajectories` on `--batch` trajectories, BM25 search, sampling at temperature 1:
+              the policy's decoded tokens over its generate time (search time left out), and the mean
+              rows each decode step served.
+- vllm:       the vLLM engine on the generation prompts, when `vllm` imports.
+
+A part that cannot run here (no vLLM, `--skip`) reports null, and `skipped` says why. The last line
+printed is one JSON object (keys: FIGURES plus `skipped` and the shape).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from generate import bare_loop  # sibling module: benchmarks/ is on sys.path (python benchmarks/x.py)
+from transformers import AutoTokenizer
+
+from simsearch.commands import train
+from simsearch.config import TrainRecipe, load_recipe
+from simsearch.generation.hf import HFEngine
+from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
+from simsearch.policy.rollout import RolloutSettings, generate_trajectories
+from simsearch.retrieval.bm25 import BM25SearchEngine
+from simsearch.tinyworld.world import World, build_world
+from simsearch.training.runlog import read_metrics
+from simsearch.types import SamplingParams
+
+SHAPES: dict[str, dict[str, int]] = {
+    "0.5b": dict(hidden=896, layers=24, heads=14, kv_heads=2, ffn=4864, vocab=8000),  # Qwen2.5-0.5B's body
+    "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=600),
+}
+PARTS = ("train_hf", "zero2", "zero3", "generation", "rollout", "vllm")
+FIGURES = (
+    "train_hf_step_s", "train_zero2_step_s", "train_zero3_step_s", "rollout_tokens_per_s", "engine_tokens_per_s",
+    "bare_loop_tokens_per_s", "compiled_tokens_per_s", "rollout_over_engine", "compiled_over_bare_loop",
+    "quickstart_rl_s_per_step", "wall_s",
+)  # fmt: skip
+
+# DeepSpeed's shared-memory allreduce is a C++ extension compiled on first use: switched off (gloo or NCCL do).
+LAUNCHER = """
+import sys
+import deepspeed
+
+deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+from simsearch.cli import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def environment() -> str:
+    """One line: Python, torch, CUDA, transformers, the device, optional packages."""
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"no GPU ({platform.processor() or 'cpu'})"
+    extras = []
+    for name in ("deepspeed", "peft", "accelerate", "vllm"):
+        try:
+            extras.append(f"{name} {__import__(name).__version__}")
+        except Exception:  # an optional package missing or broken: say so, go on
+            extras.append(f"{name} -")
+    return (
+        f"gpu_check: Python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
+        f"transformers {transformers.__version__}, {', '.join(extras)}; {device}"
+    )
+
+
+def build_policy(shape: dict[str, int], world: World, directory: Path) -> Path:
+    """A random-weight Qwen2 of `shape` with a BPE trained on the world's texts, saved to `directory`."""
+    train_tokenizer(world.texts_for_tokenizer(4000), vocab_size=shape["vocab"]).save_pretrained(directory)
+    # Reloaded first: loading may add a token (<|endoftext|>), which the embeddings must cover too.
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    dims = {key: value for key, value in shape.items() if key != "vocab"}
+    return save_tiny(build_tiny_model(tokenizer, seed=0, **dims), tokenizer, directory)
+
+
+def train_overrides(
+    args: argparse.Namespace, model: Path, data: dict[str, Path], run_dir: Path, steps: int
+) -> list[str]:
+    """The `simsearch train` job every training part runs (as key=value overrides)."""
+    gpu = args.device.startswith("cuda")
+    return [f"{key}={value}" for key, value in {
+        "run_dir": run_dir, "seed": 0, "policy.model.path": model, "policy.model.device": args.device,
+        "policy.model.dtype": "bfloat16" if gpu else "float32", "policy.batch_size": args.batch,
+        "sampling.max_new_tokens": args.new_tokens, "data.train": f"[{data['train']}]", "search.kind": "bm25",
+        "search.corpus": data["corpus"], "search.index_dir": run_dir.parent / "bm25", "search.top_k": 3,
+        "curriculum.kind": "constant", "curriculum.p_start": 0.0, "rollout.template": "search-r1",
+        "rollout.max_turns": 2, "rollout.group_size": 5, "rollout.max_context_tokens": 2048,
+        "rollout.max_obs_tokens": 512, "algorithm.estimator": "reinforce", "algorithm.kl_coef": 0.0,
+        "optim.lr": 1e-6, "steps": steps, "prompts_per_step": args.prompts_per_step, "micro_batch_size": 8,
+        "gradient_checkpointing": gpu, "bf16": gpu, "save_every": 0, "eval_every": 0, "resume": "false",
+        "tensorboard": "false",
+    }.items()]  # fmt: skip
+
+
+def mean_step_s(run_dir: Path) -> float:
+    """Mean `time/step_s` over the steps after the first (warm-up), or the only step."""
+    rows = read_metrics(run_dir)
+    timed = rows[1:] or rows
+    return statistics.fmean(row["time/step_s"] for row in timed)
+
+
+def train_hf(args: argparse.Namespace, model: Path, data: dict[str, Path], work: Path) -> dict[str, Any]:
+    run = work / "train_hf"
+    train.main(load_recipe(TrainRecipe, None, train_overrides(args, model, data, run, steps=3)))
+    return {"train_hf_step_s": mean_step_s(run)}
+
+
+def train_zero(stage: int, args: argparse.Namespace, model: Path, data: dict[str, Path], work: Path) -> dict[str, Any]:
+    """Two steps under DeepSpeed ZeRO-`stage`, one process launched by torchrun (NCCL on a GPU, gloo on CPU)."""
+    run = work / f"zero{stage}"
+    (work / "launch.py").write_text(LAUNCHER)
+    (work / "seed.yaml").write_text("seed: 0\n")  # everything else comes as overrides
+    with socket.socket() as probe:  # a free port for the rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    overrides = [*train_overrides(args, model, data, run, steps=2), f"deepspeed.stage={stage}"]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_addr", "127.0.0.1"]
+    command = [*launch, "--master_port", port, str(work / "launch.py"), "train", str(work / "seed.yaml"), *overrides]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=args.part_timeout_s)
+    if done.returncode != 0:
+        raise RuntimeError(f"ZeRO-{stage} training failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return {f"train_zero{stage}_step_s": mean_step_s(run)}
+
+
+def best_rate(run: Callable[[], int], repeats: int = 2) -> float:
+    """Best tokens/s of `repeats` runs of `run` (which returns the tokens it generated)."""
+    best = 0.0
+    for _ in range(repeats):
+        synchronize()
+        began = time.perf_counter()
+        tokens = run()
+        synchronize()
+        best = max(best, tokens / (time.perf_counter() - began))
+    return best
+
+
+def synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def load_policy(args: argparse.Namespace, model: Path) -> tuple[Any, Any]:
+    dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
+    return load_model(model, dtype=dtype, device=args.device)
+
+
+def random_prompts(args: argparse.Namespace, tokenizer: Any, vocab: int) -> torch.Tensor:
+    """[batch, prompt tokens] ordinary (non-special) ids below `vocab`, seeded."""
+    first_plain = len(tokenizer.all_special_ids)
+    generator = torch.Generator().manual_seed(0)
+    return torch.randint(first_plain, min(vocab, len(tokenizer)), (args.batch, args.prompt_tokens), generator=generator)
+
+
+def generation(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
+    """Engine vs bare loop vs `model.generate` vs the compiled engine, greedy, on equal-length prompts."""
+    model, tokenizer = load_policy(args, model_dir)
+    prompts = random_prompts(args, tokenizer, model.get_input_embeddings().num_embeddings)
+    prompt_ids, device = prompts.tolist(), torch.device(args.device)
+    params = SamplingParams(temperature=0.0, max_new_tokens=args.new_tokens, stop=["</answer>"])
+    engine = HFEngine(model, tokenizer, batch_size=args.batch, prefix_cache=False)
+    compiled = HFEngine(model, tokenizer, batch_size=args.batch, prefix_cache=False, compile=True)
+
+    def run_engine(e: HFEngine) -> int:
+        return sum(len(c.token_ids) for c in e.generate(prompt_ids, params))
+
+    def run_generate() -> int:
+        ids = prompts.to(device)
+        with torch.inference_mode():
+            out = model.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                max_new_tokens=args.new_tokens, pad_token_id=engine.pad_id, eos_token_id=None,
+            )  # fmt: skip
+        return int(out.shape[0] * (out.shape[1] - ids.shape[1]))
+
+    figures: dict[str, Any] = {
+        "engine_tokens_per_s": best_rate(lambda: run_engine(engine)),
+        "bare_loop_tokens_per_s": best_rate(lambda: bare_loop(model, prompts.to(device), args.new_tokens)),
+        "generate_tokens_per_s": best_rate(run_generate),
+    }
+    if "compiled" not in args.skip:
+        began = time.perf_counter()
+        run_engine(compiled)  # compiles this batch's shapes
+        figures["compile_s"] = time.perf_counter() - began
+        figures["compiled_tokens_per_s"] = best_rate(lambda: run_engine(compiled))
+        same = [c.token_ids for c in compiled.generate(prompt_ids, params)]
+        figures["compiled_same_greedy_tokens"] = same == [c.token_ids for c in engine.generate(prompt_ids, params)]
+        figures["compiled_over_bare_loop"] = figures["compiled_tokens_per_s"] / figures["bare_loop_tokens_per_s"]
+    return figures
+
+
+def rollout(args: argparse.Namespace, model_dir: Path, world: World, compile: bool) -> dict[str, Any]:
+    """Policy tokens/s inside a rollout of `--batch` trajectories (search time left out)."""
+    model, tokenizer = load_policy(args, model_dir)
+    engine = HFEngine(model, tokenizer, batch_size=args.batch, compile=compile)
+    search = BM25SearchEngine.build(world.passages, show_progress=False)
+    group = 4
+    examples = world.train[: max(1, args.batch // group)]
+    settings = RolloutSettings(template="search-r1", max_turns=2, max_obs_tokens=512, max_context_tokens=2048, top_k=3)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, seed=0)
+    kwargs = dict(policy=engine, tokenizer=tokenizer, search=search, settings=settings, group_size=group)
+    generate_trajectories(examples, sampling=SamplingParams(temperature=1.0, max_new_tokens=4), **kwargs)  # warm-up
+    engine.stats = dict.fromkeys(engine.stats, 0)
+    result = generate_trajectories(examples, sampling=sampling, **kwargs)
+    decoded = result.metrics["perf/decoded_tokens"]
+    return {
+        "rollout_tokens_per_s": decoded / result.timings["time/generate_s"],
+        "rollout_rows_per_decode_step": engine.stats["decoded_tokens"] / max(1, engine.stats["decode_steps"]),
+        "rollout_generate_s": result.timings["time/generate_s"],
+        "rollout_search_s": result.timings["time/search_s"],
+    }
+
+
+def vllm_generation(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
+    """The in-process vLLM engine on the generation benchmark's shape (GPU and vLLM only)."""
+    from simsearch.config import GenerationConfig, ModelConfig
+    from simsearch.factory.build import build_generation_engine
+
+    cfg = GenerationConfig(kind="vllm", model=ModelConfig(path=str(model_dir), dtype="bfloat16", device=args.device),
+                           gpu_memory_utilization=0.3)  # fmt: skip
+    engine, tokenizer, _ = build_generation_engine(cfg)
+    prompts = random_prompts(args, tokenizer, len(tokenizer)).tolist()
+    params = SamplingParams(temperature=0.0, max_new_tokens=args.new_tokens)
+    rate = best_rate(lambda: sum(len(c.token_ids) for c in engine.generate(prompts, params)))
+    return {"vllm_tokens_per_s": rate}
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu")
+    parser.add_argument("--shape", default="0.5b", choices=list(SHAPES), help="the random-weight policy's shape")
+    parser.add_argument("--model", default="", help="a local model directory or hub name instead of a random one")
+    parser.add_argument("--skip", nargs="*", default=[], choices=[*PARTS, "compiled"], help="parts not to run")
+    parser.add_argument("--batch", type=int, default=64, help="rows decoded together (generation, rollout)")
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=256, help="per turn in training and rollouts")
+    parser.add_argument("--prompts-per-step", type=int, default=16)
+    parser.add_argument("--work-dir", default="", help="where runs go (default: a temporary directory)")
+    parser.add_argument("--part-timeout-s", type=int, default=300, help="most seconds one ZeRO launch may take")
+    args = parser.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: torch.cuda.is_available() is False (a CPU-only torch build?)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Runs every part not skipped; prints the environment, one line per part, and the JSON summary last."""
+    began = time.perf_counter()
+    args = parse(argv)
+    print(environment(), flush=True)
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="gpu-check-"))
+    world = build_world(seed=0)
+    data = world.write(work / "world")
+    model = Path(args.model) if args.model else build_policy(SHAPES[args.shape], world, work / "policy")
+    parts: dict[str, Callable[[], dict[str, Any]]] = {
+        "train_hf": lambda: train_hf(args, model, data, work),
+        "zero2": lambda: train_zero(2, args, model, data, work),
+        "zero3": lambda: train_zero(3, args, model, data, work),
+        "generation": lambda: generation(args, model),
+        "rollout": lambda: rollout(args, model, world, compile=False),
+        "vllm": lambda: vllm_generation(args, model),
+    }
+    figures: dict[str, Any] = dict.fromkeys(FIGURES)
+    skipped: dict[str, str] = {name: "--skip" for name in args.skip}
+    if "vllm" not in args.skip and not _imports("vllm"):
+        skipped["vllm"] = "vllm does not import here"
+    skipped["quickstart"] = "the quickstart's RL stage on CUDA is not wired into this check yet (docs/scaling.md)"
+    for name, part in parts.items():
+        if name in skipped:
+            continue
+        start = time.perf_counter()
+        found = part()
+        print(f"gpu_check: {name} in {time.perf_counter() - start:.1f} s: {json.dumps(found)}", flush=True)
+        figures.update(found)
+    if figures["rollout_tokens_per_s"] is not None and figures["engine_tokens_per_s"] is not None:
+        figures["rollout_over_engine"] = figures["rollout_tokens_per_s"] / figures["engine_tokens_per_s"]
+    figures["wall_s"] = time.perf_counter() - began
+    summary = {**figures, "shape": args.model or args.shape, "device": args.device, "skipped": skipped}
+    print(json.dumps(summary))
+    return summary
+
+
+def _imports(name: str) -> bool:
+    try:
+        __import__(name)
+    except Exception:  # missing, or present but broken (vLLM against another torch): not usable here
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The GPU path, end to end on one device (benchmarks/gpu_check.py says what runs); last line JSON.
+#
+# On a machine with an NVIDIA GPU (offline; at most 8 minutes on an H100 is the target):
+#   bash benchmarks/gpu_check.sh                      # a Qwen2.5-0.5B-shaped policy, random weights
+#   bash benchmarks/gpu_check.sh --model DIR_OR_HUB   # a real model instead
+#   bash benchmarks/gpu_check.sh --device cpu --shape tiny --new-tokens 8 --batch 8   # the suite's run
+# env: PYTHON (default python). Record what it prints in docs/scaling.md ("Verified where").
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+exec "${PYTHON:-python}" "$HERE/gpu_check.py" "$@"

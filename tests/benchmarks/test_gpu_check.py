@@ -1,0 +1,45 @@
+"""benchmarks/gpu_check.sh end to end on CPU with a tiny shape, so the GPU check cannot rot unseen."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simsearch.training.runlog import read_metrics
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.sh"
+
+
+@pytest.mark.slow  # ~30 s: two train runs (one under DeepSpeed ZeRO-2 in a torchrun process) and the benchmarks
+def test_gpu_check_runs_every_part_on_cpu_and_ends_with_its_json(tmp_path: Path) -> None:
+    # ZeRO-3 on CPU is tested in tests/commands/test_train.py and the compiled engine in
+    # tests/generation/test_hf.py (a compile takes ~40 s on CPU); both are skipped here for time.
+    args = ["--device", "cpu", "--shape", "tiny", "--new-tokens", "8", "--batch", "8", "--prompt-tokens", "16",
+            "--prompts-per-step", "2", "--skip", "zero3", "compiled", "--work-dir", str(tmp_path)]  # fmt: skip
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=280, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = done.stdout.strip().splitlines()
+    facts = next(line for line in lines if line.startswith("gpu_check: Python "))  # libraries may log before it
+    assert "torch " in facts and "transformers " in facts and "deepspeed " in facts
+    summary = json.loads(lines[-1])
+    ran = ("train_hf_step_s", "train_zero2_step_s", "rollout_tokens_per_s", "engine_tokens_per_s",
+           "bare_loop_tokens_per_s", "rollout_over_engine", "wall_s")  # fmt: skip
+    assert all(math.isfinite(summary[key]) and summary[key] > 0 for key in ran), summary
+    assert summary["rollout_over_engine"] == pytest.approx(
+        summary["rollout_tokens_per_s"] / summary["engine_tokens_per_s"], rel=1e-9
+    )
+    for key in ("train_zero3_step_s", "compiled_tokens_per_s", "compiled_over_bare_loop", "quickstart_rl_s_per_step"):
+        assert summary[key] is None
+    assert set(summary["skipped"]) == {"zero3", "compiled", "vllm", "quickstart"}
+    # The parts really trained: 3 hf steps and 2 ZeRO-2 steps, each logged with a finite loss.
+    assert [r["step"] for r in read_metrics(tmp_path / "train_hf")] == [1, 2, 3]
+    zero2 = read_metrics(tmp_path / "zero2")
+    assert [r["step"] for r in zero2] == [1, 2] and all(math.isfinite(r["losses/policy"]) for r in zero2)
+    assert 0 < summary["rollout_rows_per_decode_step"] <= 8
