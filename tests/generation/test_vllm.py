@@ -3,7 +3,7 @@ a fake `vllm` module shaped like vLLM's documented API, and the weight-sync help
 models (plain, PEFT LoRA, DeepSpeed ZeRO-3 in one gloo process).
 
 What these tests cannot show: that real vLLM behaves as its documentation says. That needs a GPU
-(benchmarks/gpu_smoke.sh, docs/scaling.md).
+(benchmarks/gpu_check.sh, docs/scaling.md).
 """
 
 from __future__ import annotations
