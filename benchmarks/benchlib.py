@@ -8,6 +8,7 @@ benchmarks/x.py` already gives it), so a benchmark loaded by path from a test fi
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import tempfile
 import time
@@ -87,6 +88,14 @@ def timed(clock: dict[str, float], key: str) -> Iterator[None]:
 def mean_sd(values: list[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for a single value)."""
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def bootstrap_interval(values: Sequence[float], *, draws: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile bootstrap interval of the mean of `values` (worlds resampled with replacement)."""
+    rng = random.Random(seed)
+    n = len(values)
+    means = sorted(sum(values[rng.randrange(n)] for _ in range(n)) / n for _ in range(draws))
+    return means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
 
 
 def replace_block(text: str, name: str, content: str) -> str:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import subprocess
 import sys
 import tempfile
@@ -45,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
-from benchlib import NO_NOISE, RECIPES, mean_sd
+from benchlib import NO_NOISE, RECIPES, bootstrap_interval, mean_sd
 
 ARMS: dict[str, tuple[str, ...]] = {
     "empty": ("search.kind=empty", *NO_NOISE),
@@ -58,7 +57,6 @@ CONTROLS = ("empty", "random", "noisy")  # the uninformative engines; bm25 is th
 ROWS = ("base", "simulator", *ARMS)
 ENGINES = ("bm25", "dense")
 DEVELOPMENT_SEEDS = 100  # seeds from here on are development worlds; below, reporting worlds
-BOOTSTRAP_DRAWS = 10_000
 
 SMOKE_TRAIN = ["steps=2", "prompts_per_step=2", "rollout.group_size=2", "save_every=1", "eval_every=0"]
 SMOKE_EVAL = ["chunk_size=8"]
@@ -224,14 +222,6 @@ def _stage(schema: type, recipe_file: Path, overrides: list[str], command: Any, 
 
 
 # --------------------------------------------------------------------------- over worlds
-
-
-def bootstrap_interval(values: Sequence[float], *, draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> tuple[float, float]:
-    """95% percentile bootstrap interval of the mean of `values` (worlds resampled with replacement)."""
-    rng = random.Random(seed)
-    n = len(values)
-    means = sorted(sum(values[rng.randrange(n)] for _ in range(n)) / n for _ in range(draws))
-    return means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
 
 
 def summarize(worlds: dict[int, dict[str, Any]], args: argparse.Namespace, *, wall_s: float) -> dict[str, Any]:
