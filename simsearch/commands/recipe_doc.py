@@ -231,8 +231,9 @@ def markdown() -> str:
         "entry of a mapping (`~engines.dense`) or sets an optional section to null.\n",
     ]
     for command, schema in COMMANDS.items():
-        doc = (schema.__doc__ or "").strip().splitlines()[0]
-        parts += [f"## `simsearch {command.replace('-', ' ')}`\n", f"{doc}\n", _table(schema, choices, sections)]
+        doc = (schema.__doc__ or "").strip().splitlines()[0].split(": ", 1)[-1]  # past "`simsearch x`: "
+        title = f"## `simsearch {command.replace('-', ' ')}`\n"
+        parts += [title, f"{doc[:1].upper()}{doc[1:]}\n", _table(schema, choices, sections)]
     done: set[type] = set()
     while len(done) < len(sections):
         cls = next(c for c in sections if c not in done)

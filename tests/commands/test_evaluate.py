@@ -245,7 +245,7 @@ def _png(path: Path) -> Image.Image:
 # --------------------------------------------------------------------------- end to end
 
 
-def test_eval_checkpoint_against_simulator_bm25_dense_and_baselines(world, checkpoint, tmp_path, monkeypatch):
+def test_eval_checkpoint_against_simulator_bm25_dense_and_baselines(world, checkpoint, tmp_path, monkeypatch, capsys):
     _, paths = world
     _engines_via_build(monkeypatch, tmp_path)
     training_run = tmp_path / "train_run"
@@ -315,6 +315,11 @@ def test_eval_checkpoint_against_simulator_bm25_dense_and_baselines(world, check
     assert bars.size == (1200, 600) and curves.size == (1500, 800)
     for image in (bars, curves):
         assert len(image.getcolors(maxcolors=1 << 20)) > 10  # something was drawn
+    page = (run / "view.html").read_text()
+    assert "test_2" in page and "train_1" in page  # every question's trajectories, on one page
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    results, trajectories = run / "table.md", run / "view.html"
+    assert last == f"simsearch eval: results in {results} (summary.json, bars.png; trajectories: {trajectories})"
 
 
 # --------------------------------------------------------------------------- numbers

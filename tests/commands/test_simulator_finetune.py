@@ -16,6 +16,7 @@ import torch
 import yaml
 
 from simsearch.config import FinetuneRecipe, load_recipe
+from simsearch.errors import RecipeError
 from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
 from simsearch.training.checkpoint import latest_checkpoint, load_state
 from simsearch.training.distributed import adapter_dir
@@ -116,8 +117,11 @@ def test_resume_continues_exactly(base: Path, tmp_path: Path) -> None:
 
     main(_recipe(base, tmp_path / "straight", steps=4, optim__warmup_steps=2, optim__schedule="linear"))
     main(_recipe(base, tmp_path / "split", steps=2, optim__warmup_steps=2, optim__schedule="linear"))
-    # Same run directory, more steps: picks up at step 2 with optimizer and scheduler state.
-    main(_recipe(base, tmp_path / "split", steps=4, optim__warmup_steps=2, optim__schedule="linear"))
+    # More steps reshape the linear decay: the run directory's recipe would no longer say what ran.
+    with pytest.raises(RecipeError, match=r"steps \(2 -> 4\); use a new run_dir, or resume=force"):
+        main(_recipe(base, tmp_path / "split", steps=4, optim__warmup_steps=2, optim__schedule="linear"))
+    # Forced: picks up at step 2 with optimizer and scheduler state, under the new schedule.
+    main(_recipe(base, tmp_path / "split", steps=4, optim__warmup_steps=2, optim__schedule="linear", resume="force"))
     straight = read_metrics(tmp_path / "straight")
     split = read_metrics(tmp_path / "split")
     assert [r["step"] for r in split] == [0, 1, 2, 3, 4]  # no step logged twice

@@ -60,6 +60,8 @@ def served(monkeypatch):
     """Runs `serve.main` without a network: captures the app and the host instead."""
     captured: dict[str, Any] = {}
     monkeypatch.setattr(serve, "build_search_engine", lambda cfg: EchoEngine())
+    monkeypatch.setattr(serve.preflight, "check_paths", lambda recipe: None)  # no corpus: the engine is echo
+    monkeypatch.setattr(serve, "check_port", lambda host, port: None)  # nothing binds: uvicorn.run is captured
     monkeypatch.setattr(
         serve.uvicorn, "run", lambda app, host, port, **_: captured.update(app=app, host=host, port=port)
     )
