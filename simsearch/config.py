@@ -529,7 +529,7 @@ class TrainRecipe:
     # differs from its recipe.yaml | false: start over | force: continue and apply the changed recipe
     # (the change is recorded in recipe_changes.jsonl)
     resume: str = "true"
-    threads: int = 0  # torch threads (0 = torch's default: every core)
+    threads: int = 1  # torch threads, as the quickstart's (0 = torch's default: every core)
     tensorboard: bool = True
     wandb_project: str = ""  # log to Weights & Biases too (needs [wandb])
     trajectory_samples: int = 4  # trajectories per sampled step written to trajectories.jsonl (0 = none)
@@ -679,7 +679,7 @@ class EvalRecipe:
     # score with, so a table compares with theirs; unicode (ours) also deletes non-ASCII
     # punctuation and never matches a gold answer that normalizes to "".
     normalization: str = "squad"
-    threads: int = 0  # torch threads (0 = torch's default: every core)
+    threads: int = 1  # torch threads, as the quickstart's (0 = torch's default: every core)
 
     def check(self, key: str) -> None:
         _check_threads(self.threads)
@@ -799,7 +799,7 @@ class CollectRecipe:
     val_fraction: float = 0.1  # share of questions whose pairs go to validation
     batch_size: int = 64  # questions per rollout call
     max_questions: int = 0  # first N questions of data.train only (0 = all)
-    threads: int = 0  # torch threads (0 = torch's default: every core)
+    threads: int = 1  # torch threads, as the quickstart's (0 = torch's default: every core)
 
     def check(self, key: str) -> None:
         _check_threads(self.threads)
@@ -865,7 +865,7 @@ class FinetuneRecipe:
     gradient_checkpointing: bool = False
     bf16: bool = False
     resume: str = "true"  # true | false | force: as `simsearch train`'s resume
-    threads: int = 0  # torch threads (0 = torch's default: every core)
+    threads: int = 1  # torch threads, as the quickstart's (0 = torch's default: every core)
 
     def check(self, key: str) -> None:
         self.resume = _resume_mode(self.resume)
@@ -898,7 +898,7 @@ class ServeRecipe:
     max_body_bytes: int = 1_000_000
     max_top_k: int = 100  # larger topk requests get 422
     token_env: str = ""  # environment variable with a bearer token required on /retrieve
-    threads: int = 0  # torch threads (0 = torch's default: every core)
+    threads: int = 1  # torch threads, as the quickstart's (0 = torch's default: every core)
 
     def check(self, key: str) -> None:
         _check_threads(self.threads)

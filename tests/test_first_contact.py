@@ -118,7 +118,7 @@ def test_config_doc_annotates_every_key_and_still_loads(tmp_path: Path, capsys: 
 def test_config_without_a_recipe_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["config", "serve"]) == 0
     shown = yaml.safe_load(capsys.readouterr().out)
-    assert shown["port"] == 8000 and shown["threads"] == 0 and shown["search"]["kind"] == "bm25"
+    assert shown["port"] == 8000 and shown["threads"] == 1 and shown["search"]["kind"] == "bm25"
 
 
 def test_docs_recipes_md_is_generated_from_the_dataclasses() -> None:
