@@ -1,6 +1,6 @@
 """ZeroSearch's and SSRL's findings, measured in miniature: one RL policy per arm on the quickstart's world.
 
-    python benchmarks/ablations.py --seeds 0 1                # the full benchmark: docs/ablations.md
+    python benchmarks/ablations.py                            # the full benchmark, worlds 0 1 2: docs/ablations.md
     python benchmarks/ablations.py --arms default ppo         # some arms only (the others stay "-")
     python benchmarks/ablations.py --smoke                    # every arm for two steps, in a temp dir
 
@@ -19,11 +19,15 @@ The arms (`ARMS`), each answering one of the five questions of `QUESTIONS`:
    `no_noise` (p_end 0);
 2. what is in the loop: the fine-tuned simulator (`default`) vs real BM25 (`loop_bm25`, the
    upper bound) vs empty results (`loop_none`); real engines get no noise curriculum;
-3. what the simulator is told: ours (`default`: the query only) vs ZeroSearch's design (`told`:
-   a second simulator, collected and fine-tuned with the question and gold answer in its prompt
-   and labelled by trajectory outcome, ZeroSearch's Search Simulation Tuning; no contrast
-   queries, which that target cannot label). Next to EM, each simulator's answer leakage on
-   training questions (`answer_leakage`);
+3. what the simulator is told and how its pairs are labelled: ZeroSearch's design differs from
+   ours (`default`: the query only in the prompt, pairs labelled by what BM25 retrieved, contrast
+   queries) in three ways, one arm each, each with its own simulator trained as the quickstart's
+   but with overrides on its collect.yaml (`VARIANTS`, `train_simulator`):
+   `told_prompt` (the question and gold answer in the simulator's prompt, at collection and in RL
+   and evaluation), `outcome_labels` (ZeroSearch's Search Simulation Tuning: pairs labelled by
+   the trajectory's outcome, which cannot label contrast queries, so none) and `no_contrast` (the
+   default without contrast queries: `outcome_labels` against it isolates the labelling). Next to
+   EM, each simulator's answer leakage on training questions (`answer_leakage`);
 4. algorithm: REINFORCE (`reinforce`, no baseline, as ZeroSearch's) vs GRPO (`default`) vs PPO
    (`ppo`: GAE with gamma = lambda = 1; the critic, a copy of the base with a value head, at the
    actor's learning rate, as a tiny model learns nothing in a few dozen steps at ZeroSearch's
@@ -39,12 +43,18 @@ Where it departs from the papers: the tiny world and models of the quickstart; E
 exact match on held-out entities (ZeroSearch reports substring match); far fewer RL steps than
 either paper.
 
-Output: `docs/ablations.md` (`--out`; its table blocks are rewritten, the prose around them is
-kept), one PNG bar chart per table in `docs/ablations/`, and as the last line one JSON object:
-the EM points on BM25, mean over seeds, under `FIGURES`' keys; `leak_told_answer` and
-`leak_query_only` (answer leakage without the name, percent); `wall_s`; and the detail (`by_seed`,
-`leak_noisy_*`, `constant_p_noise`, `steps`, `seeds`, `smoke`). `--smoke` runs on the quickstart's
-smoke pipeline, two steps an arm, and writes into its run directory (a temporary one by default).
+Each table also gives, for each arm, its paired difference against the default arm (`PAIRS`:
+the same world per seed, arm minus default) with a 95% bootstrap interval over seeds; an
+interval that holds 0 is written "no measurable difference" (`benchlib.difference_cell`).
+
+Output: `docs/ablations.md` (`--out`; its table blocks and the commit and machine it was measured
+on are rewritten, the prose around them is kept), one PNG bar chart per table in
+`docs/ablations/`, and as the last line one JSON object: the EM points on BM25, mean over seeds,
+under `FIGURES`' keys; `leak_*` (answer leakage without the name, percent, `LEAK_FIGURES`);
+`differences` (per pair and engine: mean, ci_low, ci_high); `wall_s`; `provenance`; and the detail
+(`by_seed`, `leak_noisy_*`, `constant_p_noise`, `steps`, `seeds`, `smoke`). `--smoke` runs on the
+quickstart's smoke pipeline, two steps an arm, and writes into its run directory (a temporary one
+by default).
 """
 
 from __future__ import annotations
@@ -74,11 +84,24 @@ from simsearch.tinyworld.world import World, build_world
 from simsearch.types import SearchRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
-from benchlib import NO_NOISE, RECIPES, arm_arguments, mean_sd, replace_block, run_stage, timed
+from benchlib import (
+    NO_NOISE,
+    RECIPES,
+    arm_arguments,
+    bootstrap_interval,
+    difference_cell,
+    mean_sd,
+    measured_at,
+    provenance,
+    replace_block,
+    run_stage,
+    timed,
+)
 
 ENGINES = ("simulator", "bm25", "dense")
 SELF_ENGINES = ("self", *ENGINES)  # a self-search policy also writes its own information
-STEPS = 60  # RL steps per arm (the quickstart runs 250): the 60-minute budget, see docs/ablations.md
+STEPS = 60  # RL steps per arm (the quickstart runs 250), see docs/ablations.md
+SEEDS = (0, 1, 2)  # the full run's worlds: reporting worlds (below 100), none tuned on
 SELF_SEARCH_TOKENS = 160  # one self-search generation holds the query, ~3 written results and the answer
 KNOWING_STEPS, KNOWING_BATCH, KNOWING_LR = 400, 32, 1e-3  # the SSRL arm's base: pretraining on facts
 LEAK_QUESTIONS = 200  # training questions per leakage probe
@@ -93,11 +116,27 @@ SMOKE_LIMIT, SMOKE_LEAK = 4, 4  # held-out questions per evaluation; questions p
 
 
 @dataclass(frozen=True)
+class Variant:
+    """A simulator built as the quickstart's, from the collect.yaml overrides that make it differ."""
+
+    collect: tuple[str, ...]
+    told: bool = False  # the question and gold answer in its prompt: at collection, in RL and in evaluation
+
+
+VARIANTS: dict[str, Variant] = {
+    "told_prompt": Variant(("show_question=true", "show_answer=true"), told=True),
+    # ZeroSearch's labelling cannot label contrast queries (they belong to no trajectory): none.
+    "outcome_labels": Variant(("target=trajectory", "contrast_queries=0")),
+    "no_contrast": Variant(("contrast_queries=0",)),
+}
+
+
+@dataclass(frozen=True)
 class Arm:
     """One RL run: overrides on the quickstart's train.yaml, and what it is trained from."""
 
     overrides: tuple[str, ...]
-    simulator: str = "simulator"  # the quickstart's simulator, or "told" (`train_told_simulator`)
+    simulator: str = "simulator"  # the quickstart's simulator, or one of VARIANTS (`train_simulator`)
     base: str = "base"  # the quickstart's base, or "knowing" (`train_knowing_base`)
 
 
@@ -107,7 +146,7 @@ ARMS: dict[str, Arm] = {
     "no_noise": Arm(("curriculum.p_end=0.0",)),
     "loop_bm25": Arm(("search.kind=bm25", "search.corpus={corpus}", "search.index_dir={bm25}", *NO_NOISE)),
     "loop_none": Arm(("search.kind=empty", *NO_NOISE)),
-    "told": Arm(("search.simulator.show_question=true", "search.simulator.show_answer=true"), simulator="told"),
+    **{name: Arm((), simulator=name) for name in VARIANTS},  # told: `simulator_told`
     "reinforce": Arm(("algorithm.estimator=reinforce",)),
     "ppo": Arm(("algorithm.estimator=ppo", "algorithm.critic_lr={lr}")),
     "ssrl": Arm(
@@ -129,25 +168,34 @@ FIGURES: dict[str, tuple[str, str]] = {
     "loop_simulator": ("default", "bm25"),
     "loop_bm25": ("loop_bm25", "bm25"),
     "loop_none": ("loop_none", "bm25"),
-    "told_answer": ("told", "bm25"),
-    "query_only": ("default", "bm25"),
+    "simulator_default": ("default", "bm25"),
+    "simulator_told_prompt": ("told_prompt", "bm25"),
+    "simulator_outcome_labels": ("outcome_labels", "bm25"),
+    "simulator_no_contrast": ("no_contrast", "bm25"),
     "algo_reinforce": ("reinforce", "bm25"),
     "algo_grpo": ("default", "bm25"),
     "algo_ppo": ("ppo", "bm25"),
     "ssrl_selfsearch": ("ssrl", "self"),
     "ssrl_sim2real_bm25": ("ssrl", "bm25"),
 }
-LEAK_FIGURES = {"leak_told_answer": "told", "leak_query_only": "query_only"}
+# JSON key -> simulator probed; `leak_noisy_*` gives its noisy share under the same name.
+LEAK_FIGURES = {
+    "leak_default": "simulator",
+    "leak_told_prompt": "told_prompt",
+    "leak_outcome_labels": "outcome_labels",
+    "leak_no_contrast": "no_contrast",
+}
 
 
 @dataclass(frozen=True)
 class Question:
-    """One table of the doc: its rows (label, row name) and columns (engines)."""
+    """One table of the doc: its rows (label, row name), columns (engines) and paired differences."""
 
     key: str
     title: str
     rows: tuple[tuple[str, str], ...]
     engines: tuple[str, ...] = ENGINES
+    pairs: tuple[tuple[str, str], ...] = ()  # (row, reference row): row minus reference, per seed
 
 
 QUESTIONS = (
@@ -161,6 +209,7 @@ QUESTIONS = (
             ("reference: base, no RL", "base"),
             ("reference: quickstart RL, 250 steps", "quickstart_rl"),
         ),
+        pairs=(("constant", "default"), ("no_noise", "default")),
     ),
     Question(
         "loop",
@@ -171,33 +220,54 @@ QUESTIONS = (
             ("no search (empty results)", "loop_none"),
             ("reference: base, no RL", "base"),
         ),
+        pairs=(("loop_bm25", "default"), ("loop_none", "default"), ("default", "base")),
     ),
     Question(
         "told",
-        "3. What the simulator is told: question and answer (ZeroSearch) vs the query only (ours)",
+        "3. The simulator: what it is told, how its pairs are labelled, contrast queries",
         (
-            ("question and gold answer in the prompt", "told"),
-            ("query only", "default"),
+            ("query only, retrieved labels, contrast queries (quickstart)", "default"),
+            ("question and gold answer in the prompt", "told_prompt"),
+            ("outcome labels (ZeroSearch), no contrast queries", "outcome_labels"),
+            ("no contrast queries", "no_contrast"),
             ("reference: base, no RL", "base"),
+        ),
+        pairs=(
+            ("told_prompt", "default"),
+            ("outcome_labels", "default"),
+            ("no_contrast", "default"),
+            ("outcome_labels", "no_contrast"),  # the labelling alone
         ),
     ),
     Question(
         "algorithm",
         "4. Algorithm: REINFORCE vs GRPO vs PPO",
         (("REINFORCE", "reinforce"), ("GRPO", "default"), ("PPO", "ppo"), ("reference: base, no RL", "base")),
+        pairs=(("reinforce", "default"), ("ppo", "default")),
     ),
     Question(
         "ssrl",
         "5. Self-search (SSRL): its own information vs real engines in its place",
         (("self-search RL", "ssrl"), ("reference: knowing base, no RL", "knowing_base")),
         SELF_ENGINES,
+        # the default arm was not evaluated with self-search ("-" there); its own start is the other reference
+        pairs=(("ssrl", "default"), ("ssrl", "knowing_base")),
     ),
 )
 LEAK_ROWS = (
-    ("question and gold answer in the prompt", "told"),
-    ("query only", "query_only"),
+    ("query only, retrieved labels, contrast queries (quickstart)", "simulator"),
+    ("question and gold answer in the prompt", "told_prompt"),
+    ("outcome labels (ZeroSearch), no contrast queries", "outcome_labels"),
+    ("no contrast queries", "no_contrast"),
     ("reference: real BM25", "bm25"),
 )
+LEAK_PAIRS = (
+    ("told_prompt", "simulator"),
+    ("outcome_labels", "simulator"),
+    ("no_contrast", "simulator"),
+    ("outcome_labels", "no_contrast"),  # the labelling alone
+)
+LEAK_PROBES = ("no_name", "noisy")
 
 
 @dataclass
@@ -210,8 +280,8 @@ class Seed:
     root: Path  # this benchmark's stages
     quickstart: Path  # the quickstart run reused
     qs_recipe: QuickstartRecipe
-    fingerprints: dict[str, str]  # stage -> fingerprint: world, base, simulator, told, knowing
-    paths: dict[str, str]  # corpus, train, test, bm25, dense, base, simulator, told, knowing
+    fingerprints: dict[str, str]  # stage -> fingerprint: world, base, simulator, VARIANTS', knowing
+    paths: dict[str, str]  # corpus, train, test, bm25, dense, base, simulator, VARIANTS', knowing
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -220,6 +290,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     run_dir, out, steps = args.run_dir, args.out, args.steps
     results = {seed: run_seed(seed, args, run_dir, steps) for seed in args.seeds}
     figures = summarize(results, args, steps, wall_s=time.perf_counter() - began)
+    figures["provenance"] = provenance()  # after the quickstart set the process's torch threads
     write_doc(out, results, figures)
     print(f"ablations: {out}", flush=True)
     print(json.dumps(figures))
@@ -229,15 +300,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS), help="RL runs (default all)")
+    parser.set_defaults(seeds=SEEDS)  # a tuple: a --seeds given on the command line parses to a list
     parser.add_argument(
         "--quickstart-dir", default="", help="the quickstart run of each seed, '{seed}' filled in "
         "(default RUN_DIR/seed_{seed}/quickstart); e.g. 'runs/bench_quickstart/seed_{seed}' reuses those runs",
     )  # fmt: skip
-    return arm_arguments(
+    args = arm_arguments(
         argv, parser, "ablations", steps=STEPS, smoke_steps=SMOKE_STEPS,
-        seeds_help="one world, base and simulator per seed (default 0 1)",
+        seeds_help="one world, base and simulators per seed (default 0 1 2; smoke 0)",
         smoke_help="every arm for two steps on the quickstart's smoke run",
     )  # fmt: skip
+    if isinstance(args.seeds, tuple):  # not given
+        args.seeds = [0] if args.smoke else list(SEEDS)
+    return args
 
 
 # --------------------------------------------------------------------------- one seed
@@ -252,9 +327,9 @@ def run_seed(seed: int, args: argparse.Namespace, run_dir: Path, steps: int) -> 
         seed=seed, n_entities=ctx.qs_recipe.n_entities, n_train_entities=ctx.qs_recipe.n_train_entities,
         n_background_entities=ctx.qs_recipe.n_background_entities,
     )  # fmt: skip
-    if "told" in args.arms:
-        with timed(clock, "told_simulator"):
-            train_told_simulator(ctx)
+    for variant in sorted({ARMS[name].simulator for name in args.arms} & set(VARIANTS)):
+        with timed(clock, f"simulator_{variant}"):
+            train_simulator(ctx, variant, VARIANTS[variant])
     if "ssrl" in args.arms:
         with timed(clock, "knowing_base"):
             knowing_base_stage(ctx, world)
@@ -268,7 +343,7 @@ def run_seed(seed: int, args: argparse.Namespace, run_dir: Path, steps: int) -> 
         with timed(clock, "eval_knowing_base"):
             em["knowing_base"] = evaluate_policy(ctx, "knowing_base", ARMS["ssrl"], ctx.fingerprints["knowing"])
     with timed(clock, "leakage"):
-        leak = measure_leakage(ctx, world, "told" in args.arms)
+        leak = measure_leakage(ctx, world, [v for v in VARIANTS if v in ctx.fingerprints])
     return {"em": em, "leak": leak, "stage_s": {k: round(v, 1) for k, v in clock.items()}}
 
 
@@ -282,11 +357,9 @@ def prepare(seed: int, args: argparse.Namespace, run_dir: Path, steps: int) -> t
     report = quickstart.main(qs_recipe)
     paths = {name: str(qs_dir / "world" / f"{name}.jsonl") for name in ("corpus", "train", "test")}
     paths.update(bm25=str(qs_dir / "index" / "bm25"), dense=str(qs_dir / "index" / "dense"), base=str(qs_dir / "base"))
-    paths.update(
-        simulator=str(quickstart.final_model(qs_dir / "simulator")),
-        told=str(root / "simulator_told"),  # the run directory until its model exists (train_told_simulator)
-        knowing=str(root / "knowing_base"),
-    )
+    paths.update(simulator=str(quickstart.final_model(qs_dir / "simulator")), knowing=str(root / "knowing_base"))
+    # a variant's run directory until its model exists (train_simulator)
+    paths.update({variant: str(root / f"simulator_{variant}") for variant in VARIANTS})
     fingerprints = {stage: stage_fingerprint(qs_dir / stage) for stage in ("world", "base", "simulator")}
     return Seed(seed, args.smoke, steps, root, qs_dir, qs_recipe, fingerprints, paths), report
 
@@ -294,33 +367,33 @@ def prepare(seed: int, args: argparse.Namespace, run_dir: Path, steps: int) -> t
 # --------------------------------------------------------------------------- the arms' extra stages
 
 
-def train_told_simulator(ctx: Seed) -> None:
-    """ZeroSearch's simulator design on the quickstart's base: told question and answer, pairs by outcome."""
-    collect_dir = ctx.root / "collect_told"
+def train_simulator(ctx: Seed, name: str, variant: Variant) -> None:
+    """A simulator built as the quickstart's (collect.yaml with BM25, then simulator.yaml on the quickstart's
+    base) with `variant`'s collect overrides; its model path and fingerprint go to ctx under `name`."""
+    collect_dir = ctx.root / f"collect_{name}"
     collect_fp = run_stage(
         CollectRecipe,
         RECIPES / "collect.yaml",
         [
             f"run_dir={collect_dir}", f"seed={ctx.seed}", f"policy.model.path={ctx.paths['base']}",
             f"data.train=[{ctx.paths['train']}]", f"search.corpus={ctx.paths['corpus']}",
-            f"search.index_dir={ctx.paths['bm25']}", "show_question=true", "show_answer=true",
-            "target=trajectory", "contrast_queries=0", *(SMOKE_COLLECT if ctx.smoke else []),
+            f"search.index_dir={ctx.paths['bm25']}", *variant.collect, *(SMOKE_COLLECT if ctx.smoke else []),
         ],
         simulator_collect.main,
         [ctx.fingerprints["base"]],
     )  # fmt: skip
-    ctx.fingerprints["told"] = run_stage(
+    ctx.fingerprints[name] = run_stage(
         FinetuneRecipe,
         RECIPES / "simulator.yaml",
         [
-            f"run_dir={ctx.paths['told']}", f"seed={ctx.seed}", f"model.path={ctx.paths['base']}",
+            f"run_dir={ctx.paths[name]}", f"seed={ctx.seed}", f"model.path={ctx.paths['base']}",
             f"train_file={collect_dir / 'train.jsonl'}", f"val_file={collect_dir / 'val.jsonl'}",
             *(SMOKE_SIMULATOR if ctx.smoke else []),
         ],
         simulator_finetune.main,
         [collect_fp],
     )  # fmt: skip
-    ctx.paths["told"] = str(quickstart.final_model(Path(ctx.paths["told"])))
+    ctx.paths[name] = str(quickstart.final_model(Path(ctx.paths[name])))
 
 
 def knowing_base_stage(ctx: Seed, world: World) -> None:
@@ -393,11 +466,18 @@ def train_arm(ctx: Seed, name: str, arm: Arm) -> str:
         f"data.train=[{ctx.paths['train']}]", f"steps={ctx.steps}", "save_every=0",
         f"search.simulator.generation.model.path={ctx.paths[arm.simulator]}",
         f"search.cache={ctx.root / 'cache' / arm.simulator}.sqlite",
+        *(f"search.simulator.{shown}=true" for shown in simulator_told(arm.simulator)),
         *(SMOKE_TRAIN if ctx.smoke else []),
         *(o.format(**values) for o in arm.overrides),
     ]  # fmt: skip
     inputs = [ctx.fingerprints[arm.base], ctx.fingerprints[arm.simulator]]
     return run_stage(TrainRecipe, RECIPES / "train.yaml", overrides, train.main, inputs)
+
+
+def simulator_told(simulator: str) -> tuple[str, ...]:
+    """The simulator settings to set true for a simulator as it was trained: both shows for a told variant."""
+    told = simulator in VARIANTS and VARIANTS[simulator].told
+    return ("show_question", "show_answer") if told else ()
 
 
 def constant_p_noise(p_start: float, p_end: float, base: float, steps: int) -> float:
@@ -407,7 +487,6 @@ def constant_p_noise(p_start: float, p_end: float, base: float, steps: int) -> f
 
 def evaluate_policy(ctx: Seed, name: str, arm: Arm, policy_fp: str) -> dict[str, float]:
     """eval.yaml for one policy on the held-out questions; returns EM (percent) per engine."""
-    told = arm.simulator == "told"
     model = ctx.paths["knowing"] if name == "knowing_base" else quickstart.final_model(ctx.root / "train" / name)
     self_search = arm.base == "knowing"
     overrides = [
@@ -417,7 +496,7 @@ def evaluate_policy(ctx: Seed, name: str, arm: Arm, policy_fp: str) -> dict[str,
         f"engines.bm25.corpus={ctx.paths['corpus']}", f"engines.bm25.index_dir={ctx.paths['bm25']}",
         f"engines.dense.corpus={ctx.paths['corpus']}", f"engines.dense.index_dir={ctx.paths['dense']}",
         "training_run=''", "baselines=[]", "fidelity_size=0",
-        *([f"engines.simulator.simulator.{shown}=true" for shown in ("show_question", "show_answer")] if told else []),
+        *(f"engines.simulator.simulator.{shown}=true" for shown in simulator_told(arm.simulator)),
         *(["engines.self.kind=self", "rollout.template=self-search", f"sampling.max_new_tokens={SELF_SEARCH_TOKENS}"]
           if self_search else []),
         *(SMOKE_EVAL if ctx.smoke else []),
@@ -462,19 +541,17 @@ def answer_leakage(engine: SearchEngine, world: World, *, n: int, top_k: int) ->
     return {"no_name": statistics.fmean(hits[:n]), "noisy": statistics.fmean(hits[n:])}
 
 
-def measure_leakage(ctx: Seed, world: World, told: bool) -> dict[str, dict[str, float]]:
-    """Leakage of the simulators as the RL runs configured them (uncached), and of BM25 for reference."""
+def measure_leakage(ctx: Seed, world: World, variants: list[str]) -> dict[str, dict[str, float]]:
+    """Leakage of the quickstart's simulator and of the trained `variants`, as the RL runs configured them
+    (uncached), and of BM25 for reference."""
     n = SMOKE_LEAK if ctx.smoke else LEAK_QUESTIONS
     rl = load_recipe(TrainRecipe, RECIPES / "train.yaml", ["run_dir=unused"])
-    simulators = [("query_only", ctx.paths["simulator"], False)]
-    if told:
-        simulators.append(("told", ctx.paths["told"], True))
     leak: dict[str, dict[str, float]] = {}
-    for key, path, shown in simulators:
+    for key in ("simulator", *variants):
         cfg = load_recipe(
             TrainRecipe, RECIPES / "train.yaml",
-            ["run_dir=unused", f"search.simulator.generation.model.path={path}", "search.cache=''",
-             f"search.simulator.show_question={shown}", f"search.simulator.show_answer={shown}"],
+            ["run_dir=unused", f"search.simulator.generation.model.path={ctx.paths[key]}", "search.cache=''",
+             *(f"search.simulator.{shown}=true" for shown in simulator_told(key))],
         ).search  # fmt: skip
         engine = build_search_engine(cfg, seed=ctx.seed)
         assert engine is not None  # kind=simulator
@@ -491,7 +568,8 @@ def measure_leakage(ctx: Seed, world: World, told: bool) -> dict[str, dict[str, 
 def summarize(
     results: dict[int, dict[str, Any]], args: argparse.Namespace, steps: int, *, wall_s: float
 ) -> dict[str, Any]:
-    """The JSON figures: FIGURES' keys (EM points, mean over seeds; None for an arm not run), leakage, detail."""
+    """The JSON figures: FIGURES' keys (EM points, mean over seeds; None for an arm not run), leakage, the
+    questions' paired differences (`differences`: "row-reference" -> engine -> mean, ci_low, ci_high), detail."""
     figures: dict[str, Any] = {}
     for key, (row, engine) in FIGURES.items():
         values = [r["em"][row][engine] for r in results.values() if row in r["em"]]
@@ -500,8 +578,16 @@ def summarize(
         for probe, prefix in (("no_name", "leak_"), ("noisy", "leak_noisy_")):
             values = [100.0 * r["leak"][simulator][probe] for r in results.values() if simulator in r["leak"]]
             figures[prefix + key.removeprefix("leak_")] = round(statistics.fmean(values), 2) if values else None
+    differences: dict[str, dict[str, dict[str, float | None]]] = {}
+    for question in QUESTIONS:
+        for row, against in question.pairs:
+            for engine in question.engines:
+                diffs = paired(results, "em", row, against, engine)
+                if diffs:
+                    differences.setdefault(f"{row}-{against}", {})[engine] = difference_figures(diffs)
     rl = load_recipe(TrainRecipe, RECIPES / "train.yaml", ["run_dir=unused"]).curriculum
     figures.update(
+        differences=differences,
         wall_s=round(wall_s, 1),
         steps=steps,
         seeds=list(results),
@@ -512,6 +598,27 @@ def summarize(
     return figures
 
 
+def paired(
+    results: dict[int, dict[str, Any]], section: str, row: str, against: str, column: str, scale: float = 1.0
+) -> list[float]:
+    """`scale` x (row minus against) in results[seed][section][...][column], for each seed that measured both."""
+    return [
+        scale * (r[section][row][column] - r[section][against][column])
+        for r in results.values()
+        if column in r[section].get(row, {}) and column in r[section].get(against, {})
+    ]
+
+
+def difference_figures(diffs: list[float]) -> dict[str, float | None]:
+    """A paired difference for the JSON: its mean and 95% bootstrap interval over seeds (None for one seed)."""
+    low, high = bootstrap_interval(diffs) if len(diffs) > 1 else (None, None)
+    return {
+        "mean": round(statistics.fmean(diffs), 2),
+        "ci_low": None if low is None else round(low, 2),
+        "ci_high": None if high is None else round(high, 2),
+    }
+
+
 def _cell(values: list[float]) -> str:
     if not values:
         return "-"
@@ -519,22 +626,46 @@ def _cell(values: list[float]) -> str:
     return f"{mean:.1f} ± {sd:.1f}"
 
 
+DIFFERENCE_HEAD = (
+    "Paired difference, row minus reference, per seed on the same world; mean and 95% bootstrap interval over "
+    "seeds (EM points); an interval that holds 0 is no measurable difference:"
+)
+
+
 def table_lines(question: Question, results: dict[int, dict[str, Any]]) -> list[str]:
-    """The markdown table of one question: EM (%) per engine, mean ± sd over seeds."""
+    """The markdown tables of one question: EM (%) per engine, mean ± sd over seeds; the paired differences of
+    `question.pairs`; for the simulator question, answer leakage and its differences."""
     head = "| policy | " + " | ".join(question.engines) + " |"
     lines = [head, "|---|" + "---|" * len(question.engines)]
     for label, row in question.rows:
         cells = [_cell([r["em"][row][e] for r in results.values() if row in r["em"]]) for e in question.engines]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += ["", DIFFERENCE_HEAD, "", "| row − reference | " + " | ".join(question.engines) + " |"]
+    lines.append("|---|" + "---|" * len(question.engines))
+    for row, against in question.pairs:
+        cells = [difference_cell(paired(results, "em", row, against, e)) for e in question.engines]
+        lines.append(f"| `{row}` − `{against}` | " + " | ".join(cells) + " |")
     if question.key == "told":
-        lines += ["", "Answer leakage on training questions (% of result sets holding a gold answer):", ""]
-        lines += ["| simulator | query without the name | noisy results, query names the entity |", "|---|---|---|"]
-        for label, sim in LEAK_ROWS:
-            cells = [
-                _cell([100.0 * r["leak"][sim][p] for r in results.values() if p in r["leak"].get(sim, {})])
-                for p in ("no_name", "noisy")
-            ]
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines += leakage_lines(results)
+    return lines
+
+
+def leakage_lines(results: dict[int, dict[str, Any]]) -> list[str]:
+    """The leakage table (percent, mean ± sd over seeds) and each variant's paired difference against the
+    quickstart's simulator."""
+    lines = ["", "Answer leakage on training questions (% of result sets holding a gold answer):", ""]
+    lines += ["| simulator | query without the name | noisy results, query names the entity |", "|---|---|---|"]
+    for label, sim in LEAK_ROWS:
+        cells = [
+            _cell([100.0 * r["leak"][sim][p] for r in results.values() if p in r["leak"].get(sim, {})])
+            for p in LEAK_PROBES
+        ]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += ["", DIFFERENCE_HEAD.replace("EM points", "percentage points"), ""]
+    lines += ["| simulator − reference | query without the name | noisy results |", "|---|---|---|"]
+    for sim, against in LEAK_PAIRS:
+        cells = [difference_cell(paired(results, "leak", sim, against, p, scale=100.0)) for p in LEAK_PROBES]
+        lines.append(f"| `{sim}` − `{against}` | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -567,13 +698,15 @@ def plot_question(question: Question, results: dict[int, dict[str, Any]], path: 
 
 
 def write_doc(out: Path, results: dict[int, dict[str, Any]], figures: dict[str, Any]) -> None:
-    """Fills each question's block of `out` (`<!-- table:KEY -->` ... `<!-- /table:KEY -->`), keeping the prose.
+    """Fills each question's block of `out` (`<!-- table:KEY -->` ... `<!-- /table:KEY -->`), the commit and
+    machine (`<!-- measured -->`) and the wall time, keeping the prose.
 
     A missing doc, or one without the blocks, is started from `SKELETON`. Charts go to the
     folder named like the doc without its suffix (docs/ablations/KEY.png).
     """
     text = out.read_text() if out.is_file() else SKELETON
-    if not all(f"<!-- table:{q.key} -->" in text and f"<!-- /table:{q.key} -->" in text for q in QUESTIONS):
+    names = ["measured", "wall", *(f"table:{q.key}" for q in QUESTIONS)]
+    if not all(f"<!-- {n} -->" in text and f"<!-- /{n} -->" in text for n in names):
         text = SKELETON
     charts = out.with_suffix("")
     seeds = ", ".join(str(s) for s in figures["seeds"])
@@ -590,6 +723,8 @@ def write_doc(out: Path, results: dict[int, dict[str, Any]], figures: dict[str, 
         ]
         text = replace_block(text, f"table:{question.key}", "\n".join(["", *block, ""]))
     text = replace_block(text, "wall", f"{figures['wall_s'] / 60:.1f} min")
+    measured = measured_at(figures["provenance"]) + f" Seeds {seeds}, {figures['steps']} RL steps an arm."
+    text = replace_block(text, "measured", "\n" + measured + "\n")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
 
@@ -601,37 +736,42 @@ def _skeleton() -> str:
 
 SKELETON_TEXT = """# Ablations: ZeroSearch's and SSRL's findings, measured in miniature
 
-    python benchmarks/ablations.py --seeds 0 1
+    python benchmarks/ablations.py --seeds 0 1 2
+
+<!-- measured -->
+Not measured yet.
+<!-- /measured -->
 
 On the quickstart's tiny world, base and simulator (reused from a quickstart run of the same seed
 when its stages' fingerprints match), one RL policy per arm, each with the quickstart's RL recipe
 (`recipes/quickstart/train.yaml`) plus the arm's overrides and the same budget: {steps} steps of 8
 questions x 16 rollouts (the quickstart runs 250), so the numbers here sit below the quickstart's.
 Each policy is evaluated greedily on the held-out entities' questions against the simulator, BM25
-and dense retrieval (`recipes/quickstart/eval.yaml`). EM is strict exact match. Wall time of the
-last full run: <!-- wall -->not measured yet<!-- /wall -->. The arms and how each is built: the
-docstring of `benchmarks/ablations.py`. The tables below are rewritten by each run; the text
-around them is not.
+and dense retrieval (`recipes/quickstart/eval.yaml`). EM is strict exact match. Each table gives
+each arm's paired difference against the default arm (the same world per seed) with a 95%
+bootstrap interval over seeds; an interval that holds 0 is written "no measurable difference".
+With 3 seeds an interval leaves out 0 only when every seed's difference has the same sign. Wall
+time of the last full run: <!-- wall -->not measured yet<!-- /wall -->. The arms and how each is
+built: the docstring of `benchmarks/ablations.py`. The tables below are rewritten by each run;
+the text around them is not.
 
 ## Budget
 
-The issue's target is the whole benchmark in 60 minutes on a 2-core machine with its defaults
-(seeds 0 and 1, building both quickstart runs). The estimate behind the default of {steps} RL steps
-an arm, per seed, from the quickstart's stage times (docs/quickstart.md) and an RL step of about
-0.9 s against the simulator:
+An estimate per seed, from the quickstart's stage times (docs/quickstart.md) and an RL step of
+about 0.9 s against the simulator, not a measurement:
 
 | stage | estimate |
 |---|---|
 | quickstart (world, base, collect, simulator SFT, its own RL and evaluation) | 12.5 min |
-| ZeroSearch-design simulator: collect and SFT, as the quickstart's | 3 min |
+| three simulator variants: collect and SFT each, as the quickstart's | 9 min |
 | knowing base for self-search: 400 steps of 32 traces | 2 min |
-| RL, {steps} steps of 9 arms: 5 on the simulator (0.9 s), BM25 (0.7), empty (0.6), PPO (1.3), self-search (2) | 9 min |
-| evaluation: 10 policies, 10-15 s each; leakage probes | 2.5 min |
+| RL, {steps} steps of 11 arms: 7 on a simulator (0.9 s), BM25 (0.7), empty (0.6), PPO (1.3), self-search (2) | 11 min |
+| evaluation: 12 policies, 10-15 s each; leakage probes of four simulators | 4 min |
 
-About 29 minutes a seed, 58 for two. With both quickstart runs already there
-(`--quickstart-dir 'runs/bench_quickstart/seed_{{seed}}'` reuses the quickstart benchmark's), a
-seed costs about 17 minutes, and `--steps 140` fits the hour. Torch threads contend badly with
-any other process on a 2-core machine (tiny models run 10-100x slower): run it on an idle machine.
+About 40 minutes a seed, two hours for the default three, on an idle 2-core machine. With the
+quickstart runs already there (`--quickstart-dir 'runs/bench_quickstart/seed_{{seed}}'` reuses the
+quickstart benchmark's), a seed costs about 27 minutes. Torch threads contend badly with any
+other process on a 2-core machine (tiny models run 10-100x slower): run it on an idle machine.
 
 ## 1. Curriculum
 
@@ -649,13 +789,17 @@ engine the policy is evaluated on) and no search at all (empty results).
 
 {loop}
 
-## 3. What the simulator is told
+## 3. The simulator: what it is told, how its pairs are labelled, contrast queries
 
-ZeroSearch's simulator sees the question and its gold answer; ours sees the query only. The
-ZeroSearch-design simulator is a second simulator on the same base, collected with the question
-and answer in its prompt and its pairs labelled by the outcome of the trajectory (ZeroSearch's
-Search Simulation Tuning). Leakage: the share of result sets that hold the answer when the query
-does not name the entity, and of noisy results.
+ZeroSearch's simulator differs from ours in three ways; each arm changes one, against the default
+(the quickstart's simulator: the query alone in its prompt, pairs labelled by what BM25
+retrieved, one contrast query per search). `told_prompt`: the question and gold answer in the
+simulator's prompt (collected and fine-tuned so, and told them in RL and evaluation).
+`outcome_labels`: ZeroSearch's Search Simulation Tuning, pairs labelled by the trajectory's
+outcome; contrast queries belong to no trajectory, so that simulator has none, and `no_contrast`
+(the default without contrast queries) is its reference for the labelling alone. Leakage: the
+share of result sets that hold the answer when the query does not name the entity, and of noisy
+results.
 
 {told}
 

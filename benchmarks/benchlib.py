@@ -8,8 +8,11 @@ benchmarks/x.py` already gives it), so a benchmark loaded by path from a test fi
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import random
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -103,3 +106,52 @@ def replace_block(text: str, name: str, content: str) -> str:
     begin, end = f"<!-- {name} -->", f"<!-- /{name} -->"
     start, stop = text.index(begin) + len(begin), text.index(end)
     return text[:start] + content + text[stop:]
+
+
+def difference_cell(diffs: Sequence[float], digits: int = 1) -> str:
+    """A paired difference as a table cell: `diffs` holds one arm's value minus the reference arm's, one per
+    world (the same world for both).
+
+    The mean with its 95% bootstrap interval over worlds (`bootstrap_interval`), as "+4.0 (+2.0 to +6.0)";
+    an interval that holds 0 reads "no measurable difference (+1.0; -1.0 to +3.0)"; a single world gives
+    no interval ("+5.0 (one world: no interval)"), none at all "-".
+    """
+    if not diffs:
+        return "-"
+    mean = statistics.fmean(diffs)
+    if len(diffs) == 1:
+        return f"{mean:+.{digits}f} (one world: no interval)"
+    low, high = bootstrap_interval(diffs)
+    span = f"{low:+.{digits}f} to {high:+.{digits}f}"
+    if low <= 0.0 <= high:
+        return f"no measurable difference ({mean:+.{digits}f}; {span})"
+    return f"{mean:+.{digits}f} ({span})"
+
+
+def provenance(repo: Path = RECIPES.parents[1]) -> dict[str, Any]:
+    """Where a benchmark ran: `commit` (`git rev-parse --short HEAD` of `repo`, "unknown" outside git; "+
+    uncommitted changes" when tracked files differ from it), `cpu` (the CPU model), `cores` and
+    `torch_threads` (as the process runs now: call it after the run set them)."""
+    import torch
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        commit += " + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else ""
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    cpuinfo = Path("/proc/cpuinfo")  # Linux; elsewhere what `platform` knows
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    models = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    cpu = models[0] if models else platform.processor() or "unknown"
+    return {"commit": commit, "cpu": cpu, "cores": os.cpu_count() or 0, "torch_threads": torch.get_num_threads()}
+
+
+def measured_at(info: dict[str, Any]) -> str:
+    """One sentence for a generated page: the commit and machine of `provenance`."""
+    return (
+        f"Measured at commit {info['commit']} on {info['cpu']} ({info['cores']} cores, "
+        f"{info['torch_threads']} torch thread(s))."
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,11 @@ ablations = load_benchmark("ablations")
 
 KEYS = {
     "curriculum_exp", "curriculum_constant", "curriculum_none", "loop_simulator", "loop_bm25", "loop_none",
-    "told_answer", "query_only", "leak_told_answer", "leak_query_only", "algo_reinforce", "algo_grpo", "algo_ppo",
-    "ssrl_selfsearch", "ssrl_sim2real_bm25", "wall_s",
-}  # fmt: skip  # the issue's keys
+    "simulator_default", "simulator_told_prompt", "simulator_outcome_labels", "simulator_no_contrast",
+    "leak_default", "leak_told_prompt", "leak_outcome_labels", "leak_no_contrast", "algo_reinforce", "algo_grpo",
+    "algo_ppo", "ssrl_selfsearch", "ssrl_sim2real_bm25", "wall_s",
+}  # fmt: skip
+PROVENANCE = {"commit": "abc1234", "cpu": "Some CPU", "cores": 2, "torch_threads": 1}
 
 
 def test_constant_arm_takes_the_exponential_schedules_mean() -> None:
@@ -26,6 +29,61 @@ def test_constant_arm_takes_the_exponential_schedules_mean() -> None:
     assert ablations.constant_p_noise(0.0, 0.25, 4.0, 2) == pytest.approx(0.25 / 6, abs=1e-12)
     # m = 4: 0, 0.25(sqrt2 - 1)/3 = 0.034518, 0.083333, 0.25(2sqrt2 - 1)/3 = 0.152369; mean 0.067555.
     assert ablations.constant_p_noise(0.0, 0.25, 4.0, 4) == pytest.approx(0.067555, abs=1e-6)
+
+
+def test_difference_cell_by_hand() -> None:
+    # [2, 4, 6]: mean 4. A bootstrap mean of 3 draws is 2 only when all three draw the 2, p = 1/27 = 3.7%,
+    # above the 2.5% tail: the interval's ends are the extremes, 2 and 6, and 0 lies outside.
+    assert ablations.difference_cell([2.0, 4.0, 6.0]) == "+4.0 (+2.0 to +6.0)"
+    assert ablations.difference_cell([-2.0, -4.0, -6.0]) == "-4.0 (-6.0 to -2.0)"
+    # [-1, 3]: bootstrap means -1 (p 1/4), 1 (1/2), 3 (1/4): interval -1 to 3, which holds 0.
+    assert ablations.difference_cell([-1.0, 3.0]) == "no measurable difference (+1.0; -1.0 to +3.0)"
+    assert ablations.difference_cell([0.0, 0.0, 0.0]) == "no measurable difference (+0.0; +0.0 to +0.0)"
+    assert ablations.difference_cell([5.0]) == "+5.0 (one world: no interval)"
+    assert ablations.difference_cell([]) == "-"
+    assert ablations.difference_cell([0.25, 0.5], digits=2) == "+0.38 (+0.25 to +0.50)"
+
+
+def test_paired_subtracts_per_seed_where_both_were_measured() -> None:
+    results = {
+        0: {"em": {"a": {"bm25": 50.0}, "default": {"bm25": 40.0}}},
+        1: {"em": {"a": {"bm25": 30.0}, "default": {"bm25": 35.0}}},
+        2: {"em": {"default": {"bm25": 10.0}}},  # arm a not run on this seed: no pair
+    }
+    assert ablations.paired(results, "em", "a", "default", "bm25") == [10.0, -5.0]
+    assert ablations.paired(results, "em", "a", "default", "self") == []
+    leak = {0: {"leak": {"x": {"no_name": 0.5}, "y": {"no_name": 0.125}}}}
+    assert ablations.paired(leak, "leak", "x", "y", "no_name", scale=100.0) == [37.5]
+    # one seed: mean only; two: the extremes (bootstrap means -5, 2.5, 10), which hold 0.
+    assert ablations.difference_figures([10.0]) == {"mean": 10.0, "ci_low": None, "ci_high": None}
+    assert ablations.difference_figures([10.0, -5.0]) == {"mean": 2.5, "ci_low": -5.0, "ci_high": 10.0}
+
+
+def test_provenance_names_the_commit_or_unknown(tmp_path: Path) -> None:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    info = ablations.provenance()
+    assert info["commit"].split(" ")[0] == head and info["cores"] >= 1 and info["torch_threads"] >= 1
+    assert info["cpu"]
+    assert ablations.provenance(tmp_path)["commit"] == "unknown"  # not a git work tree
+    assert ablations.measured_at(PROVENANCE) == "Measured at commit abc1234 on Some CPU (2 cores, 1 torch thread(s))."
+
+
+def test_seeds_default_to_three_reporting_worlds_and_smoke_to_one() -> None:
+    assert ablations._parse([]).seeds == [0, 1, 2]
+    assert ablations._parse(["--smoke"]).seeds == [0]
+    assert ablations._parse(["--smoke", "--seeds", "0", "1", "2"]).seeds == [0, 1, 2]
+    assert ablations._parse(["--seeds", "4"]).seeds == [4]
+
+
+def test_each_simulator_arm_changes_one_thing() -> None:
+    variants = ablations.VARIANTS
+    assert variants["told_prompt"].collect == ("show_question=true", "show_answer=true")
+    assert variants["outcome_labels"].collect == ("target=trajectory", "contrast_queries=0")
+    assert variants["no_contrast"].collect == ("contrast_queries=0",)
+    for name in variants:  # RL and evaluation run each on its own simulator, with no other override
+        assert ablations.ARMS[name] == ablations.Arm((), simulator=name)
+    assert ablations.simulator_told("told_prompt") == ("show_question", "show_answer")
+    assert ablations.simulator_told("outcome_labels") == ablations.simulator_told("simulator") == ()
 
 
 def test_question_without_name_keeps_every_other_word() -> None:
@@ -61,11 +119,36 @@ def test_table_lines_give_mean_and_sd_over_seeds() -> None:
     # sd of (40, 50) = sqrt(50) = 7.07; of (10, 20) likewise.
     assert "| GRPO | 15.0 ± 7.1 | 45.0 ± 7.1 | 30.0 ± 0.0 |" in lines
     assert "| REINFORCE | - | - | - |" in lines
+    assert "| `reinforce` − `default` | - | - | - |" in lines  # not run: no difference
+
+
+def test_table_lines_give_each_arms_paired_difference() -> None:
+    def seed(default: float, reinforce: float) -> dict:
+        return {"em": {"default": {"bm25": default}, "reinforce": {"bm25": reinforce}}, "leak": {}}
+
+    question = ablations.Question("q", "title", (("GRPO", "default"),), ("bm25",), pairs=(("reinforce", "default"),))
+    # reinforce - default per seed: 5, 10, 15 (same sign): mean 10, interval 5 to 15.
+    better = {0: seed(40.0, 45.0), 1: seed(30.0, 40.0), 2: seed(20.0, 35.0)}
+    assert "| `reinforce` − `default` | +10.0 (+5.0 to +15.0) |" in ablations.table_lines(question, better)
+    # -5, 10, 15: interval -5 to 15 holds 0 (the mean, 6.7, is not a finding).
+    mixed = {0: seed(40.0, 35.0), 1: seed(30.0, 40.0), 2: seed(20.0, 35.0)}
+    cell = "| `reinforce` − `default` | no measurable difference (+6.7; -5.0 to +15.0) |"
+    assert cell in ablations.table_lines(question, mixed)
+
+
+def test_leakage_lines_give_each_variants_difference_from_the_quickstarts_simulator() -> None:
+    leak = {"simulator": {"no_name": 0.03, "noisy": 0.4}, "told_prompt": {"no_name": 0.63, "noisy": 0.7}}
+    lines = ablations.leakage_lines({0: {"leak": leak}})
+    assert "| question and gold answer in the prompt | 63.0 ± 0.0 | 70.0 ± 0.0 |" in lines
+    # one seed: 63 - 3 = 60 and 70 - 40 = 30 points, no interval.
+    diff = "| `told_prompt` − `simulator` | +60.0 (one world: no interval) | +30.0 (one world: no interval) |"
+    assert diff in lines
+    assert "| `no_contrast` − `simulator` | - | - |" in lines
 
 
 def test_write_doc_rewrites_the_tables_and_keeps_the_prose(tmp_path: Path) -> None:
     results = {0: {"em": {"default": {"simulator": 1.0, "bm25": 2.0, "dense": 3.0}}, "leak": {}}}
-    figures = {"seeds": [0], "steps": 5, "smoke": False, "wall_s": 120.0}
+    figures = {"seeds": [0], "steps": 5, "smoke": False, "wall_s": 120.0, "provenance": PROVENANCE}
     doc = tmp_path / "ablations.md"
     ablations.write_doc(doc, results, figures)
     doc.write_text(doc.read_text().replace("## 2. What is in the loop", "## 2. What is in the loop\n\nOur reading."))
@@ -73,6 +156,7 @@ def test_write_doc_rewrites_the_tables_and_keeps_the_prose(tmp_path: Path) -> No
     ablations.write_doc(doc, results, figures)
     text = doc.read_text()
     assert "Our reading." in text and "Not measured yet" not in text and "2.0 min" in text
+    assert "Measured at commit abc1234 on Some CPU (2 cores, 1 torch thread(s)). Seeds 0, 5 RL steps an arm." in text
     assert "| fine-tuned simulator | 1.0 ± 0.0 | 9.0 ± 0.0 | 3.0 ± 0.0 |" in text
     assert sorted(p.name for p in (tmp_path / "ablations").iterdir()) == [
         f"{q.key}.png" for q in sorted(ablations.QUESTIONS, key=lambda q: q.key)
@@ -87,7 +171,17 @@ def test_smoke_runs_every_arm_and_prints_every_key(tmp_path: Path, capsys: pytes
     for key in KEYS - {"wall_s"}:
         assert 0.0 <= figures[key] <= 100.0, key
     assert figures["smoke"] is True and figures["steps"] == 2 and figures["wall_s"] > 0
+    assert figures["differences"]["told_prompt-default"]["bm25"]["ci_low"] is None  # one seed: no interval
+    assert set(figures["provenance"]) == {"commit", "cpu", "cores", "torch_threads"}
     seed = tmp_path / "seed_0"
+    for name, variant in ablations.VARIANTS.items():  # each simulator collected with its overrides only
+        collect = (seed / f"collect_{name}" / "recipe.yaml").read_text()
+        shown = "true" if variant.told else "false"
+        assert f"show_question: {shown}" in collect and f"show_answer: {shown}" in collect, name
+        assert ("target: trajectory" in collect) == (name == "outcome_labels"), name
+        assert ("contrast_queries: 0" in collect) == (name != "told_prompt"), name
+        rl = (seed / "train" / name / "recipe.yaml").read_text()
+        assert f"simulator_{name}" in rl and f"show_question: {shown}" in rl, name
     for arm in [*ablations.ARMS, "knowing_base"]:
         summary = json.loads((seed / "eval" / arm / "summary.json").read_text())
         engines = (
@@ -105,6 +199,7 @@ def test_smoke_runs_every_arm_and_prints_every_key(tmp_path: Path, capsys: pytes
     # The doc and its charts went to the run directory, not to docs/.
     text = (tmp_path / "ablations.md").read_text()
     assert text.count("smoke: a pipeline check") == len(ablations.QUESTIONS)
+    assert "Measured at commit " in text and "torch thread(s)" in text
     for question in ablations.QUESTIONS:
         with Image.open(tmp_path / "ablations" / f"{question.key}.png") as image:
             assert image.size == (1200, 600)
