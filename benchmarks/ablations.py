@@ -88,8 +88,8 @@ from benchlib import (
     NO_NOISE,
     RECIPES,
     arm_arguments,
-    bootstrap_interval,
     difference_cell,
+    difference_figures,
     mean_sd,
     measured_at,
     provenance,
@@ -607,16 +607,6 @@ def paired(
         for r in results.values()
         if column in r[section].get(row, {}) and column in r[section].get(against, {})
     ]
-
-
-def difference_figures(diffs: list[float]) -> dict[str, float | None]:
-    """A paired difference for the JSON: its mean and 95% bootstrap interval over seeds (None for one seed)."""
-    low, high = bootstrap_interval(diffs) if len(diffs) > 1 else (None, None)
-    return {
-        "mean": round(statistics.fmean(diffs), 2),
-        "ci_low": None if low is None else round(low, 2),
-        "ci_high": None if high is None else round(high, 2),
-    }
 
 
 def _cell(values: list[float]) -> str:

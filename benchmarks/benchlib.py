@@ -128,6 +128,16 @@ def difference_cell(diffs: Sequence[float], digits: int = 1) -> str:
     return f"{mean:+.{digits}f} ({span})"
 
 
+def difference_figures(diffs: Sequence[float]) -> dict[str, float | None]:
+    """A paired difference for the JSON: its mean and 95% bootstrap interval over seeds (None for one seed)."""
+    low, high = bootstrap_interval(diffs) if len(diffs) > 1 else (None, None)
+    return {
+        "mean": round(statistics.fmean(diffs), 2),
+        "ci_low": None if low is None else round(low, 2),
+        "ci_high": None if high is None else round(high, 2),
+    }
+
+
 def provenance(repo: Path = RECIPES.parents[1]) -> dict[str, Any]:
     """Where a benchmark ran: `commit` (`git rev-parse --short HEAD` of `repo`, "unknown" outside git; "+
     uncommitted changes" when tracked files differ from it), `cpu` (the CPU model), `cores` and

@@ -1,6 +1,6 @@
 """IGPO's turn rewards and DAPO's dynamic sampling vs GRPO on two-hop questions, in miniature.
 
-    python benchmarks/turn_rewards.py                  # seeds 0 1, the defaults: docs/turn_rewards.md
+    python benchmarks/turn_rewards.py                  # seeds 0 1 2, the defaults: docs/turn_rewards.md
     python benchmarks/turn_rewards.py --steps 120      # a longer run (the budget: docs/turn_rewards.md)
     python benchmarks/turn_rewards.py --smoke          # every arm for two steps, seed 0, in a temp dir
 
@@ -27,12 +27,18 @@ The arms:
   updates, and this arm may roll out up to 3x as many prompts for them; the table reports the
   prompts each arm rolled out per step and its seconds per step, so the extra cost is in view.
 
-Output: `docs/turn_rewards.md` (`--out`; its table block is rewritten, the prose kept), a table on
-stdout, and as the last line one JSON object: `grpo_em`, `igpo_em`, `grpo_dynamic_em` (held-out
-EM on BM25 in points, mean over seeds), `grpo_flat_share`, `igpo_flat_share` (`sampling/flat_share`,
-the share of groups whose rewards are all equal in a step's first rollout round, mean over steps
-and seeds), `igpo_s_per_step_over_grpo` (mean `time/step_s` of igpo over grpo's), and the detail
-(`by_seed`, `steps`, `seeds`, `smoke`, `wall_s`).
+The table is followed by each arm's paired difference in EM against `grpo` (the same world per
+seed, arm minus grpo) with a 95% bootstrap interval over seeds; an interval that holds 0 is
+written "no measurable difference" (`benchlib.difference_cell`).
+
+Output: `docs/turn_rewards.md` (`--out`; its table block and the commit and machine it was
+measured on are rewritten, the prose kept), the tables on stdout, and as the last line one JSON
+object: `grpo_em`, `igpo_em`, `grpo_dynamic_em` (held-out EM on BM25 in points, mean over seeds),
+`grpo_flat_share`, `igpo_flat_share` (`sampling/flat_share`, the share of groups whose rewards are
+all equal in a step's first rollout round, mean over steps and seeds), `igpo_s_per_step_over_grpo`
+(mean `time/step_s` of igpo over grpo's), `differences` (arm -> EM column -> mean, ci_low,
+ci_high against grpo), `provenance`, and the detail (`by_seed`, `steps`, `seeds`, `smoke`,
+`wall_s`).
 """
 
 from __future__ import annotations
@@ -58,14 +64,28 @@ from simsearch.tinyworld.world import TWO_HOP, World
 from simsearch.training.runlog import read_metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
-from benchlib import NO_NOISE, RECIPES, arm_arguments, mean_sd, replace_block, run_stage, timed
+from benchlib import (
+    NO_NOISE,
+    RECIPES,
+    arm_arguments,
+    difference_cell,
+    difference_figures,
+    mean_sd,
+    measured_at,
+    provenance,
+    replace_block,
+    run_stage,
+    timed,
+)
 
 ARMS: dict[str, tuple[str, ...]] = {
     "grpo": (),
     "igpo": ("algorithm.estimator=igpo",),
     "grpo_dynamic": ("algorithm.dynamic_sampling=true",),
 }
-STEPS = 60  # RL steps per arm: the 30-minute budget of docs/turn_rewards.md
+STEPS = 60  # RL steps per arm, see docs/turn_rewards.md
+SEEDS = (0, 1, 2)  # the full run's worlds: reporting worlds (below 100), none tuned on
+REFERENCE = "grpo"  # the arm every other is compared with, paired by seed
 MAX_TURNS = 3  # searches before the final answer turn
 TWO_HOP_SHARE = 1.0  # every person gets a two-hop question (world)
 TWO_SEARCH_SHARE = 0.5  # pretraining traces that search twice (base)
@@ -86,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     run_dir, out, steps = args.run_dir, args.out, args.steps
     results = {seed: run_seed(seed, args, run_dir / f"seed_{seed}", steps) for seed in args.seeds}
     figures = summarize(results, steps, smoke=args.smoke, wall_s=time.perf_counter() - began)
+    figures["provenance"] = provenance()  # after the quickstart set the process's torch threads
     lines = table_lines(results)
     write_doc(out, lines, figures)
     print("\n".join(["", *lines, "", f"turn rewards: {out}"]), flush=True)
@@ -95,11 +116,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    return arm_arguments(
+    parser.set_defaults(seeds=SEEDS)  # a tuple: a --seeds given on the command line parses to a list
+    args = arm_arguments(
         argv, parser, "turn_rewards", steps=STEPS, smoke_steps=SMOKE_STEPS,
-        seeds_help="one world and base per seed (default 0 1; smoke 0)",
+        seeds_help="one world and base per seed (default 0 1 2; smoke 0)",
         smoke_help="every arm for two steps on the quickstart's smoke base",
     )  # fmt: skip
+    if isinstance(args.seeds, tuple):  # not given
+        args.seeds = [0] if args.smoke else list(SEEDS)
+    return args
 
 
 # --------------------------------------------------------------------------- one seed
@@ -249,11 +274,24 @@ def summarize(results: dict[int, dict[str, Any]], steps: int, *, smoke: bool, wa
         figures[f"{arm}_flat_share"] = over_seeds([r["rl"][arm]["flat_share"] for r in results.values()])
     step_s = {arm: statistics.fmean(r["rl"][arm]["step_s"] for r in results.values()) for arm in ("grpo", "igpo")}
     figures["igpo_s_per_step_over_grpo"] = round(step_s["igpo"] / step_s["grpo"], 4)
+    figures["differences"] = {
+        arm: {column: difference_figures(em_differences(results, arm, column)) for column in EM_COLUMNS}
+        for arm in ARMS
+        if arm != REFERENCE
+    }
     figures.update(
         wall_s=round(wall_s, 1), steps=steps, seeds=list(results), smoke=smoke,
         by_seed={str(seed): r for seed, r in results.items()},
     )  # fmt: skip
     return figures
+
+
+EM_COLUMNS = ("all", *DATASETS)
+
+
+def em_differences(results: dict[int, dict[str, Any]], arm: str, column: str) -> list[float]:
+    """Per seed: the arm's held-out EM minus REFERENCE's on the same world, in `column` (all or a dataset)."""
+    return [r["em"][arm][column] - r["em"][REFERENCE][column] for r in results.values()]
 
 
 def _cell(values: list[float], digits: int = 1) -> str:
@@ -278,14 +316,27 @@ def table_lines(results: dict[int, dict[str, Any]]) -> list[str]:
         else:
             rl = ["-"] * 4
         lines.append(f"| {label} | " + " | ".join(em + rl) + " |")
+    lines += [
+        "",
+        f"Paired difference in held-out EM against {REFERENCE}, per seed on the same world; mean and 95% bootstrap "
+        "interval over seeds (EM points); an interval that holds 0 is no measurable difference:",
+        "",
+        f"| arm − {REFERENCE} | EM all | EM one-hop | EM two-hop |",
+        "|---|---|---|---|",
+    ]
+    for label, row in ROWS:
+        if row in ARMS and row != REFERENCE:
+            cells = [difference_cell(em_differences(results, row, column)) for column in EM_COLUMNS]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
 
 def write_doc(out: Path, lines: list[str], figures: dict[str, Any]) -> None:
-    """Fills the doc's table block (`<!-- table -->` ... `<!-- /table -->`) and wall time, keeping the prose;
-    a missing doc, or one without the blocks, is started from `SKELETON`."""
+    """Fills the doc's table block (`<!-- table -->` ... `<!-- /table -->`), the commit and machine
+    (`<!-- measured -->`) and the wall time, keeping the prose; a missing doc, or one without the blocks, is
+    started from `SKELETON`."""
     text = out.read_text() if out.is_file() else SKELETON
-    if not all(marker in text for marker in ("<!-- table -->", "<!-- /table -->", "<!-- wall -->")):
+    if not all(f"<!-- {n} -->" in text and f"<!-- /{n} -->" in text for n in ("measured", "table", "wall")):
         text = SKELETON
     seeds = ", ".join(str(s) for s in figures["seeds"])
     head = (
@@ -294,13 +345,19 @@ def write_doc(out: Path, lines: list[str], figures: dict[str, Any]) -> None:
     )
     text = replace_block(text, "table", "\n".join(["", head + ".", "", *lines, ""]))
     text = replace_block(text, "wall", f"{figures['wall_s'] / 60:.1f} min")
+    measured = measured_at(figures["provenance"]) + f" Seeds {seeds}, {figures['steps']} RL steps an arm."
+    text = replace_block(text, "measured", "\n" + measured + "\n")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
 
 
 SKELETON = """# Turn rewards: IGPO and dynamic sampling vs GRPO on two-hop questions
 
-    python benchmarks/turn_rewards.py --seeds 0 1
+    python benchmarks/turn_rewards.py --seeds 0 1 2
+
+<!-- measured -->
+Not measured yet.
+<!-- /measured -->
 
 <!-- table -->
 Not measured yet.

@@ -12,7 +12,11 @@ from tests.benchmark_scripts import load_benchmark
 
 turn_rewards = load_benchmark("turn_rewards")
 
-KEYS = {"grpo_em", "igpo_em", "grpo_dynamic_em", "grpo_flat_share", "igpo_flat_share", "igpo_s_per_step_over_grpo"}
+KEYS = {
+    "grpo_em", "igpo_em", "grpo_dynamic_em", "grpo_flat_share", "igpo_flat_share", "igpo_s_per_step_over_grpo",
+    "differences", "provenance",
+}  # fmt: skip
+PROVENANCE = {"commit": "abc1234", "cpu": "Some CPU", "cores": 2, "torch_threads": 1}
 
 
 def test_split_questions_halves_training_and_matches_held_out_sets() -> None:
@@ -44,7 +48,7 @@ def test_summarize_gives_means_over_seeds_and_the_step_time_ratio() -> None:
     }
     results[1]["rl"]["igpo"]["step_s"] = 4.0
     figures = turn_rewards.summarize(results, 3, smoke=False, wall_s=60.0)
-    assert set(figures) >= KEYS
+    assert set(figures) >= KEYS - {"provenance"}  # main adds it
     assert (figures["grpo_em"], figures["igpo_em"], figures["grpo_dynamic_em"]) == (15.0, 30.0, 40.0)
     assert figures["grpo_flat_share"] == pytest.approx(0.6, abs=1e-9)
     # igpo: (1 + 4) / 2 = 2.5 s a step; grpo: (1 + 2) / 2 = 1.5 s; 2.5 / 1.5 = 1.6667.
@@ -54,16 +58,43 @@ def test_summarize_gives_means_over_seeds_and_the_step_time_ratio() -> None:
     grpo = "| GRPO | 15.0 ± 7.1 | 30.0 ± 14.1 | 0.0 ± 0.0 | 0.60 ± 0.14 | 1.50 ± 0.71 | 8.0 ± 0.0 | 1.50 ± 0.00 |"
     assert grpo in lines
     assert "| base, no RL | 2.0 ± 1.4 | 4.0 ± 2.8 | 0.0 ± 0.0 | - | - | - | - |" in lines
+    # igpo - grpo per seed: all 10, 20; one-hop 20, 40; two-hop 0, 0. Two seeds: the interval is their extremes.
+    assert figures["differences"]["igpo"]["all"] == {"mean": 15.0, "ci_low": 10.0, "ci_high": 20.0}
+    assert "| IGPO turn rewards | +15.0 (+10.0 to +20.0) | +30.0 (+20.0 to +40.0) | " in lines[-2]
+    assert lines[-2].endswith("| no measurable difference (+0.0; +0.0 to +0.0) |")
+    assert set(figures["differences"]) == {"igpo", "grpo_dynamic"}
+
+
+def test_a_difference_whose_interval_holds_zero_is_no_measurable_difference() -> None:
+    # grpo_dynamic - grpo: 3 seeds, +10, -4, +6 on EM all: bootstrap interval -4 to +10, which holds 0.
+    results = {
+        seed: _seed({"base": 0.0, "grpo": 20.0, "igpo": 20.0 + d, "grpo_dynamic": 20.0 + d}, flat=0.5, step_s=1.0)
+        for seed, d in enumerate((10.0, -4.0, 6.0))
+    }
+    lines = turn_rewards.table_lines(results)
+    row = next(line for line in lines if line.startswith("| GRPO + dynamic sampling | no"))
+    # mean (10 - 4 + 6) / 3 = 4.0; one-hop doubles every EM: +8.0 on -8 to +20.
+    assert row.startswith(
+        "| GRPO + dynamic sampling | no measurable difference (+4.0; -4.0 to +10.0) "
+        "| no measurable difference (+8.0; -8.0 to +20.0) |"
+    )
+
+
+def test_seeds_default_to_three_reporting_worlds_and_smoke_to_one() -> None:
+    assert turn_rewards._parse([]).seeds == [0, 1, 2]
+    assert turn_rewards._parse(["--smoke"]).seeds == [0]
+    assert turn_rewards._parse(["--seeds", "0", "1"]).seeds == [0, 1]
 
 
 def test_write_doc_rewrites_the_table_and_keeps_the_prose(tmp_path: Path) -> None:
     doc = tmp_path / "turn_rewards.md"
-    figures = {"seeds": [0], "steps": 5, "smoke": False, "wall_s": 120.0}
+    figures = {"seeds": [0], "steps": 5, "smoke": False, "wall_s": 120.0, "provenance": PROVENANCE}
     turn_rewards.write_doc(doc, ["| a |", "|---|", "| 1 |"], figures)
     doc.write_text(doc.read_text() + "\nOur reading.\n")
     turn_rewards.write_doc(doc, ["| a |", "|---|", "| 2 |"], figures)
     text = doc.read_text()
     assert "Our reading." in text and "| 2 |" in text and "| 1 |" not in text and "2.0 min" in text
+    assert "Measured at commit abc1234 on Some CPU (2 cores, 1 torch thread(s)). Seeds 0, 5 RL steps an arm." in text
 
 
 @pytest.mark.slow
@@ -77,6 +108,7 @@ def test_smoke_runs_every_arm_and_prints_every_key(tmp_path: Path, capsys: pytes
         assert 0.0 <= figures[f"{arm}_flat_share"] <= 1.0, arm
     assert figures["igpo_s_per_step_over_grpo"] > 0
     assert figures["smoke"] is True and figures["steps"] == 2 and figures["seeds"] == [0]
+    assert figures["differences"]["igpo"]["all"]["ci_low"] is None  # one seed: no interval
     seed = tmp_path / "seed_0"
     for arm in turn_rewards.ARMS:  # the same budget: two steps each, up to three searches, on BM25
         rows = [json.loads(r) for r in (seed / "train" / arm / "metrics.jsonl").read_text().splitlines()]
@@ -92,4 +124,6 @@ def test_smoke_runs_every_arm_and_prints_every_key(tmp_path: Path, capsys: pytes
     # The base was pretrained on a two-hop world with two-search traces.
     world = (seed / "world_and_base" / "recipe.yaml").read_text()
     assert "two_hop_share: 1.0" in world and "two_search_share: 0.5" in world
-    assert (tmp_path / "turn_rewards.md").read_text().count("smoke: a pipeline check") == 1
+    text = (tmp_path / "turn_rewards.md").read_text()
+    assert text.count("smoke: a pipeline check") == 1 and "(one world: no interval)" in text
+    assert "Measured at commit " in text and "torch thread(s)" in text
