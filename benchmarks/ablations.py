@@ -738,12 +738,12 @@ when its stages' fingerprints match), one RL policy per arm, each with the quick
 questions x 16 rollouts (the quickstart runs 250), so the numbers here sit below the quickstart's.
 Each policy is evaluated greedily on the held-out entities' questions against the simulator, BM25
 and dense retrieval (`recipes/quickstart/eval.yaml`). EM is strict exact match. Each table gives
-each arm's paired difference against the default arm (the same world per seed) with a 95%
-bootstrap interval over seeds; an interval that holds 0 is written "no measurable difference".
-With 3 seeds an interval leaves out 0 only when every seed's difference has the same sign. Wall
-time of the last full run: <!-- wall -->not measured yet<!-- /wall -->. The arms and how each is
-built: the docstring of `benchmarks/ablations.py`. The tables below are rewritten by each run;
-the text around them is not.
+each arm's paired difference against the default arm (the same world per seed) with a 95% bootstrap
+interval over seeds; an interval that holds 0 is written "no measurable difference". Fewer than 3
+seeds give the mean alone; with 3, an interval leaves out 0 only when every seed's difference has
+the same sign. Wall time of the last full run: <!-- wall -->not measured yet<!-- /wall -->. The
+arms and how each is built: the docstring of `benchmarks/ablations.py`. The tables below are
+rewritten by each run; the text around them is not.
 
 ## Budget
 

@@ -108,29 +108,38 @@ def replace_block(text: str, name: str, content: str) -> str:
     return text[:start] + content + text[stop:]
 
 
+MIN_WORLDS = 3  # fewer worlds give no interval: over 2, a percentile bootstrap is just their range
+
+
 def difference_cell(diffs: Sequence[float], digits: int = 1) -> str:
     """A paired difference as a table cell: `diffs` holds one arm's value minus the reference arm's, one per
     world (the same world for both).
 
     The mean with its 95% bootstrap interval over worlds (`bootstrap_interval`), as "+4.0 (+2.0 to +6.0)";
-    an interval that holds 0 reads "no measurable difference (+1.0; -1.0 to +3.0)"; a single world gives
-    no interval ("+5.0 (one world: no interval)"), none at all "-".
+    an interval that holds 0 reads "no measurable difference (+1.0; -1.0 to +3.0)"; fewer than MIN_WORLDS
+    worlds give the mean alone ("+5.0 (1 world: no interval)"), none at all "-".
     """
     if not diffs:
         return "-"
-    mean = statistics.fmean(diffs)
-    if len(diffs) == 1:
-        return f"{mean:+.{digits}f} (one world: no interval)"
+    mean = _signed(statistics.fmean(diffs), digits)
+    if len(diffs) < MIN_WORLDS:
+        return f"{mean} ({len(diffs)} world{'s' if len(diffs) > 1 else ''}: no interval)"
     low, high = bootstrap_interval(diffs)
-    span = f"{low:+.{digits}f} to {high:+.{digits}f}"
+    span = f"{_signed(low, digits)} to {_signed(high, digits)}"
     if low <= 0.0 <= high:
-        return f"no measurable difference ({mean:+.{digits}f}; {span})"
-    return f"{mean:+.{digits}f} ({span})"
+        return f"no measurable difference ({mean}; {span})"
+    return f"{mean} ({span})"
+
+
+def _signed(value: float, digits: int) -> str:
+    """`value` with its sign, 0 without one ("-0.0" would read as a direction)."""
+    return f"{value:+.{digits}f}" if round(value, digits) else f"{0.0:.{digits}f}"
 
 
 def difference_figures(diffs: Sequence[float]) -> dict[str, float | None]:
-    """A paired difference for the JSON: its mean and 95% bootstrap interval over seeds (None for one seed)."""
-    low, high = bootstrap_interval(diffs) if len(diffs) > 1 else (None, None)
+    """A paired difference for the JSON: its mean and 95% bootstrap interval over worlds (None for fewer than
+    MIN_WORLDS)."""
+    low, high = bootstrap_interval(diffs) if len(diffs) >= MIN_WORLDS else (None, None)
     return {
         "mean": round(statistics.fmean(diffs), 2),
         "ci_low": None if low is None else round(low, 2),

@@ -36,12 +36,16 @@ def test_difference_cell_by_hand() -> None:
     # above the 2.5% tail: the interval's ends are the extremes, 2 and 6, and 0 lies outside.
     assert ablations.difference_cell([2.0, 4.0, 6.0]) == "+4.0 (+2.0 to +6.0)"
     assert ablations.difference_cell([-2.0, -4.0, -6.0]) == "-4.0 (-6.0 to -2.0)"
-    # [-1, 3]: bootstrap means -1 (p 1/4), 1 (1/2), 3 (1/4): interval -1 to 3, which holds 0.
-    assert ablations.difference_cell([-1.0, 3.0]) == "no measurable difference (+1.0; -1.0 to +3.0)"
-    assert ablations.difference_cell([0.0, 0.0, 0.0]) == "no measurable difference (+0.0; +0.0 to +0.0)"
-    assert ablations.difference_cell([5.0]) == "+5.0 (one world: no interval)"
+    # [-1, 3, 1]: mean 1; the interval's ends are again the extremes, -1 and 3, and hold 0.
+    assert ablations.difference_cell([-1.0, 3.0, 1.0]) == "no measurable difference (+1.0; -1.0 to +3.0)"
+    # Zero, and what rounds to it, has no sign: mean -0.01, ends -0.02 and 0.
+    assert ablations.difference_cell([-0.02, -0.01, 0.0]) == "no measurable difference (0.0; 0.0 to 0.0)"
+    # Fewer than 3 worlds: over 2 the bootstrap would give their range, which is no 95% interval.
+    assert ablations.difference_cell([5.0]) == "+5.0 (1 world: no interval)"
+    assert ablations.difference_cell([5.0, 7.0]) == "+6.0 (2 worlds: no interval)"
     assert ablations.difference_cell([]) == "-"
-    assert ablations.difference_cell([0.25, 0.5], digits=2) == "+0.38 (+0.25 to +0.50)"
+    # mean (0.25 + 0.5 + 0.5) / 3 = 0.41667.
+    assert ablations.difference_cell([0.25, 0.5, 0.5], digits=2) == "+0.42 (+0.25 to +0.50)"
 
 
 def test_paired_subtracts_per_seed_where_both_were_measured() -> None:
@@ -54,9 +58,9 @@ def test_paired_subtracts_per_seed_where_both_were_measured() -> None:
     assert ablations.paired(results, "em", "a", "default", "self") == []
     leak = {0: {"leak": {"x": {"no_name": 0.5}, "y": {"no_name": 0.125}}}}
     assert ablations.paired(leak, "leak", "x", "y", "no_name", scale=100.0) == [37.5]
-    # one seed: mean only; two: the extremes (bootstrap means -5, 2.5, 10), which hold 0.
-    assert ablations.difference_figures([10.0]) == {"mean": 10.0, "ci_low": None, "ci_high": None}
-    assert ablations.difference_figures([10.0, -5.0]) == {"mean": 2.5, "ci_low": -5.0, "ci_high": 10.0}
+    # one or two seeds: the mean only; three: the extremes (each drawn thrice with p 1/27 > 2.5%).
+    assert ablations.difference_figures([10.0, -5.0]) == {"mean": 2.5, "ci_low": None, "ci_high": None}
+    assert ablations.difference_figures([10.0, -5.0, 10.0]) == {"mean": 5.0, "ci_low": -5.0, "ci_high": 10.0}
 
 
 def test_provenance_names_the_commit_or_unknown(tmp_path: Path) -> None:
@@ -141,7 +145,7 @@ def test_leakage_lines_give_each_variants_difference_from_the_quickstarts_simula
     lines = ablations.leakage_lines({0: {"leak": leak}})
     assert "| question and gold answer in the prompt | 63.0 ± 0.0 | 70.0 ± 0.0 |" in lines
     # one seed: 63 - 3 = 60 and 70 - 40 = 30 points, no interval.
-    diff = "| `told_prompt` − `simulator` | +60.0 (one world: no interval) | +30.0 (one world: no interval) |"
+    diff = "| `told_prompt` − `simulator` | +60.0 (1 world: no interval) | +30.0 (1 world: no interval) |"
     assert diff in lines
     assert "| `no_contrast` − `simulator` | - | - |" in lines
 
