@@ -30,6 +30,7 @@ from simsearch.config import (
     SearchConfig,
     ServeRecipe,
     TrainRecipe,
+    save_recipe,
 )
 from simsearch.curriculum.schedules import P_NOISE
 from simsearch.errors import RecipeError
@@ -244,6 +245,22 @@ def steps_shape_schedules(recipe: TrainRecipe | FinetuneRecipe) -> bool:
     curriculum = recipe.curriculum
     curve = P_NOISE.get(curriculum.kind)
     return curriculum.total_steps == 0 and curve is not None and "total_steps" in signature(curve).parameters
+
+
+def save_recipe_and_changes(recipe: Any, run_dir: Path, step: int, changes: dict[str, tuple[Any, Any]],
+                            command: str) -> None:  # fmt: skip
+    """Writes recipe.yaml and, for a forced resume, its changes to the run log (`recipe_changes.jsonl`).
+
+    Call it once the data and models have loaded: the run directory is written from here on.
+    """
+    from simsearch.training.runlog import log_recipe_change
+
+    save_recipe(recipe, run_dir)
+    if changes:
+        path = log_recipe_change(run_dir, step, changes)
+        keys = ", ".join(changes)
+        print(f"simsearch {command}: resumed at step {step} with a changed {keys} (resume=force; recorded in {path})",
+              flush=True)  # fmt: skip
 
 
 def _show(value: Any) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from tqdm import tqdm
 
@@ -26,9 +26,12 @@ from simsearch.config import CollectRecipe, save_recipe
 from simsearch.data.qa import load_qa
 from simsearch.errors import SimsearchError
 from simsearch.factory.build import build_generation_engine, build_search_engine
+from simsearch.generation.base import GenerationEngine
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories
+from simsearch.retrieval.base import SearchEngine
 from simsearch.simulator.prompts import Preset
 from simsearch.simulator.sft_data import (
+    Judge,
     LLMJudge,
     SearchRecord,
     Target,
@@ -38,7 +41,7 @@ from simsearch.simulator.sft_data import (
     rule_judge,
     write_pairs,
 )
-from simsearch.types import SamplingParams
+from simsearch.types import QAExample, SamplingParams
 
 
 def main(recipe: CollectRecipe) -> dict[str, float]:
@@ -49,47 +52,12 @@ def main(recipe: CollectRecipe) -> dict[str, float]:
     policy, tokenizer, _ = build_generation_engine(recipe.policy)
     search = build_search_engine(recipe.search, seed=recipe.seed)
     assert search is not None  # CollectRecipe.check refuses kind=self
-    judge = rule_judge
-    if recipe.judge.kind == "llm":
-        assert recipe.judge.generation is not None  # JudgeConfig.check: kind=llm needs it
-        judge_engine, judge_tokenizer, _ = build_generation_engine(recipe.judge.generation)
-        judge = LLMJudge(judge_engine, tokenizer=judge_tokenizer, chat=True)
+    judge = _judge(recipe)
     examples = [e for path in recipe.data.train for e in load_qa(path)]
     if recipe.max_questions:
         examples = examples[: recipe.max_questions]
     save_recipe(recipe, run_dir)  # the models, the engine and the data loaded: now the run directory is written
-    settings = RolloutSettings(
-        template=recipe.rollout.template,
-        max_turns=recipe.rollout.max_turns,
-        max_obs_tokens=recipe.rollout.max_obs_tokens,
-        max_context_tokens=recipe.rollout.max_context_tokens,
-        top_k=recipe.search.top_k,
-        rendering=recipe.search.rendering,
-    )
-    sampling = SamplingParams(
-        temperature=recipe.sampling.temperature,
-        top_p=recipe.sampling.top_p,
-        max_new_tokens=recipe.sampling.max_new_tokens,
-        seed=recipe.seed,
-    )
-
-    records: list[SearchRecord] = []
-    rng = random.Random(recipe.seed)
-    progress = tqdm(range(0, len(examples), recipe.batch_size), desc="collect", unit="batch")
-    for start in progress:
-        batch = examples[start : start + recipe.batch_size]
-        result = generate_trajectories(
-            batch,
-            policy=policy,
-            tokenizer=tokenizer,
-            search=search,
-            settings=settings,
-            sampling=sampling,
-            group_size=recipe.rollout.group_size,
-            rng=rng,
-        )
-        records += records_from_trajectories(result.trajectories, outcome_metric=recipe.outcome_metric)
-        progress.set_postfix(records=len(records))
+    records = _collect(recipe, examples, policy, tokenizer, search)
 
     if not records:
         raise SimsearchError(
@@ -122,3 +90,50 @@ def main(recipe: CollectRecipe) -> dict[str, float]:
         f"(useful share {data.stats['collect/train_useful_share']:.2f}) in {run_dir}"
     )
     return data.stats
+
+
+def _collect(
+    recipe: CollectRecipe, examples: list[QAExample], policy: GenerationEngine, tokenizer: Any, search: SearchEngine
+) -> list[SearchRecord]:
+    """Rolls the policy out with the real retriever, `batch_size` questions at a time; every executed search."""
+    settings = RolloutSettings(
+        template=recipe.rollout.template,
+        max_turns=recipe.rollout.max_turns,
+        max_obs_tokens=recipe.rollout.max_obs_tokens,
+        max_context_tokens=recipe.rollout.max_context_tokens,
+        top_k=recipe.search.top_k,
+        rendering=recipe.search.rendering,
+    )
+    sampling = SamplingParams(
+        temperature=recipe.sampling.temperature,
+        top_p=recipe.sampling.top_p,
+        max_new_tokens=recipe.sampling.max_new_tokens,
+        seed=recipe.seed,
+    )
+    records: list[SearchRecord] = []
+    rng = random.Random(recipe.seed)
+    progress = tqdm(range(0, len(examples), recipe.batch_size), desc="collect", unit="batch")
+    for start in progress:
+        batch = examples[start : start + recipe.batch_size]
+        result = generate_trajectories(
+            batch,
+            policy=policy,
+            tokenizer=tokenizer,
+            search=search,
+            settings=settings,
+            sampling=sampling,
+            group_size=recipe.rollout.group_size,
+            rng=rng,
+        )
+        records += records_from_trajectories(result.trajectories, outcome_metric=recipe.outcome_metric)
+        progress.set_postfix(records=len(records))
+    return records
+
+
+def _judge(recipe: CollectRecipe) -> Judge:
+    """The rule judge, or the LLM judge the recipe names (`judge.kind`)."""
+    if recipe.judge.kind != "llm":
+        return rule_judge
+    assert recipe.judge.generation is not None  # JudgeConfig.check: kind=llm needs it
+    judge_engine, judge_tokenizer, _ = build_generation_engine(recipe.judge.generation)
+    return LLMJudge(judge_engine, tokenizer=judge_tokenizer, chat=True)

@@ -29,7 +29,7 @@ import torch
 from tqdm import tqdm
 
 from simsearch.commands import preflight
-from simsearch.config import FinetuneRecipe, save_recipe
+from simsearch.config import FinetuneRecipe
 from simsearch.errors import DataError
 from simsearch.simulator.sft import (
     TokenizedPair,
@@ -50,7 +50,7 @@ from simsearch.training.distributed import (
     gathered_state_dict,
     load_for_training,
 )
-from simsearch.training.runlog import RECIPE_CHANGES_FILE, RunLogger, log_recipe_change
+from simsearch.training.runlog import RunLogger
 from simsearch.training.session import Run, TrainedModel, TrainSettings, deepspeed_device, open_run, train_model
 
 
@@ -85,11 +85,7 @@ def main(recipe: FinetuneRecipe) -> Path:
     start = run.start
     run.restore_rng()
     if run.rank == 0:  # the data and the model loaded: now the run directory is written
-        save_recipe(recipe, run.run_dir)
-        if changes:
-            log_recipe_change(run.run_dir, start, changes)
-            print(f"simsearch simulator finetune: resumed at step {start} with a changed {', '.join(changes)} "
-                  f"(resume=force; recorded in {run.run_dir / RECIPE_CHANGES_FILE})", flush=True)  # fmt: skip
+        preflight.save_recipe_and_changes(recipe, run.run_dir, start, changes, "simulator finetune")
     sft = _SFT(recipe, run, trained, tokenizer, deepspeed_device() if use_ds else torch.device(recipe.model.device))
     logger = RunLogger(run.run_dir, resume_step=start) if run.rank == 0 else None
     if logger is not None and start == 0:
@@ -99,23 +95,7 @@ def main(recipe: FinetuneRecipe) -> Path:
     last_saved = start if run.checkpoint is not None else -1
     progress = tqdm(range(start, recipe.steps), initial=start, total=recipe.steps, disable=run.rank != 0, desc="sft")
     for step in progress:
-        began = time.perf_counter()
-        micro = [
-            sft.on_device(indices, train)
-            for indices in step_batches(
-                len(train), step=step, batch_size=recipe.batch_size, grad_accum=recipe.grad_accum,
-                rank=run.rank, world_size=run.world, seed=recipe.seed, lengths=train_lengths,
-            )
-        ]  # fmt: skip
-        loss_sum, grad_norm = _train_step(sft, micro)
-        tokens = sum(int(b["attention_mask"].sum()) for b in micro)
-        summed = all_reduce_sum(torch.tensor([loss_sum, tokens], dtype=torch.float64), run.world).tolist()
-        metrics = {
-            "losses/train": summed[0] / run.world,
-            "optim/lr": trained.scheduler.get_last_lr()[0],
-            "optim/grad_norm": grad_norm,
-            "perf/tokens_per_s": summed[1] / (time.perf_counter() - began),
-        }
+        metrics = _step(sft, train, train_lengths, step)
         done = step + 1
         if val and recipe.eval_every and (done % recipe.eval_every == 0 or done == recipe.steps):
             metrics["losses/val"] = _validate(sft, val)
@@ -153,6 +133,27 @@ class _SFT:
         with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=autocast):
             logits = self.trained.engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         return response_loss(logits, batch["labels"], batch["weights"])
+
+
+def _step(sft: _SFT, train: list[TokenizedPair], lengths: list[int], step: int) -> dict[str, float]:
+    """One optimizer step on this process's share of the step's pairs; its metrics, over every process."""
+    recipe, run, began = sft.recipe, sft.run, time.perf_counter()
+    micro = [
+        sft.on_device(indices, train)
+        for indices in step_batches(
+            len(train), step=step, batch_size=recipe.batch_size, grad_accum=recipe.grad_accum,
+            rank=run.rank, world_size=run.world, seed=recipe.seed, lengths=lengths,
+        )
+    ]  # fmt: skip
+    loss_sum, grad_norm = _train_step(sft, micro)
+    tokens = sum(int(b["attention_mask"].sum()) for b in micro)
+    summed = all_reduce_sum(torch.tensor([loss_sum, tokens], dtype=torch.float64), run.world).tolist()
+    return {
+        "losses/train": summed[0] / run.world,
+        "optim/lr": sft.trained.scheduler.get_last_lr()[0],
+        "optim/grad_norm": grad_norm,
+        "perf/tokens_per_s": summed[1] / (time.perf_counter() - began),
+    }
 
 
 def _train_step(sft: _SFT, micro: list[dict[str, torch.Tensor]]) -> tuple[float, float]:

@@ -51,7 +51,7 @@ from typing import Any
 from tqdm import tqdm
 
 from simsearch.commands import preflight
-from simsearch.config import TrainRecipe, save_recipe
+from simsearch.config import TrainRecipe
 from simsearch.curriculum.schedules import NoiseSchedule
 from simsearch.data.qa import load_qa
 from simsearch.errors import ServiceError
@@ -67,7 +67,7 @@ from simsearch.retrieval import accounting
 from simsearch.retrieval.accounting import EngineUsage, Ledger
 from simsearch.training.checkpoint import checkpoint_dir
 from simsearch.training.distributed import mean_over_ranks
-from simsearch.training.runlog import METRICS_FILE, RECIPE_CHANGES_FILE, RunLogger, log_recipe_change, read_metrics
+from simsearch.training.runlog import METRICS_FILE, RunLogger, read_metrics
 from simsearch.training.session import Run, open_run
 
 
@@ -179,21 +179,11 @@ def _set_up(recipe: TrainRecipe) -> _Training:
         schedule.load_state_dict(run.state["curriculum"])
     run.restore_rng()
     if run.rank == 0:
-        _save_recipe(recipe, run, changes)
+        preflight.save_recipe_and_changes(recipe, run.run_dir, run.start, changes, "train")
     logger = RunLogger(run.run_dir, resume_step=run.start, tensorboard=recipe.tensorboard,
                        wandb_project=recipe.wandb_project) if run.rank == 0 else None  # fmt: skip
     return _Training(recipe, run, learner, weights, tokenizer, settings, schedule, share, train_data, validation,
                      search, ledger, logger, previous_cost, {})  # fmt: skip
-
-
-def _save_recipe(recipe: TrainRecipe, run: Run, changes: dict[str, tuple[Any, Any]]) -> None:
-    """recipe.yaml, and a forced resume's changes in the run log (`resume: force`)."""
-    save_recipe(recipe, run.run_dir)
-    if changes:
-        log_recipe_change(run.run_dir, run.start, changes)
-        keys = ", ".join(changes)
-        print(f"simsearch train: resumed at step {run.start} with a changed {keys} (resume=force; recorded in "
-              f"{run.run_dir / RECIPE_CHANGES_FILE})", flush=True)  # fmt: skip
 
 
 def _sample(t: _Training, position: int, p_noise: float, step: int) -> steps.StepSample:
