@@ -14,8 +14,17 @@ Output: a table on stdout, then as the last line one JSON object: per recipe `re
 `reward_last5` (mean `reward/mean` of the first and last five steps; with fewer than ten steps, the
 first and last halves), `steps` and `wall_s`; and `smoke`, `threads`.
 
-Measured (2-core AMD EPYC, --threads 1, with another benchmark on the second core; see
-recipes/train/tiny_cpu.yaml's header for its figure).
+Measured with `python benchmarks/recipes.py --artifacts runs/recipes_quickstart --threads 1` (2-core
+AMD EPYC, 1 torch thread, another benchmark on the second core; the quickstart's default world and
+base, which the run built first, in about 17 min):
+
+| recipe | steps | reward, first 5 | reward, last 5 | wall (s) |
+|---|---|---|---|---|
+| tiny_cpu | 40 | 0.125 | 0.458 | 205 |
+| quickstart_train_nosearch | 50 | 0.033 | 0.006 | 67 |
+
+tiny_cpu learns to search and read; the no-search contrast has nothing to read and only its
+memory to train (the quickstart evaluates it as trained, with no search).
 """
 
 from __future__ import annotations
