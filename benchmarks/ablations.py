@@ -109,7 +109,9 @@ LEAK_QUESTIONS = 200  # training questions per leakage probe
 # Smoke: every stage for a step or two, as the quickstart's smoke does.
 SMOKE_TRAIN = ["prompts_per_step=2", "rollout.group_size=2", "eval_every=0"]
 SMOKE_EVAL = ["chunk_size=8"]
-SMOKE_COLLECT = ["max_questions=32", "balance=false"]  # 32 questions may hold no correct trajectory
+# The smoke base rarely searches: 128 questions give outcome labels pairs on 2 questions at least (train
+# and validation), where 32 gave one pair; they may hold no correct trajectory, hence no balance.
+SMOKE_COLLECT = ["max_questions=128", "balance=false"]
 SMOKE_SIMULATOR = ["steps=2", "eval_every=1", "batch_size=4"]
 SMOKE_STEPS, SMOKE_KNOWING = 2, (2, 4)  # RL steps; knowing-base steps and batch
 SMOKE_LIMIT, SMOKE_LEAK = 4, 4  # held-out questions per evaluation; questions per leakage probe
@@ -713,7 +715,7 @@ def write_doc(out: Path, results: dict[int, dict[str, Any]], figures: dict[str, 
         ]
         text = replace_block(text, f"table:{question.key}", "\n".join(["", *block, ""]))
     text = replace_block(text, "wall", f"{figures['wall_s'] / 60:.1f} min")
-    measured = measured_at(figures["provenance"]) + f" Seeds {seeds}, {figures['steps']} RL steps an arm."
+    measured = measured_at(figures["provenance"]) + f" Seeds {seeds}; {figures['steps']} RL steps an arm."
     text = replace_block(text, "measured", "\n" + measured + "\n")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)

@@ -345,7 +345,7 @@ def write_doc(out: Path, lines: list[str], figures: dict[str, Any]) -> None:
     )
     text = replace_block(text, "table", "\n".join(["", head + ".", "", *lines, ""]))
     text = replace_block(text, "wall", f"{figures['wall_s'] / 60:.1f} min")
-    measured = measured_at(figures["provenance"]) + f" Seeds {seeds}, {figures['steps']} RL steps an arm."
+    measured = measured_at(figures["provenance"]) + f" Seeds {seeds}; {figures['steps']} RL steps an arm."
     text = replace_block(text, "measured", "\n" + measured + "\n")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)

@@ -160,7 +160,7 @@ def test_write_doc_rewrites_the_tables_and_keeps_the_prose(tmp_path: Path) -> No
     ablations.write_doc(doc, results, figures)
     text = doc.read_text()
     assert "Our reading." in text and "Not measured yet" not in text and "2.0 min" in text
-    assert "Measured at commit abc1234 on Some CPU (2 cores, 1 torch thread(s)). Seeds 0, 5 RL steps an arm." in text
+    assert "Measured at commit abc1234 on Some CPU (2 cores, 1 torch thread(s)). Seeds 0; 5 RL steps an arm." in text
     assert "| fine-tuned simulator | 1.0 ± 0.0 | 9.0 ± 0.0 | 3.0 ± 0.0 |" in text
     assert sorted(p.name for p in (tmp_path / "ablations").iterdir()) == [
         f"{q.key}.png" for q in sorted(ablations.QUESTIONS, key=lambda q: q.key)

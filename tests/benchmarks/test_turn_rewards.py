@@ -99,7 +99,7 @@ def test_write_doc_rewrites_the_table_and_keeps_the_prose(tmp_path: Path) -> Non
     turn_rewards.write_doc(doc, ["| a |", "|---|", "| 2 |"], figures)
     text = doc.read_text()
     assert "Our reading." in text and "| 2 |" in text and "| 1 |" not in text and "2.0 min" in text
-    assert "Measured at commit abc1234 on Some CPU (2 cores, 1 torch thread(s)). Seeds 0, 5 RL steps an arm." in text
+    assert "Measured at commit abc1234 on Some CPU (2 cores, 1 torch thread(s)). Seeds 0; 5 RL steps an arm." in text
 
 
 @pytest.mark.slow
