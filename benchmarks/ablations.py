@@ -148,7 +148,7 @@ ARMS: dict[str, Arm] = {
     "no_noise": Arm(("curriculum.p_end=0.0",)),
     "loop_bm25": Arm(("search.kind=bm25", "search.corpus={corpus}", "search.index_dir={bm25}", *NO_NOISE)),
     "loop_none": Arm(("search.kind=empty", *NO_NOISE)),
-    **{name: Arm((), simulator=name) for name in VARIANTS},  # told: `simulator_told`
+    **{name: Arm((), simulator=name) for name in VARIANTS},  # the simulator alone differs (`simulator_told`)
     "reinforce": Arm(("algorithm.estimator=reinforce",)),
     "ppo": Arm(("algorithm.estimator=ppo", "algorithm.critic_lr={lr}")),
     "ssrl": Arm(
