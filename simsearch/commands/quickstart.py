@@ -119,7 +119,9 @@ class _Pipeline:
         and the command resumes its own work (checkpoints, finished evaluation rows).
         """
         smoke = SMOKE.get(name.removesuffix("_nosearch"), []) if self.recipe.smoke else []
-        stage: Any = load_recipe(schema, self.recipes / f"{name}.yaml", [*overrides, *smoke])
+        # The quickstart's thread count, not the stage recipe's own: it changes the floats, so it is fingerprinted.
+        threads = [f"threads={self.recipe.threads}"]
+        stage: Any = load_recipe(schema, self.recipes / f"{name}.yaml", [*overrides, *smoke, *threads])
         recipe = _inside(asdict(stage), str(self.run))
         fingerprint = digest({"stage": name, "inputs": inputs, "recipe": recipe})
         if not claim_stage(Path(stage.run_dir), fingerprint):

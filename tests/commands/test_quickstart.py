@@ -227,3 +227,11 @@ def test_the_trace_settings_are_checked_and_fingerprinted() -> None:
             load_recipe(QuickstartRecipe, None, [f"query_mix={bad}"])
     with pytest.raises(RecipeError, match="reading_share"):
         load_recipe(QuickstartRecipe, None, ["reading_share=1.5"])
+
+
+def test_every_stage_runs_at_the_quickstarts_thread_count(tmp_path: Path) -> None:
+    recipe = load_recipe(QuickstartRecipe, None, [f"run_dir={tmp_path}", "threads=3"])
+    pipeline = quickstart._Pipeline(recipe, RECIPES, tmp_path, {})
+    seen: list = []
+    pipeline.stage("train", TrainRecipe, seen.append, [], [f"run_dir={tmp_path / 'train'}"])
+    assert [stage.threads for stage in seen] == [3]  # train.yaml's own default is 1
