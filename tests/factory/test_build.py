@@ -131,7 +131,17 @@ def test_the_recipe_accepts_exactly_the_engine_kinds_built_here() -> None:
     from simsearch.factory.build import GENERATION_ENGINES, SEARCH_ENGINES
 
     assert list(GENERATION_ENGINES) == ["hf", "openai", "vllm"]
-    assert list(SEARCH_ENGINES) == ["bm25", "dense", "http", "serper", "serpapi", "simulator", "self", "empty", "random"]
+    assert list(SEARCH_ENGINES) == [
+        "bm25",
+        "dense",
+        "http",
+        "serper",
+        "serpapi",
+        "simulator",
+        "self",
+        "empty",
+        "random",
+    ]
     with pytest.raises(RecipeError, match=r"policy.kind='tgi' is not one of hf, openai, vllm"):
         GenerationConfig(kind="tgi").check("policy")
     with pytest.raises(RecipeError, match=r"search.kind='google' is not one of bm25, dense, http"):

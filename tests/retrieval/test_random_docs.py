@@ -45,5 +45,5 @@ def test_built_from_a_recipe_section(tmp_path) -> None:
     engine = build_search_engine(SearchConfig(kind="random", corpus=str(corpus), top_k=2))
     docs = engine.search([SearchRequest(query="anything", top_k=2)])[0]
     assert len(docs) == 2 and {d.id for d in docs} <= {p.id for p in PASSAGES}
-    with pytest.raises(RecipeError, match="search.kind=random needs search.corpus"):
+    with pytest.raises(RecipeError, match=r"search\.kind=random needs search\.corpus"):
         SearchConfig(kind="random").check("search")
