@@ -65,6 +65,11 @@ def _check_threads(value: int) -> None:
         raise RecipeError(f"threads={value} must be >= 0 (0 = torch's default: every core)")
 
 
+def _check_grace(key: str, value: float) -> None:
+    if not value >= 0:  # also refuses NaN
+        raise RecipeError(f"{key}={value} must be >= 0 seconds (0 = no limit)")
+
+
 RESUME_MODES = ("true", "false", "force")
 """`resume` of train and simulator finetune: continue | start over | continue with a changed recipe."""
 
@@ -534,10 +539,13 @@ class TrainRecipe:
     wandb_project: str = ""  # log to Weights & Biases too (needs [wandb])
     trajectory_samples: int = 4  # trajectories per sampled step written to trajectories.jsonl (0 = none)
     trajectory_every: int = 10  # steps between samples (and always the first and last step)
+    # SIGTERM / SIGINT: seconds the step in flight may take to finish before the run stops at once (0 = no limit)
+    stop_grace_s: float = 60.0
 
     def check(self, key: str) -> None:
         self.resume = _resume_mode(self.resume)
         _check_threads(self.threads)
+        _check_grace("stop_grace_s", self.stop_grace_s)
         self.policy.check("policy")
         self._check_policy_is_trainable()
         self.sampling.check("sampling")
@@ -680,9 +688,12 @@ class EvalRecipe:
     # punctuation and never matches a gold answer that normalizes to "".
     normalization: str = "squad"
     threads: int = 1  # torch threads, as the quickstart's (0 = torch's default: every core)
+    # SIGTERM / SIGINT: seconds the chunk in flight may take to finish before eval stops at once (0 = no limit)
+    stop_grace_s: float = 60.0
 
     def check(self, key: str) -> None:
         _check_threads(self.threads)
+        _check_grace("stop_grace_s", self.stop_grace_s)
         self.policy.check("policy")
         _check_choice(f"{key}.normalization", self.normalization, tuple(NORMALIZATIONS))
         self.sampling.check("sampling")
@@ -866,10 +877,13 @@ class FinetuneRecipe:
     bf16: bool = False
     resume: str = "true"  # true | false | force: as `simsearch train`'s resume
     threads: int = 1  # torch threads, as the quickstart's (0 = torch's default: every core)
+    # SIGTERM / SIGINT: seconds the step in flight may take to finish before the run stops at once (0 = no limit)
+    stop_grace_s: float = 60.0
 
     def check(self, key: str) -> None:
         self.resume = _resume_mode(self.resume)
         _check_threads(self.threads)
+        _check_grace("stop_grace_s", self.stop_grace_s)
         if not self.model.path:
             raise RecipeError("model.path is empty: give the model to fine-tune")
         if self.model.adapter:
@@ -899,9 +913,12 @@ class ServeRecipe:
     max_top_k: int = 100  # larger topk requests get 422
     token_env: str = ""  # environment variable with a bearer token required on /retrieve
     threads: int = 1  # torch threads, as the quickstart's (0 = torch's default: every core)
+    run_dir: str = ""  # where cost.json (what was served and what it cost) is written at shutdown ("" = nowhere)
+    drain_s: float = 10.0  # on SIGTERM / SIGINT: seconds in-flight requests may take before they are cancelled
 
     def check(self, key: str) -> None:
         _check_threads(self.threads)
+        _check_grace("drain_s", self.drain_s)
         self.search.check("search")
         if self.search.kind == "self":
             raise RecipeError("search.kind=self has nothing to serve: pick a retriever or the simulator")

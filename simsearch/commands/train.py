@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -54,7 +54,7 @@ from simsearch.commands import preflight
 from simsearch.config import TrainRecipe
 from simsearch.curriculum.schedules import NoiseSchedule
 from simsearch.data.qa import load_qa
-from simsearch.errors import ServiceError
+from simsearch.errors import NonFiniteError, ServiceError, SimsearchError
 from simsearch.factory import step as steps
 from simsearch.factory import train as rl
 from simsearch.factory.build import build_schedule, build_search_engine, meter_search_engine
@@ -65,6 +65,7 @@ from simsearch.policy.update import Learner, UpdateSettings, forward_passes, upd
 from simsearch.policy.validation import Validation, validate
 from simsearch.retrieval import accounting
 from simsearch.retrieval.accounting import EngineUsage, Ledger
+from simsearch.training import preempt
 from simsearch.training.checkpoint import checkpoint_dir
 from simsearch.training.distributed import mean_over_ranks
 from simsearch.training.runlog import METRICS_FILE, RunLogger, read_metrics
@@ -95,61 +96,120 @@ class _Training:
         return nullcontext() if self.weights.vllm else self.learner.autocast_context()
 
 
+@dataclass
+class _Progress:
+    """Where the loop is: the data position, the last checkpoint written, the last step's metrics."""
+
+    position: int
+    last_saved: int  # the step of the last checkpoint, -1 before the first
+    last_dir: Path | None
+    step: int  # the step in flight (0-based), named by the error of a failed step
+    metrics: dict[str, float] = field(default_factory=dict)  # stays empty when a finished run is resumed
+
+
 def main(recipe: TrainRecipe) -> dict[str, float]:
-    """Trains the policy the recipe describes; returns the last step's metrics."""
+    """Trains the policy the recipe describes; returns the last step's metrics.
+
+    On SIGTERM or SIGINT it finishes the step in flight, saves it and exits with status 143
+    (`training.preempt`).
+    """
     t = _set_up(recipe)
-    run, logger = t.run, t.logger
-    position = int(run.state["data_position"]) if run.state else 0
+    run = t.run
     last_saved, last_dir = (run.start, run.checkpoint) if run.checkpoint is not None else (-1, None)
-    metrics: dict[str, float] = {}  # stays empty when a finished run is resumed
+    p = _Progress(int(run.state["data_position"]) if run.state else 0, last_saved, last_dir, run.start)
+    last_good = partial(preempt.last_checkpoint_line, run.run_dir)
+    with preempt.stop_on_signals(recipe.stop_grace_s, last_good, "simsearch train") as stop:
+        try:
+            _train(t, p, stop)
+        except (ServiceError, NonFiniteError) as err:
+            if t.logger is not None:
+                t.logger.close()
+            raise _stopped_by(err, recipe, p) from err
+    return _clean_up(t, p.metrics, p.position, p.last_saved)
+
+
+def _train(t: _Training, p: _Progress, stop: preempt.Stop) -> None:
+    """The loop: a step, its log, validation and periodic checkpoint; a signal ends it after the step."""
+    recipe, run = t.recipe, t.run
     progress = tqdm(range(run.start, recipe.steps), initial=run.start, total=recipe.steps, disable=run.rank != 0,
                     desc="train")  # fmt: skip
-    step = run.start  # named by the error of a failed step
-    try:
-        for step in progress:
-            began = time.perf_counter()
-            p_noise = t.schedule(step)  # the curriculum decides how noisy search is, in every round
-            sample = _sample(t, position, p_noise, step)
-            position, result, scored = position + sample.prompts, sample.result, sample.scored
-            rollout_s = time.perf_counter() - began - sample.metrics["time/reward_s"]  # rounds, without scoring
-            batch = steps.step_batch(recipe, result.trajectories, t.tokenizer.pad_token_id).to(t.learner.device)
-            passes = forward_passes(t.learner, t.settings, batch)
-            advantages, trained, returns, stats = steps.step_advantages(
-                recipe.algorithm, t.learner, t.settings, scored.total, batch, passes, result, t.tokenizer
-            )
-            update_began = time.perf_counter()
-            losses = update(t.learner, t.settings, batch, trained, passes, returns, step)
-            sync_rollout_weights(t.weights)
-            metrics = {
-                **scored.stats, **result.metrics, **losses, **stats, **sample.metrics,
-                "advantages/mean": float((advantages * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1)),
-                "curriculum/p_noise": p_noise, "time/rollout_s": rollout_s,
-                "time/search_s": result.timings["time/search_s"], "time/update_s": time.perf_counter() - update_began,
-                "optim/lr": t.learner.actor.scheduler.get_last_lr()[0],
-            }  # fmt: skip
-            metrics = _finish_metrics(t, metrics, float(batch.attention_mask.sum()), began, position)
-            done = step + 1
-            if t.validation is not None and (done % recipe.eval_every == 0 or done == recipe.steps):
-                with t.generation():
-                    metrics.update(validate(t.validation, t.weights.generator, t.tokenizer, run.rank, run.world))
-            metrics.update(search_usage(t.ledger, t.run_usage, run.world))
-            if logger is not None:
-                _log(t, logger, done, metrics, result, scored.total, p_noise)
-                progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}", p_noise=f"{p_noise:.2f}",
-                                     kl=f"{metrics.get('losses/kl', 0.0):.4f}",
-                                     s=f"{metrics['time/step_s']:.1f}")  # fmt: skip
-            if recipe.save_every and done % recipe.save_every == 0:
-                last_dir, last_saved = _save(t, done, position), done
-    except ServiceError as err:
-        if logger is not None:
-            logger.close()
-        kept = f"{last_dir} (step {last_saved})" if last_dir is not None else "none: no checkpoint was written yet"
-        raise ServiceError(
-            f"training stopped in step {step + 1}/{recipe.steps}: {err}\nNothing of that step was saved; "
-            f"the last good checkpoint is {kept}. Bring the service back and run the same command to "
-            "resume from it."
-        ) from err
-    return _clean_up(t, metrics, position, last_saved)
+    for step in progress:
+        p.step = step
+        p.metrics, p.position = _step(t, step, p.position)
+        if t.logger is not None:
+            progress.set_postfix(reward=f"{p.metrics['reward/mean']:.3f}", kl=f"{p.metrics.get('losses/kl', 0.0):.4f}",
+                                 p_noise=f"{p.metrics['curriculum/p_noise']:.2f}",
+                                 s=f"{p.metrics['time/step_s']:.1f}")  # fmt: skip
+        done = step + 1
+        if recipe.save_every and done % recipe.save_every == 0:
+            p.last_dir, p.last_saved = _save(t, done, p.position), done
+        if done < recipe.steps and stop.agreed(run.world):  # every process stops after the same step
+            _stop(t, p, stop, done)
+
+
+def _step(t: _Training, step: int, position: int) -> tuple[dict[str, float], int]:
+    """One training step (rollout, update, weight sync, validation, log); its metrics and the next data position."""
+    recipe, run = t.recipe, t.run
+    began = time.perf_counter()
+    p_noise = t.schedule(step)  # the curriculum decides how noisy search is, in every round
+    sample = _sample(t, position, p_noise, step)
+    position, result, scored = position + sample.prompts, sample.result, sample.scored
+    rollout_s = time.perf_counter() - began - sample.metrics["time/reward_s"]  # rounds, without scoring
+    batch = steps.step_batch(recipe, result.trajectories, t.tokenizer.pad_token_id).to(t.learner.device)
+    passes = forward_passes(t.learner, t.settings, batch)
+    advantages, trained, returns, stats = steps.step_advantages(
+        recipe.algorithm, t.learner, t.settings, scored.total, batch, passes, result, t.tokenizer
+    )
+    update_began = time.perf_counter()
+    losses = update(t.learner, t.settings, batch, trained, passes, returns, step)
+    sync_rollout_weights(t.weights)
+    metrics = {
+        **scored.stats, **result.metrics, **losses, **stats, **sample.metrics,
+        "advantages/mean": float((advantages * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1)),
+        "curriculum/p_noise": p_noise, "time/rollout_s": rollout_s,
+        "time/search_s": result.timings["time/search_s"], "time/update_s": time.perf_counter() - update_began,
+        "optim/lr": t.learner.actor.scheduler.get_last_lr()[0],
+    }  # fmt: skip
+    metrics = _finish_metrics(t, metrics, float(batch.attention_mask.sum()), began, position)
+    done = step + 1
+    if t.validation is not None and (done % recipe.eval_every == 0 or done == recipe.steps):
+        with t.generation():
+            metrics.update(validate(t.validation, t.weights.generator, t.tokenizer, run.rank, run.world))
+    metrics.update(search_usage(t.ledger, t.run_usage, run.world))
+    if t.logger is not None:
+        _log(t, t.logger, done, metrics, result, scored.total, p_noise)
+    return metrics, position
+
+
+def _stop(t: _Training, p: _Progress, stop: preempt.Stop, done: int) -> None:
+    """After a signal: the finished step saved (if the periodic save did not), the log closed, exit 143."""
+    if p.last_saved != done:
+        p.last_dir, p.last_saved = _save(t, done, p.position), done
+    if t.logger is not None:
+        t.logger.close()
+    resume = preempt.resume_command("train", t.run.run_dir, resume_false=t.recipe.resume == "false",
+                                    world=t.run.world)  # fmt: skip
+    preempt.exit_stopped(stop, f"after step {done}/{t.recipe.steps}: checkpoint {p.last_dir}", resume,
+                         rank=t.run.rank)  # fmt: skip
+
+
+def _stopped_by(err: ServiceError | NonFiniteError, recipe: TrainRecipe, p: _Progress) -> SimsearchError:
+    """The error that ends a failed step: the step, the last good checkpoint, and what to do."""
+    kept = f"{p.last_dir} (step {p.last_saved})" if p.last_dir is not None else "none: no checkpoint was written yet"
+    where = f"training stopped in step {p.step + 1}/{recipe.steps}: {err}"
+    if isinstance(err, NonFiniteError):  # one line: the rows, the step, the checkpoint and the advice
+        fixes = [f"lower optim.lr (now {recipe.optim.lr:g})"]
+        fixes += ["set bf16=false (float32 instead of bf16)"] if recipe.bf16 else []
+        fixes += [] if recipe.policy.model.dtype == "float32" else ["set policy.model.dtype=float32"]
+        return NonFiniteError(
+            f"{where}. Nothing of that step was saved; the last good checkpoint is {kept}. To go on: "
+            f"{', or '.join(fixes)}, then run the same command to resume from that checkpoint",
+            err.rows,
+        )
+    return ServiceError(
+        f"{where}\nNothing of that step was saved; the last good checkpoint is {kept}. Bring the service back "
+        "and run the same command to resume from it."
+    )
 
 
 def _set_up(recipe: TrainRecipe) -> _Training:

@@ -25,8 +25,11 @@ def test_an_overflowed_policy_stops_training_with_one_line_and_its_checkpoint_ke
     (tmp_path / "recipe.yaml").write_text("seed: 0\n")
     assert main(["train", str(tmp_path / "recipe.yaml"), *overrides]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if "simsearch: error:" in line or "Traceback" in line]
-    assert len(err) == 1 and err[0].startswith("simsearch: error: rollout turn 1, questions [")  # no traceback
+    assert len(err) == 1  # one line, no traceback: the step, the rows, the checkpoint kept, what to do
+    assert err[0].startswith("simsearch: error: training stopped in step 2/3: rollout turn 1, questions [")
     assert "logits are inf or nan" in err[0] and "at generated token 1" in err[0]
+    assert f"the last good checkpoint is {run / 'checkpoints' / 'step_0000001'} (step 1)" in err[0]
+    assert "lower optim.lr (now 1e+30)" in err[0] and "policy.model.dtype=float32" in err[0]
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_0000001"]
     assert load_state(latest_checkpoint(run))["step"] == 1
     assert [r["step"] for r in read_metrics(run)] == [1]

@@ -1,0 +1,81 @@
+"""`simsearch train` stopped by SIGTERM mid-run, then resumed: the same metrics, trajectories and weights
+as a run never stopped (the stop writes its own checkpoint: `save_every=0`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from simsearch.training.checkpoint import latest_checkpoint, load_state
+from simsearch.training.preempt import STOP_STATUS
+from simsearch.training.runlog import read_metrics
+from tests.commands.test_train import RESUME_SETTINGS, _overrides, _weights, world  # noqa: F401  (the fixture)
+
+STEPS = 4
+VARYING = ("time/", "perf/")  # wall-clock figures (and latencies): never equal between two runs
+
+
+def _command(world: Path, run: Path, recipe: Path, **extra: object) -> list[str]:  # noqa: F811
+    args = _overrides(world, run, **RESUME_SETTINGS, steps=STEPS, trajectory_every=1, **extra)
+    return [sys.executable, "-m", "simsearch.cli", "train", str(recipe), *args]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _stop_after(command: list[str], run: Path, rows: int) -> tuple[int, str]:
+    """Runs `command`, sends SIGTERM once `rows` steps are logged; (exit status, stderr)."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env())
+    deadline = time.monotonic() + 180
+    while process.poll() is None and time.monotonic() < deadline:
+        if (run / "metrics.jsonl").is_file() and len(read_metrics(run)) >= rows:
+            break
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    return process.returncode, stderr
+
+
+def _comparable(run: Path) -> list[dict]:
+    return [{k: v for k, v in row.items() if not k.startswith(VARYING) and "latency" not in k} for row in read_metrics(run)]
+
+
+def _trajectories(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "trajectories.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow  # ~30 s: three tiny train runs in subprocesses
+@pytest.mark.parametrize("estimator", ["grpo", "ppo"])  # PPO: the critic and its optimizer resume too
+def test_sigterm_then_resume_replays_the_uninterrupted_run(world: Path, tmp_path: Path, estimator: str) -> None:  # noqa: F811
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("seed: 0\n")  # everything else comes as overrides
+    extra = {"algorithm.estimator": estimator, "algorithm.dynamic_sampling": "true"}
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    subprocess.run(_command(world, whole, recipe, **extra), check=True, capture_output=True, env=_env())
+
+    status, stderr = _stop_after(_command(world, stopped, recipe, **extra), stopped, rows=1)
+    assert status == STOP_STATUS, stderr[-3000:]
+    lines = [line for line in stderr.splitlines() if "stopped by SIGTERM" in line]
+    assert len(lines) == 1 and f"resume: simsearch train {stopped / 'recipe.yaml'}" in lines[0], stderr[-3000:]
+    stopped_at = load_state(latest_checkpoint(stopped))["step"]
+    assert 1 <= stopped_at < STEPS and f"after step {stopped_at}/{STEPS}" in lines[0]
+    assert [r["step"] for r in read_metrics(stopped)] == list(range(1, stopped_at + 1))  # no step lost
+
+    resume = [sys.executable, "-m", "simsearch.cli", "train", str(stopped / "recipe.yaml")]  # the printed command
+    subprocess.run(resume, check=True, capture_output=True, env=_env())
+    for a, b in zip(_comparable(stopped), _comparable(whole)):
+        assert a == b, {k: (a.get(k), b.get(k)) for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
+    assert len(_comparable(stopped)) == len(_comparable(whole))
+    assert _trajectories(stopped) == _trajectories(whole)
+    final = f"checkpoints/step_{STEPS:07d}"
+    mine, theirs = _weights(stopped / final / "model"), _weights(whole / final / "model")
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
