@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from simsearch.simulator.sft import (
     step_batches,
     tokenize_pairs,
 )
+from simsearch.training import preempt
 from simsearch.training.checkpoint import checkpoint_dir, rng_state
 from simsearch.training.distributed import (
     BatchShape,
@@ -92,8 +94,31 @@ def main(recipe: FinetuneRecipe) -> Path:
         logger.log(0, {"data/train_pairs": len(train), "data/val_pairs": len(val), "data/dropped_too_long": dropped})
 
     # ------------------------------------------------------------------ loop
-    last_saved = start if run.checkpoint is not None else -1
-    progress = tqdm(range(start, recipe.steps), initial=start, total=recipe.steps, disable=run.rank != 0, desc="sft")
+    last_good = partial(preempt.last_checkpoint_line, run.run_dir)
+    with preempt.stop_on_signals(recipe.stop_grace_s, last_good, "simsearch simulator finetune") as stop:
+        last_saved = _loop(sft, logger, (train, train_lengths, val), stop)
+
+    # ------------------------------------------------------------------ cleanup
+    final = checkpoint_dir(run.run_dir, recipe.steps) if last_saved == recipe.steps else _save(sft, recipe.steps)
+    if logger is not None:
+        logger.close()
+        print(f"simsearch simulator finetune: final checkpoint {final / 'model'}", flush=True)
+    return final
+
+
+def _loop(
+    sft: _SFT, logger: RunLogger | None, data: tuple[list[TokenizedPair], list[int], list[TokenizedPair]],
+    stop: preempt.Stop,
+) -> int:  # fmt: skip
+    """The steps from the resumed one on (log, validate, checkpoint); returns the last checkpoint's step (-1: none).
+
+    After a signal the step in flight ends, is saved, and the process exits with status 143.
+    """
+    recipe, run = sft.recipe, sft.run
+    train, train_lengths, val = data
+    last_saved = run.start if run.checkpoint is not None else -1
+    progress = tqdm(range(run.start, recipe.steps), initial=run.start, total=recipe.steps, disable=run.rank != 0,
+                    desc="sft")  # fmt: skip
     for step in progress:
         metrics = _step(sft, train, train_lengths, step)
         done = step + 1
@@ -105,13 +130,14 @@ def main(recipe: FinetuneRecipe) -> Path:
         if recipe.save_every and done % recipe.save_every == 0:
             _save(sft, done)
             last_saved = done
-
-    # ------------------------------------------------------------------ cleanup
-    final = checkpoint_dir(run.run_dir, recipe.steps) if last_saved == recipe.steps else _save(sft, recipe.steps)
-    if logger is not None:
-        logger.close()
-        print(f"simsearch simulator finetune: final checkpoint {final / 'model'}", flush=True)
-    return final
+        if done < recipe.steps and stop.agreed(run.world):  # every process stops after the same step
+            saved = checkpoint_dir(run.run_dir, done) if last_saved == done else _save(sft, done)
+            if logger is not None:
+                logger.close()
+            resume = preempt.resume_command("simulator finetune", run.run_dir, resume_false=recipe.resume == "false",
+                                            world=run.world)  # fmt: skip
+            preempt.exit_stopped(stop, f"after step {done}/{recipe.steps}: checkpoint {saved}", resume, rank=run.rank)
+    return last_saved
 
 
 @dataclass

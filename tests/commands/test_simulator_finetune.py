@@ -210,3 +210,41 @@ def test_deepspeed_zero3_two_cpu_processes(base: Path, tmp_path: Path) -> None:
     assert set(trained) == set(start)
     assert any(not torch.equal(trained[k], start[k]) for k in start)
     assert Path(load_state(final)["deepspeed_dir"]).is_dir()
+
+
+def test_a_sigterm_mid_run_saves_the_step_and_the_resume_replays_the_run(
+    base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import signal
+
+    import simsearch.commands.simulator_finetune as finetune
+    from simsearch.training.preempt import STOP_STATUS
+
+    finetune.main(_recipe(base, tmp_path / "straight", steps=4))
+    real_step = finetune._step
+
+    def step_then_sigterm(sft, train, lengths, step):  # the signal comes while step 2 is in flight
+        metrics = real_step(sft, train, lengths, step)
+        if step == 1:
+            signal.raise_signal(signal.SIGTERM)
+        return metrics
+
+    monkeypatch.setattr(finetune, "_step", step_then_sigterm)
+    run = tmp_path / "stopped"
+    with pytest.raises(SystemExit) as stopped:
+        finetune.main(_recipe(base, run, steps=4))
+    assert stopped.value.code == STOP_STATUS
+    line = [x for x in capsys.readouterr().err.splitlines() if "stopped by SIGTERM" in x]
+    assert len(line) == 1 and "after step 2/4" in line[0] and f"simulator finetune {run / 'recipe.yaml'}" in line[0]
+    assert load_state(latest_checkpoint(run))["step"] == 2  # save_every=0: the stop wrote it
+
+    monkeypatch.setattr(finetune, "_step", real_step)
+    finetune.main(_recipe(base, run, steps=4))
+    resumed, straight = read_metrics(run), read_metrics(tmp_path / "straight")
+    keys = ("losses/train", "losses/val", "optim/lr")
+    assert [[r.get(k) for k in keys] for r in resumed] == [[r.get(k) for k in keys] for r in straight]
+    mine, theirs = (
+        _weights(run / "checkpoints/step_0000004/model"),
+        _weights(tmp_path / "straight/checkpoints/step_0000004/model"),
+    )
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)

@@ -46,7 +46,9 @@ def _stop_after(command: list[str], run: Path, rows: int) -> tuple[int, str]:
 
 
 def _comparable(run: Path) -> list[dict]:
-    return [{k: v for k, v in row.items() if not k.startswith(VARYING) and "latency" not in k} for row in read_metrics(run)]
+    return [
+        {k: v for k, v in row.items() if not k.startswith(VARYING) and "latency" not in k} for row in read_metrics(run)
+    ]
 
 
 def _trajectories(run: Path) -> list[dict]:
