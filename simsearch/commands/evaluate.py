@@ -97,6 +97,7 @@ from simsearch.retrieval import accounting
 from simsearch.retrieval.accounting import Ledger
 from simsearch.retrieval.base import SearchEngine
 from simsearch.simulator.fidelity import FidelityExample, measure_fidelity
+from simsearch.training import preempt
 from simsearch.training.runlog import METRICS_FILE, RunLogger, read_metrics
 from simsearch.types import Completion, Document, QAExample, SamplingParams, SearchRequest, Turn
 
@@ -137,11 +138,17 @@ class _Evaluation:
 
 
 def main(recipe: EvalRecipe) -> dict[str, Any]:
-    """Evaluates the recipe's policy; returns the summary also written to `summary.json`."""
+    """Evaluates the recipe's policy; returns the summary also written to `summary.json`.
+
+    On SIGTERM or SIGINT it finishes the chunk in flight, keeps its rows and exits with status 143
+    (`training.preempt`); the same command goes on from there.
+    """
     e = _set_up(recipe)
-    for method in e.methods:
-        for dataset, examples in e.datasets.items():
-            _evaluate(e, method, dataset, examples)
+    kept = f"finished rows are kept in {e.run_dir / EXAMPLES_DIR}"
+    with preempt.stop_on_signals(recipe.stop_grace_s, lambda: kept, "simsearch eval") as stop:
+        for method in e.methods:
+            for dataset, examples in e.datasets.items():
+                _evaluate(e, method, dataset, examples, stop)
     # Fidelity inspects the simulator's type for its parse statistics; the inner counters still
     # count its queries and tokens.
     engines = {name: unmetered(engine) for name, engine in e.engines.items()}
@@ -180,8 +187,9 @@ def _set_up(recipe: EvalRecipe) -> _Evaluation:
                        ledger, previous_cost, logger, chunk_step)  # fmt: skip
 
 
-def _evaluate(e: _Evaluation, method: Method, dataset: str, examples: list[QAExample]) -> None:
-    """One row of the tables on one dataset, chunk by chunk, each chunk's rows appended as it ends."""
+def _evaluate(e: _Evaluation, method: Method, dataset: str, examples: list[QAExample], stop: preempt.Stop) -> None:
+    """One row of the tables on one dataset, chunk by chunk, each chunk's rows appended as it ends; after a
+    signal, the chunk in flight ends the run (status 143)."""
     recipe = e.recipe
     sampling = SamplingParams(
         temperature=recipe.sampling.temperature,
@@ -203,6 +211,10 @@ def _evaluate(e: _Evaluation, method: Method, dataset: str, examples: list[QAExa
         e.chunk_step += 1
         e.logger.log(e.chunk_step, e.ledger.step_metrics())
         accounting.write_cost(e.run_dir, e.previous_cost, e.ledger.total)
+        if stop.requested:
+            e.logger.close()
+            resume = preempt.resume_command("eval", e.run_dir, resume_false=False, world=1)
+            preempt.exit_stopped(stop, f"after a chunk of {method.name} / {dataset}: rows kept in {path}", resume)
     print(
         f"simsearch eval: {method.name} / {dataset}: {len(examples)} questions "
         f"({resumed} resumed) in {time.perf_counter() - began:.1f} s",

@@ -625,6 +625,41 @@ def test_resume_skips_finished_examples(world, tokenizer, tmp_path, monkeypatch)
     assert third.calls == [] and summary["rows"]["bm25"]["results"]["heldout"]["questions"] == 5
 
 
+def test_a_sigterm_ends_the_chunk_in_flight_keeps_its_rows_and_exits_143(
+    world, tokenizer, tmp_path, monkeypatch, capsys
+):
+    import signal
+
+    from simsearch.training.preempt import STOP_STATUS
+
+    _, paths = world
+    golds = _golds(paths, "test")
+    _engines_via_build(monkeypatch, tmp_path)
+    policy = ScriptedPolicy(tokenizer, golds)
+    real_generate = policy.generate
+
+    def generate_then_sigterm(prompts, params):  # the signal comes during direct's second chunk
+        if len(policy.calls) == 1:
+            signal.raise_signal(signal.SIGTERM)
+        return real_generate(prompts, params)
+
+    policy.generate = generate_then_sigterm
+    _install_policy(monkeypatch, policy, tokenizer)
+    with pytest.raises(SystemExit) as stopped:
+        evaluate.main(_recipe(tmp_path, paths, "baselines=[direct]"))
+    assert stopped.value.code == STOP_STATUS
+    run = tmp_path / "run"
+    assert [row["id"] for row in _read(run, "direct", "heldout")] == ["test_0", "test_1", "test_2", "test_3"]
+    line = [x for x in capsys.readouterr().err.splitlines() if "stopped by SIGTERM" in x]
+    assert len(line) == 1 and f"resume: simsearch eval {run / 'recipe.yaml'}" in line[0]
+
+    resumed = ScriptedPolicy(tokenizer, golds)
+    _install_policy(monkeypatch, resumed, tokenizer)
+    summary = evaluate.main(_recipe(tmp_path, paths, "baselines=[direct]"))
+    assert summary["rows"]["direct"]["results"]["heldout"]["questions"] == 5
+    assert [row["id"] for row in _read(run, "direct", "heldout")] == [f"test_{i}" for i in range(5)]
+
+
 def test_resume_refuses_results_of_another_recipe(world, tokenizer, tmp_path, monkeypatch):
     _, paths = world
     _install_policy(monkeypatch, ScriptedPolicy(tokenizer, _golds(paths, "test")), tokenizer)
