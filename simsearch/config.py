@@ -914,7 +914,7 @@ class ServeRecipe:
     token_env: str = ""  # environment variable with a bearer token required on /retrieve
     threads: int = 1  # torch threads, as the quickstart's (0 = torch's default: every core)
     run_dir: str = ""  # where cost.json (what was served and what it cost) is written at shutdown ("" = nowhere)
-    drain_s: float = 10.0  # on SIGTERM / SIGINT: seconds in-flight requests may take before they are cancelled
+    drain_s: int = 10  # on SIGTERM / SIGINT: seconds in-flight requests may take before they are cancelled
 
     def check(self, key: str) -> None:
         _check_threads(self.threads)

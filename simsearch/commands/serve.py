@@ -2,14 +2,25 @@
 
 Setup builds the engine (a retriever, the simulator, optionally behind the cache) and the app;
 the loop is uvicorn's; cleanup closes the batcher when uvicorn shuts down, and prints what was
-served and what it cost (`retrieval.accounting`).
+served and what it cost (`retrieval.accounting`), also into `run_dir/cost.json` when the recipe
+gives a `run_dir` (added to what earlier sessions left there).
+
+SIGTERM shuts down as Ctrl-C does: uvicorn stops accepting, lets the requests in flight finish for
+up to `drain_s` seconds, then cancels them; the closing line follows and the exit status is 0.
+(uvicorn re-raises the signal it caught after its shutdown; `_signals_recorded` takes that
+re-raise, which would otherwise kill the process before the closing line.)
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import uvicorn
 
@@ -17,6 +28,7 @@ from simsearch.commands import preflight
 from simsearch.config import ServeRecipe
 from simsearch.errors import RecipeError
 from simsearch.factory.build import build_search_engine, meter_search_engine
+from simsearch.retrieval import accounting
 from simsearch.retrieval.accounting import EngineUsage, Ledger, money
 from simsearch.retrieval.server import create_app
 
@@ -52,7 +64,7 @@ def check_port(host: str, port: int) -> None:
 
 
 def main(recipe: ServeRecipe) -> None:
-    """Serve the recipe's engine until interrupted."""
+    """Serve the recipe's engine until SIGTERM or SIGINT; then the closing line (and `run_dir/cost.json`)."""
     preflight.set_threads(recipe.threads)
     preflight.check_paths(recipe)
     check_port(recipe.host, recipe.port)
@@ -75,9 +87,32 @@ def main(recipe: ServeRecipe) -> None:
         max_top_k=recipe.max_top_k,
         token=token,
     )
-    print(f"simsearch serve: {recipe.search.kind} engine on http://{recipe.host}:{recipe.port}/retrieve")
-    uvicorn.run(app, host=recipe.host, port=recipe.port, log_level="warning")
+    previous = accounting.read_cost(recipe.run_dir) if recipe.run_dir else None
+    print(f"simsearch serve: {recipe.search.kind} engine on http://{recipe.host}:{recipe.port}/retrieve", flush=True)
+    with _signals_recorded():
+        uvicorn.run(app, host=recipe.host, port=recipe.port, log_level="warning",
+                    timeout_graceful_shutdown=recipe.drain_s or None)  # fmt: skip
     print(f"simsearch serve: {usage_line(ledger.total[recipe.search.kind])}", flush=True)
+    if recipe.run_dir:
+        Path(recipe.run_dir).mkdir(parents=True, exist_ok=True)
+        accounting.write_cost(recipe.run_dir, previous, ledger.total)
+        print(f"simsearch serve: accounting in {Path(recipe.run_dir) / accounting.COST_FILE}", flush=True)
+
+
+@contextmanager
+def _signals_recorded() -> Iterator[list[int]]:
+    """SIGTERM and SIGINT only recorded while it lasts (uvicorn installs its own while it serves)."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    previous = {sig: signal.signal(sig, lambda signum, _: received.append(signum))
+                for sig in (signal.SIGTERM, signal.SIGINT)}  # fmt: skip
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def usage_line(usage: EngineUsage) -> str:
