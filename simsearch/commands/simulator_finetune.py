@@ -98,8 +98,8 @@ def main(recipe: FinetuneRecipe) -> Path:
     with preempt.stop_on_signals(recipe.stop_grace_s, last_good, "simsearch simulator finetune") as stop:
         last_saved = _loop(sft, logger, (train, train_lengths, val), stop)
 
-    # ------------------------------------------------------------------ cleanup
-    final = checkpoint_dir(run.run_dir, recipe.steps) if last_saved == recipe.steps else _save(sft, recipe.steps)
+        # -------------------------------------------------------------- cleanup (a signal now: it still ends)
+        final = checkpoint_dir(run.run_dir, recipe.steps) if last_saved == recipe.steps else _save(sft, recipe.steps)
     if logger is not None:
         logger.close()
         print(f"simsearch simulator finetune: final checkpoint {final / 'model'}", flush=True)

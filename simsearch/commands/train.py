@@ -125,7 +125,7 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
             if t.logger is not None:
                 t.logger.close()
             raise _stopped_by(err, recipe, p) from err
-    return _clean_up(t, p.metrics, p.position, p.last_saved)
+        return _clean_up(t, p.metrics, p.position, p.last_saved)  # a signal now: the final checkpoint is written
 
 
 def _train(t: _Training, p: _Progress, stop: preempt.Stop) -> None:
