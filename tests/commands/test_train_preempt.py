@@ -1,5 +1,6 @@
 """`simsearch train` stopped by SIGTERM mid-run, then resumed: the same metrics, trajectories and weights
-as a run never stopped (the stop writes its own checkpoint: `save_every=0`)."""
+as a run never stopped (the stop writes its own checkpoint: `save_every=0`); GRPO with dynamic sampling, and PPO
+(its critic and both optimizers)."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def _trajectories(run: Path) -> list[dict]:
 def test_sigterm_then_resume_replays_the_uninterrupted_run(world: Path, tmp_path: Path, estimator: str) -> None:  # noqa: F811
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("seed: 0\n")  # everything else comes as overrides
-    extra = {"algorithm.estimator": estimator, "algorithm.dynamic_sampling": "true"}
+    extra = {"algorithm.estimator": estimator, "algorithm.dynamic_sampling": str(estimator == "grpo").lower()}
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
     subprocess.run(_command(world, whole, recipe, **extra), check=True, capture_output=True, env=_env())
 
