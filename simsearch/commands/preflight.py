@@ -174,10 +174,10 @@ def _hint(path: str) -> str:
 TRAIN_UNCOMPUTED = (
     "run_dir", "resume", "threads", "tensorboard", "wandb_project", "save_every", "eval_every",
     "trajectory_samples", "trajectory_every", "micro_batch_size", "policy.batch_size", "search.cache",
-    "data.val", "data.val_size", "val_search",
+    "data.val", "data.val_size", "val_search", "stop_grace_s",
 )  # fmt: skip
 """Keys of a train recipe that do not change what is computed: a resume may change them freely."""
-FINETUNE_UNCOMPUTED = ("run_dir", "resume", "threads", "save_every", "eval_every", "val_file")
+FINETUNE_UNCOMPUTED = ("run_dir", "resume", "threads", "save_every", "eval_every", "val_file", "stop_grace_s")
 """Keys of a simulator finetune recipe a resume may change freely."""
 
 
