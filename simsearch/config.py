@@ -391,9 +391,11 @@ class AlgorithmConfig:
     # importance ratio the loss clips: a name in policy.losses.RATIO_LEVELS (sequence = GSPO's
     # length-normalized sequence ratio; it differs from token only when a batch makes several updates)
     ratio_level: str = "token"
-    # Mini-o3's over-turn masking: trajectories that ran out of turns or context without an answer
-    # (types.UNFINISHED) get loss mask 0 instead of being trained on their reward of 0
+    # Mini-o3's over-turn masking: trajectories still searching when the turns or context ran out
+    # (types.OVER_TURN) get loss mask 0 instead of being trained on their reward of 0
     mask_unfinished: bool = False
+    # with mask_unfinished, also mask give-ups (finish gave_up: the final turn neither searched nor answered)
+    mask_gave_up: bool = False
 
     def check(self, key: str) -> None:
         # Imported here, not at the top: the tables' modules need torch, which `import simsearch.config`
@@ -431,6 +433,11 @@ class AlgorithmConfig:
             raise RecipeError(
                 f"{key}.max_sampling_rounds={self.max_sampling_rounds} must be >= 1 (rollout rounds per step, the "
                 "first included); there is no unbounded setting (verl's max_num_gen_batches=0)"
+            )
+        if self.mask_gave_up and not self.mask_unfinished:
+            raise RecipeError(
+                f"{key}.mask_gave_up=true masks give-ups only alongside over-turn masking: "
+                f"set {key}.mask_unfinished=true too"
             )
 
 

@@ -95,15 +95,24 @@ class Passage:
 
 
 ActionKind = Literal["search", "answer", "invalid"]
-TrajectoryFinish = Literal["answer", "max_turns", "context", "length"]
+TrajectoryFinish = Literal["answer", "max_turns", "gave_up", "context", "length"]
+FINISHES: tuple[TrajectoryFinish, ...] = ("answer", "max_turns", "gave_up", "context", "length")
+"""Every finish, in the order the rollout's `rollout/finish_<reason>` metrics are logged.
 
-UNFINISHED: frozenset[TrajectoryFinish] = frozenset({"max_turns", "context"})
-"""Finishes without an answer because the turns ("max_turns": the final turn searched, or ended
-without answering) or the context ("context") ran out; `algorithm.mask_unfinished` leaves these
-trajectories out of the loss (Mini-o3's over-turn masking). "length" (the final turn cut by
-`max_new_tokens`) is not one: Mini-o3 masks only responses still calling a tool when the budget
-ran out, and a final turn that outgrows the per-turn cap would outgrow it at evaluation too, so
-its reward of 0 is trained on."""
+"answer": an answer ended it. "max_turns": the final turn asked for a search, which is not run.
+"gave_up": the final turn ended (a stop, not the token cap) with neither a search nor an answer.
+"context": the context ran out. "length": `max_new_tokens` cut the final turn."""
+
+UNFINISHED: frozenset[TrajectoryFinish] = frozenset({"max_turns", "gave_up", "context"})
+"""Finishes without an answer because the turns ("max_turns", "gave_up") or the context
+("context") ran out; `rollout/unfinished_share` counts them. "length" (the final turn cut by
+`max_new_tokens`) is not one: a final turn that outgrows the per-turn cap would outgrow it at
+evaluation too, so its reward of 0 is trained on."""
+
+OVER_TURN: frozenset[TrajectoryFinish] = frozenset({"max_turns", "context"})
+"""What `algorithm.mask_unfinished` (Mini-o3's over-turn masking) leaves out of the loss: the
+trajectories still calling a tool when the turns or the context ran out. A give-up ("gave_up")
+joins them only with `algorithm.mask_gave_up`."""
 
 
 @dataclass

@@ -248,3 +248,10 @@ def test_dynamic_sampling_only_where_a_flat_group_carries_no_gradient(train_yaml
     for estimator in ("grpo", "reinforce"):
         with pytest.raises(RecipeError, match=r"rollout\.group_size=1: a group of one rollout is never flat"):
             load_recipe(TrainRecipe, train_yaml, [on, "rollout.group_size=1", f"algorithm.estimator={estimator}"])
+
+
+def test_mask_gave_up_needs_over_turn_masking(train_yaml: Path) -> None:
+    with pytest.raises(RecipeError, match=r"algorithm\.mask_gave_up=true .* set algorithm\.mask_unfinished=true"):
+        load_recipe(TrainRecipe, train_yaml, ["algorithm.mask_gave_up=true"])
+    recipe = load_recipe(TrainRecipe, train_yaml, ["algorithm.mask_gave_up=true", "algorithm.mask_unfinished=true"])
+    assert recipe.algorithm.mask_gave_up and not TrainRecipe(run_dir="x").algorithm.mask_gave_up

@@ -597,7 +597,7 @@ def _first_chars(documents: list[Document], kept: int) -> list[Document]:
 def _rag_sample(completion: Completion) -> dict[str, Any]:
     text = completion.text
     action = parse_action(text)
-    finish = "answer" if action.kind == "answer" else "length" if completion.finish_reason == "length" else "max_turns"
+    finish = "answer" if action.kind == "answer" else "length" if completion.finish_reason == "length" else "gave_up"
     return {
         "answer": extract_answer(text),
         "response": text,

@@ -178,8 +178,11 @@ def step_rewards(recipe: TrainRecipe, trajectories: list[Trajectory]) -> tuple[R
 
 
 def step_batch(recipe: TrainRecipe, trajectories: list[Trajectory], pad_id: int) -> TrainBatch:
-    """The step's training batch on CPU; with `algorithm.mask_unfinished`, unfinished rows masked out of the loss."""
-    return collate_trajectories(trajectories, pad_id, mask_unfinished=recipe.algorithm.mask_unfinished)
+    """The step's training batch on CPU; with `algorithm.mask_unfinished`, over-turn rows masked out of the loss."""
+    alg = recipe.algorithm
+    return collate_trajectories(
+        trajectories, pad_id, mask_unfinished=alg.mask_unfinished, mask_gave_up=alg.mask_gave_up
+    )
 
 
 def step_advantages(

@@ -47,7 +47,7 @@ from simsearch.policy.losses import (
     policy_loss,
     token_logprobs,
 )
-from simsearch.types import UNFINISHED, Trajectory
+from simsearch.types import OVER_TURN, Trajectory
 
 # --------------------------------------------------------------------------- data order
 
@@ -165,15 +165,16 @@ class TrainBatch:
 
 
 def collate_trajectories(
-    trajectories: Sequence[Trajectory], pad_id: int, *, mask_unfinished: bool = False
+    trajectories: Sequence[Trajectory], pad_id: int, *, mask_unfinished: bool = False, mask_gave_up: bool = False
 ) -> TrainBatch:
     """Pads trajectories into a `TrainBatch` (left-padded prompts, right-padded responses).
 
     With `mask_unfinished` (Mini-o3's over-turn masking, Lai et al. 2025) a trajectory whose
-    finish is in `types.UNFINISHED` (no answer: the turns or the context ran out) gets loss
-    mask 0 on every token, so it is left out of the loss, of its denominators, of the KL and
-    entropy terms and of the critic's loss, instead of being trained on its reward (0 without an
-    answer). Its row stays in the batch with its reward: sequence-level estimators (GRPO, RLOO,
+    finish is in `types.OVER_TURN` (no answer: the turns or the context ran out while it was still
+    searching), and with `mask_gave_up` also one that finished "gave_up", gets loss mask 0 on
+    every token, so it is left out of the loss, of its denominators, of the KL and entropy terms
+    and of the critic's loss, instead of being trained on its reward (0 without an answer). Its row
+    stays in the batch with its reward: sequence-level estimators (GRPO, RLOO,
     ...) still count it in its group's statistics, as Mini-o3's trainer does (its
     `compute_grpo_outcome_advantage` keeps over-turn rows in the group mean and std, the skip is
     commented out; its actor zeroes their `response_mask`, `verl/workers/actor/dp_actor.py`);
@@ -182,7 +183,8 @@ def collate_trajectories(
     Args:
         trajectories: Finished trajectories; `prompt_id` becomes the group id.
         pad_id: Token id written at padded positions (any id works: they are masked).
-        mask_unfinished: Zero the loss mask of unfinished trajectories.
+        mask_unfinished: Zero the loss mask of over-turn trajectories.
+        mask_gave_up: With `mask_unfinished`, zero that of give-ups too.
 
     Returns:
         The batch on CPU.
@@ -192,6 +194,7 @@ def collate_trajectories(
     width = max(len(t.prompt_ids) for t in trajectories)  # P
     length = max(len(t.response_ids) for t in trajectories)  # L
     rows = len(trajectories)
+    masked = (OVER_TURN | {"gave_up"} if mask_gave_up else OVER_TURN) if mask_unfinished else frozenset()
     input_ids = torch.full((rows, width + length), pad_id, dtype=torch.long)  # [B, T]
     attention_mask = torch.zeros((rows, width + length), dtype=torch.long)  # [B, T]
     responses = torch.full((rows, length), pad_id, dtype=torch.long)  # [B, L]
@@ -206,7 +209,7 @@ def collate_trajectories(
         input_ids[b, width : width + r] = torch.tensor(t.response_ids, dtype=torch.long)
         attention_mask[b, width - p : width + r] = 1
         responses[b, :r] = torch.tensor(t.response_ids, dtype=torch.long)
-        if not (mask_unfinished and t.finish in UNFINISHED):
+        if t.finish not in masked:
             loss_mask[b, :r] = torch.tensor(t.loss_mask, dtype=torch.long)
     # Right padding repeats the last position; it is never attended to by a real token.
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [B, T]

@@ -28,6 +28,9 @@ Departures from Search-R1 / ZeroSearch / SSRL:
 
 - A search in the final turn is not run: the trajectory ends without an answer and is counted
   (`rollout/over_budget_searches`). ZeroSearch ran it and silently discarded the results.
+- A final turn that ends with neither a search nor an answer (and was not cut by
+  `max_new_tokens`) finishes "gave_up", apart from "max_turns" (a search over the budget), so
+  over-turn masking can tell a give-up from a trajectory still calling a tool.
 - An over-long observation is cut to `max_obs_tokens` but keeps its closing `</information>\\n\\n`
   tokens, so the structure the policy sees stays valid (Search-R1 cut the closing tag off).
 - A trajectory that would outgrow `max_context_tokens` stops (finish "context"); its last
@@ -77,6 +80,7 @@ from simsearch.policy.tags import (
 )
 from simsearch.retrieval.base import SearchEngine
 from simsearch.types import (
+    FINISHES,
     UNFINISHED,
     Completion,
     QAExample,
@@ -573,7 +577,7 @@ def _take_turn(
     else:
         rollout.num_invalid += 1
         if final:
-            rollout.finish = "length" if completion.finish_reason == "length" else "max_turns"
+            rollout.finish = "length" if completion.finish_reason == "length" else "gave_up"
         else:
             _insert(rollout, tokens.invalid_ids, settings)
     return False
@@ -681,7 +685,7 @@ def _metrics(
         "perf/prompt_tokens": float(clock.prompt_tokens),
         "perf/decoded_tokens": float(clock.decoded_tokens),
     }
-    for reason in ("answer", "max_turns", "context", "length"):
+    for reason in FINISHES:
         metrics[f"rollout/finish_{reason}"] = sum(t.finish == reason for t in trajectories) / count
     metrics["rollout/unfinished_share"] = sum(t.finish in UNFINISHED for t in trajectories) / count
     if settings.self_search:

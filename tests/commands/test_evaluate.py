@@ -726,3 +726,16 @@ def test_training_run_without_metrics_fails_before_any_work(world, tokenizer, tm
     with pytest.raises(RecipeError, match=r"training_run=.*no metrics.jsonl"):
         evaluate.main(_recipe(tmp_path, paths, f"training_run={tmp_path / 'nowhere'}"))
     assert policy.calls == [] and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "reason", "finish"),
+    [
+        ("<answer> paris </answer>", "stop", "answer"),
+        ("<think> I do not know </think>", "stop", "gave_up"),  # stopped with no answer: a give-up
+        ("<think> long", "length", "length"),
+    ],
+)
+def test_rag_sample_finishes(text: str, reason: str, finish: str) -> None:
+    sample = evaluate._rag_sample(Completion([1, 2], text, reason, None))  # type: ignore[arg-type]
+    assert sample["finish"] == finish and sample["num_invalid"] == int(finish != "answer")

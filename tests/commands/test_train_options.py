@@ -21,7 +21,7 @@ from simsearch.generation.hf import HFEngine
 from simsearch.policy.advantages import grpo_advantages
 from simsearch.training.checkpoint import latest_checkpoint
 from simsearch.training.runlog import read_metrics
-from simsearch.types import UNFINISHED, Completion
+from simsearch.types import OVER_TURN, UNFINISHED, Completion
 from tests.commands import test_train
 from tests.commands.test_train import SEARCH_TURN, _finite_losses, _recipe, _weights
 
@@ -108,8 +108,9 @@ def test_mask_unfinished_leaves_unfinished_trajectories_out_of_the_loss_only(
         trajectories = scored_args[1]
         batch, trained = update_args[2].to("cpu"), update_args[3].cpu()
         unfinished = torch.tensor([t.finish in UNFINISHED for t in trajectories])
-        masked_total += int(unfinished.sum())
         assert logged["rollout/unfinished_share"] == pytest.approx(float(unfinished.float().mean()))
+        unfinished = torch.tensor([t.finish in OVER_TURN for t in trajectories])  # give-ups are trained on
+        masked_total += int(unfinished.sum())
         for b, t in enumerate(trajectories):
             expected = [0] * len(t.loss_mask) if unfinished[b] else t.loss_mask
             assert batch.loss_mask[b, : len(t.loss_mask)].tolist() == expected

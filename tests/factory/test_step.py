@@ -9,7 +9,7 @@ import pytest
 
 import simsearch.factory.step as step_module
 from simsearch.config import TrainRecipe
-from simsearch.factory.step import sample_step, step_rewards
+from simsearch.factory.step import sample_step, step_batch, step_rewards
 from simsearch.policy.rollout import RolloutResult
 from simsearch.types import QAExample, Trajectory, TrajectoryFinish
 
@@ -40,6 +40,18 @@ def test_a_trajectory_the_context_cut_gets_the_full_overlong_penalty() -> None:
     assert scored.total == pytest.approx([1.0, 0.75, -0.5, 0.0], abs=1e-12)
     assert scored.stats["reward/overlong"] == pytest.approx(-0.75 / 4, abs=1e-12)
     assert scored.stats["reward/overlong_share"] == 0.5
+
+
+@pytest.mark.parametrize(("mask_unfinished", "mask_gave_up", "kept"), [
+    (False, False, [1, 1, 1, 1]),  # no masking
+    (True, False, [1, 0, 1, 0]),  # the default: over-turn rows out, the give-up trained on
+    (True, True, [1, 0, 0, 0]),  # give-ups out too
+])  # fmt: skip
+def test_step_batch_masks_what_the_recipe_asks(mask_unfinished: bool, mask_gave_up: bool, kept: list[int]) -> None:
+    recipe = TrainRecipe(run_dir="unused")
+    recipe.algorithm.mask_unfinished, recipe.algorithm.mask_gave_up = mask_unfinished, mask_gave_up
+    rows = [_trajectory(2, 2, finish, "") for finish in ("answer", "max_turns", "gave_up", "context")]
+    assert step_batch(recipe, rows, pad_id=0).loss_mask.tolist() == [[k, k] for k in kept]
 
 
 def test_dynamic_sampling_judges_flatness_before_overlong_shaping() -> None:

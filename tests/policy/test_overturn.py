@@ -1,4 +1,4 @@
-"""Over-turn masking (`algorithm.mask_unfinished`, Mini-o3): unfinished trajectories leave the loss, not the groups."""
+"""Over-turn masking (`algorithm.mask_unfinished`, Mini-o3): over-turn trajectories leave the loss, not the groups."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from simsearch.policy.batch import collate_trajectories, loss_denominators, token_advantages
-from simsearch.types import UNFINISHED, Trajectory
+from simsearch.types import OVER_TURN, UNFINISHED, Trajectory
 from tests.policy.test_batch import PAD, trajectory
 
 
@@ -19,18 +19,28 @@ def _group(finishes: list[str]) -> list[Trajectory]:
 
 
 def test_unfinished_are_the_turn_and_context_finishes() -> None:
-    assert frozenset({"max_turns", "context"}) == UNFINISHED  # "length" is trained on (see types.UNFINISHED)
+    assert frozenset({"max_turns", "gave_up", "context"}) == UNFINISHED  # "length" is trained on
+    assert frozenset({"max_turns", "context"}) == OVER_TURN  # a give-up is masked only on request
 
 
-def test_masking_zeroes_the_rows_of_unfinished_trajectories_only() -> None:
-    rows = _group(["answer", "max_turns", "context", "length"])
+def test_masking_zeroes_the_rows_of_over_turn_trajectories_only() -> None:
+    rows = _group(["answer", "max_turns", "context", "length", "gave_up"])
     plain = collate_trajectories(rows, PAD)
     masked = collate_trajectories(rows, PAD, mask_unfinished=True)
-    assert plain.loss_mask.tolist() == [[1, 0, 1]] * 4
-    assert masked.loss_mask.tolist() == [[1, 0, 1], [0, 0, 0], [0, 0, 0], [1, 0, 1]]
+    assert plain.loss_mask.tolist() == [[1, 0, 1]] * 5
+    assert masked.loss_mask.tolist() == [[1, 0, 1], [0, 0, 0], [0, 0, 0], [1, 0, 1], [1, 0, 1]]
     assert torch.equal(masked.input_ids, plain.input_ids) and torch.equal(masked.responses, plain.responses)
-    # the loss denominators count the 4 trained tokens of 2 sequences, not 8 tokens of 4
-    assert loss_denominators(masked.loss_mask) == (4.0, 2.0)
+    # the loss denominators count the 6 trained tokens of 3 sequences, not 10 tokens of 5
+    assert loss_denominators(masked.loss_mask) == (6.0, 3.0)
+
+
+def test_mask_gave_up_masks_give_ups_too_and_only_with_mask_unfinished() -> None:
+    rows = _group(["answer", "max_turns", "gave_up", "length"])
+    both = collate_trajectories(rows, PAD, mask_unfinished=True, mask_gave_up=True)
+    assert both.loss_mask.tolist() == [[1, 0, 1], [0, 0, 0], [0, 0, 0], [1, 0, 1]]
+    assert loss_denominators(both.loss_mask) == (4.0, 2.0)  # 2 trained tokens in each of rows 0 and 3
+    alone = collate_trajectories(rows, PAD, mask_gave_up=True)  # without over-turn masking: nothing masked
+    assert alone.loss_mask.tolist() == [[1, 0, 1]] * 4
 
 
 def test_grpo_keeps_masked_rows_in_the_group_statistics() -> None:
@@ -54,7 +64,7 @@ def test_token_level_estimators_skip_masked_rows() -> None:
     torch.testing.assert_close(adv, torch.tensor([[z, 0.0, z], [0.0] * 3, [-z, 0.0, -z]]), rtol=0.0, atol=1e-5)
 
 
-@pytest.mark.parametrize("finish", ["answer", "length"])
+@pytest.mark.parametrize("finish", ["answer", "length", "gave_up"])
 def test_finished_rows_keep_their_mask(finish: str) -> None:
     batch = collate_trajectories(_group([finish]), PAD, mask_unfinished=True)
     assert batch.loss_mask.tolist() == [[1, 0, 1]]

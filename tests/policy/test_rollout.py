@@ -26,7 +26,7 @@ from simsearch.policy.rollout import (
     score_trajectories,
 )
 from simsearch.policy.tags import INVALID_ACTION_MESSAGE
-from simsearch.types import Completion, Document, QAExample, SamplingParams, SearchRequest
+from simsearch.types import FINISHES, Completion, Document, QAExample, SamplingParams, SearchRequest
 
 QUESTIONS = ["who founded orvale?", "where was mira tal born?", "when did kesto open?"]
 EXAMPLES = [QAExample(id=f"q{i}", question=q, golden_answers=[f"gold {i}"]) for i, q in enumerate(QUESTIONS)]
@@ -244,6 +244,33 @@ def test_final_turn_search_is_not_run_and_is_counted(tokenizer):
     assert traj.response_text.endswith(SEARCH_TURN) and traj.loss_mask[-1] == 1
     assert result.metrics["rollout/over_budget_searches"] == 1.0
     assert result.metrics["rollout/answer_rate"] == 0.0
+
+
+def test_final_turn_without_search_or_answer_gives_up_apart_from_max_turns(tokenizer):
+    # One question, 4 rollouts, max_turns=1: rollout 0 answers at once; 1-3 search, then in the
+    # final turn 1 searches again (not run), 2 stops with no tag, 3 runs past max_new_tokens=200.
+    finals = iter([SEARCH_TURN, "<think> I do not know </think>", "<think> " + "very long " * 300])
+
+    def script(context, call, sample):
+        if call == 0:
+            return ANSWER_TURN if sample == 0 else SEARCH_TURN
+        return next(finals)
+
+    result, _, _ = run(tokenizer, script, group_size=4, max_turns=1)
+    assert [t.finish for t in result.trajectories] == ["answer", "max_turns", "gave_up", "length"]
+    assert [t.num_invalid for t in result.trajectories] == [0, 0, 1, 1]
+    m = result.metrics
+    # one trajectory of 4 per finish; unfinished = max_turns + gave_up = 2 of 4 (as before the split)
+    assert [m[f"rollout/finish_{r}"] for r in FINISHES] == [0.25, 0.25, 0.25, 0.0, 0.25]
+    assert m["rollout/unfinished_share"] == 0.5
+    assert m["rollout/over_budget_searches"] == 0.25 and m["rollout/invalid_actions"] == 0.5
+
+
+def test_single_generation_without_an_answer_gives_up(tokenizer):
+    # max_turns=0 (SSRL's single generation): a self-search generation that stops without answering
+    result, _, _ = run(tokenizer, by_turn("<think> no idea </think>"), template="self-search", search=None, max_turns=0)
+    assert result.trajectories[0].finish == "gave_up"
+    assert result.metrics["rollout/finish_gave_up"] == 1.0 and result.metrics["rollout/finish_max_turns"] == 0.0
 
 
 def test_final_turn_that_runs_out_of_tokens_finishes_with_length(tokenizer):
