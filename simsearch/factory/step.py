@@ -27,7 +27,14 @@ from simsearch.policy.batch import (
     stream_indices,
     token_advantages,
 )
-from simsearch.policy.infogain import distinct, gold_probabilities, gold_queries, information_gains, turn_index
+from simsearch.policy.infogain import (
+    distinct,
+    forward_passes,
+    gold_probabilities,
+    gold_queries,
+    information_gains,
+    turn_index,
+)
 from simsearch.policy.offpolicy import truncated_is_weights
 from simsearch.policy.rewards import RewardOutput, shape_overlong
 from simsearch.policy.rollout import RolloutResult, generate_trajectories, score_trajectories
@@ -241,14 +248,16 @@ def _information_gain_advantages(
         raise ValueError(f"step_advantages: {len(trajectories)} trajectories for a batch of {batch.size} rows")
     mbs, sync = settings.micro_batch_size, learner.actor.zero3 and learner.world > 1
     queries = gold_queries(trajectories, tokenizer, fill=sync)
-    passes = 0  # alone, a process runs the passes its queries need (gold_probabilities counts them)
+    unique, index = distinct(queries)  # once: the pass count and the forward passes both use it
+    passes = 0  # alone, a process runs the passes its queries need
     if sync:  # ZeRO-3: as many forward passes on every process as the busiest one runs
-        passes = int(all_reduce_max(torch.tensor([-(-len(distinct(queries)[0]) // mbs)]), learner.world)[0])
+        passes = int(all_reduce_max(torch.tensor([forward_passes(len(unique), mbs)]), learner.world)[0])
     with learner.autocast_context():
-        probabilities = gold_probabilities(
-            learner.actor.engine, queries, pad_id=tokenizer.pad_token_id, device=learner.device,
+        measured = gold_probabilities(
+            learner.actor.engine, unique, pad_id=tokenizer.pad_token_id, device=learner.device,
             micro_batch_size=mbs, temperature=settings.loss.temperature, passes=passes,
         )  # fmt: skip
+    probabilities = measured[torch.tensor(index, dtype=torch.long)]  # [N], each query's measurement
     turns = turn_index(trajectories, batch.response_width)  # [B, L]
     cpu = batch.to("cpu")
     inputs = EstimatorInputs(

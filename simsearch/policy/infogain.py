@@ -145,18 +145,20 @@ def gold_probabilities(
     temperature: float = 1.0,
     passes: int = 0,
 ) -> torch.Tensor:
-    """`[N]` exp(mean log-prob of each query's scored tokens), in length-sorted micro-batches, each
-    distinct measurement run once (`distinct`).
+    """`[N]` exp(mean log-prob of each query's scored tokens), in length-sorted micro-batches.
+
+    Every query given is run: pass the `distinct` ones and expand the result with its index, so a
+    measurement shared by several trajectories (a group's prompt alone) costs one forward row.
 
     Args:
         model: The policy (a causal LM accepting `position_ids` and `logits_to_keep`); the caller
             chooses the autocast.
-        queries: The measurements (`gold_queries`).
+        queries: The measurements to run (`distinct` over `gold_queries`).
         pad_id: Any token id, written at padding.
         device: The model's device.
         micro_batch_size: Most queries per forward pass.
         temperature: The rollout's sampling temperature.
-        passes: At least this many forward passes (count them over `distinct` queries): extra ones
+        passes: At least this many forward passes (`forward_passes` counts the needed ones): extra ones
             rerun the first query and are discarded (ZeRO-3 gathers weights in every pass, so every
             process runs as many).
 
@@ -167,7 +169,6 @@ def gold_probabilities(
         if passes > 0:
             raise ValueError("gold_probabilities: forward passes asked for, but no query to run (use fill=True)")
         return torch.zeros(0)
-    queries, index = distinct(queries)
     records = [
         Trajectory(prompt_id=q.row, example=_NO_EXAMPLE, prompt_ids=q.context, response_ids=q.answer,
                    loss_mask=q.scored, turns=[], response_text="", answer=None, num_searches=0, num_invalid=0,
@@ -177,10 +178,14 @@ def gold_probabilities(
     # The update's layout: prefixes left-padded, answers right-padded, logits at the answers only.
     batch = collate_trajectories(records, pad_id).to(device)
     logp = logprobs_in_micro_batches(model, batch, micro_batch_size, temperature)  # [N, A]
-    for _ in range(passes - -(-len(queries) // micro_batch_size)):
+    for _ in range(passes - forward_passes(len(queries), micro_batch_size)):
         response_logits(model, batch.select(torch.arange(1, device=batch.input_ids.device)))
-    probabilities = torch.exp(masked_mean(logp, batch.loss_mask, dim=-1)).float().cpu()
-    return probabilities[torch.tensor(index, dtype=torch.long)]
+    return torch.exp(masked_mean(logp, batch.loss_mask, dim=-1)).float().cpu()
+
+
+def forward_passes(num_queries: int, micro_batch_size: int) -> int:
+    """Forward passes `gold_probabilities` needs for `num_queries` queries: ceil(N / micro_batch_size)."""
+    return -(-num_queries // micro_batch_size)
 
 
 _NO_EXAMPLE = QAExample(id="", question="", golden_answers=[])

@@ -22,6 +22,7 @@ def test_igpo_trains_two_steps_on_its_turn_rewards(world: Path, tmp_path: Path, 
     measured: list[tuple[int, torch.Tensor]] = []
     real_gold_queries, real_gold_probabilities = step_module.gold_queries, step_module.gold_probabilities
     expected_queries: list[int] = []
+    real_distinct, distinct_calls = step_module.distinct, list[tuple[int, int]]()
 
     def recording_queries(trajectories, tokenizer, fill=False):
         # one measurement per turn start of every trajectory with two turns or more
@@ -33,8 +34,14 @@ def test_igpo_trains_two_steps_on_its_turn_rewards(world: Path, tmp_path: Path, 
         measured.append((len(queries), probabilities))
         return probabilities
 
+    def counting_distinct(queries):
+        unique, index = real_distinct(queries)
+        distinct_calls.append((len(queries), len(unique)))
+        return unique, index
+
     monkeypatch.setattr(step_module, "gold_queries", recording_queries)
     monkeypatch.setattr(step_module, "gold_probabilities", recording_probabilities)
+    monkeypatch.setattr(step_module, "distinct", counting_distinct)
     run = tmp_path / "run"
     train.main(_recipe(world, run, **{"algorithm.estimator": "igpo", "rollout.max_turns": 2}))
 
@@ -44,7 +51,9 @@ def test_igpo_trains_two_steps_on_its_turn_rewards(world: Path, tmp_path: Path, 
     assert all(r["time/infogain_s"] > 0 for r in rows)
     assert rows[0]["advantages/turns_mean"] > 1.5  # the policy searches: most trajectories have two turns or more
     assert math.isfinite(rows[0]["advantages/gain_mean"])
-    assert [n for n, _ in measured] == expected_queries and expected_queries[0] > 0
+    # each step dedupes its queries once and measures only the distinct ones (a group shares its prompt)
+    assert [n for n, _ in distinct_calls] == expected_queries and expected_queries[0] > 0
+    assert [n for n, _ in measured] == [u for _, u in distinct_calls] and measured[0][0] < expected_queries[0]
     assert all(bool(((p > 0) & (p <= 1)).all()) for _, p in measured)
     checkpoint = latest_checkpoint(run)
     assert checkpoint is not None

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
 import simsearch.factory.step as step_module
-from simsearch.config import TrainRecipe
+import simsearch.policy.infogain as infogain
+from simsearch.config import AlgorithmConfig, TrainRecipe
 from simsearch.factory.step import sample_step, step_batch, step_rewards
+from simsearch.policy.batch import collate_trajectories
 from simsearch.policy.rollout import RolloutResult
 from simsearch.types import QAExample, Trajectory, TrajectoryFinish
+from tests.policy.test_infogain import PAD, THREE_TURNS, CountingLM, FakeTokenizer
+from tests.policy.test_infogain import _trajectory as _igpo_trajectory
+
+REAL_DISTINCT = infogain.distinct
 
 
 def _trajectory(prompt: int, response: int, finish: TrajectoryFinish, answer: str) -> Trajectory:
@@ -98,3 +107,41 @@ def test_scoring_is_timed_apart_from_the_rollout(monkeypatch: pytest.MonkeyPatch
     sample = sample_step(recipe, lambda examples, i: rollout_result, data, 0, slice(0, 1), 1, 0)
     assert sample.metrics["sampling/rounds"] == 2.0
     assert 0.1 <= sample.metrics["time/reward_s"] < 5.0
+
+
+def _igpo_on_fakes(monkeypatch: pytest.MonkeyPatch, world: int) -> tuple[Any, int, list[int]]:
+    """IGPO's advantages of one group on the fake LM of `tests.policy.test_infogain`, the learner faked as
+    a ZeRO-3 process among `world` (another process needs 5 forward passes); (advantages, passes, dedupes)."""
+    dedupes: list[int] = []
+
+    def counting_distinct(queries: Any) -> Any:
+        dedupes.append(len(queries))
+        return REAL_DISTINCT(queries)
+
+    monkeypatch.setattr(infogain, "distinct", counting_distinct)
+    monkeypatch.setattr(step_module, "distinct", counting_distinct)
+    monkeypatch.setattr(step_module, "all_reduce_max", lambda value, world: torch.maximum(value, torch.tensor([5])))
+    # 3 + 3 + 2 queries, 3 distinct: the group shares the prompt alone and the first turn
+    group = [THREE_TURNS, THREE_TURNS, _igpo_trajectory(THREE_TURNS.response_ids[:5], THREE_TURNS.loss_mask[:5])]
+    model = CountingLM([0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    learner = SimpleNamespace(
+        actor=SimpleNamespace(zero3=True, engine=model), world=world, device="cpu",
+        autocast_context=contextlib.nullcontext,
+    )  # fmt: skip
+    settings = SimpleNamespace(micro_batch_size=1, loss=SimpleNamespace(temperature=1.0))
+    alg = AlgorithmConfig(estimator="igpo")
+    batch = collate_trajectories(group, PAD)
+    result = RolloutResult(group, {}, {})
+    advantages, _, _ = step_module._information_gain_advantages(
+        alg, learner, settings, [1.0, 0.0, 1.0], batch, result, FakeTokenizer()  # type: ignore[arg-type]
+    )  # fmt: skip
+    return advantages, model.calls, dedupes
+
+
+def test_igpo_under_zero3_dedupes_the_prefixes_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    alone, alone_calls, alone_dedupes = _igpo_on_fakes(monkeypatch, world=1)
+    synced, synced_calls, synced_dedupes = _igpo_on_fakes(monkeypatch, world=2)
+    assert alone_dedupes == synced_dedupes == [8]  # one dedupe of the 8 queries, on either path
+    assert alone_calls == 3  # one pass per distinct measurement at micro-batch 1
+    assert synced_calls == 5  # ZeRO-3: as many passes as the busiest process; the extra 2 change nothing
+    torch.testing.assert_close(synced, alone, rtol=0.0, atol=0.0)

@@ -23,6 +23,7 @@ from simsearch.policy.advantages import ESTIMATORS, EstimatorInputs, igpo_advant
 from simsearch.policy.infogain import (
     GoldQuery,
     distinct,
+    forward_passes,
     gold_probabilities,
     gold_queries,
     information_gains,
@@ -175,10 +176,10 @@ def test_a_shared_prefix_is_measured_once():
     assert len(queries) == 3 + 3 + 2 and len(unique) == 3
     assert index == [0, 1, 2, 0, 1, 2, 0, 1]
     model = CountingLM([0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
-    probs = gold_probabilities(model, queries, pad_id=PAD, device="cpu", micro_batch_size=1)
+    probs = gold_probabilities(model, unique, pad_id=PAD, device="cpu", micro_batch_size=1)
     assert model.calls == 3  # one forward pass per distinct measurement
-    expected = [p_red(c) for c in (0, 2, 3)]
-    torch.testing.assert_close(probs, torch.tensor([expected[i] for i in index]), **TOL)
+    torch.testing.assert_close(probs, torch.tensor([p_red(c) for c in (0, 2, 3)]), **TOL)
+    assert forward_passes(3, 2) == 2 and forward_passes(4, 2) == 2 and forward_passes(0, 2) == 0
 
 
 # --------------------------------------------------------------------------- gains and advantages
