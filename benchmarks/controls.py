@@ -44,7 +44,16 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
-from benchlib import NO_NOISE, RECIPES, bootstrap_interval, mean_sd
+from benchlib import (
+    NO_NOISE,
+    RECIPES,
+    bootstrap_interval,
+    difference_cell,
+    mean_sd,
+    measured_at,
+    provenance,
+    replace_block,
+)
 
 ARMS: dict[str, tuple[str, ...]] = {
     "empty": ("search.kind=empty", *NO_NOISE),
@@ -68,11 +77,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.one_world is not None:
         run_world(args.one_world, args)
         return {}
+    if args.render:  # a finished run's JSON (its last line) written into the doc again
+        figures = json.loads(Path(args.render).read_text().strip().splitlines()[-1])
+        write_doc(args.out, figures)
+        return figures
     began = time.perf_counter()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         worlds = dict(zip(args.seeds, pool.map(lambda seed: _world_in_subprocess(seed, args), args.seeds)))
     figures = summarize(worlds, args, wall_s=time.perf_counter() - began)
+    figures["provenance"] = {**provenance(), "torch_threads": args.threads, "jobs": args.jobs}
     print_tables(worlds, figures)
+    write_doc(args.out, figures)
+    print(f"controls: {args.out}", flush=True)
     print(json.dumps(figures))
     return figures
 
@@ -84,12 +100,15 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per world (0 = every core)")
     parser.add_argument("--run-dir", default="", help="parent of the worlds' runs (runs/controls; smoke: a temp dir)")
     parser.add_argument("--smoke", action="store_true", help="every stage for a step or two")
+    parser.add_argument("--out", default="", help="the doc whose results block is rewritten (docs/controls.md)")
+    parser.add_argument("--render", default="", help="write the doc from a finished run's output (its last line)")
     parser.add_argument("--one-world", type=int, default=None, help=argparse.SUPPRESS)  # a worker's seed
     parser.add_argument("overrides", nargs="*", help="quickstart recipe overrides, after --")
     args = parser.parse_args(argv)
     args.seeds = args.seeds or ([0] if args.smoke else [0, 1, 2, 3, 4])
     smoke_dir = tempfile.mkdtemp(prefix="controls-smoke-") if args.smoke and not args.run_dir else ""
     args.run_dir = Path(args.run_dir or smoke_dir or "runs/controls")
+    args.out = Path(args.out or (args.run_dir / "controls.md" if args.smoke else "docs/controls.md"))
     return args
 
 
@@ -262,6 +281,68 @@ def world_set(seeds: Sequence[int]) -> str:
     """`reporting` (every seed below 100), `development` (every seed 100 or more) or `mixed`."""
     development = [seed >= DEVELOPMENT_SEEDS for seed in seeds]
     return "development" if all(development) else "mixed" if any(development) else "reporting"
+
+
+def write_doc(out: Path, figures: dict[str, Any]) -> None:
+    """Rewrites the `results` block of `out` (created from a bare page when missing) with the run's tables."""
+    text = out.read_text() if out.is_file() else "# Controls\n\n<!-- results -->\n<!-- /results -->\n"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(replace_block(text, "results", "\n" + "\n".join(doc_lines(figures)) + "\n"))
+
+
+def doc_lines(figures: dict[str, Any]) -> list[str]:
+    """The results as Markdown: provenance, per world, mean ± sd per arm, and the paired differences."""
+    worlds = figures["by_world"]
+    seeds = list(worlds)
+    where = figures.get("provenance")
+    jobs = where.get("jobs", 1) if where else 1
+    command = f"python benchmarks/controls.py --seeds {' '.join(seeds)} --jobs {jobs} --threads {figures['threads']}"
+    smoke = ", smoke: a pipeline check, not a result" if figures["smoke"] else ""
+    lines = [
+        f"Command: `{command}` ({figures['world_set']} worlds{smoke}). "
+        + (measured_at(where) if where else "Commit and machine: not recorded by this run."),
+        "",
+        "Held-out EM (%), greedy, 300 questions per world:",
+        "",
+        "| world | " + " | ".join(f"{row} bm25 / dense" for row in ROWS) + " |",
+        "|---|" + "---|" * len(ROWS),
+    ]
+    for seed in seeds:
+        em = worlds[seed]["em"]
+        lines.append(f"| {seed} | " + " | ".join(f"{em[r]['bm25']:.1f} / {em[r]['dense']:.1f}" for r in ROWS) + " |")
+    lines += ["", "| arm | bm25 | dense |", "|---|---|---|"]
+    for row in ROWS:
+        cells = [f"{figures['em_mean'][row][e]:.1f} ± {figures['em_sd'][row][e]:.1f}" for e in ENGINES]
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "The simulator arm minus each arm, paired by world: mean, and 95% bootstrap interval over worlds",
+        '(an interval that holds 0 reads "no measurable difference"):',
+        "",
+        "| simulator arm minus | bm25 | dense |",
+        "|---|---|---|",
+    ]
+    for arm in (*CONTROLS, "best control", "bm25", "base"):
+        cells = [difference_cell(_differences(worlds, arm, engine)) for engine in ENGINES]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    share = figures["sim_share_of_bm25_loop_gain"]
+    lines += [
+        "",
+        f"Share of the real-BM25 loop's gain over the base that the simulator arm reaches (BM25, means over worlds): "
+        f"{share if share is not None else '-'}. Quickstart part of a world: at most "
+        f"{figures['wall_s_max'] / 60:.1f} min and {figures['peak_rss_gb_max']:.2f} GB.",
+    ]
+    return lines
+
+
+def _differences(worlds: dict[str, Any], arm: str, engine: str) -> list[float]:
+    """Per world: the simulator arm's EM minus `arm`'s ("best control": the best of CONTROLS on that engine)."""
+    out = []
+    for world in worlds.values():
+        em = world["em"]
+        other = max(em[c][engine] for c in CONTROLS) if arm == "best control" else em[arm][engine]
+        out.append(em["simulator"][engine] - other)
+    return out
 
 
 def print_tables(worlds: dict[int, dict[str, Any]], figures: dict[str, Any]) -> None:

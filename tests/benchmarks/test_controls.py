@@ -54,6 +54,10 @@ def test_the_best_control_is_taken_world_by_world() -> None:
     assert figures["sim_minus"]["empty"]["mean"] == 37.5  # (55 + 20) / 2
     assert figures["wall_s_max"] == 101.0 and figures["world_set"] == "reporting"
     assert figures["em_mean"]["random"] == {"bm25": 15.0, "dense": 7.5}
+    # The page: dense's best controls are random (10) and empty (15), so 30 - 10 and 25 - 15.
+    lines = controls.doc_lines(figures)
+    assert "| best control | +30.0 (2 worlds: no interval) | +15.0 (2 worlds: no interval) |" in lines
+    assert lines[0].startswith("Command: `python benchmarks/controls.py --seeds 0 1 --jobs 1 --threads 1`")
 
 
 @pytest.mark.slow
@@ -73,3 +77,7 @@ def test_smoke_trains_every_arm_on_its_own_engine(tmp_path: Path, capsys: pytest
         summary = json.loads((world / "eval" / arm / "summary.json").read_text())
         assert set(summary["rows"]) == {"bm25", "dense"}, arm
     assert set(figures["by_world"]["0"]["em"]) == {"base", "simulator", *kinds}
+    assert figures["by_world"]["0"]["sim_rl_searches_by_kind"].keys() == {"simulator"}
+    # The page went to the run directory, not to docs/, with the commit and machine it ran on.
+    page = (tmp_path / "controls.md").read_text()
+    assert "smoke: a pipeline check" in page and "Measured at commit" in page
