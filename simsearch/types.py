@@ -7,7 +7,7 @@ can build or read them without importing another area of the package.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 FinishReason = Literal["stop", "length"]
 
@@ -96,7 +96,7 @@ class Passage:
 
 ActionKind = Literal["search", "answer", "invalid"]
 TrajectoryFinish = Literal["answer", "max_turns", "gave_up", "context", "length"]
-FINISHES: tuple[TrajectoryFinish, ...] = ("answer", "max_turns", "gave_up", "context", "length")
+FINISHES: tuple[TrajectoryFinish, ...] = get_args(TrajectoryFinish)
 """Every finish, in the order the rollout's `rollout/finish_<reason>` metrics are logged.
 
 "answer": an answer ended it. "max_turns": the final turn asked for a search, which is not run.
