@@ -22,6 +22,7 @@ What the reference policies read (all **compat**, byte for byte, and all wrapped
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from simsearch.types import Document
@@ -127,3 +128,15 @@ def wrap_information(block: str) -> str:
         `"\\n\\n<information>" + block.strip() + "</information>\\n\\n"`.
     """
     return f"\n\n{INFORMATION_OPEN}{block.strip()}{INFORMATION_CLOSE}\n\n"
+
+
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def encodable(text: str) -> str:
+    """`text` with every lone UTF-16 surrogate replaced by U+FFFD; any other text unchanged.
+
+    JSON can spell a lone surrogate (`"\\ud83d"`, half an emoji), so a search API's results may hold
+    one; a tokenizer cannot encode it.
+    """
+    return _SURROGATES.sub("\ufffd", text) if _SURROGATES.search(text) else text

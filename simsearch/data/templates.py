@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from simsearch.data.rendering import render_documents
+from simsearch.data.rendering import encodable, render_documents
 from simsearch.types import Document
 
 if TYPE_CHECKING:
@@ -210,6 +210,7 @@ def encode_prompt(question: str, *, template: TemplateName, tokenizer: PreTraine
     """
     if template == "rag":
         raise ValueError("template='rag' needs documents: render it with render_prompt(..., documents=...)")
+    question = encodable(question)
     if not uses_tokenizer(template):
         return list(tokenizer.encode(render_prompt(question, template=template), add_special_tokens=True))
     text = render_prompt(question, template=template, tokenizer=tokenizer)

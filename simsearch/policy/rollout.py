@@ -62,6 +62,7 @@ from simsearch.data.rendering import (
     INFORMATION_CLOSE,
     INFORMATION_OPEN,
     RenderStyle,
+    encodable,
     render_documents,
     wrap_information,
 )
@@ -326,7 +327,7 @@ class _TokenCache:
         self.close_id = self._single_token(INFORMATION_CLOSE)
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode(encodable(text), add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
         # Special tokens are kept: the tiny tokenizer's tags are special tokens.
@@ -346,7 +347,7 @@ class _TokenCache:
         and the closing `</information>\\n\\n` is tokenized apart from the head so a cut
         keeps it whole.
         """
-        heads = [wrap_information(block)[: -len(_OBSERVATION_TAIL)] for block in blocks]
+        heads = [encodable(wrap_information(block)[: -len(_OBSERVATION_TAIL)]) for block in blocks]
         room = self.max_obs_tokens - len(self.tail_ids)
         head_ids = self.tokenizer(heads, add_special_tokens=False)["input_ids"]
         return [ids[:room] + self.tail_ids for ids in head_ids]

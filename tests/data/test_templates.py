@@ -177,3 +177,24 @@ def test_rag_with_no_documents_renders_an_empty_block() -> None:
 def test_bad_arguments_fail_with_a_clear_message(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         render_prompt("q?", **kwargs)
+
+
+def test_a_lone_surrogate_is_encoded_as_the_replacement_character() -> None:
+    import json
+
+    from simsearch.data.rendering import encodable
+    from simsearch.models import train_tokenizer
+
+    half_emoji = json.loads('"Ganlo \\ud83d was born"')  # JSON spells a lone surrogate; Python keeps it
+    assert encodable(half_emoji) == "Ganlo \ufffd was born"
+    assert encodable("Ganlo \U0001f600 was born") == "Ganlo \U0001f600 was born"  # a whole emoji stays
+    tokenizer = train_tokenizer(["Ganlo was born in Gesmere"] * 20, vocab_size=300)
+    with pytest.raises(TypeError):  # what the tokenizer does with it unguarded
+        tokenizer.encode(half_emoji)
+    ids = encode_prompt(half_emoji, template="search-r1-brief", tokenizer=tokenizer)
+    assert "\ufffd was born" in tokenizer.decode(ids)
+    # A search API's result holding one reaches the policy the same way.
+    from simsearch.policy.rollout import _TokenCache
+
+    [observation] = _TokenCache(tokenizer, 64).observations([half_emoji])
+    assert "Ganlo \ufffd was born" in tokenizer.decode(observation)

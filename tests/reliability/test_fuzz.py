@@ -315,7 +315,9 @@ def yaml_documents(draw, schema):
         *parents, leaf = key.split(".")
         for parent in parents:
             child = node.get(parent)
-            node = node.setdefault(parent, {}) if isinstance(child, dict) or child is None else {}
+            if not isinstance(child, dict):  # a value drawn earlier for this key gives way to the section
+                child = node[parent] = {}
+            node = child
         node[leaf] = draw(st.one_of(json_values, st.sampled_from(AWKWARD_VALUES)))
     return yaml.safe_dump(tree, allow_unicode=True)
 
