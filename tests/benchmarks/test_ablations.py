@@ -168,6 +168,7 @@ def test_write_doc_rewrites_the_tables_and_keeps_the_prose(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a whole pipeline for a step or two: minutes on a busy 2-core machine
 def test_smoke_runs_every_arm_and_prints_every_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ablations.main(["--smoke", "--run-dir", str(tmp_path), "--threads", "1"])
     figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the JSON is the last line

@@ -61,6 +61,7 @@ def test_the_best_control_is_taken_world_by_world() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a whole pipeline for a step or two: minutes on a busy 2-core machine
 def test_smoke_trains_every_arm_on_its_own_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     controls.main(["--smoke", "--run-dir", str(tmp_path), "--threads", "1"])
     figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the JSON is the last line
