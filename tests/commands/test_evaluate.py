@@ -723,8 +723,11 @@ def test_training_run_without_metrics_fails_before_any_work(world, tokenizer, tm
     _, paths = world
     policy = ScriptedPolicy(tokenizer, _golds(paths, "test"))
     _install_policy(monkeypatch, policy, tokenizer)
-    with pytest.raises(RecipeError, match=r"training_run=.*no metrics.jsonl"):
+    with pytest.raises(RecipeError, match=r"training_run=.*no such directory"):
         evaluate.main(_recipe(tmp_path, paths, f"training_run={tmp_path / 'nowhere'}"))
+    (tmp_path / "untrained").mkdir()
+    with pytest.raises(RecipeError, match=r"training_run=.*no metrics.jsonl"):
+        evaluate.main(_recipe(tmp_path, paths, f"training_run={tmp_path / 'untrained'}"))
     assert policy.calls == [] and not (tmp_path / "run").exists()
 
 
