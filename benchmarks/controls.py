@@ -26,7 +26,9 @@ Prints per-arm mean ± sd, the paired difference of the simulator arm over each 
 `sim_share_of_bm25_loop_gain` ((simulator - base) / (bm25 arm - base), means over worlds),
 `wall_s_max` and `peak_rss_gb_max` (the quickstart part of each world), `world_set`
 (`reporting`: seeds below 100, which no design choice was tuned on; `development`: 100 and up),
-and the detail per world.
+and the detail per world. The tables also go into the results block of docs/controls.md (`--out`;
+with `--smoke`, a page in the run directory), with the commit and machine; `--render OUTPUT`
+writes that block again from a finished run's printed output.
 """
 
 from __future__ import annotations
