@@ -64,14 +64,22 @@ def arm_arguments(
 
 
 def run_stage(
-    schema: type, recipe_file: Path, overrides: list[str], command: Callable[[Any], Any], inputs: list[str]
+    schema: type,
+    recipe_file: Path,
+    overrides: list[str],
+    command: Callable[[Any], Any],
+    inputs: list[str],
+    edit: Callable[[Any], None] | None = None,
 ) -> str:
     """One command on a recipe plus overrides, skipped when it finished under the same fingerprint.
 
-    Returns the fingerprint (resolved recipe and inputs' fingerprints). A directory built from
-    anything else is deleted first, as the quickstart's stages are.
+    `edit`, if given, changes the loaded recipe in place before it is fingerprinted and run (what an
+    override cannot say). Returns the fingerprint (resolved recipe and inputs' fingerprints). A
+    directory built from anything else is deleted first, as the quickstart's stages are.
     """
     stage = load_recipe(schema, recipe_file, overrides)
+    if edit is not None:
+        edit(stage)
     fingerprint = digest({"recipe": asdict(stage), "inputs": inputs})
     directory = Path(stage.run_dir)
     if not claim_stage(directory, fingerprint):

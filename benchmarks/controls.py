@@ -41,7 +41,6 @@ import tempfile
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +54,7 @@ from benchlib import (
     measured_at,
     provenance,
     replace_block,
+    run_stage,
 )
 
 ARMS: dict[str, tuple[str, ...]] = {
@@ -202,7 +202,7 @@ def train_arm(root: Path, arm: str, seed: int, paths: dict[str, str], fingerprin
         *(o.format(**paths) for o in ARMS[arm]),
     ]  # fmt: skip
     inputs = [fingerprints["base"], fingerprints["simulator"]]
-    return _stage(TrainRecipe, RECIPES / "train.yaml", overrides, train.main, inputs)
+    return run_stage(TrainRecipe, RECIPES / "train.yaml", overrides, train.main, inputs)
 
 
 def evaluate_arm(root: Path, arm: str, seed: int, paths: dict[str, str], inputs: list[str], smoke: bool) -> dict:
@@ -222,24 +222,9 @@ def evaluate_arm(root: Path, arm: str, seed: int, paths: dict[str, str], inputs:
     def real_engines_only(recipe: Any) -> None:
         recipe.engines = {name: recipe.engines[name] for name in ENGINES}
 
-    _stage(EvalRecipe, RECIPES / "eval.yaml", overrides, evaluate.main, inputs, edit=real_engines_only)
+    run_stage(EvalRecipe, RECIPES / "eval.yaml", overrides, evaluate.main, inputs, edit=real_engines_only)
     summary = json.loads((out / "summary.json").read_text())
     return {engine: 100.0 * summary["rows"][engine]["average"]["em"] for engine in ENGINES}
-
-
-def _stage(schema: type, recipe_file: Path, overrides: list[str], command: Any, inputs: list[str], edit: Any = None):
-    """`benchlib.run_stage`, with an optional edit of the loaded recipe before it is fingerprinted."""
-    from simsearch.config import load_recipe
-    from simsearch.fingerprints import claim_stage, digest, finish_stage
-
-    stage = load_recipe(schema, recipe_file, overrides)
-    if edit is not None:
-        edit(stage)
-    fingerprint = digest({"recipe": asdict(stage), "inputs": inputs})
-    if not claim_stage(Path(stage.run_dir), fingerprint):
-        command(stage)
-        finish_stage(Path(stage.run_dir), fingerprint)
-    return fingerprint
 
 
 # --------------------------------------------------------------------------- over worlds

@@ -81,7 +81,7 @@ from simsearch.tinyworld.pretrain import (
     query_naming,
     reading_accuracy,
 )
-from simsearch.tinyworld.world import YEARS, World, build_world
+from simsearch.tinyworld.world import YEARS, World, build_world, write_corpus
 from simsearch.training.checkpoint import latest_checkpoint
 from simsearch.training.runlog import read_metrics
 from simsearch.types import Passage, QAExample
@@ -249,7 +249,7 @@ def _world_stage(pipeline: _Pipeline) -> tuple[World, str]:
         world.write(run / "world")
         # What the simulator's SFT data is collected from: the corpus less the held-out people, whom
         # a name-less query would otherwise bring into its pairs.
-        _write_corpus(world.passages_without(world.people("test")), Path(paths["corpus_known"]))
+        write_corpus(world.passages_without(world.people("test")), paths["corpus_known"])
         for kind, corpus, index in (
             ("bm25", "corpus", "bm25"),
             ("dense", "corpus", "dense"),
@@ -259,12 +259,6 @@ def _world_stage(pipeline: _Pipeline) -> tuple[World, str]:
         for folder in ("world", "index"):
             finish_stage(run / folder, world_fp)
     return world, world_fp
-
-
-def _write_corpus(passages: list[Passage], path: Path) -> None:
-    with path.open("w", encoding="utf-8") as f:
-        for passage in passages:
-            f.write(json.dumps({"id": passage.id, "contents": passage.contents}, ensure_ascii=False) + "\n")
 
 
 def _base_stage(pipeline: _Pipeline, world: World, world_fp: str, rl_recipe: TrainRecipe) -> str:

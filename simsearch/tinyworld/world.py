@@ -191,9 +191,7 @@ class World:
         directory.mkdir(parents=True, exist_ok=True)
         names = ("corpus", "train", "test", "background") if self.background else ("corpus", "train", "test")
         paths = {name: directory / f"{name}.jsonl" for name in names}
-        with paths["corpus"].open("w", encoding="utf-8") as f:
-            for passage in self.passages:
-                f.write(json.dumps({"id": passage.id, "contents": passage.contents}, ensure_ascii=False) + "\n")
+        write_corpus(self.passages, paths["corpus"])
         write_qa_jsonl(self.train, paths["train"])
         write_qa_jsonl(self.test, paths["test"])
         if self.background:
@@ -251,6 +249,15 @@ class World:
         if self.two_hop_share:
             texts += _two_hop_texts(random.Random(f"two-hop-texts-{self.seed}-{seed}"), n_texts // 4, cities, taken)
         return texts
+
+
+def write_corpus(passages: list[Passage], path: str | os.PathLike[str]) -> Path:
+    """Writes `passages` as a Search-R1 corpus (`{"id", "contents"}` JSON lines, UTF-8); returns the path."""
+    path = Path(path)
+    with path.open("w", encoding="utf-8") as f:
+        for passage in passages:
+            f.write(json.dumps({"id": passage.id, "contents": passage.contents}, ensure_ascii=False) + "\n")
+    return path
 
 
 def build_world(
