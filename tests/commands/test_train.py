@@ -1,14 +1,11 @@
 """`simsearch train` end to end on CPU, with a tiny policy taught the tag format in-process.
 
-The fixture writes a toy QA set ("What color is item N?", answers red or blue), a corpus that
-states each answer, and a tiny Qwen2 fine-tuned for a few seconds to search once and then answer
-red or blue at random. So rollouts really search (BM25 or HTTP), rewards vary inside groups, and
-every estimator gets a learning signal.
+The fixture writes the toy world of `tests.toy_world` ("What color is item N?", answers red or
+blue, and a tiny policy that searches once, then answers either color).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -30,22 +27,16 @@ import simsearch.training.distributed as distributed
 import simsearch.training.session as session
 from simsearch.config import TrainRecipe, load_recipe
 from simsearch.curriculum.schedules import exponential
-from simsearch.data.rendering import render_documents, wrap_information
-from simsearch.data.templates import SEARCH_R1_TEMPLATE, render_prompt
 from simsearch.errors import RecipeError, ServiceError
-from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
+from simsearch.models import load_model
 from simsearch.policy.batch import ESTIMATORS
 from simsearch.policy.rollout import score_trajectories
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.retrieval.server import create_app
 from simsearch.training.checkpoint import latest_checkpoint, load_state
 from simsearch.training.runlog import read_metrics
-from simsearch.types import Document, Passage
 from tests.servers import serve_in_thread
-
-COLORS = ("red", "blue")
-QUESTIONS = [(f"What color is item {i}?", COLORS[i % 2]) for i in range(16)]
-SEARCH_TURN = "<think> look </think>\n<search> item color </search>"
+from tests.toy_world import QUESTIONS, build_world, item_passage
 
 # DeepSpeed's shared-memory allreduce is a C++ extension compiled on first use (minutes on a fresh
 # machine); switched off, gloo does the collectives.
@@ -60,66 +51,10 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _passage(i: int, answer: str) -> Passage:
-    return Passage(id=str(i), title=f'"Item {i}"', text=f"Item {i} is {answer}.")
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """QA files, a corpus and a tiny policy that searches once, then answers red or blue."""
-    root = tmp_path_factory.mktemp("train_world")
-    rows = [{"id": str(i), "question": q, "golden_answers": [a]} for i, (q, a) in enumerate(QUESTIONS)]
-    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (root / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))
-    passages = [_passage(i, a) for i, (_, a) in enumerate(QUESTIONS)]
-    (root / "corpus.jsonl").write_text(
-        "".join(json.dumps({"id": p.id, "contents": p.contents}) + "\n" for p in passages)
-    )
-    texts = [SEARCH_R1_TEMPLATE.format(question=q) for q, _ in QUESTIONS] * 20 + [
-        SEARCH_TURN, wrap_information(render_documents([Document("Item 1", "Item 1 is red.")])),
-        "<think> ok </think>\n<answer> red </answer>", "<answer> blue </answer>",
-    ] * 20  # fmt: skip
-    tokenizer = train_tokenizer(texts, vocab_size=1000)
-    model = build_tiny_model(tokenizer, hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, seed=0)
-    _teach_format(model, tokenizer, passages)
-    save_tiny(model, tokenizer, root / "policy")
-    return root
-
-
-def _teach_format(model: torch.nn.Module, tokenizer, passages: list[Passage]) -> None:
-    """A few seconds of SFT on `prompt, search turn, information, answer turn` (either color)."""
-    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
-    sequences = []
-    for (question, _), passage in zip(QUESTIONS, passages):
-        prompt = tokenizer.encode(render_prompt(question, template="search-r1"))
-        search, info = (
-            encode(SEARCH_TURN),
-            encode(wrap_information(render_documents([Document(passage.title, passage.text)]))),
-        )
-        for color in COLORS:
-            answer = [*encode(f"<think> ok </think>\n<answer> {color} </answer>"), tokenizer.eos_token_id]
-            ids = prompt + search + info + answer
-            mask = [0] * len(prompt) + [1] * len(search) + [0] * len(info) + [1] * len(answer)
-            sequences.append((ids, mask))
-    width = max(len(ids) for ids, _ in sequences)
-    inputs = torch.full((len(sequences), width), tokenizer.pad_token_id)
-    targets = torch.zeros((len(sequences), width))
-    for row, (ids, mask) in enumerate(sequences):
-        inputs[row, : len(ids)] = torch.tensor(ids)
-        targets[row, : len(ids)] = torch.tensor(mask, dtype=torch.float)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    generator = torch.Generator().manual_seed(0)
-    model.train()
-    for _ in range(60):
-        rows = torch.randint(0, len(sequences), (8,), generator=generator)
-        logits = model(input_ids=inputs[rows]).logits[:, :-1]
-        losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), inputs[rows][:, 1:], reduction="none")
-        mask = targets[rows][:, 1:]
-        loss = (losses * mask).sum() / mask.sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval()
+    return build_world(tmp_path_factory.mktemp("train_world"))
 
 
 def _overrides(world: Path, run_dir: Path, **extra: object) -> list[str]:
@@ -319,7 +254,7 @@ def test_lora_trains_the_adapter_only(world: Path, tmp_path: Path, monkeypatch: 
 def test_a_dead_search_server_stops_the_run_with_the_last_checkpoint_intact(
     world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    passages = [_passage(i, a) for i, (_, a) in enumerate(QUESTIONS)]
+    passages = [item_passage(i, a) for i, (_, a) in enumerate(QUESTIONS)]
     server = serve_in_thread(create_app(BM25SearchEngine.build(passages, show_progress=False), default_top_k=1))
     url = server.__enter__()
     real_save = session.save_checkpoint

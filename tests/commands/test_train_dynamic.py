@@ -34,7 +34,8 @@ from simsearch.training.checkpoint import latest_checkpoint, load_state
 from simsearch.training.runlog import read_metrics
 from simsearch.types import QAExample, Trajectory
 from tests.commands import test_train
-from tests.commands.test_train import QUESTIONS, _finite_losses, _recipe, _weights
+from tests.commands.test_train import _finite_losses, _recipe, _weights
+from tests.toy_world import QUESTIONS
 
 # The module-scoped fixture of test_train.py: QA files, a corpus, a tiny policy that searches.
 world = test_train.world

@@ -23,7 +23,8 @@ from simsearch.training.checkpoint import latest_checkpoint
 from simsearch.training.runlog import read_metrics
 from simsearch.types import OVER_TURN, UNFINISHED, Completion
 from tests.commands import test_train
-from tests.commands.test_train import SEARCH_TURN, _finite_losses, _recipe, _weights
+from tests.commands.test_train import _finite_losses, _recipe, _weights
+from tests.toy_world import SEARCH_TURN
 
 # The module-scoped fixture of test_train.py: QA files, a corpus, a tiny policy that searches.
 world = test_train.world
