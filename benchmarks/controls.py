@@ -3,6 +3,7 @@
     python benchmarks/controls.py --seeds 0 1 2 3 4 --jobs 2 --threads 1     # the reporting worlds
     python benchmarks/controls.py --seeds 100 101 102 --jobs 2 --threads 1   # development worlds
     python benchmarks/controls.py --smoke                                    # a pipeline check
+    python benchmarks/controls.py --seeds 0 1 2 3 4 --aggregate              # worlds run in parts, summarized
 
 Per world (seed): `simsearch quickstart` in RUN_DIR/world_SEED (its base, its simulator and its
 RL policy, which is the simulator arm), then one RL run per control on the same base with
@@ -27,7 +28,7 @@ Prints per-arm mean ± sd, the paired difference of the simulator arm over each 
 `wall_s_max` and `peak_rss_gb_max` (the quickstart part of each world), `world_set`
 (`reporting`: seeds below 100, which no design choice was tuned on; `development`: 100 and up),
 and the detail per world. The tables also go into the results block of docs/controls.md (`--out`;
-with `--smoke`, a page in the run directory), with the commit and machine; `--render OUTPUT`
+with `--smoke`, a page in the run directory), with the commit each world ran at and the machine; `--render OUTPUT`
 writes that block again from a finished run's printed output.
 """
 
@@ -84,10 +85,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         write_doc(args.out, figures)
         return figures
     began = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        worlds = dict(zip(args.seeds, pool.map(lambda seed: _world_in_subprocess(seed, args), args.seeds)))
+    if args.aggregate:
+        worlds = {seed: _finished_world(args.run_dir, seed) for seed in args.seeds}
+    else:
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            worlds = dict(zip(args.seeds, pool.map(lambda seed: _world_in_subprocess(seed, args), args.seeds)))
     figures = summarize(worlds, args, wall_s=time.perf_counter() - began)
-    figures["provenance"] = {**provenance(), "torch_threads": args.threads, "jobs": args.jobs}
+    here = {**provenance(), "torch_threads": args.threads, "jobs": args.jobs}
+    figures["provenance"] = {**here, "commit": world_commits(worlds), "aggregated": args.aggregate}
     print_tables(worlds, figures)
     write_doc(args.out, figures)
     print(f"controls: {args.out}", flush=True)
@@ -104,6 +109,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="every stage for a step or two")
     parser.add_argument("--out", default="", help="the doc whose results block is rewritten (docs/controls.md)")
     parser.add_argument("--render", default="", help="write the doc from a finished run's output (its last line)")
+    parser.add_argument("--aggregate", action="store_true", help="run nothing: summarize RUN_DIR's finished worlds")
     parser.add_argument("--one-world", type=int, default=None, help=argparse.SUPPRESS)  # a worker's seed
     parser.add_argument("overrides", nargs="*", help="quickstart recipe overrides, after --")
     args = parser.parse_args(argv)
@@ -130,6 +136,26 @@ def _world_in_subprocess(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _finished_world(run_dir: Path, seed: int) -> dict[str, Any]:
+    path = run_dir / f"world_{seed}" / "controls.json"
+    if not path.is_file():
+        raise SystemExit(f"controls: --aggregate: world {seed} has no {path}; run it first (--seeds {seed})")
+    return json.loads(path.read_text())
+
+
+def world_commits(worlds: dict[int, dict[str, Any]]) -> str:
+    """The commit each world ran at, as one phrase: "abc1234", or "abc1234 (worlds 0, 1), def5678 (world 2)"."""
+    by_commit: dict[str, list[int]] = {}
+    for seed, world in worlds.items():
+        by_commit.setdefault(world.get("commit", "not recorded"), []).append(seed)
+    if len(by_commit) == 1:
+        return next(iter(by_commit))
+    return ", ".join(
+        f"{commit} ({'worlds' if len(seeds) > 1 else 'world'} {', '.join(map(str, seeds))})"
+        for commit, seeds in by_commit.items()
+    )
+
+
 # --------------------------------------------------------------------------- one world (a worker)
 
 
@@ -139,6 +165,7 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     from simsearch.config import QuickstartRecipe, load_recipe
     from simsearch.fingerprints import stage_fingerprint
 
+    commit = provenance()["commit"]  # the code this world runs, before anything can change it
     root = args.run_dir / f"world_{seed}"
     qs = load_recipe(
         QuickstartRecipe, None,
@@ -166,6 +193,7 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         stage_s[arm] = round(time.perf_counter() - began, 1)
     result = {
         "seed": seed,
+        "commit": commit,
         "em": em,
         "quickstart_wall_s": report["wall_s"],
         "quickstart_peak_rss_gb": report["peak_rss_gb"],
@@ -284,6 +312,8 @@ def doc_lines(figures: dict[str, Any]) -> list[str]:
     where = figures.get("provenance")
     jobs = where.get("jobs", 1) if where else 1
     command = f"python benchmarks/controls.py --seeds {' '.join(seeds)} --jobs {jobs} --threads {figures['threads']}"
+    if where and where.get("aggregated"):
+        command += "`, the worlds run in parts, then the same with `--aggregate"
     smoke = ", smoke: a pipeline check, not a result" if figures["smoke"] else ""
     lines = [
         f"Command: `{command}` ({figures['world_set']} worlds{smoke}). "

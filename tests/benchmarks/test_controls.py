@@ -60,6 +60,24 @@ def test_the_best_control_is_taken_world_by_world() -> None:
     assert lines[0].startswith("Command: `python benchmarks/controls.py --seeds 0 1 --jobs 1 --threads 1`")
 
 
+def test_aggregate_summarizes_finished_worlds_with_the_commit_each_ran_at(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for seed, commit in ((0, "aaa1111"), (1, "aaa1111"), (2, "bbb2222")):
+        world = {**_world(seed, {"base": 10, "simulator": 60 + seed, "empty": 5, "random": 8, "noisy": 30,
+                                 "bm25": 70}), "commit": commit, "arm_s": {}}  # fmt: skip
+        (tmp_path / f"world_{seed}").mkdir()
+        (tmp_path / f"world_{seed}" / "controls.json").write_text(json.dumps(world))
+    out = tmp_path / "page.md"
+    controls.main(["--seeds", "0", "1", "2", "--aggregate", "--run-dir", str(tmp_path), "--out", str(out)])
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert figures["sim_over_best_control_mean"] == 31.0  # 30, 31, 32 over noisy's 30
+    assert figures["provenance"]["commit"] == "aaa1111 (worlds 0, 1), bbb2222 (world 2)"
+    assert "then the same with `--aggregate`" in out.read_text()
+    with pytest.raises(SystemExit, match="world 3 has no"):
+        controls.main(["--seeds", "3", "--aggregate", "--run-dir", str(tmp_path), "--out", str(out)])
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # a whole pipeline for a step or two: minutes on a busy 2-core machine
 def test_smoke_trains_every_arm_on_its_own_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
