@@ -1,13 +1,13 @@
 """Draws docs/architecture.png: simsearch's layers and the real import graph between its packages.
 
     python docs/make_architecture.py            # writes docs/architecture.png
-    python docs/make_architecture.py --check    # prints the imports that break the layer rules; exit 1 if any
+    python docs/make_architecture.py --check    # prints imports against the rules and import circles; exit 1 if any
 
 Every `import` / `from ... import` in simsearch/ (function-level ones included, `TYPE_CHECKING` ones
 too) is read with `ast`, so the picture shows the code as it is, not as intended. An arrow goes
 from the importing package to the imported one; a red arrow is an import against the rules of
-docs/architecture.md (upward or sideways across a floor, or a library importing `commands`,
-or `config` imported outside the entry points and the factory).
+docs/architecture.md (upward or sideways across a floor, or a library importing `commands`).
+`--check` names each such import file by file, and each circle of files that import each other.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ LAYERS: list[list[str]] = [
     ["cli"],
     ["commands"],
     ["factory"],
+    ["config"],
     ["simulator", "policy", "tinyworld"],
     ["generation", "retrieval", "training"],
     ["models", "curriculum", "data"],
@@ -33,12 +34,12 @@ LAYERS: list[list[str]] = [
     ["types"],
 ]
 # Shared by every floor (no simsearch imports of their own besides `errors`); drawn at the side.
-UTILITIES = ["errors", "httpclient", "fingerprints"]
-# Only the entry points (cli, commands) may import each other; they and the factory (recipe
-# sections -> objects, for the entry points) are the only ones that may read recipes.
-CONFIG = "config"
+UTILITIES = ["errors", "httpclient", "fingerprints", "checks"]
+# Only the entry points (cli, commands) may import each other. They and the factory (recipe
+# sections -> objects, for the entry points) read whole recipes: `config` sits on the floor below
+# them and above the libraries, whose recipe sections it composes.
 ENTRY = {"cli", "commands"}
-RECIPE_READERS = ENTRY | {"factory"}
+RECIPE_READERS = ENTRY | {"factory", "config"}
 
 
 def unit_of(module: str) -> str | None:
@@ -103,6 +104,67 @@ def import_graph() -> tuple[Counter[tuple[str, str]], set[tuple[str, str]]]:
     return edges, set(edges) - runtime
 
 
+def file_graph() -> dict[str, dict[str, bool]]:
+    """Module -> {imported simsearch module: every such import is for annotations only}.
+
+    A name imported from a package is the submodule when there is one (`from simsearch.commands
+    import train` -> `simsearch.commands.train`), else the package's `__init__`.
+    """
+    files = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+    graph: dict[str, dict[str, bool]] = {}
+    for module, path in files.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        type_only = _type_only_nodes(tree)
+        here = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        arrows: dict[str, bool] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = here[: len(here) - node.level + 1] if node.level else []
+                package = ".".join([*base, *(node.module.split(".") if node.module else [])])
+                names = [f"{package}.{alias.name}" for alias in node.names]
+                names = [name if name in files else package for name in names]
+            else:
+                continue
+            for name in names:
+                while name and name not in files:  # `import simsearch.a.b` may name a symbol's module
+                    name = name.rpartition(".")[0]
+                if name.startswith("simsearch") and name != module:
+                    arrows[name] = arrows.get(name, True) and id(node) in type_only
+        graph[module] = arrows
+    return graph
+
+
+def circles(graph: dict[str, dict[str, bool]]) -> list[list[str]]:
+    """The groups of modules that import each other in a loop (strongly connected, two or more)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:  # Tarjan's algorithm; the graph is a few hundred modules
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in graph.get(module, {}):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group = []
+            while not group or group[-1] != module:
+                group.append(stack.pop())
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(found)
+
+
 def floor(unit: str) -> int | None:
     for i, layer in enumerate(LAYERS):
         if unit in layer:
@@ -114,10 +176,6 @@ def breaks_rule(source: str, target: str, type_only: bool = False) -> bool:
     """True when `source` importing `target` goes against the layer rules."""
     if target in ENTRY:
         return source not in ENTRY
-    if target == CONFIG:
-        return source not in RECIPE_READERS
-    if source == CONFIG:
-        return False  # the recipe checks read the choice tables (the libraries' and the factory's)
     if target in UTILITIES:
         return False
     if source in UTILITIES:
@@ -136,9 +194,8 @@ def positions() -> dict[str, tuple[float, float]]:
         y = len(LAYERS) - 1 - i
         for j, unit in enumerate(layer):
             pos[unit] = ((j + 0.5) / len(layer) * 6.0, y * 1.0)
-    pos[CONFIG] = (7.4, len(LAYERS) - 1.5)
     for k, unit in enumerate(UTILITIES):
-        pos[unit] = (7.4, 2.2 - k * 0.8)
+        pos[unit] = (7.4, 2.6 - k * 0.8)
     return pos
 
 
@@ -154,8 +211,7 @@ def draw(edges: Counter[tuple[str, str]], type_only: set[tuple[str, str]], out: 
         y = len(LAYERS) - 1 - i
         ax.axhspan(y - 0.42, y + 0.42, xmin=0.0, xmax=6.6 / 8.6, color="#f2f2f2" if i % 2 else "#e6eef7", zorder=0)
         ax.text(-0.55, y, f"floor {i}", ha="right", va="center", fontsize=9, color="#555555")
-    ax.text(7.4, len(LAYERS) - 0.7, "entry points + factory only", ha="center", fontsize=8, color="#555555")
-    ax.text(7.4, 2.75, "shared utilities", ha="center", fontsize=8, color="#555555")
+    ax.text(7.4, 3.15, "shared utilities", ha="center", fontsize=8, color="#555555")
     for (source, target), count in sorted(edges.items()):
         if source not in pos or target not in pos:
             continue
@@ -180,7 +236,7 @@ def draw(edges: Counter[tuple[str, str]], type_only: set[tuple[str, str]], out: 
             zorder=1,
         )
     for unit, (x, y) in pos.items():
-        entry = unit in RECIPE_READERS or unit == CONFIG
+        entry = unit in RECIPE_READERS
         ax.text(
             x,
             y,
@@ -211,6 +267,27 @@ def draw(edges: Counter[tuple[str, str]], type_only: set[tuple[str, str]], out: 
     plt.close(fig)
 
 
+def check() -> int:
+    """Prints every file-level import against the layer rules, and every import circle; 1 if any."""
+    graph = file_graph()
+    wrong = 0
+    for module, arrows in sorted(graph.items()):
+        for target, annotations_only in sorted(arrows.items()):
+            source_unit, target_unit = unit_of(module), unit_of(target)
+            if not source_unit or not target_unit or source_unit == target_unit:
+                continue
+            if breaks_rule(source_unit, target_unit, annotations_only):
+                src, dst = floor(source_unit), floor(target_unit)
+                how = "runs back up" if src is not None and dst is not None and dst < src else "against the rules"
+                print(f"{module} -> {target}: {how} ({source_unit} -> {target_unit})")
+                wrong += 1
+    loops = circles(graph)
+    for group in loops:
+        ties = [f"{a} -> {b}" for a in group for b in sorted(graph[a]) if b in group]
+        print(f"circle of {len(group)} modules: {', '.join(group)} ({'; '.join(ties)})")
+    return 1 if wrong or loops else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="print imports against the rules; exit 1 if any")
@@ -219,9 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     edges, type_only = import_graph()
     bad = sorted(edge for edge in edges if breaks_rule(*edge, edge in type_only))
     if args.check:
-        for source, target in bad:
-            print(f"{source} -> {target} ({edges[(source, target)]} imports)")
-        return 1 if bad else 0
+        return check()
     draw(edges, type_only, args.out)
     print(f"wrote {args.out}; {len(bad)} package pairs against the rules")
     return 0

@@ -24,10 +24,12 @@ from typing import Any
 
 from simsearch.commands import preflight
 from simsearch.commands.recipe_doc import COMMANDS
-from simsearch.config import RECIPE_TEMPLATES, load_recipe
+from simsearch.config import load_recipe
 from simsearch.curriculum.schedules import SCHEDULE_KINDS
 from simsearch.errors import RecipeError, SimsearchError
-from simsearch.factory.build import GENERATION_ENGINES, SEARCH_ENGINES
+from simsearch.generation.recipe import GENERATION_KINDS
+from simsearch.policy.recipe import RECIPE_TEMPLATES
+from simsearch.retrieval.recipe import SEARCH_KINDS
 
 EXAMPLES: dict[str, tuple[str, ...]] = {
     "quickstart": ("simsearch quickstart --smoke", "simsearch quickstart seed=1 run_dir=runs/quickstart_seed1"),
@@ -67,9 +69,9 @@ def _epilog(name: str, command: str, choices: str = "") -> str:
 def _choices(*keys: str) -> str:
     """`key a|b|c` for each key, from the tables the recipe checks read (no name retyped here)."""
     tables: dict[str, Iterable[str]] = {
-        "policy.kind": GENERATION_ENGINES,
-        "search.kind": SEARCH_ENGINES,
-        "engines.NAME.kind": SEARCH_ENGINES,
+        "policy.kind": GENERATION_KINDS,
+        "search.kind": SEARCH_KINDS,
+        "engines.NAME.kind": SEARCH_KINDS,
         "rollout.template": RECIPE_TEMPLATES,
         "curriculum.kind": SCHEDULE_KINDS,
     }

@@ -90,12 +90,12 @@ def test_a_file_the_os_did_not_find_keeps_its_traceback(monkeypatch, capsys: pyt
 
 def test_train_help_lists_the_choices_from_their_tables(capsys: pytest.CaptureFixture) -> None:
     from simsearch.curriculum.schedules import SCHEDULE_KINDS
-    from simsearch.factory.build import SEARCH_ENGINES
+    from simsearch.retrieval.recipe import SEARCH_KINDS
 
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert f"search.kind {'|'.join(SEARCH_ENGINES)};" in out.replace("| ", "|")
+    assert f"search.kind {'|'.join(SEARCH_KINDS)};" in out.replace("| ", "|")
     assert f"curriculum.kind {'|'.join(SCHEDULE_KINDS)}." in out.replace("| ", "|")
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from simsearch.config import DeepSpeedConfig, LoraConfig, ModelConfig
 from simsearch.errors import RecipeError
+from simsearch.generation.recipe import ModelConfig
 from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
 from simsearch.training.checkpoint import checkpoint_dir
 from simsearch.training.distributed import (
@@ -31,6 +31,7 @@ from simsearch.training.distributed import (
     mean_over_ranks,
     prune_deepspeed_dirs,
 )
+from simsearch.training.recipe import DeepSpeedConfig, LoraConfig
 from tests.servers import free_port
 
 

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from simsearch.config import OptimConfig
 from simsearch.errors import RecipeError
 from simsearch.training.optim import adamw_with_schedule, lr_factor
+from simsearch.training.recipe import OptimConfig
 
 
 @pytest.mark.parametrize(

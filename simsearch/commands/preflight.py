@@ -22,18 +22,11 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-from simsearch.config import (
-    CollectRecipe,
-    EvalRecipe,
-    FinetuneRecipe,
-    GenerationConfig,
-    SearchConfig,
-    ServeRecipe,
-    TrainRecipe,
-    save_recipe,
-)
+from simsearch.config import CollectRecipe, EvalRecipe, FinetuneRecipe, ServeRecipe, TrainRecipe, save_recipe
 from simsearch.curriculum.schedules import P_NOISE
 from simsearch.errors import RecipeError
+from simsearch.generation.recipe import GenerationConfig
+from simsearch.simulator.recipe import SearchConfig
 
 QA_SUFFIXES = (".jsonl", ".json", ".parquet")
 QUICKSTART_HINT = " (run `simsearch quickstart --smoke` first: it writes runs/quickstart/)"

@@ -1,9 +1,10 @@
 """`simsearch config COMMAND [RECIPE] [key=value ...] [--doc]`: the fully resolved recipe, and docs/recipes.md.
 
-Everything shown is read from the recipe dataclasses of `simsearch.config`, so it cannot drift from
-what a command accepts: each key's description is the comment beside (or above) its field, and its
-allowed values are those its section's `check` tests (recorded while checking the recipe and the
-shipped recipes, so a choice table added to a check shows up here unasked).
+Everything shown is read from the recipe dataclasses (`simsearch.config` and the sections its recipes
+compose, each in its library's `recipe` module), so it cannot drift from what a command accepts: each
+key's description is the comment beside (or above) its field, and its allowed values are those its
+section's `check` tests (recorded while checking the recipe and the shipped recipes, so a choice table
+added to a check shows up here unasked).
 
     python -m simsearch.commands.recipe_doc --write docs/recipes.md   # regenerate the reference
     python -m simsearch.commands.recipe_doc --check docs/recipes.md   # exit 1 when it is stale
@@ -20,8 +21,6 @@ import textwrap
 import tokenize
 import types
 import typing
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import fields, is_dataclass
 from functools import cache
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-from simsearch import config
+from simsearch.checks import recording_choices
 from simsearch.config import (
     CollectRecipe,
     EvalRecipe,
@@ -123,28 +122,11 @@ def _is_section(hint: Any) -> bool:
     return isinstance(hint, type) and is_dataclass(hint)
 
 
-@contextmanager
-def _recording(seen: list[tuple[str, tuple[str, ...]]]) -> Iterator[None]:
-    """While inside, every `_check_choice` of `simsearch.config` also records (key, choices)."""
-    original = config._check_choice
-
-    def record(name: str, value: str, choices: tuple[str, ...]) -> None:
-        seen.append((name.lstrip("."), tuple(choices)))
-        original(name, value, choices)
-
-    config._check_choice = record
-    try:
-        yield
-    finally:
-        config._check_choice = original
-
-
 def recorded_choices(recipes: list[Any]) -> Choices:
     """(section class, field) -> allowed values, as the recipes' checks test them."""
     out: Choices = {}
     for recipe in recipes:
-        seen: list[tuple[str, tuple[str, ...]]] = []
-        with _recording(seen):
+        with recording_choices() as seen:
             recipe.check("")
         for key, allowed in seen:
             owner = _owner(recipe, key.removesuffix(" key"))
@@ -224,7 +206,7 @@ def markdown() -> str:
     sections: dict[type, None] = {}
     parts = [
         "# Recipe reference\n",
-        "Generated from the recipe dataclasses of `simsearch/config.py` by "
+        "Generated from the recipe dataclasses (`simsearch/config.py` and the sections it composes) by "
         "`python -m simsearch.commands.recipe_doc --write docs/recipes.md`; a test fails when it is stale. "
         "`simsearch config COMMAND RECIPE [key=value ...] --doc` prints one recipe resolved, with the "
         "same notes. Overrides are dotted keys (`optim.lr=1e-4`); `~key` or `key=null` removes an "

@@ -1,9 +1,10 @@
 """Recipe sections → the objects they describe: generation engines, search engines, schedules.
 
 The one place where a config `kind` picks an implementation: `GENERATION_ENGINES` and
-`SEARCH_ENGINES` map each kind to the function that builds it (the recipe checks read them).
-Everything is built at a command's setup, so a recipe naming a missing model, corpus or API key
-fails before any work starts.
+`SEARCH_ENGINES` map each kind to the function that builds it. The kinds themselves are named by
+the libraries' recipe modules (`generation.recipe.GENERATION_KINDS`, `retrieval.recipe.SEARCH_KINDS`),
+which the recipe checks read; a test keeps each table's keys equal to its names. Everything is built
+at a command's setup, so a recipe naming a missing model, corpus or API key fails before any work starts.
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, cast
 
-from simsearch.config import CurriculumConfig, GenerationConfig, SearchConfig
+from simsearch.curriculum.recipe import CurriculumConfig
 from simsearch.curriculum.schedules import NoiseSchedule, make_schedule
 from simsearch.data.rendering import VERBATIM_STYLE
 from simsearch.errors import RecipeError
 from simsearch.fingerprints import digest, path_identity
 from simsearch.generation.base import GenerationEngine
+from simsearch.generation.recipe import GenerationConfig
 from simsearch.retrieval.accounting import Ledger
 from simsearch.retrieval.base import SearchEngine
+from simsearch.simulator.recipe import SearchConfig
 
 
 def build_generation_engine(
@@ -96,7 +99,7 @@ GENERATION_ENGINES: dict[str, Callable[[GenerationConfig, object, int, str | Non
     "openai": _openai_engine,  # an OpenAI-compatible server
     "vllm": _vllm_engine,  # vLLM, in process (GPU)
 }
-"""Every generation engine kind (`GenerationConfig.kind`): kind -> (cfg, tokenizer, seed, executor backend) -> built."""
+"""A builder for each of `GENERATION_KINDS`: kind -> (cfg, tokenizer, seed, executor backend) -> built."""
 
 
 def build_schedule(cfg: CurriculumConfig, trainer_total_steps: int = 0) -> NoiseSchedule:
@@ -269,7 +272,7 @@ SEARCH_ENGINES: dict[str, Callable[[SearchConfig, int], SearchEngine | None]] = 
     "empty": _empty_engine,  # finds nothing
     "random": _random_engine,  # top_k corpus passages drawn at random, whatever the query
 }
-"""Every search engine kind (`SearchConfig.kind`): kind -> (cfg, seed) -> engine (None for self-search)."""
+"""A builder for each of `SEARCH_KINDS`: kind -> (cfg, seed) -> engine (None for self-search)."""
 
 
 def _build_local_index(cfg: SearchConfig) -> SearchEngine:

@@ -44,7 +44,8 @@ from simsearch.training.distributed import all_reduce_max, all_reduce_sum
 from simsearch.types import SamplingParams, Trajectory
 
 if TYPE_CHECKING:
-    from simsearch.config import AlgorithmConfig, TrainRecipe
+    from simsearch.config import TrainRecipe
+    from simsearch.policy.recipe import AlgorithmConfig
 
 
 def rollout_round(

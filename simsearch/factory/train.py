@@ -28,7 +28,8 @@ from simsearch.training.distributed import BatchShape, HFExport, load_for_traini
 from simsearch.training.session import Run, TrainedModel, TrainSettings, deepspeed_device, train_model
 
 if TYPE_CHECKING:
-    from simsearch.config import SearchConfig, TrainRecipe
+    from simsearch.config import TrainRecipe
+    from simsearch.simulator.recipe import SearchConfig
 
 
 def load_learner(recipe: TrainRecipe, run: Run, rows: int) -> tuple[Learner, RolloutWeights, Any]:

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from simsearch.config import CurriculumConfig, SearchConfig
+from simsearch.curriculum.recipe import CurriculumConfig
 from simsearch.errors import RecipeError
 from simsearch.factory import build
 from simsearch.factory.build import build_schedule, build_search_engine, search_fingerprint
 from simsearch.simulator import engine, prompts
+from simsearch.simulator.recipe import SearchConfig
 from simsearch.tinyworld.world import build_world
 from simsearch.types import SearchRequest
 
@@ -126,22 +127,16 @@ def test_build_schedule_errors() -> None:
         build_schedule(_curriculum(kind="exponential", base=1.0))
 
 
-def test_the_recipe_accepts_exactly_the_engine_kinds_built_here() -> None:
-    from simsearch.config import GenerationConfig
+def test_the_builder_tables_cover_exactly_the_engine_kinds_the_recipe_modules_declare() -> None:
+    """Adding an engine kind is its name in the recipe module and its builder here: neither alone."""
     from simsearch.factory.build import GENERATION_ENGINES, SEARCH_ENGINES
+    from simsearch.generation.recipe import GENERATION_KINDS, GenerationConfig
+    from simsearch.retrieval.recipe import SEARCH_KINDS
 
-    assert list(GENERATION_ENGINES) == ["hf", "openai", "vllm"]
-    assert list(SEARCH_ENGINES) == [
-        "bm25",
-        "dense",
-        "http",
-        "serper",
-        "serpapi",
-        "simulator",
-        "self",
-        "empty",
-        "random",
-    ]
+    assert set(GENERATION_ENGINES) == set(GENERATION_KINDS)
+    assert set(SEARCH_ENGINES) == set(SEARCH_KINDS)
+    assert GENERATION_KINDS == ("hf", "openai", "vllm")
+    assert SEARCH_KINDS == ("bm25", "dense", "http", "serper", "serpapi", "simulator", "self", "empty", "random")
     with pytest.raises(RecipeError, match=r"policy.kind='tgi' is not one of hf, openai, vllm"):
         GenerationConfig(kind="tgi").check("policy")
     with pytest.raises(RecipeError, match=r"search.kind='google' is not one of bm25, dense, http"):

@@ -12,9 +12,10 @@ import torch
 
 import simsearch.factory.step as step_module
 import simsearch.policy.infogain as infogain
-from simsearch.config import AlgorithmConfig, TrainRecipe
+from simsearch.config import TrainRecipe
 from simsearch.factory.step import sample_step, step_batch, step_rewards
 from simsearch.policy.batch import collate_trajectories
+from simsearch.policy.recipe import AlgorithmConfig
 from simsearch.policy.rollout import RolloutResult
 from simsearch.types import QAExample, Trajectory, TrajectoryFinish
 from tests.policy.test_infogain import PAD, THREE_TURNS, CountingLM, FakeTokenizer

@@ -25,9 +25,10 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from simsearch.config import EvalRecipe, GenerationConfig, ModelConfig, load_recipe
+from simsearch.config import EvalRecipe, load_recipe
 from simsearch.errors import RecipeError
 from simsearch.factory.build import build_generation_engine
+from simsearch.generation.recipe import GenerationConfig, ModelConfig
 from simsearch.generation.vllm import (
     VLLMEngine,
     VLLMNotInstalledError,

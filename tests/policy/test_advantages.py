@@ -10,7 +10,6 @@ import math
 import pytest
 import torch
 
-from simsearch.config import AlgorithmConfig
 from simsearch.errors import RecipeError
 from simsearch.policy.advantages import (
     ESTIMATORS,
@@ -27,6 +26,7 @@ from simsearch.policy.advantages import (
     rloo_advantages,
     stratified_grpo_advantages,
 )
+from simsearch.policy.recipe import AlgorithmConfig
 
 TOL = dict(rtol=0.0, atol=1e-6)
 EPS = 1e-6

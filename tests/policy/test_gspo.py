@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 import torch
 
-from simsearch.config import AlgorithmConfig, TrainRecipe
+from simsearch.config import TrainRecipe
 from simsearch.errors import RecipeError
 from simsearch.policy.batch import ActorLossSettings, actor_micro_loss, collate_trajectories, loss_denominators
 from simsearch.policy.losses import RATIO_LEVELS, policy_loss
+from simsearch.policy.recipe import AlgorithmConfig
 from tests.policy.test_batch import PAD, trajectory
 
 TOL = dict(rtol=0.0, atol=1e-9)

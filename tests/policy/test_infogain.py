@@ -16,7 +16,6 @@ import pytest
 import torch
 from torch import nn
 
-from simsearch.config import AlgorithmConfig
 from simsearch.errors import RecipeError
 from simsearch.models import build_tiny_model, train_tokenizer
 from simsearch.policy.advantages import ESTIMATORS, EstimatorInputs, igpo_advantages
@@ -30,6 +29,7 @@ from simsearch.policy.infogain import (
     turn_index,
     turn_starts,
 )
+from simsearch.policy.recipe import AlgorithmConfig
 from simsearch.types import QAExample, Trajectory
 
 PAD, RED, BLUE, INFO, GEN, TAG = range(6)

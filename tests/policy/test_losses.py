@@ -9,7 +9,6 @@ import math
 import pytest
 import torch
 
-from simsearch.config import AlgorithmConfig
 from simsearch.errors import RecipeError
 from simsearch.policy.losses import (
     KL_ESTIMATORS,
@@ -22,6 +21,7 @@ from simsearch.policy.losses import (
     token_logprobs,
     value_loss,
 )
+from simsearch.policy.recipe import AlgorithmConfig
 
 TOL = dict(rtol=0.0, atol=1e-6)
 LN2 = math.log(2.0)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from simsearch.config import RewardConfig
 from simsearch.errors import RecipeError
+from simsearch.policy.recipe import RewardConfig
 from simsearch.policy.rewards import RewardOutput, overlong_penalty, shape_overlong
 
 

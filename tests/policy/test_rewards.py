@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from simsearch.config import RewardConfig
 from simsearch.errors import RecipeError
+from simsearch.policy.recipe import RewardConfig
 from simsearch.policy.rewards import (
     REWARD_NAMES,
     em_rewards,

@@ -238,7 +238,7 @@ def test_http_client_sends_its_key_as_a_bearer_token_our_server_accepts(monkeypa
 
 def _fields(cls: type, prefix: str = "") -> list[tuple[str, Any]]:
     found = []
-    hints = typing.get_type_hints(cls, vars(config))
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         found.append((prefix + f.name, hints[f.name]))
         for arg in (hints[f.name], *typing.get_args(hints[f.name])):

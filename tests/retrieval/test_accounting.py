@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from simsearch.config import SearchConfig
 from simsearch.errors import RecipeError
 from simsearch.factory.build import meter_search_engine, unmetered
 from simsearch.retrieval import accounting
 from simsearch.retrieval.accounting import EngineUsage, LatencyHistogram, Ledger
 from simsearch.retrieval.cache import CachedSearchEngine
 from simsearch.simulator.engine import SimulatedSearchEngine
+from simsearch.simulator.recipe import SearchConfig
 from simsearch.types import Completion, Document, SamplingParams, SearchRequest
 
 

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simsearch.config import SearchConfig
 from simsearch.data.corpus import load_passages
 from simsearch.data.rendering import RENDER_STYLES, RENDERERS, VERBATIM_STYLE, render_documents, wrap_information
 from simsearch.errors import RecipeError
 from simsearch.retrieval.base import check_top_k, select_top_k
+from simsearch.simulator.recipe import SearchConfig
 from simsearch.types import Document, SearchRequest
 
 WIKI18 = Path(__file__).parents[1] / "data" / "fixtures" / "wiki18_sample.jsonl"

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from simsearch.config import SearchConfig
 from simsearch.errors import RecipeError
 from simsearch.factory.build import build_search_engine
 from simsearch.retrieval.random_docs import RandomDocumentsEngine
+from simsearch.simulator.recipe import SearchConfig
 from simsearch.types import Passage, SearchRequest
 
 PASSAGES = [Passage(id=str(i), title=f"T{i}", text=f"text {i}") for i in range(20)]
