@@ -79,7 +79,8 @@ from simsearch.models import load_model, save_tiny
 from simsearch.retrieval.base import SearchEngine
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.simulator.sft_data import contains_answer
-from simsearch.tinyworld.pretrain import make_traces, pretrain
+from simsearch.tinyworld.pretrain import pretrain
+from simsearch.tinyworld.traces import make_traces
 from simsearch.tinyworld.world import World, build_world
 from simsearch.types import SearchRequest
 

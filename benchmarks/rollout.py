@@ -52,7 +52,8 @@ from simsearch.generation.hf import HFEngine
 from simsearch.models import build_tiny_model, load_model, train_tokenizer
 from simsearch.policy.rollout import RolloutResult, RolloutSettings, generate_trajectories
 from simsearch.retrieval.bm25 import BM25SearchEngine
-from simsearch.tinyworld.pretrain import make_traces, pretrain
+from simsearch.tinyworld.pretrain import pretrain
+from simsearch.tinyworld.traces import make_traces
 from simsearch.tinyworld.world import build_world
 from simsearch.types import Completion, SamplingParams
 

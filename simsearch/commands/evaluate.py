@@ -7,21 +7,19 @@ method and dataset, chunks of questions: roll out, score, append the rows) → s
 Methods, the rows of the tables:
 - one per entry of `engines`: the multi-turn agent loop (`policy.rollout`) with that engine
   answering every search. A simulator is asked for noisy documents with probability
-  `noisy_share` per search call (ZeroSearch's one coin per call). A `self-search` policy writes
-  its own information only on an engine of kind `self`; on any other engine each generation is
-  cut at `</search>` and that engine's results are inserted, up to `rollout.max_turns` searches
-  (SSRL's sim-to-real evaluation: `trainer.sim2real` in TsinghuaC3I/SSRL
-  verl/trainer/ppo/ray_trainer.py:681-710, the loop in llm_agent/generation.py:441-560). A row
+  `noisy_share` per search call. A `self-search` policy writes its own information only on an
+  engine of kind `self`; on any other engine each generation is cut at `</search>` and that
+  engine's results are inserted, up to `rollout.max_turns` searches (`real_search_share`). A row
   whose engine could never be called (`rollout.max_turns=0` on a real engine) is refused;
 - `direct`: the `direct` template with `max_turns=0`, one generation and no search;
 - `rag`: one retrieval with the question as the query from `rag_engine` (default: the first
-  engine), the documents in the `rag` template, one generation. It is run here rather than by
-  the rollout, whose templates take no documents. A prompt longer than
-  `rollout.max_context_tokens - sampling.max_new_tokens` has its documents' text cut from the
-  end until it fits (FlashRAG likewise cuts a prompt over `generator_max_input_len` in the
-  middle, where its documents are: RUC-NLPIR/FlashRAG flashrag/prompt/base_prompt.py:94-104);
-  the row's `retrieval.truncated_chars` says how much, and the summary counts such rows as
-  `rag/truncated`.
+  engine), the documents in the `rag` template, one generation (`policy.rag`); a prompt over
+  `rollout.max_context_tokens - sampling.max_new_tokens` has its documents cut to fit, and the
+  summary counts such rows as `rag/truncated`.
+The baselines' templates are plain text, never put through a chat template, whatever
+`rollout.template` is. Every question of every set is scored; each engine searches with its own
+`top_k`; `n` samples per question give pass@n (`rollout.group_size` is not used); EM, substring EM
+and F1 are reported side by side under the recipe's `normalization`.
 
 Run directory: `recipe.yaml`; `command.txt` (each invocation's command line, appended);
 `examples/{method}/{dataset}.jsonl`, one row per question (id, question, golden answers, the
@@ -32,10 +30,10 @@ hold a simulator and a real retriever; `metrics.jsonl`, one row of search counts
 cost per engine per chunk (`retrieval.accounting`), and `cost.json`, their totals over every
 invocation (the table's cost section); `view.html`, the per-example rows as one page (`simsearch view`).
 
-Simulator fidelity (`simulator.fidelity.measure_fidelity`): for each simulator engine and each real
-retriever among the engines, per dataset, the first `fidelity_size` questions with the first query
-the policy sent to that retriever (the question when it sent none). The reference is also asked
-each example's corrupted query, which a web engine bills as a new query (the cache keeps it).
+Simulator fidelity (`simulator.policy_fidelity`): for each simulator engine and each real retriever
+among the engines, per dataset, the first `fidelity_size` questions with the first query the policy
+sent to that retriever (the question when it sent none). The reference is also asked each
+example's corrupted query, which a web engine bills as a new query (the cache keeps it).
 
 Determinism and resume: the sampling is greedy unless the recipe says otherwise, each chunk of
 `chunk_size` questions gets a seed derived from (seed, method, dataset, chunk), and the noise coins
@@ -44,31 +42,22 @@ eval restarts where it stopped: questions whose ids are written are skipped, and
 computed from the per-example files only (never from memory), so they always match them. Each
 row carries a fingerprint of what shaped it (policy, sampling, rollout, engine); a restart with a
 different recipe for the same file stops with an error instead of mixing results. A simulator
-sampled at temperature > 0 (ZeroSearch: 0.8) seeds call c with seed + c counted from engine
-start, so a resumed run draws other simulated documents than an uninterrupted one would.
+sampled at temperature > 0 seeds call c with seed + c counted from engine start, so a resumed run
+draws other simulated documents than an uninterrupted one would.
 
-Departures from the ZeroSearch / Search-R1 evaluations:
-- Every question of every set is evaluated; ZeroSearch's validation loader dropped the last
-  incomplete batch (`drop_last=True`: Bamboogle 125 -> 72 questions).
-- Substring EM (ZeroSearch's "EM"), strict EM (Search-R1's and SSRL's "EM") and F1 are reported
-  side by side, under their names, with the recipe's `normalization` (`squad` is the papers').
-- Each engine uses its own `top_k` (default 3, as Search-R1); ZeroSearch used Google top-5 for
-  every method, which the Google recipes set explicitly.
-- The baselines use our own `direct` and `rag` templates as plain text, never through a chat
-  template, whatever `rollout.template` is.
-- `n` samples per question come from `n` (pass@n when > 1); `rollout.group_size` is not used.
+How this compares with the papers' evaluations: docs/protocols.md.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
+import itertools
 import random
 import shlex
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -78,10 +67,8 @@ from simsearch.commands import preflight
 from simsearch.config import EvalDataset, EvalRecipe, SearchConfig, save_recipe
 from simsearch.curriculum.schedules import num_noisy
 from simsearch.data.qa import load_qa
-from simsearch.data.templates import render_prompt
 from simsearch.errors import DataError, RecipeError
 from simsearch.eval import report
-from simsearch.eval.metrics import extract_answer
 from simsearch.eval.view import write_page
 from simsearch.factory.build import (
     build_generation_engine,
@@ -90,16 +77,17 @@ from simsearch.factory.build import (
     search_fingerprint,
     unmetered,
 )
+from simsearch.fingerprints import digest
 from simsearch.generation.base import GenerationEngine
+from simsearch.policy.rag import rag_rows
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories
-from simsearch.policy.tags import ANSWER_STOP, parse_action
 from simsearch.retrieval import accounting
 from simsearch.retrieval.accounting import Ledger
 from simsearch.retrieval.base import SearchEngine
-from simsearch.simulator.fidelity import FidelityExample, measure_fidelity
+from simsearch.simulator.policy_fidelity import FIDELITY_FILE, kept_fidelity
 from simsearch.training import preempt
 from simsearch.training.runlog import METRICS_FILE, RunLogger, read_metrics
-from simsearch.types import Completion, Document, QAExample, SamplingParams, SearchRequest, Turn
+from simsearch.types import QAExample, SamplingParams
 
 REAL_KINDS = ("bm25", "dense", "http", "serper", "serpapi")
 """Engine kinds that are real retrievers: references for the simulator-fidelity section."""
@@ -149,11 +137,7 @@ def main(recipe: EvalRecipe) -> dict[str, Any]:
         for method in e.methods:
             for dataset, examples in e.datasets.items():
                 _evaluate(e, method, dataset, examples, stop)
-    # Fidelity inspects the simulator's type for its parse statistics; the inner counters still
-    # count its queries and tokens.
-    engines = {name: unmetered(engine) for name, engine in e.engines.items()}
-    fidelity = fidelity_section(recipe, engines, e.datasets, e.run_dir)
-    return _clean_up(e, fidelity)
+    return _clean_up(e, _fidelity(e))
 
 
 def _set_up(recipe: EvalRecipe) -> _Evaluation:
@@ -275,14 +259,12 @@ def plan_methods(recipe: EvalRecipe) -> list[Method]:
     rollout = {k: v for k, v in asdict(recipe.rollout).items() if k != "group_size"}
     methods = []
     if "direct" in recipe.baselines:
-        methods.append(Method("direct", "direct", "", 0, "none", _fingerprint({**shared, "method": "direct"})))
+        methods.append(Method("direct", "direct", "", 0, "none", digest({**shared, "method": "direct"})))
     if "rag" in recipe.baselines:
         name = recipe.rag_engine or next(iter(recipe.engines))
         cfg = recipe.engines[name]
         parts = {**shared, "method": "rag", "engine": _engine_identity(cfg, recipe.noisy_share)}
-        methods.append(
-            Method("rag", "rag", name, cfg.top_k, f"{name} top-{cfg.top_k}, one retrieval", _fingerprint(parts))
-        )
+        methods.append(Method("rag", "rag", name, cfg.top_k, f"{name} top-{cfg.top_k}, one retrieval", digest(parts)))
     for name, cfg in recipe.engines.items():
         # Fingerprint the share the rollout really uses, so rows in which a self-search policy
         # answered itself are never resumed as rows of a real engine.
@@ -295,7 +277,7 @@ def plan_methods(recipe: EvalRecipe) -> list[Method]:
         search = f"{cfg.kind} top-{cfg.top_k}"
         if cfg.kind == "simulator":
             search += f", p_noise {recipe.noisy_share:g}"
-        methods.append(Method(name, cfg.kind, name, cfg.top_k, search, _fingerprint(parts)))
+        methods.append(Method(name, cfg.kind, name, cfg.top_k, search, digest(parts)))
     return methods
 
 
@@ -317,11 +299,6 @@ def _engine_identity(cfg: SearchConfig, noisy_share: float) -> dict[str, Any]:
     if cfg.kind == "simulator":
         identity["noisy_share"] = noisy_share
     return identity
-
-
-def _fingerprint(parts: dict[str, Any]) -> str:
-    blob = json.dumps(parts, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
 def load_dataset(spec: EvalDataset) -> list[QAExample]:
@@ -401,8 +378,8 @@ def _chunks(examples: list[QAExample], size: int) -> list[list[QAExample]]:
 
 def chunk_seed(seed: int, method: str, dataset: str, chunk: int) -> int:
     """A seed per chunk, stable across runs and resumes."""
-    digest = hashlib.sha256(f"{seed}/{method}/{dataset}/{chunk}".encode()).digest()
-    return int.from_bytes(digest[:4], "big") >> 1  # < 2**31: every backend accepts it
+    hashed = hashlib.sha256(f"{seed}/{method}/{dataset}/{chunk}".encode()).digest()
+    return int.from_bytes(hashed[:4], "big") >> 1  # < 2**31: every backend accepts it
 
 
 # --------------------------------------------------------------------------- one chunk
@@ -418,6 +395,7 @@ def _run_chunk(
     sampling: SamplingParams,
     seed: int,
 ) -> list[dict[str, Any]]:
+    """One chunk's per-example rows: the RAG baseline's (`policy.rag`), or rollouts with the row's settings."""
     sampling = replace(sampling, seed=seed)
     noise = None
     if method.engine and recipe.engines[method.engine].kind == "simulator":
@@ -437,33 +415,12 @@ def _run_chunk(
             max_context_tokens=recipe.rollout.max_context_tokens,
             normalization=recipe.normalization,
         )
-    rollout = recipe.rollout
-    if method.kind == "direct":
-        settings = RolloutSettings(
-            template="direct",
-            max_turns=0,
-            max_obs_tokens=rollout.max_obs_tokens,
-            max_context_tokens=rollout.max_context_tokens,
-        )
-        search = None
-    else:
-        cfg = recipe.engines[method.engine]
-        settings = RolloutSettings(
-            template=rollout.template,
-            max_turns=rollout.max_turns,
-            max_obs_tokens=rollout.max_obs_tokens,
-            max_context_tokens=rollout.max_context_tokens,
-            top_k=cfg.top_k,
-            rendering=cfg.rendering,
-            self_search_real_share=real_search_share(rollout.template, cfg.kind),
-        )
-        search = engines[method.engine]
     result = generate_trajectories(
         examples,
         policy=policy,
         tokenizer=tokenizer,
-        search=search,
-        settings=settings,
+        search=None if method.kind == "direct" else engines[method.engine],
+        settings=_rollout_settings(method, recipe),
         sampling=sampling,
         group_size=recipe.n,
         noise=noise,
@@ -481,203 +438,70 @@ def _run_chunk(
     ]
 
 
+def _rollout_settings(method: Method, recipe: EvalRecipe) -> RolloutSettings:
+    """The rollout of a row: the `direct` template without search, or the recipe's rollout on the row's engine."""
+    rollout = recipe.rollout
+    if method.kind == "direct":
+        return RolloutSettings(
+            template="direct",
+            max_turns=0,
+            max_obs_tokens=rollout.max_obs_tokens,
+            max_context_tokens=rollout.max_context_tokens,
+        )
+    cfg = recipe.engines[method.engine]
+    return RolloutSettings(
+        template=rollout.template,
+        max_turns=rollout.max_turns,
+        max_obs_tokens=rollout.max_obs_tokens,
+        max_context_tokens=rollout.max_context_tokens,
+        top_k=cfg.top_k,
+        rendering=cfg.rendering,
+        self_search_real_share=real_search_share(rollout.template, cfg.kind),
+    )
+
+
 def _noise(share: float, rng: random.Random) -> Callable[[int], int]:
     return lambda top_k: num_noisy(share, top_k, "call", rng)
-
-
-def rag_rows(
-    examples: Sequence[QAExample],
-    *,
-    policy: GenerationEngine,
-    tokenizer: Any,
-    engine: SearchEngine,
-    top_k: int,
-    noise: Callable[[int], int] | None,
-    sampling: SamplingParams,
-    n: int,
-    max_context_tokens: int,
-    normalization: str,
-) -> list[dict[str, Any]]:
-    """The RAG baseline on a chunk: one search call for all questions, one generate call.
-
-    Each question is its own query; the `rag` template shows the documents (cut to fit
-    `max_context_tokens - sampling.max_new_tokens` tokens, see `rag_prompt`), so every answer
-    gets the whole `max_new_tokens`; generation stops at `</answer>`. `num_searches` is 1 per
-    sample (the one retrieval). Each row's `retrieval` holds the documents as retrieved and
-    `truncated_chars`, the characters of their text left out of the prompt.
-
-    Raises:
-        ValueError: The engine answered the wrong number of requests.
-        DataError: A question too long for the prompt even without documents (naming it).
-    """
-    requests = [
-        SearchRequest(
-            query=ex.question,
-            top_k=top_k,
-            question=ex.question,
-            golden_answers=list(ex.golden_answers),
-            num_noisy=0 if noise is None else noise(top_k),
-        )
-        for ex in examples
-    ]
-    results = engine.search(requests)
-    if len(results) != len(requests):
-        raise ValueError(f"the RAG engine returned {len(results)} result lists for {len(requests)} questions")
-    budget = max_context_tokens - sampling.max_new_tokens
-    built = [rag_prompt(ex, list(docs), tokenizer, budget) for ex, docs in zip(examples, results)]
-    prompts = [ids for ids, _ in built]
-    params = replace(sampling, stop=[ANSWER_STOP], n=n)
-    completions = policy.generate(prompts, params)
-    if len(completions) != len(prompts) * n:
-        raise ValueError(
-            f"the policy engine returned {len(completions)} completions for {len(prompts)} prompts x n={n}"
-        )
-    rows = []
-    for i, (ex, request, docs, (_, cut)) in enumerate(zip(examples, requests, results, built)):
-        samples = [_rag_sample(c) for c in completions[i * n : (i + 1) * n]]
-        retrieval = {
-            "query": request.query,
-            "num_noisy": request.num_noisy,
-            "documents": [report.document_record(d) for d in docs],
-            "truncated_chars": cut,
-        }
-        rows.append(report.example_row(ex, samples, normalization=normalization, retrieval=retrieval))
-    return rows
-
-
-def rag_prompt(example: QAExample, documents: list[Document], tokenizer: Any, budget: int) -> tuple[list[int], int]:
-    """Token ids of the RAG prompt, at most `budget` of them, cutting the documents' text to fit.
-
-    When the whole prompt is too long, the documents' text is kept from the start (best
-    document first) up to the largest number of characters that fits, found by bisection; a
-    document left with no character is dropped. The instruction and the question are never cut.
-
-    Returns:
-        (ids, characters of document text left out; 0 when everything fit).
-
-    Raises:
-        DataError: The prompt exceeds `budget` even without any document text.
-    """
-    total = sum(len(doc.text) for doc in documents)
-
-    def encode(kept: int) -> list[int]:
-        shown = documents if kept >= total else _first_chars(documents, kept)
-        return tokenizer.encode(render_prompt(example.question, template="rag", documents=shown))
-
-    ids = encode(total)
-    if len(ids) <= budget:
-        return ids, 0
-    bare = len(encode(0))
-    if bare > budget:
-        raise DataError(
-            f"RAG prompt of example {example.id!r}: without any document text it takes {bare} tokens, over "
-            f"rollout.max_context_tokens - sampling.max_new_tokens = {budget}; raise max_context_tokens"
-        )
-    fits, fails = 0, total  # characters kept: `fits` fits, `fails` is known too long
-    while fails - fits > 1:
-        middle = (fits + fails) // 2
-        if len(encode(middle)) <= budget:
-            fits = middle
-        else:
-            fails = middle
-    return encode(fits), total - fits
-
-
-def _first_chars(documents: list[Document], kept: int) -> list[Document]:
-    """The documents holding only the first `kept` characters of their texts, in order."""
-    shown = []
-    for doc in documents:
-        if kept <= 0:
-            break
-        shown.append(replace(doc, text=doc.text[:kept]))
-        kept -= len(doc.text)
-    return shown
-
-
-def _rag_sample(completion: Completion) -> dict[str, Any]:
-    text = completion.text
-    action = parse_action(text)
-    finish = "answer" if action.kind == "answer" else "length" if completion.finish_reason == "length" else "gave_up"
-    return {
-        "answer": extract_answer(text),
-        "response": text,
-        "finish": finish,
-        "num_searches": 1,
-        "num_invalid": int(action.kind != "answer"),
-        "policy_tokens": len(completion.token_ids),
-        "turns": [report.turn_record(Turn(text=text, action=action.kind))],
-    }
 
 
 # --------------------------------------------------------------------------- fidelity
 
 
-def fidelity_section(
-    recipe: EvalRecipe,
-    engines: dict[str, SearchEngine | None],
-    datasets: dict[str, list[QAExample]],
-    run_dir: Path,
-) -> list[dict[str, Any]]:
-    """Simulator fidelity against each real retriever, on the queries the policy sent to it.
-
-    For every (simulator engine, real engine, dataset), the first `fidelity_size` questions
-    each give one `FidelityExample` whose query is the first search the policy ran against the
-    real engine on that question (or the question itself when it ran none). Results are kept in
-    `fidelity.json` and reused on resume.
+def _fidelity(e: _Evaluation) -> list[dict[str, Any]]:
+    """Simulator fidelity against each real retriever, per dataset, on the queries the policy sent to it.
 
     Returns:
-        One entry per (simulator, reference, dataset), [] when the engines lack either side or
-        `fidelity_size` is 0.
+        One entry per (simulator, reference, dataset) (`simulator.policy_fidelity.kept_fidelity`), [] when the
+        engines lack either side or `fidelity_size` is 0.
     """
+    recipe = e.recipe
     sims = [name for name, cfg in recipe.engines.items() if cfg.kind == "simulator"]
     refs = [name for name, cfg in recipe.engines.items() if cfg.kind in REAL_KINDS]
     if not (sims and refs and recipe.fidelity_size):
         return []
-    path = run_dir / "fidelity.json"
-    saved = {entry["key"]: entry for entry in json.loads(path.read_text())} if path.is_file() else {}
+    # Fidelity inspects the simulator's type for its parse statistics; the inner counters still
+    # count its queries and tokens.
+    engines = {name: unmetered(engine) for name, engine in e.engines.items()}
     entries = []
-    for sim in sims:
-        top_k = recipe.engines[sim].top_k
-        for ref in refs:
-            for dataset, examples in datasets.items():
-                rows = report.rows_in_order(examples_file(run_dir, ref, dataset), examples)[: recipe.fidelity_size]
-                queries = [_first_query(row) for row in rows]
-                items = [
-                    FidelityExample(row["question"], list(row["golden_answers"]), query or row["question"])
-                    for row, query in zip(rows, queries)
-                ]
-                key = _fingerprint(
-                    {
-                        "simulator": _engine_identity(recipe.engines[sim], 0.0),
-                        "reference": _engine_identity(recipe.engines[ref], 0.0),
-                        "top_k": top_k,
-                        "items": [asdict(item) for item in items],
-                    }
-                )
-                if key not in saved:
-                    simulator, reference = engines[sim], engines[ref]
-                    assert simulator is not None and reference is not None  # neither is kind=self
-                    metrics = measure_fidelity(simulator, items, top_k=top_k, reference=reference)
-                    used = sum(query is not None for query in queries)
-                    saved[key] = {
-                        "key": key,
-                        "simulator": sim,
-                        "reference": ref,
-                        "dataset": dataset,
-                        "policy_queries": used,
-                        "question_queries": len(items) - used,
-                        **metrics,
-                    }
-                    path.write_text(json.dumps(list(saved.values()), indent=2) + "\n", encoding="utf-8")
-                entries.append(saved[key])
+    for sim, ref, dataset in itertools.product(sims, refs, e.datasets):
+        simulator, reference = engines[sim], engines[ref]
+        assert simulator is not None and reference is not None  # neither is kind=self
+        rows = report.rows_in_order(examples_file(e.run_dir, ref, dataset), e.datasets[dataset])
+        identities = {
+            "simulator": _engine_identity(recipe.engines[sim], 0.0),
+            "reference": _engine_identity(recipe.engines[ref], 0.0),
+        }
+        entry = kept_fidelity(
+            e.run_dir / FIDELITY_FILE,
+            rows[: recipe.fidelity_size],
+            simulator=simulator,
+            reference=reference,
+            top_k=recipe.engines[sim].top_k,
+            identities=identities,
+            labels={"simulator": sim, "reference": ref, "dataset": dataset},
+        )
+        entries.append(entry)
     return entries
-
-
-def _first_query(row: dict[str, Any]) -> str | None:
-    for turn in row["samples"][0]["turns"]:
-        if turn.get("executed") and turn.get("query"):
-            return turn["query"]
-    return None
 
 
 # --------------------------------------------------------------------------- summary

@@ -72,15 +72,9 @@ from simsearch.models import build_tiny_model, load_model, save_tiny, train_toke
 from simsearch.policy.tags import extract_queries
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.simulator.prompts import render as render_simulator_prompt
-from simsearch.tinyworld.pretrain import (
-    QUERY_NAMING,
-    Trace,
-    make_copy_drills,
-    make_traces,
-    pretrain,
-    query_naming,
-    reading_accuracy,
-)
+from simsearch.tinyworld.diagnostics import QUERY_NAMING, query_naming, reading_accuracy
+from simsearch.tinyworld.pretrain import pretrain
+from simsearch.tinyworld.traces import Trace, make_copy_drills, make_traces
 from simsearch.tinyworld.world import YEARS, World, build_world, write_corpus
 from simsearch.training.checkpoint import latest_checkpoint
 from simsearch.training.runlog import read_metrics

@@ -278,13 +278,11 @@ def build_world(
         n_cities: Cities, each with a description passage (noise).
         n_background_entities: Further people, with passages in the corpus like everyone's,
             whose questions form `background`: material for training the base LM and the
-            simulator on this corpus without touching the train or test entities. With 0 (the
-            default) the world is the same as before background entities existed.
+            simulator on this corpus without touching the train or test entities; 0: none.
         two_hop_share: Share of each split's people (rounded) whose venture gets a proper name
             and who get a two-hop question (`TWO_HOP`), after the split's one-hop questions.
-            Drawn from a random stream of its own: with 0 (the default) the world is the same
-            as before two-hop questions existed, and with any share its one-hop part is too,
-            but for the founding passages of the people with a named venture.
+            Drawn from a random stream of its own: the rest of the world is that of 0 (the
+            default), but for the founding passages of the people with a named venture.
 
     Returns:
         The world: 3 * (n_entities + n_background_entities) + n_cities passages,

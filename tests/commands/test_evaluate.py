@@ -26,6 +26,7 @@ from simsearch.errors import DataError, RecipeError, ServiceError
 from simsearch.eval.metrics import exact_match, f1_score, substring_exact_match
 from simsearch.factory import build
 from simsearch.models import build_tiny_model, save_tiny, train_tokenizer
+from simsearch.policy import rag
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.simulator.engine import SimulatedSearchEngine
 from simsearch.tinyworld.world import build_world
@@ -437,10 +438,10 @@ def test_rag_prompts_over_the_context_have_their_documents_cut(world, tokenizer,
         kept = sum(len(d.text) for d in documents) - cut
         assert cut > 0 and [d["id"] for d in row["retrieval"]["documents"]] == [d.id for d in documents]
         assert ids == tokenizer.encode(
-            render_prompt(example.question, template="rag", documents=evaluate._first_chars(documents, kept))
+            render_prompt(example.question, template="rag", documents=rag._first_chars(documents, kept))
         )
         # the most that fits: one more character of document text would not
-        one_more = render_prompt(example.question, template="rag", documents=evaluate._first_chars(documents, kept + 1))
+        one_more = render_prompt(example.question, template="rag", documents=rag._first_chars(documents, kept + 1))
         assert len(tokenizer.encode(one_more)) > budget
     assert summary["rows"]["rag"]["results"]["heldout"]["rag/truncated"] == 5.0
     assert summary["header"]["RAG prompts with documents cut to fit"] == "5 of 5"
@@ -453,10 +454,10 @@ def test_rag_prompt_keeps_every_document_when_it_fits(world, tokenizer):
     example = _first_question(paths)
     docs = bm25.search([SearchRequest(query=example.question, top_k=3)])[0]
     ids = tokenizer.encode(render_prompt(example.question, template="rag", documents=docs))
-    assert evaluate.rag_prompt(example, docs, tokenizer, len(ids)) == (ids, 0)
+    assert rag.rag_prompt(example, docs, tokenizer, len(ids)) == (ids, 0)
     bare = len(tokenizer.encode(render_prompt(example.question, template="rag", documents=[])))
     with pytest.raises(DataError, match=rf"example '{example.id}': without any document text it takes {bare} tokens"):
-        evaluate.rag_prompt(example, docs, tokenizer, bare - 1)
+        rag.rag_prompt(example, docs, tokenizer, bare - 1)
 
 
 def test_rag_without_room_for_a_prompt_is_refused(world, tmp_path):
@@ -740,5 +741,5 @@ def test_training_run_without_metrics_fails_before_any_work(world, tokenizer, tm
     ],
 )
 def test_rag_sample_finishes(text: str, reason: str, finish: str) -> None:
-    sample = evaluate._rag_sample(Completion([1, 2], text, reason, None))  # type: ignore[arg-type]
+    sample = rag._rag_sample(Completion([1, 2], text, reason, None))  # type: ignore[arg-type]
     assert sample["finish"] == finish and sample["num_invalid"] == int(finish != "answer")

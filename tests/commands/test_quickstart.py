@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 from simsearch.commands import quickstart
 from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.errors import RecipeError
-from simsearch.tinyworld.pretrain import QUERY_NAMING
+from simsearch.tinyworld.diagnostics import QUERY_NAMING
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "quickstart"
 # What may differ between two runs of the same recipe: clocks and memory.

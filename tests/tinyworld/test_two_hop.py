@@ -15,7 +15,9 @@ from simsearch.data.rendering import render_documents, wrap_information
 from simsearch.data.templates import render_prompt
 from simsearch.models import build_tiny_model, train_tokenizer
 from simsearch.retrieval.bm25 import BM25SearchEngine
-from simsearch.tinyworld.pretrain import copy_mask, make_traces, reading_accuracy, value_spans
+from simsearch.tinyworld.diagnostics import reading_accuracy
+from simsearch.tinyworld.traces import copy_mask, make_traces
+from simsearch.tinyworld.values import value_spans
 from simsearch.tinyworld.world import TWO_HOP, TWO_HOP_QUESTIONS, World, build_world
 from simsearch.types import Document, SearchRequest
 
