@@ -1,20 +1,10 @@
 """Bounded retries, backoff and client-side load balancing for every HTTP client in simsearch.
 
-The OpenAI-compatible generation engine, Search-R1's `/retrieve` client and the web-search
-clients all send their requests through `request_json`, so they share one retry policy:
-
-- every request has a timeout (`timeout_s` bounds each of connect, write, read and pool wait);
-- transient failures are retried at most `retries` times: connection errors, timeouts, HTTP 408,
-  429 and 5xx, and bodies that are not a JSON object (a truncated or garbled response);
-- between attempts the client sleeps with exponential backoff and jitter; a `Retry-After` header
-  on a 429/503 is honoured up to a cap;
-- other 4xx answers are not retried (a bad request stays bad);
-- after the last attempt a `ServiceError` subclass names the method, the URL(s), the number of
-  attempts and the last error, with secrets (API keys) masked.
-
-Where this departs from the published systems: ZeroSearch's simulator client wraps its request in
-a bare `except` and retries forever, so training hangs when the server dies; here nothing retries
-forever and nothing waits without a timeout.
+All HTTP clients send through `request_json`, so they share one retry policy: every request has
+a timeout; connection errors, timeouts, HTTP 408, 429, 5xx and bodies that are not a JSON
+object are retried at most `retries` times with exponential backoff and jitter (a `Retry-After`
+honoured up to a cap); other 4xx answers are not retried; the final failure raises a
+`ServiceError` subclass naming the method, URL(s), attempts and last error, secrets masked.
 """
 
 from __future__ import annotations
@@ -54,32 +44,16 @@ class GenerationServiceError(ServiceError):
 def backoff_delay(retry_index: int, backoff_s: float, max_backoff_s: float, jitter: float) -> float:
     """Seconds to sleep before retry number `retry_index` (0 for the first retry).
 
-    Exponential backoff with "equal jitter": the base doubles each retry up to `max_backoff_s`,
-    and the delay is drawn from [base / 2, base), so concurrent clients spread out while still
-    backing off.
-
-    Args:
-        retry_index: 0 before the first retry, 1 before the second, ...
-        backoff_s: base delay of the first retry.
-        max_backoff_s: cap on the base delay.
-        jitter: a number in [0, 1) (e.g. `random.random()`); 0 gives the shortest delay.
-
-    Returns:
-        The delay in seconds.
+    The base `backoff_s` doubles each retry up to `max_backoff_s`; the delay is drawn from
+    [base / 2, base) by `jitter` in [0, 1) (0 gives the shortest).
     """
     base = min(max_backoff_s, backoff_s * 2.0**retry_index)
     return base * (0.5 + 0.5 * jitter)
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:
-    """Reads an HTTP `Retry-After` header: delay-seconds or an HTTP-date.
-
-    Args:
-        value: the header value, or None when absent.
-        now: the current time as a Unix timestamp (seconds), used for the HTTP-date form.
-
-    Returns:
-        Seconds to wait (never negative), or None when the header is absent or unreadable.
+    """Seconds (never negative) an HTTP `Retry-After` value asks for, delay-seconds or HTTP-date
+    (against `now`, a Unix timestamp); None when absent or unreadable.
     """
     if value is None:
         return None
@@ -106,13 +80,10 @@ def redact(text: str, secrets: Collection[str]) -> str:
 
 
 def env_secret(owner: str, variable: str, hint: str) -> str:
-    """The API key or token held in environment variable `variable`.
-
-    Keys are read from the environment only, never from a recipe, so they never land in a saved
-    run directory.
+    """The API key or token held in environment variable `variable` (never read from a recipe).
 
     Raises:
-        ValueError: The variable is unset or empty: "`owner`: environment variable ... is not set; `hint`".
+        ValueError: The variable is unset or empty, naming `owner` and `hint`.
     """
     value = os.environ.get(variable, "")
     if not value:
@@ -141,14 +112,12 @@ class ServerKey:
 
         Args:
             owner: The client, named in the error.
-            variable: The variable's name (a client's `api_key_env`), or None for a server without a key.
+            variable: The variable's name (a client's `api_key_env`), or None.
             what: What the server calls it ("API key", "bearer token"), for the error's hint.
-            required: The service takes no request without a key (a web search API): `variable`
-                must name a set variable, and `value` is then never None.
+            required: The service takes no request without a key: `variable` must name a set variable.
 
         Raises:
-            ValueError: `variable` is named but unset or empty (see `env_secret`), or None when
-                `required`.
+            ValueError: `variable` is named but unset or empty, or None when `required`.
         """
         if variable is None:
             if required:
@@ -175,22 +144,15 @@ class ServerKey:
 
 
 class ReplicaSet:
-    """Equivalent servers behind one logical endpoint, balanced on the client side.
+    """Equivalent servers behind one logical endpoint, balanced on the client side; thread-safe.
 
-    Each request goes to the healthy replica with the fewest requests in flight (ties broken
-    round-robin). A replica whose request fails is marked down for `cooldown_s` seconds, and the
-    retry goes to another replica. When every replica is down, the one that comes back soonest
-    is tried (after a backoff sleep), so a cluster that restarts recovers without user action.
-    Thread-safe: one instance is shared by all the threads of an engine.
+    Each request goes to the healthy replica with the fewest requests in flight (ties
+    round-robin). A failed replica is avoided for `cooldown_s` seconds; when all are down, the one
+    that comes back soonest is tried.
     """
 
     def __init__(self, base_urls: Sequence[str], *, cooldown_s: float = 10.0) -> None:
-        """Creates the set.
-
-        Args:
-            base_urls: server roots, e.g. `["http://10.0.0.1:8000", "http://10.0.0.2:8000"]`.
-            cooldown_s: how long a failed replica is avoided.
-        """
+        """Creates the set from server roots, e.g. `["http://10.0.0.1:8000", "http://10.0.0.2:8000"]`."""
         if not base_urls:
             raise ValueError("ReplicaSet needs at least one base URL")
         if len(set(base_urls)) != len(base_urls):
@@ -203,14 +165,11 @@ class ReplicaSet:
         self._cursor = 0
 
     def acquire(self, tried: Collection[str] = ()) -> tuple[str, bool]:
-        """Chooses a replica for one attempt and counts it as in flight.
-
-        Args:
-            tried: replicas this request already failed on; avoided while others are healthy.
+        """Chooses a replica for one attempt, avoiding those in `tried`, and counts it as in flight.
 
         Returns:
-            The replica's base URL, and whether it is fresh (healthy and not yet tried by this
-            request), in which case the caller may send at once instead of backing off.
+            The base URL, and whether it is fresh (healthy and not yet tried), so the caller may send
+            without backing off.
         """
         with self._lock:
             now = time.monotonic()
@@ -338,34 +297,29 @@ def request_json(
 ) -> dict[str, Any]:
     """Sends one JSON request with bounded retries and returns the decoded JSON object.
 
-    Makes at most `retries + 1` attempts. Before an attempt that goes to a replica this request
-    has not tried (and that is healthy), nothing is slept: failover is immediate. Otherwise the
-    client sleeps `backoff_delay(...)`, or the server's `Retry-After` capped at
-    `max_retry_after_s` when the last answer carried one.
+    At most `retries + 1` attempts. An attempt on a fresh replica goes at once; otherwise the client
+    sleeps `backoff_delay(...)`, or the server's `Retry-After` capped at `max_retry_after_s`.
 
     Args:
-        client: the `httpx.Client` to send with (connection pooling, thread-safe).
+        client: The `httpx.Client` to send with.
         method: "GET" or "POST".
-        target: a full URL, or a `ReplicaSet` whose base URLs are joined with `path`.
-        path: appended to the base URL (the plain target's, or the chosen replica's).
-        json_body: the JSON payload of a POST, or None.
-        params: query-string parameters.
-        headers: extra headers (e.g. `Authorization`); never written into errors.
-        retries: how many times a failed attempt is retried (0 = one attempt only).
-        backoff_s: base backoff of the first retry; doubles each retry.
-        timeout_s: timeout of each connect / write / read / pool wait.
-        max_backoff_s: cap on the exponential backoff.
-        max_retry_after_s: cap on an honoured `Retry-After`.
-        error_cls: the `ServiceError` subclass raised on failure.
-        secrets: strings (API keys) masked as `***` in every error message.
-        sleep: the sleep function (tests may record delays instead of sleeping).
-
-    Returns:
-        The response's JSON object.
+        target: A full URL, or a `ReplicaSet` whose base URLs are joined with `path`.
+        path: Appended to the base URL.
+        json_body: The JSON payload of a POST, or None.
+        params: Query-string parameters.
+        headers: Extra headers; never written into errors.
+        retries: How many times a failed attempt is retried (0 = one attempt).
+        backoff_s: Base backoff of the first retry (seconds).
+        timeout_s: Timeout of each connect / write / read / pool wait (seconds).
+        max_backoff_s: Cap on the backoff.
+        max_retry_after_s: Cap on an honoured `Retry-After`.
+        error_cls: The `ServiceError` subclass raised on failure.
+        secrets: Strings masked as `***` in every error message.
+        sleep: The sleep function (tests may record delays).
 
     Raises:
         ServiceError: `error_cls`, naming the method, URL(s), attempts and the last error.
-        ValueError: on a negative `retries` or a non-positive `timeout_s`.
+        ValueError: A negative `retries` or a non-positive `timeout_s`.
     """
     if retries < 0:
         raise ValueError(f"retries must be >= 0, got {retries}")
@@ -434,22 +388,7 @@ def post_json(
     error_cls: type[ServiceError] = ServiceError,
     secrets: Collection[str] = (),
 ) -> dict[str, Any]:
-    """POSTs `payload` as JSON to `url` with `request_json`'s bounded retries.
-
-    Args:
-        client: the `httpx.Client` to send with.
-        url: the full endpoint URL.
-        payload: the JSON body.
-        retries: how many times a failed attempt is retried.
-        backoff_s: base backoff of the first retry.
-        timeout_s: per-operation timeout.
-        headers: extra headers.
-        error_cls: the `ServiceError` subclass raised on failure.
-        secrets: strings masked in error messages.
-
-    Returns:
-        The response's JSON object.
-    """
+    """POSTs `payload` as JSON to `url` with `request_json`'s bounded retries (same arguments)."""
     return request_json(
         client,
         "POST",
@@ -465,18 +404,9 @@ def post_json(
 
 
 def run_concurrently(fn: Callable[[T], R], items: Sequence[T], max_workers: int) -> list[R]:
-    """Applies `fn` to every item on up to `max_workers` threads; results keep the item order.
+    """`[fn(item) for item in items]`, on up to `max_workers` threads, in item order.
 
-    The first exception raised (in item order) propagates; items not yet started are cancelled.
-    Threads suit this use: each call waits on the network with the GIL released.
-
-    Args:
-        fn: the function to apply (e.g. one HTTP request).
-        items: its inputs.
-        max_workers: the concurrency bound.
-
-    Returns:
-        `[fn(item) for item in items]`, computed concurrently.
+    The first exception (in item order) propagates; items not yet started are cancelled.
     """
     if max_workers < 1:
         raise ValueError(f"max_workers must be >= 1, got {max_workers}")

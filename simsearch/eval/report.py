@@ -1,14 +1,11 @@
 """Evaluation reports: per-example rows, summaries, paper-shaped tables (Markdown, CSV, JSON), plots (PNG).
 
-Everything here takes plain data (questions and trajectories, the per-example rows `simsearch
-eval` writes, a summary dict, a training run's metric rows) and, for writers, an output path.
-Nothing reads a recipe.
+Everything here takes plain data and, for writers, an output path; nothing reads a recipe.
 
 A per-example row (one JSON line per question in `examples/{method}/{dataset}.jsonl`) holds
-`id`, `question`, `golden_answers`, `scores` (the question's pass@n `substring_em`, `em`, `f1`),
-`samples` (per sample: `answer`, `response`, `finish`, `num_searches`, `num_invalid`,
-`policy_tokens`, `turns` with queries and documents, and its own `scores`), `wall_s` and the
-`fingerprint` of what produced it; rows of the RAG baseline add `retrieval`.
+`id`, `question`, `golden_answers`, `scores` (pass@n `substring_em`, `em`, `f1`), `samples`
+(per sample: `answer`, `response`, `finish`, `num_searches`, `num_invalid`, `policy_tokens`,
+`turns`, `scores`), `wall_s` and `fingerprint`; RAG rows add `retrieval`.
 
 The summary dict (`summary.json`) is:
 
@@ -19,21 +16,8 @@ The summary dict (`summary.json`) is:
      "fidelity": [{"simulator", "reference", "dataset", "fidelity/...": value, ...}, ...],
      "cost": {engine: a `cost.json` record of `simsearch.retrieval.accounting`}}  (optional)
 
-with `metrics` as `summarize` returns. Tables follow the ZeroSearch / Search-R1 papers: one row
-per method (baseline or engine), the datasets as columns, then the average.
-
-Where the tables depart from the papers:
-
-- The papers' "EM" is two metrics: ZeroSearch's is substring match, labelled `substring_em`
-  ("Substring EM") here; Search-R1's and SSRL's is strict equality, labelled `em`. Each, and
-  token `f1`, gets a table of its own, so nobody compares one with the other.
-- The score tables open with their protocol, stated once (`protocol_line`): the engine and top-k
-  of every row and the normalization the scores were computed with; each table then names its
-  metric (`metric_line`).
-- The average is the unweighted mean over datasets, as in the papers, but it is only printed
-  when every dataset has results; a missing dataset shows "–" rather than a partial average.
-- With n > 1 samples per question the scores are pass@n (a question counts as solved when any
-  sample solves it; F1 is the best sample's); the table title says so.
+with `metrics` as `summarize` returns. Tables have one row per method and the datasets, then
+the average, as columns; each metric gets its own table.
 """
 
 from __future__ import annotations
@@ -93,13 +77,7 @@ MISSING = "–"
 
 
 def score_answer(answer: str | None, golds: Sequence[str], *, normalization: str) -> dict[str, float]:
-    """EM, substring EM and F1 of one answer: the functions the training rewards use too.
-
-    Args:
-        answer: The extracted answer, or None.
-        golds: The gold answers.
-        normalization: A name from `simsearch.eval.metrics.NORMALIZATIONS`.
-    """
+    """EM, substring EM and F1 of one answer (None: no answer), as the training rewards compute them."""
     return {
         "substring_em": substring_exact_match(answer, golds, normalization=normalization),
         "em": exact_match(answer, golds, normalization=normalization),
@@ -122,9 +100,7 @@ def turn_record(turn: Turn) -> dict[str, Any]:
 def trajectory_sample(trajectory: Trajectory) -> dict[str, Any]:
     """One sample of a per-example row, from a rollout trajectory (scores are added by `example_row`).
 
-    `policy_tokens` counts the tokens the policy generated and is trained on (loss mask 1):
-    inserted documents and messages are not counted, nor, in self-search, the information the
-    policy wrote for itself.
+    `policy_tokens` counts the tokens the policy generated and is trained on (loss mask 1).
     """
     return {
         "answer": trajectory.answer,
@@ -145,12 +121,8 @@ def example_row(
     Args:
         example: The question and its gold answers.
         samples: Its samples (`trajectory_sample` or the same keys); each gets `scores`.
-        normalization: How answers are normalized before scoring (`score_answer`).
+        normalization: A name from `simsearch.eval.metrics.NORMALIZATIONS`.
         **extra: More keys for the row (the RAG baseline adds its `retrieval`).
-
-    Returns:
-        `id`, `question`, `golden_answers`, `scores` (per metric the best sample's: pass@n),
-        `samples`, and the extra keys.
     """
     golds = list(example.golden_answers)
     for sample in samples:
@@ -169,8 +141,7 @@ def example_row(
 def append_rows(path: str | os.PathLike, rows: list[dict[str, Any]], *, wall_s: float, fingerprint: str) -> None:
     """Appends finished rows to a per-example JSONL file in one write.
 
-    Each row gets `wall_s / len(rows)` (its share of the chunk's wall-clock time, so the file's
-    rows sum to the time spent) and the `fingerprint` of what produced it.
+    Each row gets `wall_s / len(rows)` and the `fingerprint` of what produced it.
     """
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -187,8 +158,7 @@ def read_rows(path: str | os.PathLike, *, repair: bool = False) -> list[dict[str
 
     Args:
         path: The JSONL file.
-        repair: Drop, and cut from the file, a last line left unfinished by an interrupted
-            write (no newline after it), instead of raising.
+        repair: Drop, and cut from the file, an unfinished last line instead of raising.
 
     Raises:
         DataError: A line that is not JSON (other than a repairable last line), naming it.
@@ -235,17 +205,10 @@ def rows_in_order(path: str | os.PathLike, examples: Sequence[QAExample]) -> lis
 def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Metrics of one (method, dataset) cell from its per-example rows.
 
-    Args:
-        rows: Per-example rows as `simsearch eval` writes them: `scores` (the question's pass@n
-            `em`, `substring_em`, `f1`), `samples` (each with `answer`, `num_searches`,
-            `num_invalid`, `policy_tokens`) and `wall_s` (the example's share of its chunk's
-            wall-clock time).
-
     Returns:
-        `questions`, `samples`; the means over questions of `em`, `substring_em`, `f1`; the
-        means over samples of `answer_rate` (share with an `<answer>`), `searches_per_question`
-        (searches run), `invalid_actions` (turns that neither searched nor answered) and
-        `tokens_per_question` (tokens the policy generated); and `wall_s`, the sum.
+        `questions`, `samples`; the means over questions of `em`, `substring_em`, `f1`; the means
+        over samples of `answer_rate`, `searches_per_question`, `invalid_actions` and
+        `tokens_per_question`; and `wall_s`, the sum.
 
     Raises:
         ValueError: No rows, or a row without samples.
@@ -269,16 +232,7 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
 
 
 def average(results: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-    """The papers' "Avg." column: the unweighted mean over datasets.
-
-    Counts and times (`SUMMED_METRICS`) are summed instead.
-
-    Args:
-        results: dataset -> metrics (as `summarize` returns).
-
-    Returns:
-        metric -> value over the datasets; empty when `results` is.
-    """
+    """The unweighted mean over datasets of `results` (dataset -> metrics); `SUMMED_METRICS` are summed."""
     if not results:
         return {}
     cells = list(results.values())
@@ -303,14 +257,8 @@ def _percent(value: float | None) -> str:
 
 
 def score_table(summary: Mapping[str, Any], metric: str) -> str:
-    """One paper-shaped Markdown table: methods as rows, datasets then "Avg." as columns.
-
-    Args:
-        summary: The summary dict (module docstring).
-        metric: One of `SCORE_METRICS`; values are shown in percent with two decimals.
-
-    Returns:
-        The table, ending with a newline.
+    """One Markdown table of `metric` (one of `SCORE_METRICS`, in percent): methods as rows, datasets
+    then "Avg." as columns; "Avg." only when every dataset has results.
     """
     if metric not in SCORE_METRICS:
         raise ValueError(f"metric={metric!r} is not one of {', '.join(SCORE_METRICS)}")
@@ -334,13 +282,7 @@ def metric_line(metric: str) -> str:
 
 
 def protocol_line(summary: Mapping[str, Any]) -> str:
-    """The protocol every score table shares: engine and top-k per row, and the normalization.
-
-    Args:
-        summary: The summary dict (module docstring), with its `normalization`.
-
-    Returns:
-        One Markdown line, ending with a newline.
+    """One Markdown line: engine and top-k per row, and the normalization.
 
     Raises:
         ValueError: The summary names no known normalization.
@@ -381,10 +323,8 @@ def behaviour_table(summary: Mapping[str, Any]) -> str:
 
 
 def fidelity_table(entries: Sequence[Mapping[str, Any]]) -> str:
-    """Markdown table of simulator fidelity, one line per (simulator, reference, dataset).
-
-    Shares are in percent; a metric an entry lacks (no reference, a cached simulator without
-    parse statistics) shows "–".
+    """Markdown table of simulator fidelity, one line per (simulator, reference, dataset); "–" when
+    a metric is missing.
     """
     head = "| Simulator | Reference | Dataset | queries (policy / question) | "
     head += " | ".join(title for _, title in FIDELITY_COLUMNS) + " |"
@@ -412,11 +352,7 @@ def _dollars(value: float | None) -> str:
 
 
 def cost_table(cost: Mapping[str, Mapping[str, Any]]) -> str:
-    """Markdown table of search cost and latency, one line per engine (`cost.json`'s records).
-
-    Latencies are per `search` call (a batch) in milliseconds; prompt tokens show "unknown"
-    when some prompts could not be counted; a cost whose price was never set shows "unknown".
-    """
+    """Markdown table of search cost and latency (ms per `search` call), one line per engine."""
     lines = [
         "| Engine | kind | searches | cache hits | queries sent | p50 ms | p95 ms | p99 ms | simulator calls | "
         "prompt tokens | completion tokens | simulator s | $ / 1k queries | query cost | simulator cost |",
@@ -560,9 +496,7 @@ def _save(figure: Any, path: str | os.PathLike, dpi: int) -> Path:
 def bar_layout(summary: Mapping[str, Any], metric: str) -> tuple[list[str], list[tuple[str, list[float], bool]]]:
     """What `plot_bars` draws: the groups, and per method its legend label, values and hatching.
 
-    The groups are the datasets, plus "Avg." when there are several datasets and some method has
-    an average. A missing cell (or a partial average) is NaN: drawn as no bar and no label, never
-    as 0. A method's label carries its search in parentheses when it has one.
+    A missing cell (or a partial average) is NaN: drawn as no bar, never as 0.
     """
     datasets = list(summary["datasets"])
     rows = summary["rows"]
@@ -588,20 +522,8 @@ def plot_bars(
     dpi: int = 100,
     title: str = "",
 ) -> Path:
-    """Grouped bars: one group per dataset (and "Avg.", see `bar_layout`), one bar per method.
-
-    Simulator rows are hatched, so simulated and real search stand apart at a glance.
-
-    Args:
-        summary: The summary dict (module docstring).
-        path: The PNG to write.
-        metric: Which score to plot (percent).
-        size_px: Image width and height in pixels.
-        dpi: Resolution; the figure is sized so the PNG has exactly `size_px` pixels.
-        title: The plot's title ("" = the metric's title, "per dataset").
-
-    Returns:
-        The written path.
+    """Grouped bars (percent): one group per dataset (and "Avg."), one bar per method; simulator rows
+    hatched. The PNG is `size_px` square at `dpi`; `title` "" uses the metric's. Returns `path`.
     """
     groups, bars_by_method = bar_layout(summary, metric)
     figure, axes = _figure(size_px, dpi)
@@ -641,15 +563,11 @@ CURVE_PANELS: tuple[tuple[str, Callable[[str], bool]], ...] = (
 
 
 def curve_panels(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, dict[str, tuple[list[int], list[float]]]]]:
-    """Groups a run's metric rows into the training-curve panels.
-
-    Args:
-        rows: `metrics.jsonl` rows (`runlog.read_metrics`): each a `step` plus metric values;
-            null (non-finite) values and rows without a step are skipped.
+    """Groups `metrics.jsonl` rows into the training-curve panels.
 
     Returns:
-        (title, {key: (steps, values)}) for every panel of `CURVE_PANELS` that has data, in
-        that order; keys sorted.
+        (title, {key: (steps, values)}) for every panel of `CURVE_PANELS` with data, in that order;
+        null values and rows without a step are skipped.
     """
     series: dict[str, tuple[list[int], list[float]]] = {}
     for row in rows:
@@ -679,16 +597,7 @@ def plot_training_curves(
     size_px: tuple[int, int] = (1500, 800),
     dpi: int = 100,
 ) -> Path:
-    """Training curves of a run: reward, EM/F1, searches, response length, curriculum.
-
-    Args:
-        rows: The run's `metrics.jsonl` rows.
-        path: The PNG to write.
-        size_px: Image width and height in pixels (a 2 x 3 grid; unused panels are blank).
-        dpi: Resolution; the PNG has exactly `size_px` pixels.
-
-    Returns:
-        The written path.
+    """Training curves of a run (a 2 x 3 grid, `size_px` square PNG at `dpi`); returns `path`.
 
     Raises:
         ValueError: No row holds any of the plotted metrics.

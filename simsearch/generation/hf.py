@@ -1,74 +1,28 @@
-"""Text generation with a transformers model: our own lean KV-cached sampling loop.
+"""Text generation with a transformers model: our own KV-cached sampling loop.
 
-`HFEngine` runs any Hugging Face causal LM (CPU or GPU; unverified on a GPU, see docs/scaling.md)
-for the policy's rollouts and for a local simulator. It does not call `model.generate`: a loop of
-our own is simpler to make fast for this workload (many short continuations that end at
-different stop strings) and gives exact control over what is returned. Per chunk of at most `batch_size` rows it
+`HFEngine` runs any Hugging Face causal LM (CPU or GPU) for the policy's rollouts and for a
+local simulator. Per chunk of at most `batch_size` rows it prefills the left-padded prompts in
+groups of similar length (with `n > 1` each prompt's cache is copied n times), then decodes one
+token per step for the live rows, dropping a row the moment it finishes.
 
-1. prefills the left-padded prompts once (attention mask plus explicit position ids, so a padded
-   prompt sees exactly what it would see alone; only the last position's logits are computed),
-   in groups of similar length (`similar_lengths`: one forward per group, so a short prompt is
-   not padded to the longest of the chunk) whose caches are then merged into one batch, and
-   with `n > 1` copies each prompt's KV cache n times instead of prefilling it n times;
-2. decodes one token per step for the live rows with the KV cache, and drops a row from the
-   batch (cache, mask, positions) the moment it finishes, so finished rows cost nothing.
+Contract:
 
-Returned token ids are the sampled ids themselves, never a re-tokenization of the text, because
-the rollout builds its loss masks from them. A stop string is matched on decoded text (so it
-is found however the model spelled it in tokens); the returned text ends with the stop string,
-while `token_ids` run up to and including the token that completed it (that token may carry a
-few characters past the stop string, which the text leaves out). An eos token ends a sequence
-with `finish_reason="stop"` and `stop=None`; it is kept in `token_ids` (the policy must learn
-to emit it) and left out of `text`.
+- `token_ids` are the sampled ids, never a re-tokenization of the text.
+- A stop string is matched on decoded text; `text` ends with it, and `token_ids` run up to and
+  including the token that completed it.
+- An eos token ends a sequence with `finish_reason="stop"`, `stop=None`; it is kept in
+  `token_ids` and left out of `text`.
+- Logprobs are log-softmax of the raw logits (temperature 1, no top-p) at the sampled token.
+- Non-finite logits are never sampled from: the call raises `NonFiniteError`.
 
-Logprobs, when asked for, are log-softmax of the model's raw logits at temperature 1 for the
-sampled token: the policy's own distribution, which is what importance ratios and KL terms in
-the RL losses are computed against, independent of the sampling temperature and top-p.
+Prefix reuse (`prefix_cache=True`, the default): after a call the engine keeps the keys and
+values of every finished row's prompt + generated ids; a later prompt that extends (or equals)
+a kept sequence prefills only what is new. Kept sequences are valid only for the weights that
+computed them: a trainer must call `reset_prefix_cache()` after every optimizer step.
 
-Prefix reuse (on by default, `prefix_cache=False` turns it off): a multi-turn rollout calls
-`generate` once per turn, and turn t+1's prompt of a trajectory is turn t's prompt + the ids
-generated in turn t + inserted ids (an information block). vLLM avoids re-processing that
-context with automatic prefix caching; this engine does the same with no change to the
-`GenerationEngine` protocol. After a call it keeps, for every finished row, the keys and values
-of its prompt + generated ids (trimmed to the row's true length, padding dropped), found by
-those ids. In the next call a prompt that extends a kept sequence (or equals one: its last token
-must still be run for the next-token logits) prefills only what is new:
-
-- What a row runs through the model is its uncached suffix, and the prefill groups are formed
-  by that length. Within a group rows are right-aligned and the window every row runs through
-  the model is as wide as the group's longest uncached suffix (W). A row keeps the part of its
-  cached prefix that lies before its last W tokens and recomputes the rest: the window costs
-  G x W token slots whatever they hold, so filling it with real tokens instead of padding costs
-  nothing, and every row's attention mask stays "padding, then tokens" (no holes). A row with
-  no cached prefix simply has none to keep.
-- Position ids are the true positions; padding in the kept prefixes (rows keep different
-  lengths) is zeros under a 0 in the attention mask.
-- The chunks are formed as without reuse (longest prompt first) and the groups' caches are
-  merged back in the chunk's row order, so what was cached never changes which rows decode
-  together, nor the random stream of a seeded call.
-- Departure from vLLM: vLLM shares cached blocks between any requests with a common prefix and
-  evicts them only under memory pressure; here only the previous call's sequences are kept, and
-  only a whole kept sequence is reused (the n samples of a prompt share its prefill through
-  `n`, not through the cache).
-
-Non-finite logits (inf or nan, e.g. a bf16 overflow) are never sampled from: such a row is
-detected on the device before sampling, and the call raises `NonFiniteError` naming the rows and
-the generated token, instead of a device-side assert. The check rides on the one device-to-host
-copy each decode step already makes (the sampled ids), so it costs no extra synchronization.
-
-With `compile=True` the decode steps run over a static KV cache (transformers' `StaticCache`)
-through `torch.compile(mode="reduce-overhead")`, which on a GPU replays each step as a CUDA
-graph. Prefill is the same eager code as above; finished rows stay in the batch (fed a pad
-token, their outputs ignored) so every step has the same shapes; the batch is padded to a power
-of two rows and the cache to a multiple of `STATIC_LENGTH_STEP` tokens, so a handful of shapes
-are compiled. Greedy tokens are the same as eager decoding's (to float rounding).
-
-Only the previous call's sequences are kept (see `HFEngine` for the memory bound), and they are
-valid only for the weights that computed them: a trainer must call `reset_prefix_cache()` after
-every optimizer step. The engine also drops them by itself when the model's parameters were
-replaced or modified in place in a way torch's version counters record, or the autocast state
-changed, but that check is a safety net, not the contract: fused optimizers and writes through
-`param.data` do not bump the counters.
+With `compile=True` the decode steps run over a static KV cache through
+`torch.compile(mode="reduce-overhead")` (CUDA graphs on a GPU); greedy tokens equal eager
+decoding's to float rounding.
 """
 
 from __future__ import annotations
@@ -148,17 +102,10 @@ class _Sequence:
 
 
 def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Zeroes the tail of each distribution outside its nucleus (top-p set).
+    """Zeroes the tail of each [B, V] distribution outside its nucleus (top-p set).
 
-    The nucleus is the smallest set of most probable tokens whose mass reaches `top_p`: a token
-    is kept when the mass of the strictly more probable tokens is below `top_p`.
-
-    Args:
-        probs: [B, V] probabilities.
-        top_p: In (0, 1].
-
-    Returns:
-        [B, V] unnormalized probabilities with the tail set to 0 (at least one token kept).
+    A token is kept when the mass of the strictly more probable tokens is below `top_p` (in
+    (0, 1]); at least one token is kept. Returns unnormalized [B, V] probabilities.
     """
     sorted_probs, order = probs.sort(dim=-1, descending=True)  # [B, V]
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # [B, V]
@@ -173,7 +120,7 @@ def sample_next(
     top_p: float,
     generator: torch.Generator | None,
 ) -> torch.Tensor:
-    """Picks one next token per row.
+    """Picks one next token per row of [B, V] logits.
 
     Args:
         logits: [B, V] next-token logits.
@@ -182,9 +129,8 @@ def sample_next(
         generator: Source of randomness for sampling.
 
     Returns:
-        [B] token ids; -1 for a row whose (temperature-scaled) logits hold an inf or a nan. Such
-        rows are sampled from a uniform stand-in, so no device-side assert fires and nothing
-        waits for the device.
+        [B] token ids; -1 for a row whose scaled logits hold an inf or a nan (sampled from a
+        uniform stand-in, so no device-side assert fires).
     """
     scaled = logits if temperature == 0 else logits / temperature  # [B, V]
     finite = torch.isfinite(scaled).all(dim=-1)  # [B]
@@ -212,15 +158,8 @@ GROUP_SLACK = 16
 def similar_lengths(lengths: list[int]) -> list[list[int]]:
     """Splits rows into groups of similar length, shortest first.
 
-    Sorted by length, a row joins the current group while its length is at most
-    `GROUP_RATIO * shortest + GROUP_SLACK`, so the number of groups grows with the log of the
-    length range, not with the number of rows.
-
-    Args:
-        lengths: One length per row.
-
-    Returns:
-        Groups of row indices, each in ascending order; every row in exactly one group.
+    A row joins the current group while its length is at most `GROUP_RATIO * shortest +
+    GROUP_SLACK`. Returns groups of row indices, each ascending; every row in exactly one group.
     """
     groups: list[list[int]] = []
     for b in sorted(range(len(lengths)), key=lambda b: lengths[b]):
@@ -235,36 +174,23 @@ class HFEngine:
     """A `GenerationEngine` over a transformers causal LM.
 
     Args:
-        model: Any Hugging Face causal LM (or PEFT model over one) whose forward accepts
+        model: A Hugging Face causal LM (or PEFT model over one) whose forward accepts
             `attention_mask`, `position_ids`, `past_key_values` and `logits_to_keep`.
-        tokenizer: Its tokenizer: decodes completions, tokenizes string prompts (with the
-            tokenizer's own special-token rules, e.g. a BOS for Llama), gives pad and eos ids.
-        batch_size: Most rows (prompts × n samples) decoded together; one prompt's n samples
-            always share a chunk, so a chunk holds max(1, batch_size // n) prompts.
-        prefix_cache: Reuse the keys and values of the previous call's sequences for prompts
-            that extend them (module docstring). Memory bound: between calls the engine holds
-            the previous call's sequences only, i.e. sum over its rows (prompts × n) of
-            (prompt + generated - 1) tokens × 2 × layers × kv_heads × head_dim × dtype bytes
-            (`kept_tokens` tokens; for a 0.9M-parameter tiny Qwen2, 4 KB per token; for
-            Qwen2.5-3B in bf16, 36 KB per token, so 512 rows of 2,000 tokens hold 37 GB: turn
-            it off there, or for an engine whose prompts never extend its previous outputs,
-            such as a simulator). During a call it additionally holds the previous entries
-            that rows of later chunks still need. Models whose cache is not plain full
-            attention in every layer (sliding-window, linear-attention or shared-KV layers)
-            run without reuse; `self.prefix_cache` then reads False.
-        compile: Decode over a static KV cache with a `torch.compile`d forward (CUDA graphs on
-            a GPU; module docstring). The first call of each shape compiles (tens of seconds on
-            a GPU). Needs plain full-attention caches, like prefix reuse.
+        tokenizer: Its tokenizer: decodes completions, tokenizes string prompts, gives pad and eos.
+        batch_size: Most rows (prompts × n samples) decoded together; a prompt's n samples always
+            share a chunk.
+        prefix_cache: Reuse the previous call's sequences for prompts that extend them. Between
+            calls it holds (prompt + generated - 1) tokens of KV per row of the previous call
+            (`kept_tokens`): turn it off for large batches of long contexts, or for an engine
+            whose prompts never extend its outputs (a simulator). Models without plain
+            full-attention caches run without reuse (`self.prefix_cache` reads False).
+        compile: Decode over a static KV cache with a `torch.compile`d forward; the first call of
+            each shape compiles. Needs plain full-attention caches.
 
     Attributes:
-        stats: Running totals over the engine's life: `prompt_tokens` (tokens of the prompts
-            given, one per prompt whatever n), `reused_tokens` (of those, tokens whose keys and
-            values came from a kept sequence), `prefill_tokens` (tokens run through the model
-            in prefills: prompt_tokens - reused_tokens) and `prefill_slots` (token positions
-            run through the model in prefills, padding included: the compute spent),
-            `decode_steps` (one-token forwards of the decode loop; generated tokens over
-            decode steps is the mean number of rows each step served) and `decoded_tokens`.
-            Reset them by assigning zeros.
+        stats: Running totals: `prompt_tokens`, `reused_tokens` (from kept sequences),
+            `prefill_tokens`, `prefill_slots` (padding included), `decode_steps`,
+            `decoded_tokens`. Reset them by assigning zeros.
     """
 
     def __init__(
@@ -321,13 +247,7 @@ class HFEngine:
         return self._kept.tokens
 
     def reset_prefix_cache(self) -> None:
-        """Drops every kept sequence.
-
-        Call it whenever the model's weights (or its function: a PEFT adapter switched or
-        disabled) change between generate calls: kept keys and values computed with the old
-        weights would otherwise be continued with the new ones. A trainer calls it after every
-        optimizer step, before the next rollout.
-        """
+        """Drops every kept sequence; call it whenever the weights (or adapter) change between calls."""
         self._kept = _PrefixStore()
 
     def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams) -> list[Completion]:
@@ -335,14 +255,9 @@ class HFEngine:
 
         Args:
             prompts: Token-id lists, or strings that the engine tokenizes.
-            params: Sampling settings. With `temperature == 0` the result for a prompt is the
-                same whichever other prompts share the call and whatever was cached (barring
-                float rounding flipping an exact near-tie: padding and cached prefixes change
-                matrix shapes). With a `seed`, a call repeated with the same prompts, params and
-                batch_size returns the same completions (to the same rounding).
-
-        Returns:
-            len(prompts) * n completions: prompt 0's n samples, then prompt 1's, ...
+            params: Sampling settings. Greedy results do not depend on the other prompts of the call
+                or on the cache (to float rounding); a seeded call repeated with the same prompts,
+                params and batch_size returns the same completions.
         """
         _check_params(params)
         prompt_ids = prompt_token_ids(self.tokenizer, prompts)
@@ -390,22 +305,15 @@ class HFEngine:
     def _weights_key(self) -> tuple:
         """Changes when a parameter is replaced, moved or modified in place, or autocast changes.
 
-        Torch bumps a tensor's `_version` on every in-place op through it (optimizer steps of
-        torch's for-loop and foreach AdamW, `load_state_dict`, `copy_` under no_grad), and
-        `data_ptr` changes when a parameter is moved, cast or reassigned. Fused optimizers and
-        writes through `param.data` bump nothing: hence `reset_prefix_cache`.
+        A safety net only: fused optimizers and writes through `param.data` bump no version counter.
         """
         device = self.device.type
         autocast = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
         return autocast, tuple((p.data_ptr(), p._version) for p in self.model.parameters())
 
     def _prefill(self, prompts: list[list[int]], prefixes: list[_Prefix | None], indices: list[int], n: int) -> _Batch:
-        """Runs the prompts' uncached tokens through the model; copies each cache n times.
-
-        Rows go through the model in groups of similar uncached length (`similar_lengths`), one
-        forward per group, and the groups' caches are merged, right-aligned, into one decode
-        batch in the chunk's row order (so the random stream of a seeded call does not depend
-        on the grouping, hence on what was cached).
+        """Runs the prompts' uncached tokens through the model in groups of similar uncached length;
+        merges the groups' caches, right-aligned, in the chunk's row order; copies each cache n times.
         """
         lengths = [len(p) for p in prompts]
         # A prompt's last token always goes through the model: it gives the next-token logits.
@@ -443,17 +351,11 @@ class HFEngine:
     def _prefill_group(
         self, prompts: list[list[int]], prefixes: list[_Prefix | None], cached: list[int]
     ) -> tuple[DynamicCache, torch.Tensor]:
-        """One forward over the rows' uncached tokens, on top of their kept ones.
-
-        Rows are right-aligned in a [G, kept + window] layout: the window holds each row's last
-        `window` tokens (all of a shorter prompt), the kept part the cached keys and values of
-        the tokens before them, both left-padded. `window` is the longest uncached suffix, so
-        each row's kept part lies inside its cached prefix (`cached[b]` tokens of `prefixes[b]`),
-        and kept + window is the longest prompt.
+        """One forward over the rows' uncached tokens, right-aligned on top of their kept ones.
 
         Returns:
-            The cache, [G, kv_heads, longest prompt, head_dim] per layer, and the next-token
-            logits [G, V] (float32).
+            The cache, [G, kv_heads, longest prompt, head_dim] per layer, and the next-token logits
+            [G, V] (float32).
         """
         lengths = [len(p) for p in prompts]
         window = max(length - c for length, c in zip(lengths, cached))
@@ -527,10 +429,8 @@ class HFEngine:
         return DynamicCache(ddp_cache_data=[(k, v) for k, v in kv], config=self.model.config)
 
     def _keep(self, layers: list[Any], b: int, end: int, token_ids: list[int]) -> None:
-        """Keeps the keys and values of row b's `token_ids`, which end at cache column `end`.
-
-        `token_ids` is the row's prompt and all but its last generated token: the token that
-        ended the row was sampled but never fed to the model.
+        """Keeps the keys and values of row b's `token_ids` (prompt and all but the last generated token),
+        which end at cache column `end`.
         """
         start = end - len(token_ids)  # the row's true tokens; padding lies before them
         # One copy of just these columns: a view would keep the whole batch tensor alive.
@@ -561,8 +461,7 @@ class HFEngine:
     ) -> list[tuple[int, Completion]]:
         """Appends each live row's token; returns (row, completion) for the rows it finished.
 
-        A finished row's slot in `sequences` becomes None. Raises `NonFiniteError` when a live
-        row's logits were not finite (token -1).
+        Raises `NonFiniteError` when a live row's logits were not finite (token -1).
         """
         bad = [b for b, seq in enumerate(sequences) if seq is not None and tokens[b] < 0]
         if bad:
@@ -661,14 +560,8 @@ class HFEngine:
             logits, fed = out.logits[:rows, -1, :].float(), fed + 1
 
     def _static_state(self, batch: _Batch, needed: int) -> tuple[StaticCache, torch.Tensor, int]:
-        """A static cache holding the batch's prefilled keys and values, and its attention mask.
-
-        Rows are padded to a power of two and the length to a multiple of STATIC_LENGTH_STEP.
-        The mask is 1 on each row's prompt and on every later column: the causal mask hides the
-        columns not yet written. Padding rows attend to zeros.
-
-        Returns:
-            (cache, attention mask [size, length], size).
+        """A static cache holding the batch's prefilled keys and values, padded to a power of two rows and
+        a multiple of STATIC_LENGTH_STEP columns. Returns (cache, attention mask [size, length], size).
         """
         rows, width = batch.attention_mask.shape
         size = 1 << (rows - 1).bit_length()
@@ -695,10 +588,7 @@ class HFEngine:
     def _stop_filter(self, stops: list[str]) -> list[bool] | None:
         """Per token id, whether that token can complete one of `stops`; None: any token can.
 
-        A token completes a stop string only if the text it decodes to on its own holds the
-        string's last character, or a U+FFFD (part of a multi-byte character). Other tokens
-        skip the stop check, which otherwise decodes a window of text per row per step. A stop
-        string ending in whitespace turns the filter off (tokenizers strip a lone leading space).
+        A stop string ending in whitespace turns the filter off.
         """
         key = tuple(stops)
         if not stops or any(s[-1].isspace() for s in stops):

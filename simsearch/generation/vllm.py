@@ -1,35 +1,19 @@
 """In-process vLLM generation on GPU, with weight sync from a trainer.
 
-`VLLMEngine` is a `GenerationEngine` over `vllm.LLM` for policy rollouts and evaluation: token-id
-prompts go in as `TokensPrompt`s, one `llm.generate` call per `generate`, and each vLLM
-`CompletionOutput` becomes a `Completion` with the same contract as `HFEngine`:
+`VLLMEngine` is a `GenerationEngine` over `vllm.LLM` with `HFEngine`'s `Completion` contract:
 
-- a stop string stays at the end of `text` (`include_stop_str_in_output=True`), and `token_ids`
-  run up to and including the token that completed it (vLLM trims the text, never the ids);
+- a stop string stays at the end of `text`, and `token_ids` run up to and including the token
+  that completed it;
 - an end-of-sequence or stop token ends a sequence with `finish_reason="stop"`, `stop=None`; it
-  is kept in `token_ids` and left out of `text`;
-- logprobs are the sampled tokens' log-probabilities under the model's raw distribution
-  (`logprobs_mode="raw_logprobs"`: before temperature and top-p), as HFEngine returns them;
-- with `n > 1` a prompt's samples are consecutive; with a seed, prompt i is sampled with its own
-  seed drawn from `random.Random(seed)` (vLLM then seeds sample j with that seed + j), so two
-  equal contexts in one batch do not get equal samples.
+  is kept in `token_ids` and left out of `text`; special tokens are otherwise kept in the text;
+- logprobs are the sampled tokens' log-probabilities under the raw distribution (before
+  temperature and top-p);
+- with `n > 1` a prompt's samples are consecutive; with a seed, each prompt gets its own seed
+  drawn from `random.Random(seed)`.
 
-Special tokens are kept in the text (`skip_special_tokens=False`), as HFEngine keeps them, so a
-tag that a tokenizer makes a special token can still match a stop string.
-
-Weight sync: after each optimizer step a trainer calls `sync_weights(pairs)` with
-`(name, tensor)` pairs in Hugging Face naming; the helpers below produce them from a plain model
-(`named_params_for_vllm`), a DeepSpeed ZeRO-3 model (`zero3_named_params_for_vllm`, gathering one
-module at a time) and a PEFT LoRA model (`peft_named_params_for_vllm`: merge, export with the
-base model's names, unmerge); `trained_params_for_vllm` picks the one that fits (`simsearch
-train` calls it after every update). Each pair is handed to the model's own `load_weights` inside the
-vLLM worker through `LLM.apply_model`, the API current vLLM documents for running a function on
-the model in every worker (it replaced reaching into
-`llm.llm_engine.model_executor.driver_worker.model_runner.model`, which only ever worked with
-the engine in this process); then the prefix cache is reset, since cached KV blocks were computed
-with the old weights.
-
-Colocated training (policy and vLLM on the same GPUs) frees memory between rollouts:
+Weight sync: after each optimizer step a trainer calls `sync_weights(pairs)` with `(name,
+tensor)` pairs in Hugging Face naming, from `trained_params_for_vllm` (plain, ZeRO-3 or PEFT
+LoRA model). Colocated training frees memory between rollouts:
 
     engine = VLLMEngine(path, gpu_memory_utilization=0.3, tensor_parallel_size=1,
                         enable_sleep_mode=True)
@@ -39,19 +23,7 @@ Colocated training (policy and vLLM on the same GPUs) frees memory between rollo
         ... forward / backward / optimizer step ...
         engine.sync_weights(named_params_for_vllm(model))  # wakes the weights only, loads
 
-`sleep(level=2)` drops the weights instead of copying them to CPU (less host memory); the next
-`sync_weights` must then load every parameter, and `generate` refuses to run before it (vLLM
-would otherwise generate from uninitialised memory: vllm-project/vllm#29341).
-
-Unverified on a GPU: tested on CPU against a fake `vllm` only (docs/scaling.md, "Verified where").
-
-Where this departs from the published systems: Search-R1 and ZeroSearch run vLLM 0.6.3 inside
-verl (whose sharding manager writes into vLLM's internal model object) and recompute the old
-log-probs with the trainer; this engine targets current vLLM (the V1 engine) through its public
-API, and returns the rollout's own log-probs so that a trainer can measure and correct the
-engine / trainer mismatch (`simsearch.policy.offpolicy.truncated_is_weights`).
-
-vLLM is an optional dependency (`pip install 'simsearch[vllm]'`) because it needs a CUDA GPU.
+vLLM is an optional dependency (`pip install 'simsearch[vllm]'`, needs a CUDA GPU).
 """
 
 from __future__ import annotations
@@ -113,9 +85,6 @@ def sampling_kwargs(params: SamplingParams, *, seed: int | None) -> dict[str, An
     Args:
         params: Our sampling settings.
         seed: This prompt's seed (see `prompt_seeds`), or None for unseeded sampling.
-
-    Returns:
-        A dict for `vllm.SamplingParams(**kwargs)`.
     """
     return {
         "n": params.n,
@@ -135,19 +104,12 @@ def sampling_kwargs(params: SamplingParams, *, seed: int | None) -> dict[str, An
 
 
 def prompt_seeds(seed: int | None, count: int) -> list[int | None]:
-    """One seed per prompt of a call, all derived from the call's seed.
-
-    vLLM seeds each request, and sample j of a request with n samples gets the request's seed
-    + j. One seed for every prompt would make two equal contexts in a batch (two trajectories of
-    a group that made the same search) produce equal samples; seeds drawn from
-    `random.Random(seed)` make them independent while keeping the call reproducible.
-
-    Args:
-        seed: The call's seed (`SamplingParams.seed`), or None.
-        count: Number of prompts.
+    """One seed per prompt of a call, drawn from `random.Random(seed)`, so equal contexts in a batch
+    get independent samples while the call stays reproducible.
 
     Returns:
-        `count` seeds below 2**62 (so seed + j stays a valid 63-bit seed), or `count` Nones.
+        `count` seeds below 2**62 (vLLM seeds sample j with seed + j), or `count` Nones when `seed`
+        is None.
     """
     if seed is None:
         return [None] * count
@@ -161,18 +123,12 @@ def completion_from_output(
     want_logprobs: bool,
     token_text: Callable[[int], str],
 ) -> Completion:
-    """Maps one vLLM `CompletionOutput` onto a `Completion`.
+    """Maps one vLLM `CompletionOutput` (generated with `sampling_kwargs`) onto a `Completion`.
 
     Args:
-        output: A sample, generated with `sampling_kwargs` (so a matched stop string is still at
-            the end of `output.text`, and an end token's text too when it was not skipped).
+        output: A sample.
         want_logprobs: Whether logprobs were asked for.
-        token_text: Decodes one token id as vLLM did (special tokens kept); used to take an end
-            token's text off the end of `text`.
-
-    Returns:
-        The completion. `stop` is the stop string vLLM matched; None when the sequence ended on
-        an end-of-sequence or stop token (vLLM's `stop_reason` None or an int) or on length.
+        token_text: Decodes one token id as vLLM did; used to take an end token's text off `text`.
 
     Raises:
         VLLMOutputError: finish reason other than "stop" / "length" (an aborted request), a
@@ -220,16 +176,7 @@ def completions_from_request_outputs(
     want_logprobs: bool,
     token_text: Callable[[int], str],
 ) -> list[Completion]:
-    """Flattens `llm.generate`'s outputs (one per prompt, in prompt order) prompt-major.
-
-    Args:
-        outputs: vLLM's `RequestOutput`s, one per prompt.
-        n: Samples per prompt.
-        want_logprobs: Whether logprobs were asked for.
-        token_text: See `completion_from_output`.
-
-    Returns:
-        len(outputs) * n completions: prompt 0's samples (by `index`), then prompt 1's, ...
+    """Flattens `llm.generate`'s outputs (one per prompt) prompt-major: len(outputs) * n completions.
 
     Raises:
         VLLMOutputError: a prompt without exactly n samples indexed 0..n-1.
@@ -254,18 +201,10 @@ _MODULES_TO_SAVE = re.compile(r"\.modules_to_save\.[^.]+\.")
 
 
 def vllm_param_name(name: str) -> str | None:
-    """The Hugging Face name vLLM's `load_weights` expects for a trainer parameter.
+    """The Hugging Face name vLLM's `load_weights` expects for a trainer parameter, or None to skip it.
 
-    Plain model names pass through. PEFT names lose the wrapper prefix `base_model.model.` and
-    the `.base_layer` of wrapped layers; a `modules_to_save` copy takes the original module's
-    name. LoRA factors (merged into the base weights beforehand) and the frozen original of a
-    `modules_to_save` module have no vLLM counterpart.
-
-    Args:
-        name: A `named_parameters()` name of the trained model.
-
-    Returns:
-        The vLLM-side name, or None to skip the parameter.
+    PEFT names lose `base_model.model.` and `.base_layer`; a `modules_to_save` copy takes the
+    original module's name; LoRA factors and a `modules_to_save` original are skipped.
     """
     if _LORA_SEGMENT.search(name) or ".original_module." in name:
         return None
@@ -286,18 +225,8 @@ def named_params_for_vllm(model: torch.nn.Module) -> Iterator[tuple[str, torch.T
 def zero3_named_params_for_vllm(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, full tensor) pairs of a DeepSpeed ZeRO-3 model, gathered one module at a time.
 
-    Each module's own parameters are gathered with `deepspeed.zero.GatheredParameters`, yielded,
-    and partitioned again when the next module is requested, so at most one module's full
-    weights (the largest is the embedding) are materialised at once. A yielded tensor is only
-    valid until the next pair is requested: consume each pair before asking for the next
-    (`VLLMEngine.sync_weights` does). Parameters not partitioned by ZeRO pass through (the
-    gather is a no-op for them).
-
-    Every rank must iterate to the end, in step: the gathers are collective. A rank without an
-    engine (e.g. when only rank 0 serves one) drains the iterator and drops the pairs.
-
-    Yields:
-        (name, tensor) in `named_parameters` naming, shared parameters once.
+    A yielded tensor is valid only until the next pair is requested. The gathers are collective:
+    every rank must iterate to the end, in step (a rank without an engine drains and drops).
     """
     import deepspeed
 
@@ -316,22 +245,13 @@ def zero3_named_params_for_vllm(model: torch.nn.Module) -> Iterator[tuple[str, t
 def peft_named_params_for_vllm(model: Any, *, zero3: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, merged tensor) pairs of a PEFT LoRA model, in the base model's naming.
 
-    Merges the adapter into the base weights (`merge_adapter`: W + B A · alpha / r), yields the
-    base parameters under their base-model names (`vllm_param_name`), and unmerges
-    (`unmerge_adapter`) when the iteration ends or is abandoned, so training continues on the
-    unmerged factors. Merging and unmerging in floating point can leave the base weights a few
-    ulps off (PEFT's own caveat); the adapter itself is untouched.
+    Merges the adapter, yields, and unmerges when the iteration ends or is abandoned. Yielded
+    tensors share the model's storage: consume (or clone) each before asking for the next.
 
     Args:
         model: A `peft.PeftModel` with LoRA adapters.
-        zero3: The model is partitioned by DeepSpeed ZeRO-3: gather all parameters first
-            (merging needs A, B and W together), so every rank holds the full model for the
-            duration; every rank must then iterate to the end.
-
-    Yields:
-        (name, tensor) pairs sharing the model's storage: the unmerge at the end changes them
-        back, so consume each pair before asking for the next (`VLLMEngine.sync_weights` does)
-        or clone it.
+        zero3: The model is partitioned by ZeRO-3: gather everything first (collective: every rank
+            must iterate to the end).
     """
     gather: Any = nullcontext()
     if zero3:
@@ -353,13 +273,9 @@ def trained_params_for_vllm(model: Any, *, lora: bool, zero3: bool) -> Iterator[
     """The export helper that fits how the trainer holds its policy, for `sync_weights`.
 
     Args:
-        model: The trained module (under DeepSpeed the engine's `.module`, not the engine).
-        lora: The module is a PEFT LoRA model: export merged weights under base names.
-        zero3: Its parameters are partitioned by DeepSpeed ZeRO-3: gather them (collective:
-            every rank must consume the iterator to the end).
-
-    Returns:
-        (name, tensor) pairs in Hugging Face naming; see the helper each case uses.
+        model: The trained module (under DeepSpeed the engine's `.module`).
+        lora: The module is a PEFT LoRA model.
+        zero3: Its parameters are partitioned by ZeRO-3 (collective: consume to the end).
     """
     if lora:
         return peft_named_params_for_vllm(model, zero3=zero3)
@@ -371,11 +287,7 @@ def trained_params_for_vllm(model: Any, *, lora: bool, zero3: bool) -> Iterator[
 class _LoadWeights:
     """Runs inside each vLLM worker (via `LLM.apply_model`): loads (name, tensor) pairs.
 
-    Deliberately not a dataclass. Out of process, vLLM's engine-core messaging (msgspec, vLLM
-    0.32-0.33 `v1/serial_utils.py`) encodes a dataclass natively, as a plain map, so the worker
-    would receive a dict; an instance of a plain class falls through to vLLM's pickle hook
-    (allowed by `VLLM_ALLOW_INSECURE_SERIALIZATION=1`) and arrives whole. It returns nothing,
-    so nothing large travels back.
+    A plain class, not a dataclass: out of process it must travel pickled, whole.
     """
 
     def __init__(self, weights: list[tuple[str, torch.Tensor]]) -> None:
@@ -393,27 +305,19 @@ class VLLMEngine:
 
     Args:
         model_path: A model directory in Hugging Face format, or a hub name.
-        gpu_memory_utilization: Share of each GPU's memory vLLM takes for weights, activations
-            and KV cache (leave the rest to the trainer when colocated).
+        gpu_memory_utilization: Share of each GPU's memory vLLM takes (leave the rest to a
+            colocated trainer).
         tensor_parallel_size: GPUs the model is sharded over.
-        enable_sleep_mode: Allow `sleep()` / `wake_up()` (vLLM allocates from a pool it can
-            release; CUDA only).
+        enable_sleep_mode: Allow `sleep()` / `wake_up()` (CUDA only).
         dtype: "auto" (the checkpoint's), "bfloat16", "float16" or "float32".
         seed: vLLM's engine seed (unseeded requests draw from it).
         max_model_len: Context length (prompt + generation); None = the model config's.
-        enable_prefix_caching: Reuse KV blocks of shared prefixes (a group's prompt, a
-            trajectory's earlier turns).
+        enable_prefix_caching: Reuse KV blocks of shared prefixes.
         distributed_executor_backend: None for vLLM's default; "external_launcher" when every
-            process of a `torchrun` / `deepspeed` launch runs its own engine on its own GPU(s)
-            next to the trainer (vLLM then joins the launcher's process group instead of
-            spawning workers; TRL's colocate mode). GPU-unverified.
+            process of a `torchrun` / `deepspeed` launch runs its own engine next to the trainer.
 
-    Environment: with one GPU per engine or the external launcher, the engine runs in this
-    process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so `sync_weights` hands tensors to the model by
-    reference. With tensor parallelism in one process the engine core runs in its own process:
-    `sync_weights` then sends each tensor, copied to CPU memory, inside a pickled loader (vLLM
-    accepts pickles only with `VLLM_ALLOW_INSECURE_SERIALIZATION=1`) and every worker loads its
-    shard. Both variables are set with `setdefault`, so a value exported before wins.
+    Sets (with `setdefault`) `VLLM_ENABLE_V1_MULTIPROCESSING=0` for one GPU or the external
+    launcher, and `VLLM_ALLOW_INSECURE_SERIALIZATION=1`, which out-of-process weight sync needs.
 
     Raises:
         VLLMNotInstalledError: vLLM cannot be imported.
@@ -472,17 +376,11 @@ class VLLMEngine:
         self._weights_discarded = False
 
     def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams) -> list[Completion]:
-        """Generates `params.n` completions per prompt, prompt-major, in one `llm.generate` call.
-
-        Wakes the engine first if it sleeps.
+        """Generates `params.n` completions per prompt, prompt-major; wakes the engine if it sleeps.
 
         Args:
-            prompts: Token-id lists, or strings that the engine tokenizes (with the tokenizer's
-                own special-token rules, as HFEngine does).
+            prompts: Token-id lists, or strings that the engine tokenizes.
             params: Sampling settings.
-
-        Returns:
-            len(prompts) * n completions.
 
         Raises:
             RuntimeError: after `sleep(level=2)` without a `sync_weights` since.
@@ -511,22 +409,18 @@ class VLLMEngine:
     def sync_weights(self, named_params: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Loads trainer weights into the running engine, then resets the prefix cache.
 
-        Wakes only the weights if the engine sleeps (the KV cache is allocated by the next
-        `generate`, after the trainer has released its memory). Each pair is loaded before the
-        next is requested, so an iterator may yield temporarily gathered tensors
-        (`zero3_named_params_for_vllm`). Give the full set of parameters: vLLM's `load_weights`
-        maps Hugging Face names onto its fused layers (q/k/v, gate/up) and converts dtypes.
+        Wakes only the weights if asleep; loads each pair before requesting the next.
 
         Args:
-            named_params: (name, tensor) pairs in Hugging Face naming, on any device.
+            named_params: The full set of (name, tensor) pairs in Hugging Face naming, any device.
 
         Returns:
             The number of pairs loaded.
 
         Raises:
             ValueError: `named_params` was empty.
-            RuntimeError: vLLM refused to reset its prefix cache (requests still running), or
-                the engine core runs in another process and pickles are not allowed.
+            RuntimeError: vLLM refused to reset its prefix cache, or the engine core runs in another
+                process and pickles are not allowed.
         """
         if not self.in_process and os.environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION") != "1":
             raise RuntimeError(
@@ -557,11 +451,7 @@ class VLLMEngine:
         return count
 
     def sleep(self, level: int = 1) -> None:
-        """Frees the engine's GPU memory for training.
-
-        Args:
-            level: 1 copies the weights to CPU memory and drops the KV cache; 2 drops both
-                (less host memory; the next `sync_weights` must then load every parameter).
+        """Frees the engine's GPU memory: level 1 copies the weights to CPU, level 2 drops them.
 
         Raises:
             RuntimeError: the engine was built without `enable_sleep_mode=True`.

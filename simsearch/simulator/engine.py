@@ -1,55 +1,26 @@
 """The simulated search engine: an LLM prompted (or fine-tuned) to write search results.
 
-`SimulatedSearchEngine` implements `SearchEngine` over any `GenerationEngine` (transformers
-in-process, or an OpenAI-compatible server hosting the simulator), so the policy's rollout
-cannot tell it from a real retriever. Each request says how many of its `top_k` documents must
-be noisy (`SearchRequest.num_noisy`, decided by the curriculum); all prompts of a `search` batch
-go to the generator in ONE `generate` call.
+`SimulatedSearchEngine` implements `SearchEngine` over any `GenerationEngine`. Each request says
+how many of its `top_k` documents must be noisy (`SearchRequest.num_noisy`); all prompts of a
+`search` batch go to the generator in one `generate` call.
 
 `parse_documents` turns whatever the simulator wrote into exactly `top_k` documents and never
 raises. Rules, in order:
 
-1. ZeroSearch's post-processing: blank lines collapsed, text cut at the first `Doc {top_k+1}`
-   (not followed by another digit, so `Doc 40` does not cut a `top_k=3` answer).
+1. Blank lines collapsed; text cut at the first `Doc {top_k+1}` (not followed by a digit).
 2. Numbered blocks: a line starting with `Doc i` (optionally `Document i`, `**Doc i**`, list
    bullets, `:`/`.`/`)` after the number) opens a block that runs to the next such line.
-3. Otherwise paragraphs (blank-line separated in the raw output) when there are at least
-   `top_k` of them, else non-empty lines.
+3. Otherwise paragraphs when there are at least `top_k` of them, else non-empty lines.
 4. More than `top_k` blocks: the first `top_k` are kept (`trimmed`). Fewer: padded with empty
    documents whose text is `PAD_TEXT` (`padded`); no text at all is `unparsed` (and padded).
 
-Padding uses an explicit empty document, not a repeat of a parsed one: repeating would add
-information the simulator never wrote (a repeated answer-bearing document makes a set look
-more useful than it was) and would hide format failures from fidelity measurements, whereas an
-empty document is what a retriever with too few hits would show, and keeps the number of
-documents the policy sees fixed at `top_k`.
+Titles: a leading `(Title: ...)` gives the title; else a block of several lines takes its first
+line; else the first `TITLE_WORDS` words serve as title and the text is the whole block.
 
-Titles: a leading `(Title: ...)` (balanced parentheses) gives the title; otherwise a block of
-several lines takes its first line as the title; otherwise the first `TITLE_WORDS` words serve
-as the title and the text is the whole block (nothing the simulator wrote is dropped).
-
-Mixing (0 < num_noisy < top_k, our extension: ZeroSearch flips one coin per call): the engine
-asks for a useful set and a noisy set of `top_k` documents each, in the same generate call, and
-position i of the answer takes the noisy set's document i when i is one of `num_noisy`
-positions drawn by `noisy_positions` from a generator seeded by a SHA-256 of the query: the same
-query and count always mix the same way (so caching and reruns agree), while the noisy
-positions differ across queries (the policy cannot learn "ignore the last document").
-
-Verbatim documents (`verbatim=True`, for the **compat** "zerosearch-simulator" rendering): what
-ZeroSearch inserted into the policy's context is the simulator's text itself after its own
-post-processing (`zerosearch_postprocess`), not documents re-rendered from a parse. In verbatim
-mode the engine cuts that text into `top_k` consecutive pieces at the `Doc i` markers
-(`split_verbatim`), so the pieces concatenated are exactly that text, and the rendering
-concatenates them. The pieces carry no title; the first holds any text before `Doc 2`, the last
-any text after `Doc {top_k}`, and pieces missing from a short answer are empty.
-
-`show_question=False` and `show_answer=False` (ours, for the simsearch, simsearch-brief and
-custom presets) keep the request's question or gold answer out of the prompt. Without the
-question, the simulator learns which entity a search is about from the query alone, so a query
-that does not name the entity cannot be answered from the question line. Without the answer, it
-can only write what it learned of the world in fine-tuning, as a real engine can only return
-what it indexed: told the answer, a simulator can return it whatever the query, and RL against
-it need not learn to search. ZeroSearch always shows both.
+Mixing (0 < num_noisy < top_k): a useful and a noisy set are generated, and the positions from
+`noisy_positions` take the noisy set's documents. `verbatim=True` returns `split_verbatim`
+pieces instead of parsed documents. `show_question` / `show_answer` keep the request's question
+or gold answers out of the prompt.
 """
 
 from __future__ import annotations
@@ -110,13 +81,7 @@ class ParseResult:
 
 
 def parse_documents(text: str, top_k: int) -> ParseResult:
-    """Parses a simulator output into exactly `top_k` documents (rules in the module docstring).
-
-    Never raises on any text; `top_k` must be >= 1.
-
-    Args:
-        text: What the simulator generated.
-        top_k: Documents wanted.
+    """Parses a simulator output into exactly `top_k` (>= 1) documents; never raises on any text.
 
     Returns:
         The documents (source "simulator") and how they were obtained.
@@ -173,29 +138,18 @@ def _document(block: str) -> Document:
 def zerosearch_postprocess(text: str, top_k: int) -> str:
     """ZeroSearch's post-processing of a simulator answer, byte for byte (**compat**).
 
-    ZeroSearch `llm_agent/generation.py:91` and `:137`: one left-to-right pass replaces each
-    `"\\n\\n"` by `"\\n"` (so three newlines become two), then everything from the first
-    `Doc {top_k+1}` on is dropped, as a plain substring (so `Doc 6` also cuts at `Doc 60` or in
-    mid-sentence with top_k=5). `parse_documents` cuts more carefully; this is the text as
-    ZeroSearch policies read it.
+    One left-to-right pass replaces each `"\\n\\n"` by `"\\n"`, then everything from the first
+    `Doc {top_k+1}` on is dropped, as a plain substring.
     """
     return text.replace("\n\n", "\n").split(f"Doc {top_k + 1}")[0]
 
 
 def split_verbatim(text: str, top_k: int) -> list[Document]:
-    """ZeroSearch's post-processed text as `top_k` documents whose texts concatenate to it.
+    """`zerosearch_postprocess(text, top_k)` as exactly `top_k` documents whose texts concatenate to it.
 
-    Cuts fall where lines opening `Doc 2` ... `Doc {top_k}` markers start (the `_DOC_MARKER`
-    lines of `parse_documents`, in order); text before the second marker stays with the first
-    piece, and everything from the last cut on stays with the last. Missing pieces are empty.
-
-    Args:
-        text: What the simulator generated.
-        top_k: Documents wanted (>= 1).
-
-    Returns:
-        Exactly `top_k` documents, title "", source "simulator", whose texts joined with "" equal
-        `zerosearch_postprocess(text, top_k)`.
+    Cuts fall at lines opening `Doc 2` ... `Doc {top_k}`; text before the second marker stays with
+    the first piece, everything from the last cut with the last; missing pieces are empty.
+    Documents have title "" and source "simulator".
     """
     if top_k < 1:
         raise ValueError(f"top_k={top_k} must be >= 1")
@@ -210,8 +164,7 @@ def split_verbatim(text: str, top_k: int) -> list[Document]:
 def noisy_positions(query: str, top_k: int, num_noisy: int) -> list[int]:
     """The positions (0-based, ascending) that take noisy documents in a mixed answer.
 
-    Deterministic in (query, top_k, num_noisy): a `random.Random` seeded with the SHA-256 of
-    the query samples `num_noisy` of the `top_k` positions.
+    Deterministic in (query, top_k, num_noisy): seeded by the SHA-256 of the query.
     """
     if not 0 <= num_noisy <= top_k:
         raise ValueError(f"num_noisy={num_noisy} must lie in [0, top_k={top_k}]")
@@ -223,25 +176,20 @@ class SimulatedSearchEngine:
     """A `SearchEngine` whose documents an LLM writes.
 
     Args:
-        generator: Any `GenerationEngine` (HFEngine, the OpenAI-compatible client, ...).
+        generator: Any `GenerationEngine`.
         preset: Prompt preset, see `simsearch.simulator.prompts`.
-        tokenizer: The simulator's tokenizer; with `chat=True` prompts go through its chat template
-            here and reach the generator as token ids.
-        temperature: Sampling temperature (ZeroSearch: 0.8).
-        max_new_tokens: Generation budget per prompt (ZeroSearch: 600).
-        chat: Send prompts as chat conversations. With a tokenizer, the template is applied here;
-            without one the generator receives the plain prompt and must be a chat endpoint
-            (the OpenAI-compatible engine with chat=True) that wraps it as the user message.
+        tokenizer: The simulator's tokenizer; with `chat=True` its chat template is applied here.
+        temperature: Sampling temperature.
+        max_new_tokens: Generation budget per prompt.
+        chat: Send prompts as chat conversations; without a tokenizer the generator must be a chat
+            endpoint.
         templates: The custom preset's templates.
         top_p: Nucleus sampling mass.
-        seed: Base seed; call c is sampled with seed + c, so a run is reproducible. None: fresh.
-        model_name: What the simulator model is (path or served name); part of `fingerprint`.
-        show_question: Show the request's question in the prompt; False keeps it out (module
-            docstring). The zerosearch presets need it.
-        show_answer: Show the request's gold answers in the prompt; False keeps them out
-            (module docstring). The zerosearch presets need them.
-        verbatim: Return `split_verbatim` pieces instead of parsed documents, for the
-            "zerosearch-simulator" rendering (module docstring).
+        seed: Base seed; call c is sampled with seed + c. None: fresh randomness.
+        model_name: The simulator model (path or served name); part of `fingerprint`.
+        show_question: Show the request's question in the prompt (the zerosearch presets need it).
+        show_answer: Show the gold answers in the prompt (the zerosearch presets need them).
+        verbatim: Return `split_verbatim` pieces, for the "zerosearch-simulator" rendering.
     """
 
     def __init__(
@@ -315,16 +263,11 @@ class SimulatedSearchEngine:
     def search(self, requests: list[SearchRequest]) -> list[list[Document]]:
         """Writes `top_k` documents for each request, with one generate call for the batch.
 
-        Args:
-            requests: The batch; each request's `num_noisy` in [0, top_k] picks useful (0),
-                noisy (top_k) or mixed documents.
-
-        Returns:
-            One list of exactly `top_k` documents per request, in order.
+        Each request's `num_noisy` in [0, top_k] picks useful (0), noisy (top_k) or mixed documents.
 
         Raises:
             ValueError: A request with top_k < 1 or num_noisy outside [0, top_k], or a prompt the
-                preset cannot render (e.g. zerosearch without a question), naming the request.
+                preset cannot render, naming the request.
         """
         if not requests:
             return []

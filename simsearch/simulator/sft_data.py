@@ -1,57 +1,21 @@
 """Simulator SFT data: (query, documents) records from real searches, labelled and rendered as pairs.
 
-`simsearch simulator collect` runs a policy against a real retriever and keeps, for every search,
-a `SearchRecord` (question, gold answers, query, the documents the retriever returned). This
-module turns records into JSONL pairs `{prompt, response, label, query, question,
-golden_answers, contains_answer}` that `simsearch simulator finetune` trains on.
+`simsearch simulator collect` keeps a `SearchRecord` (question, gold answers, query, retrieved
+documents) for every search a policy made against a real retriever. This module turns records
+into JSONL pairs `{prompt, response, label, query, question, golden_answers, contains_answer}`
+for `simsearch simulator finetune`. Three targets:
 
-Three targets:
+- `"trajectory"`: every search of a trajectory whose final answer is correct
+  (`OUTCOME_METRICS[outcome_metric]` = 1) gives a useful pair, every other search a noisy pair;
+  classes balanced by seeded downsampling when `balance`.
+- `"judged"`: a judge (`rule_judge` or `LLMJudge`) labels each retrieved set useful or noisy by
+  its content; classes balanced by seeded downsampling.
+- `"retrieved"`: every record gives two pairs: the useful prompt's response is exactly what the
+  retriever returned, the noisy prompt's the same set with every answer-bearing document
+  replaced (`noisy_documents`). Balanced by construction.
 
-- `target="trajectory"` (ZeroSearch's paper, Search Simulation Tuning): a search's documents are
-  labelled by the outcome of the trajectory that made it. Every search of a trajectory whose final
-  answer is correct gives a useful pair (its documents as the response to the useful prompt), every
-  search of a trajectory that ends wrong, or without an answer, a noisy pair. "Correct" is
-  `OUTCOME_METRICS[outcome_metric]` of the trajectory's answer against the gold answers equal to 1:
-  `substring_em` by default, ZeroSearch's "EM" (a normalized gold answer is contained in the
-  normalized answer, their `verl/utils/reward_score/qa_em.py:83-90`), or `em` (equality). The
-  paper does not say which match it used nor whether it balanced the classes; balancing (seeded
-  downsampling of the majority, `balance`) is ours and on by default. ZeroSearch did not release
-  this code (their issue #25).
-- `target="judged"` (ours, content-based): a judge labels each retrieved set useful or noisy by
-  what it contains; a useful set becomes the response to the useful prompt, a noisy set the
-  response to the noisy prompt, and the classes are balanced by seeded downsampling of the
-  majority. The judge is `rule_judge` (a normalized gold answer occurs, as whole words, in the
-  documents) or `LLMJudge` (a model asked whether these results hold enough information to answer
-  the question). Unlike "trajectory", a set that holds the answer is useful even when the
-  trajectory went on to answer wrong, and a set without it noisy even when the trajectory answered
-  right.
-- `target="retrieved"` (ours): every record gives two pairs. The useful prompt's response is
-  exactly what the retriever returned for that query, answer or not; the noisy prompt's response
-  is the same set with every answer-bearing document replaced by one that does not bear the
-  answer (preferably one retrieved for another query of the same question, so it stays on
-  topic). Classes are balanced by construction.
-
-Why the "retrieved" target: a simulator trained on judged or trajectory pairs only ever sees useful prompts paired
-with answer-bearing documents. Told the answer in its prompt, it learns to return the answer for
-ANY query, and RL against it then rewards answering without searching well; the policy never
-learns which queries find the answer, so it does not transfer to a real retriever. With
-`target="retrieved"` a useful prompt with a bad query must yield what the bad query retrieves
-(irrelevant documents), so the simulator keeps the retriever's query sensitivity and the noise
-curriculum still controls noisy calls. This departs from ZeroSearch, whose "useful" simulator
-is conditioned to be helpful regardless of query quality.
-
-Contrast queries (`contrast_records`, ours): the policy that collects the data issues mostly
-reasonable queries, but RL pushes the policy toward whatever the simulator rewards. A simulator
-shown few bad queries treats a query that has lost a word, or half a name, like the full one,
-where BM25 finds nothing. Each record can therefore bring variants of its query (a word dropped,
-a word cut short, a word swapped for one of another record's query) that go to the same
-retriever, and their records train the simulator on what such queries really retrieve
-(measured effect: docs/quickstart-notes.md).
-
-Other departures: the rule judge matches whole words of the normalized text (substring matching
-would find gold "5" in "1995"); exact duplicate records
-(same question, query and documents) are dropped; the train/validation split is by question, so
-no question's pairs sit on both sides.
+`contrast_records` adds records for perturbed queries (`query_variants`) run against the same
+retriever. Exact duplicate records are dropped; the train/validation split is by question.
 """
 
 from __future__ import annotations
@@ -112,8 +76,7 @@ def records_from_trajectories(
 ) -> list[SearchRecord]:
     """Every search the engine actually ran in the trajectories, as records, in order.
 
-    Searches the rollout refused to run (`executed=False`, e.g. in the final turn) have no
-    documents and are left out; so are self-search queries, which no retriever answered.
+    Refused searches (`executed=False`) and self-search queries are left out.
 
     Args:
         trajectories: Finished trajectories.
@@ -163,10 +126,8 @@ class SFTData:
 
 
 def contains_answer(documents: Sequence[Document], golden_answers: Sequence[str]) -> bool:
-    """True when some normalized gold answer occurs as whole words in the normalized documents.
-
-    Titles and texts are concatenated and normalized with `normalize_answer` (the evaluation's
-    SQuAD normalization); golds that normalize to "" never match.
+    """True when some normalized gold answer occurs as whole words in the normalized titles and texts
+    (`normalize_answer`); golds that normalize to "" never match.
     """
     text = " " + normalize_answer(" ".join(f"{d.title} {d.text}" for d in documents)) + " "
     golds = (normalize_answer(g) for g in golden_answers)
@@ -200,10 +161,8 @@ def judge_prompt(record: SearchRecord) -> str:
 
 
 def parse_verdict(text: str) -> bool | None:
-    """Reads a yes/no reply: the first word if it is a verdict, else the first whole `yes`/`no`.
-
-    Returns:
-        True for yes, False for no, None when the reply holds neither.
+    """Reads a yes/no reply (the first word if a verdict, else the first whole `yes`/`no`): True,
+    False, or None when it holds neither.
     """
     lowered = text.lower()
     words = re.findall(r"[a-z]+", lowered)
@@ -220,10 +179,10 @@ class LLMJudge:
 
     Args:
         generator: The judge model's engine.
-        tokenizer: Its tokenizer, to send prompts through its chat template when `chat`.
-        chat: Use the chat template (instruct judges). Without a tokenizer the plain prompt goes
-            to the generator, which must then be a chat endpoint.
-        max_new_tokens: Reply budget; a verdict needs a few tokens.
+        tokenizer: Its tokenizer, for its chat template when `chat`.
+        chat: Use the chat template. Without a tokenizer the plain prompt goes to the generator,
+            which must then be a chat endpoint.
+        max_new_tokens: Reply budget.
     """
 
     def __init__(
@@ -252,11 +211,7 @@ class LLMJudge:
 
 
 def balance_indices(labels: Sequence[bool], seed: int) -> list[int]:
-    """Indices kept after downsampling the majority class to the minority's size (seeded).
-
-    Returns:
-        Ascending indices: every minority item and a random subset of the majority.
-    """
+    """Ascending indices kept after downsampling the majority class to the minority's size (seeded)."""
     useful = [i for i, label in enumerate(labels) if label]
     noisy = [i for i, label in enumerate(labels) if not label]
     minority, majority = sorted((useful, noisy), key=len)
@@ -265,11 +220,10 @@ def balance_indices(labels: Sequence[bool], seed: int) -> list[int]:
 
 
 def split_by_question(pairs: list[dict], val_fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
-    """Splits pairs into train and validation by question, seeded.
+    """Splits pairs into train and validation by question, seeded; each side shuffled.
 
-    `round(val_fraction * number of questions)` questions (at least one when `val_fraction > 0`
-    and there are two or more questions) go to validation with all their pairs; the rest to
-    train. Pair order within each side is shuffled.
+    `round(val_fraction * questions)` questions (at least one when `val_fraction > 0` and there are
+    two or more) go to validation with all their pairs.
     """
     questions = sorted({p["question"] for p in pairs})
     rng = random.Random(seed)
@@ -293,12 +247,8 @@ def noisy_documents(
 ) -> tuple[list[Document], int]:
     """The record's documents with every answer-bearing one replaced by one without the answer.
 
-    Replacements come first from `same_question` (documents retrieved for other queries of the
-    same question: on topic), then from `pool` (drawn at random); a document already in the set
-    is never reused. With no candidate left, a padding document (`PAD_TEXT`) stands in.
-
-    Returns:
-        (documents, number replaced).
+    Replacements come first from `same_question`, then at random from `pool`, never repeating a
+    document; `PAD_TEXT` stands in when none is left. Returns (documents, number replaced).
     """
     golds = record.golden_answers
     used = {(d.title, d.text) for d in record.documents}
@@ -347,12 +297,10 @@ def query_variants(
 ) -> list[str]:
     """Up to `n` distinct perturbations of `query`, each different from it.
 
-    One edit per variant, drawn from `edits`: `drop` a word (queries of two words or more),
-    `cut` a word of four letters or more to a prefix of at least two, `swap` a word for a word
-    of a `donors` query, or `respell` a word of four letters or more: its prefix of at least two
-    letters kept, the rest replaced by the ending of a donor word (`Konis` -> `Konbe`, the way a
-    policy miscopies a name). Draws that repeat a variant or the query itself are retried a
-    bounded number of times, so fewer than `n` come back when the query allows few edits.
+    One edit per variant, drawn from `edits`: `drop` a word, `cut` a word of 4+ letters to a
+    prefix of 2+, `swap` a word for one of a `donors` query, or `respell` a word of 4+ letters
+    (prefix kept, rest from a donor word's ending: `Konis` -> `Konbe`). Draws are retried a bounded
+    number of times, so fewer than `n` may come back.
     """
     words = query.split()
     donor_words = [w for d in donors for w in d.split()]
@@ -463,34 +411,24 @@ def build_sft_pairs(
     """Labels, balances, renders and splits records into simulator SFT pairs.
 
     Args:
-        records: Searches from real-retriever rollouts; exact duplicates are dropped (for
-            "trajectory", duplicates with the same outcome), and so are records with no documents
-            for "judged" and "trajectory" ("retrieved" with `top_k` keeps them: an empty response
-            is what the retriever returned).
+        records: Searches from real-retriever rollouts; exact duplicates are dropped, and so are
+            records with no documents except for "retrieved" with `top_k`.
         preset: Prompt preset the pairs are rendered with (the simulator must be run with it).
-        target: "trajectory" (ZeroSearch's paper: the trajectory's outcome, records need
-            `answered_correctly`), "judged" (ours: the documents' content) or "retrieved" (ours);
-            see the module docstring.
+        target: "trajectory" (records need `answered_correctly`), "judged" or "retrieved".
         judge: Labels sets for target="judged"; unused by the others.
-        balance: For "judged" and "trajectory", downsample the majority label to the minority's size.
+        balance: For "judged" and "trajectory", downsample the majority label.
         val_fraction: Share of questions held out for validation.
         seed: Seeds balancing, replacement choice and the split.
         templates: The custom preset's templates.
-        show_question: Render the question into the prompts; False as for a simulator run with
-            `SimulatedSearchEngine(show_question=False)`. Pairs keep their `question` field.
-        show_answer: Render the gold answers into the prompts; False as for
-            `SimulatedSearchEngine(show_answer=False)`. Pairs keep their `golden_answers`.
-        top_k: The number of results every prompt asks for, as the simulator will be asked
-            (the collecting retriever's top_k). None: each record's own number of documents;
-            records with no documents are then dropped for any target.
+        show_question: Render the question into the prompts (as `SimulatedSearchEngine`'s).
+        show_answer: Render the gold answers into the prompts (as `SimulatedSearchEngine`'s).
+        top_k: Results every prompt asks for; None: each record's own number of documents
+            (records with none are then dropped).
         style: How responses write the documents (`format_response`); anything but "search-r1"
-            only with `simsearch-brief`, whose prompts ask for no format.
+            only with `simsearch-brief`.
 
     Returns:
-        Train and validation pairs, plus counts under `collect/...`: records, duplicates, empty,
-        useful / noisy / unjudged labels (`judged_*` or `trajectory_*`), dropped for balance, pairs
-        per split, the useful share of each split, how many useful responses contain the answer,
-        documents replaced.
+        Train and validation pairs, plus counts under `collect/...`.
     """
     if target not in TARGETS:
         raise ValueError(f"target={target!r} is not one of {', '.join(TARGETS)}")
