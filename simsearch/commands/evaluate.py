@@ -1,51 +1,26 @@
 """`simsearch eval RECIPE`: one policy x several search engines x several QA sets, plus baselines.
 
-Reads top to bottom: setup (names, datasets, policy, engines, the methods to run) → loop (per
-method and dataset, chunks of questions: roll out, score, append the rows) → simulator fidelity
-→ cleanup (summary, tables, plots).
+Setup (names, datasets, policy, engines, methods) → loop (per method and dataset, chunks of
+questions: roll out, score, append the rows) → simulator fidelity → cleanup (summary, tables,
+plots).
 
 Methods, the rows of the tables:
-- one per entry of `engines`: the multi-turn agent loop (`policy.rollout`) with that engine
-  answering every search. A simulator is asked for noisy documents with probability
-  `noisy_share` per search call. A `self-search` policy writes its own information only on an
-  engine of kind `self`; on any other engine each generation is cut at `</search>` and that
-  engine's results are inserted, up to `rollout.max_turns` searches (`real_search_share`). A row
-  whose engine could never be called (`rollout.max_turns=0` on a real engine) is refused;
-- `direct`: the `direct` template with `max_turns=0`, one generation and no search;
-- `rag`: one retrieval with the question as the query from `rag_engine` (default: the first
-  engine), the documents in the `rag` template, one generation (`policy.rag`); a prompt over
-  `rollout.max_context_tokens - sampling.max_new_tokens` has its documents cut to fit, and the
-  summary counts such rows as `rag/truncated`.
-The baselines' templates are plain text, never put through a chat template, whatever
-`rollout.template` is. Every question of every set is scored; each engine searches with its own
-`top_k`; `n` samples per question give pass@n (`rollout.group_size` is not used); EM, substring EM
-and F1 are reported side by side under the recipe's `normalization`.
+- one per entry of `engines`: the agent loop with that engine answering every search; a
+  simulator is asked for noisy documents with probability `noisy_share` per call. A
+  `self-search` policy writes its own information only on an engine of kind `self`;
+- `direct`: one generation, no search;
+- `rag`: one retrieval with the question from `rag_engine` (default: the first engine), then
+  one generation; documents are cut to fit the prompt (`rag/truncated`).
 
-Run directory: `recipe.yaml`; `command.txt` (each invocation's command line, appended);
-`examples/{method}/{dataset}.jsonl`, one row per question (id, question, golden answers, the
-pass@n `scores`, and per sample the answer, response, turns with queries and documents, and the
-counts the summary averages; `rag` rows add the `retrieval`); `summary.json`, `summary.csv`,
-`table.md`, `bars.png`; `curves.png` when `training_run` is set; `fidelity.json` when the engines
-hold a simulator and a real retriever; `metrics.jsonl`, one row of search counts, latency and
-cost per engine per chunk (`retrieval.accounting`), and `cost.json`, their totals over every
-invocation (the table's cost section); `view.html`, the per-example rows as one page (`simsearch view`).
+Run directory: `recipe.yaml`; `command.txt`; `examples/{method}/{dataset}.jsonl`, one row per
+question; `summary.json`, `summary.csv`, `table.md`, `bars.png`; `curves.png` when
+`training_run` is set; `fidelity.json` when the engines hold a simulator and a real retriever;
+`metrics.jsonl` and `cost.json` (search counts, latency, cost); `view.html`.
 
-Simulator fidelity (`simulator.policy_fidelity`): for each simulator engine and each real retriever
-among the engines, per dataset, the first `fidelity_size` questions with the first query the policy
-sent to that retriever (the question when it sent none). The reference is also asked each
-example's corrupted query, which a web engine bills as a new query (the cache keeps it).
-
-Determinism and resume: the sampling is greedy unless the recipe says otherwise, each chunk of
-`chunk_size` questions gets a seed derived from (seed, method, dataset, chunk), and the noise coins
-of a simulator come from that seed too. Rows are appended after each chunk, so an interrupted
-eval restarts where it stopped: questions whose ids are written are skipped, and the tables are
-computed from the per-example files only (never from memory), so they always match them. Each
-row carries a fingerprint of what shaped it (policy, sampling, rollout, engine); a restart with a
-different recipe for the same file stops with an error instead of mixing results. A simulator
-sampled at temperature > 0 seeds call c with seed + c counted from engine start, so a resumed run
-draws other simulated documents than an uninterrupted one would.
-
-How this compares with the papers' evaluations: docs/protocols.md.
+Resume: each chunk of `chunk_size` questions gets a seed derived from (seed, method, dataset,
+chunk); rows are appended after each chunk, and a rerun skips written ids. Tables are computed
+from the per-example files only. A restart with a different recipe for the same file stops
+with an error.
 """
 
 from __future__ import annotations
@@ -128,8 +103,7 @@ class _Evaluation:
 def main(recipe: EvalRecipe) -> dict[str, Any]:
     """Evaluates the recipe's policy; returns the summary also written to `summary.json`.
 
-    On SIGTERM or SIGINT it finishes the chunk in flight, keeps its rows and exits with status 143
-    (`training.preempt`); the same command goes on from there.
+    On SIGTERM or SIGINT it finishes the chunk in flight, keeps its rows and exits with status 143.
     """
     e = _set_up(recipe)
     kept = f"finished rows are kept in {e.run_dir / EXAMPLES_DIR}"
@@ -229,10 +203,8 @@ def _clean_up(e: _Evaluation, fidelity: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def plan_methods(recipe: EvalRecipe) -> list[Method]:
-    """The rows to evaluate, baselines first (as in the papers' tables), then the engines.
-
-    The recipe's rows were checked with it (`EvalRecipe.check`); this warns about paid engines
-    without a cache, which would pay again for every query on a rerun.
+    """The rows to evaluate, baselines first, then the engines; warns about paid engines without a
+    cache.
     """
     for name, cfg in recipe.engines.items():
         if cfg.kind in ("serper", "serpapi") and not cfg.cache:
@@ -282,12 +254,8 @@ def plan_methods(recipe: EvalRecipe) -> list[Method]:
 
 
 def real_search_share(template: str, engine_kind: str) -> float:
-    """`RolloutSettings.self_search_real_share` for a row: the engine, not the recipe, decides.
-
-    A self-search policy on an engine of kind `self` writes its own information (SSRL's
-    self-search numbers); on any other engine every search goes to that engine (SSRL's
-    sim-to-real), so the row's engine is the one that answered. Other templates always search
-    the engine and take 0 (the rollout's "not self-search").
+    """`RolloutSettings.self_search_real_share` for a row: 0 (self-written information) for a
+    self-search policy on a `self` engine or for any other template, 1 otherwise.
     """
     return 1.0 if template == "self-search" and engine_kind != "self" else 0.0
 
@@ -305,7 +273,7 @@ def load_dataset(spec: EvalDataset) -> list[QAExample]:
     """The dataset's questions (its first `limit` when set), with unique ids.
 
     Raises:
-        DataError: two rows share an id (resume and the per-example files key on ids).
+        DataError: two rows share an id.
         QADataError, FileNotFoundError: from `load_qa`, naming the file and line.
     """
     examples = load_qa(spec.path, split=spec.split)
@@ -468,11 +436,8 @@ def _noise(share: float, rng: random.Random) -> Callable[[int], int]:
 
 
 def _fidelity(e: _Evaluation) -> list[dict[str, Any]]:
-    """Simulator fidelity against each real retriever, per dataset, on the queries the policy sent to it.
-
-    Returns:
-        One entry per (simulator, reference, dataset) (`simulator.policy_fidelity.kept_fidelity`), [] when the
-        engines lack either side or `fidelity_size` is 0.
+    """Simulator fidelity against each real retriever, per dataset: one entry per (simulator,
+    reference, dataset), [] when the engines lack either side or `fidelity_size` is 0.
     """
     recipe = e.recipe
     sims = [name for name, cfg in recipe.engines.items() if cfg.kind == "simulator"]
@@ -514,10 +479,8 @@ def build_summary(
     run_dir: Path,
     fidelity: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """The summary dict of `simsearch.eval.report`, computed from the per-example files.
-
-    The RAG row's results add `rag/truncated`, the number of questions whose documents were cut
-    to fit the prompt (`rag_prompt`); the header says how many there were in all.
+    """The summary dict of `simsearch.eval.report`, computed from the per-example files; the RAG row
+    adds `rag/truncated`.
     """
     rows = {}
     truncated = 0

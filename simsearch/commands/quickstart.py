@@ -2,38 +2,21 @@
 
 1. build a fictional world: a corpus about train, held-out (test) and background entities, and
    questions about each group;
-2. pretrain a tiny base LM, first on copy drills (a random token run, then the same run again),
-   then on traces about background entities: reading traces (the name searched, out of the
-   loss, and the right value copied from the results) and traces with random queries and
-   answers drawn from the results: it knows the tags and can read `<information>`, but not
-   which query to issue, nor any fact of the train or test entities;
-3. collect simulator SFT data with that base policy and real BM25 on the training questions,
-   plus contrast queries (a word dropped, cut short or swapped) (`simulator collect`);
-4. fine-tune a tiny simulator on it (`simulator finetune`, the answer tokens weighted);
+2. pretrain a tiny base LM on copy drills, then on traces about background entities: it knows
+   the tags and can read `<information>`, but not which query to issue, nor any fact of the
+   train or test entities;
+3. collect simulator SFT data with that base policy and BM25 on the training questions, plus
+   contrast queries (`simulator collect`);
+4. fine-tune a tiny simulator on it (`simulator finetune`);
 5. RL the policy against the simulator only (`train`), and, for contrast, RL without search
-   (`train_nosearch`: every search finds nothing, Search-R1's "R1" baseline);
-6. evaluate on held-out questions (`eval`) the base and the RL policy against the simulator, BM25,
-   dense retrieval and no search, and the no-search policy as it was trained, with no search;
-   write `report.json`, `report.md`, the plots and the RL policy's trajectory page
-   (`eval/rl_search/view.html`, `simsearch view`).
+   (`train_nosearch`);
+6. evaluate on held-out questions (`eval`) the base and RL policies against the simulator, BM25,
+   dense retrieval and no search; write `report.json`, `report.md`, the plots and
+   `eval/rl_search/view.html`.
 
 Stages 3-6 run the recipes in `recipes/quickstart/` with their paths pointed into the run
-directory, so each is also a worked example of a command a user runs by hand.
-
-Where it departs from ZeroSearch:
-
-- The simulator is trained on `target: retrieved` pairs (a "useful" response is what BM25
-  returned for the query) and is shown neither the question nor the answer (`show_question:
-  false`, `show_answer: false`): it learns the training world from the SFT data and writes the
-  right passages only when the query names the entity, as BM25 does. ZeroSearch's simulator
-  knows the world from pretraining and is told the answer. Consequence: the simulator knows
-  nothing of held-out entities, so the "simulator" column of the held-out table does not
-  measure the policy.
-- Shorter prompts for a tiny model: the simulator prompt is `simsearch-brief` (the query
-  without instructions), the policy prompt `search-r1-brief` (the Search-R1 protocol in one
-  sentence), and results are rendered `brief` (`Doc i: text`, no title) everywhere.
-
-Why these choices, and what the alternatives did: docs/quickstart-notes.md.
+directory. The simulator knows nothing of held-out entities, so the "simulator" column of the
+held-out table does not measure the policy.
 """
 
 from __future__ import annotations
@@ -107,10 +90,8 @@ class _Pipeline:
     def stage(self, name: str, schema: type, command: Any, inputs: list[str], overrides: list[str]) -> str:
         """Runs one stage's command on its shipped recipe with the run's paths (and smoke limits).
 
-        Returns the stage's fingerprint: its resolved recipe, with paths inside the run directory
-        relative to it (a moved run directory keeps its stages), and its inputs' fingerprints. A
-        stage that finished under that fingerprint is skipped; an unfinished one is run again,
-        and the command resumes its own work (checkpoints, finished evaluation rows).
+        Returns the stage's fingerprint (its resolved recipe, run paths relative, and its inputs'
+        fingerprints). A stage finished under that fingerprint is skipped; an unfinished one resumes.
         """
         smoke = SMOKE.get(name.removesuffix("_nosearch"), []) if self.recipe.smoke else []
         # The quickstart's thread count, not the stage recipe's own: it changes the floats, so it is fingerprinted.
@@ -138,10 +119,8 @@ def _inside(value: Any, run: str) -> Any:
 def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     """Run every stage; returns what `report.json` holds.
 
-    Re-run in the same `run_dir`, a stage whose inputs are unchanged is reused (or resumed where
-    it stopped); a stage built from anything else (another seed, world size, pretraining
-    setting, stage recipe value, or an upstream stage that was rebuilt) is deleted and rebuilt
-    (`fingerprints.claim_stage`).
+    Re-run in the same `run_dir`, a stage whose inputs are unchanged is reused (or resumed); one
+    built from anything else is deleted and rebuilt (`fingerprints.claim_stage`).
     """
     began = time.perf_counter()
     clock = _StageClock()
@@ -176,12 +155,12 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
 
 
 def world_and_base(recipe: QuickstartRecipe) -> tuple[World, dict[str, str], dict[str, str]]:
-    """Stages 1-2 alone, in `recipe.run_dir` as `main` runs them (each reuses the other's): the world, its
-    search indexes and the base policy, for a benchmark that trains its own policies from them.
+    """Stages 1-2 alone, in `recipe.run_dir` as `main` runs them: the world, its search indexes and
+    the base policy.
 
     Returns:
-        The world; the paths `corpus`, `train`, `test`, `bm25`, `dense` and `base`; the fingerprints
-        `world` and `base`.
+        The world; the paths `corpus`, `train`, `test`, `bm25`, `dense` and `base`; the
+        fingerprints `world` and `base`.
     """
     pipeline, _, world, world_fp, base_fp = _first_stages(recipe, None)
     return world, {**pipeline.paths, "base": str(pipeline.run / "base")}, {"world": world_fp, "base": base_fp}

@@ -1,23 +1,9 @@
 """How likely a search is to return noisy documents, as training goes on.
 
 A schedule maps the global training step to p_noise, the probability that a search call is
-answered with noisy (unhelpful) documents. ZeroSearch raises p_noise along an exponential curve
-so the policy first learns the output format on easy searches, then learns to cope with bad
-ones: p_i = p_s + (b^(i/m) - 1) / (b - 1) · (p_e - p_s), held at p_e from step m on.
-
-Departures from ZeroSearch:
-
-- The base b is configurable (ZeroSearch hard-codes 4); any b > 0, b != 1 works: b > 1 keeps p
-  low for longer, b < 1 raises it early.
-- Linear, cosine, step, constant and adaptive schedules are added. The adaptive one is a
-  feedback rule of ours, not from a paper: it raises p when recent rewards are high and lowers
-  it when they collapse.
-- `num_noisy` also offers per-document noise (Binomial(top_k, p)), besides ZeroSearch's one coin
-  flip per search call.
-
-The stateless schedules are plain functions `p_noise(step, **params)`, registered in `P_NOISE`;
-the adaptive one is `AdaptiveSchedule`. `make_schedule` binds either to its parameters as a
-`NoiseSchedule`, so the trainer treats them alike.
+answered with noisy documents. The stateless schedules are functions `p_noise(step, **params)`
+in `P_NOISE`; the adaptive one is `AdaptiveSchedule`. `make_schedule` binds either to its
+parameters as a `NoiseSchedule`. `num_noisy` turns p into a count of noisy documents.
 """
 
 from __future__ import annotations
@@ -89,14 +75,8 @@ def _check_curve(owner: str, step: int, p_start: float, p_end: float, total_step
 
 
 def exponential(step: int, p_start: float, p_end: float, total_steps: int, base: float = 4.0) -> float:
-    """ZeroSearch's curriculum: p rises from p_start to p_end along (b^(i/m) - 1) / (b - 1).
-
-    Args:
-        step: i, the training step (>= 0).
-        p_start: p at step 0.
-        p_end: p from step `total_steps` on.
-        total_steps: m, the step at which p reaches p_end.
-        base: b; must be > 0 and != 1 (b = 1 would divide by zero).
+    """p rises from p_start to p_end: p_i = p_s + (b^(i/m) - 1) / (b - 1) · (p_e - p_s), held at p_e
+    from step m = `total_steps` on. `base` b must be > 0 and != 1 (b > 1 keeps p low for longer).
     """
     progress = _check_curve("exponential schedule", step, p_start, p_end, total_steps)
     if not (base > 0.0 and base != 1.0 and math.isfinite(base)):
@@ -119,13 +99,8 @@ def cosine(step: int, p_start: float, p_end: float, total_steps: int) -> float:
 
 
 def piecewise(step: int, p_start: float, milestones: list[int], values: list[float]) -> float:
-    """Piecewise constant: p_start, then values[j] from step milestones[j] on.
-
-    Args:
-        step: The training step (>= 0).
-        p_start: p before the first milestone.
-        milestones: Steps at which p changes, strictly increasing, >= 0.
-        values: p from each milestone on; as many as milestones.
+    """Piecewise constant: p_start, then values[j] from step milestones[j] on (milestones strictly
+    increasing, >= 0; as many values as milestones).
     """
     owner = "step schedule"
     _check_step(step)
@@ -191,12 +166,10 @@ class FixedSchedule:
 class AdaptiveSchedule:
     """Raises p when the policy does well, lowers it when rewards collapse.
 
-    Each `observe` call appends `metrics["reward/mean"]` to a window of the last `window`
-    values. Once the window is full, its mean is compared with the thresholds: at or above
-    `target_reward`, p rises by `delta`; below `collapse_reward`, p falls by `delta`; p is kept
-    within [p_min, p_max]. After a change the window is emptied, so the next decision is made on
-    rewards earned under the new p; without a change the window slides. The step passed to
-    `__call__` is ignored: p depends on the observed rewards only, deterministically.
+    Each `observe` appends `reward/mean` to a window of the last `window` values. Once full, a
+    window mean at or above `target_reward` raises p by `delta`, one below `collapse_reward` lowers
+    it, within [p_min, p_max]; after a change the window is emptied, otherwise it slides. The step
+    passed to `__call__` is ignored.
     """
 
     def __init__(
@@ -209,16 +182,8 @@ class AdaptiveSchedule:
         target_reward: float,
         collapse_reward: float,
     ) -> None:
-        """Builds the schedule.
-
-        Args:
-            p_start: p before any adjustment; within [p_min, p_max].
-            p_min: The lowest p.
-            p_max: The highest p.
-            delta: How much p moves per adjustment; > 0.
-            window: How many observations to average; >= 1.
-            target_reward: A window mean at or above this raises p.
-            collapse_reward: A window mean below this lowers p; < target_reward.
+        """Builds the schedule: `p_start` within [p_min, p_max], `delta` > 0, `window` >= 1,
+        `collapse_reward` < `target_reward`.
         """
         owner = "adaptive schedule"
         _check_probability(owner, "p_min", p_min)
@@ -252,11 +217,7 @@ class AdaptiveSchedule:
         return self.p
 
     def observe(self, metrics: dict[str, float]) -> None:
-        """Records one training step's mean reward and adjusts p when the window says so.
-
-        Args:
-            metrics: The step's metrics; must hold a finite `reward/mean`.
-        """
+        """Records one step's `metrics["reward/mean"]` (finite) and adjusts p when the window says so."""
         if ADAPTIVE_METRIC not in metrics:
             raise ValueError(
                 f"AdaptiveSchedule.observe needs {ADAPTIVE_METRIC!r} in the metrics, got keys "
@@ -298,19 +259,13 @@ SCHEDULE_KINDS: tuple[str, ...] = (*P_NOISE, ADAPTIVE)
 
 
 def make_schedule(kind: str, /, **settings: Any) -> NoiseSchedule:
-    """The schedule `kind`, bound to the settings it takes.
+    """The schedule `kind` (a name in `SCHEDULE_KINDS`), bound to the `settings` it takes.
 
-    Args:
-        kind: A name in `SCHEDULE_KINDS`.
-        **settings: Values by parameter name (e.g. every field of a recipe's curriculum section);
-            each schedule takes the ones its function (or `AdaptiveSchedule`) names and ignores
-            the rest, so adding a schedule needs no change here.
-
-    Returns:
-        The schedule, its parameters checked (the message names the bad one).
+    Each schedule takes the settings its function (or `AdaptiveSchedule`) names and ignores the
+    rest.
 
     Raises:
-        ValueError: On an unknown kind or invalid parameters.
+        ValueError: On an unknown kind or invalid parameters (the message names the bad one).
     """
     if kind == ADAPTIVE:
         return AdaptiveSchedule(**_taken(AdaptiveSchedule, settings))
@@ -345,17 +300,10 @@ GRANULARITIES: dict[str, Callable[[float, int, random.Random], int]] = {
 
 
 def num_noisy(p: float, top_k: int, granularity: str, rng: random.Random) -> int:
-    """How many of a search call's top_k documents should be noisy.
+    """How many of a search call's top_k documents are noisy, in [0, top_k].
 
-    Args:
-        p: The schedule's p_noise for this step.
-        top_k: Documents returned per search.
-        granularity: A name in `GRANULARITIES`: "call", one coin flip for the whole call, so 0 or
-            top_k (ZeroSearch); "document", one flip per document, Binomial(top_k, p).
-        rng: The random source; the caller seeds it, so results are reproducible.
-
-    Returns:
-        A count in [0, top_k]. p = 0 always gives 0 and p = 1 always top_k.
+    `granularity` "call" flips one coin for the whole call (0 or top_k); "document" flips one per
+    document, Binomial(top_k, p). p = 0 always gives 0 and p = 1 always top_k.
     """
     _check_probability("num_noisy", "p", p)
     if top_k < 0:

@@ -1,36 +1,15 @@
 """Policy prompt templates: Search-R1 (base and chat), self-search, and the two baselines.
 
-`SEARCH_R1_TEMPLATE` is the **compat** prompt of Search-R1, which ZeroSearch checkpoints were also
-trained on; it is reproduced byte for byte, including the original's "as your want", because
-a released checkpoint answers best to the exact text it was trained on.
+- `search-r1`: Search-R1's prompt byte for byte (**compat**), never chat-templated; the
+  tokenizer adds its special tokens.
+- `search-r1-chat`: the same text, always through the tokenizer's chat template.
+- `search-r1-auto` (**compat**): through the chat template exactly when the tokenizer has one,
+  tokenized without added special tokens.
+- `search-r1-brief`: the same protocol in one sentence, for tiny models.
+- `self-search`, `direct`, `rag`: our own wording.
 
-Chat templates. Search-R1's and ZeroSearch's RL dataset (`verl/utils/dataset/rl_dataset.py:128-131`
-in both repositories) sends the prompt, stored as one user message, through the tokenizer's chat
-template whenever the tokenizer has one (`if self.tokenizer.chat_template:`), base models
-included: a base model whose tokenizer ships a chat template was trained on chat-formatted
-prompts. Without one it uses the bare text. Either way the text is tokenized without added special tokens
-(`verl/utils/torch_functional.py:236`, `add_special_tokens=False`); their `infer.py:88` (Search-R1)
-and `inference.py:112` (ZeroSearch) apply the same rule. `search-r1-auto` does exactly that
-(**compat**). `search-r1-chat` always applies the chat template (and refuses a tokenizer without
-one); `search-r1` never does and lets the tokenizer add its special tokens (a BOS where it has
-one): simsearch's behaviour before `search-r1-auto`, kept for recipes and checkpoints that use
-it. Departure kept in all three: Search-R1's data scripts append "?" to a question that lacks
-one (`scripts/data_process/nq_search.py:62-63`); we insert the question as given.
-
-`search-r1-brief` is our own one-sentence statement of the same protocol (tags, one query per
-`<search>`, results in `<information>`, the answer in `<answer>`), for tiny models trained from
-scratch (`simsearch quickstart`): they cannot read instructions, and the compat prompt's ~100
-tokens would make up half of every sequence they are trained on.
-
-The self-search (SSRL-style), direct-answer and RAG templates are our own wording. SSRL's prompt
-is not reproduced: it is in none of SSRL's released code (its training rows carry it, in the
-`TsinghuaC3I/SSRL` dataset, and its RL dataset always applies the chat template,
-`verl/utils/dataset/rl_dataset.py:221`); ours asks for the same structure (`<think>`,
-`<search>`, the policy's own `<information>`, `<answer>`), which is what SSRL's format reward
-checks. Every template ends with
-`Question: {question}` and a newline, so `load_qa` can recover the question from any prompt we
-render, and every template asks for the answer inside `<answer>` tags so one extraction function
-scores all of them.
+The question is inserted as given. Every template ends with `Question: {question}` and a
+newline (so `load_qa` can recover the question) and asks for the answer in `<answer>` tags.
 """
 
 from __future__ import annotations
@@ -113,17 +92,8 @@ def uses_tokenizer(template: str) -> bool:
 
 
 def apply_chat_template(text: str, tokenizer: PreTrainedTokenizerBase) -> str:
-    """Send a prompt as one user message through the tokenizer's chat template.
-
-    This is how Search-R1 prompts instruct models: no system message, the template's generation
-    prompt appended, the result kept as text (the rollout tokenizes it).
-
-    Args:
-        text: The prompt, e.g. from `render_prompt(..., template="search-r1")`.
-        tokenizer: A Hugging Face tokenizer with a `chat_template`.
-
-    Returns:
-        The chat-formatted prompt, ending where the assistant's reply begins.
+    """The prompt as one user message through the tokenizer's chat template (no system message,
+    generation prompt appended), as text ending where the assistant's reply begins.
 
     Raises:
         ValueError: The tokenizer has no chat template.
@@ -147,26 +117,17 @@ def render_prompt(
     tokenizer: PreTrainedTokenizerBase | None = None,
     documents: list[Document] | None = None,
 ) -> str:
-    """Render the policy's prompt for one question.
+    """Render the policy's prompt for one question, ending where the policy's generation begins.
 
     Args:
         question: The question, inserted as is.
-        template: `search-r1` (compat text, never chat-templated), `search-r1-chat` (the same text
-            through the tokenizer's chat template), `search-r1-auto` (compat: through the chat
-            template exactly when the tokenizer has one, as Search-R1 and ZeroSearch do),
-            `search-r1-brief` (the same protocol in one sentence, for tiny models),
-            `self-search` (the policy writes its own search results), `direct` (answer without
-            search) or `rag` (answer from `documents`).
-        tokenizer: Required by the templates `uses_tokenizer` names and only accepted there; to
-            send another template through a chat template, pass its text to `apply_chat_template`.
+        template: A name of the templates (module docstring).
+        tokenizer: Required by the templates `uses_tokenizer` names and only accepted there.
         documents: Required by `rag` and only accepted there, best first.
 
-    Returns:
-        The prompt text, ending where the policy's generation begins.
-
     Raises:
-        ValueError: An unknown template, or a tokenizer / documents argument that is missing
-            where required or given where unused.
+        ValueError: An unknown template, or a tokenizer / documents argument that is missing where
+            required or given where unused.
     """
     if template not in TEMPLATES:
         raise ValueError(f"template={template!r} is not one of {', '.join(TEMPLATE_NAMES)}")
@@ -193,20 +154,9 @@ def render_prompt(
 
 
 def encode_prompt(question: str, *, template: TemplateName, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """The policy's prompt for one question as token ids, tokenized as the template's reference does.
-
-    A template that may use the chat template (`uses_tokenizer`) is tokenized without added
-    special tokens, chat-templated or not: a chat template writes its own (BOS included), and
-    Search-R1 / ZeroSearch add none to the bare text either (module docstring). The other
-    templates let the tokenizer add its special tokens.
-
-    Args:
-        question: The question, inserted as is.
-        template: Any template but `rag`.
-        tokenizer: The policy's tokenizer.
-
-    Returns:
-        The prompt's token ids.
+    """The prompt's token ids for one question (any template but `rag`), tokenized as the template's
+    reference does: without added special tokens for the `uses_tokenizer` templates, with the
+    tokenizer's special tokens otherwise.
     """
     if template == "rag":
         raise ValueError("template='rag' needs documents: render it with render_prompt(..., documents=...)")

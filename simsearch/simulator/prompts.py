@@ -1,39 +1,24 @@
 """What the simulator LLM is asked: useful / noisy prompt templates, in five presets.
 
-A preset turns one search request (query, the question behind it, its gold answers, how many
-documents, useful or noisy) into the text the simulator continues. The simulator answers with
-numbered documents, `Doc {i}(Title: {title}) {text}` one per line (`format_response`; pairs for
-`simsearch-brief` may use another rendering, see there), which is what
-`simsearch.simulator.engine.parse_documents` reads back and what the SFT pairs of
-`simsearch.simulator.sft_data` teach.
+A preset turns one search request (query, question, gold answers, number of documents, useful
+or noisy) into the text the simulator continues; the simulator answers with numbered documents
+(`format_response`), which `simsearch.simulator.engine.parse_documents` reads back.
 
 Presets:
 
-- `zerosearch` (**compat**): ZeroSearch's SFT-mode prompt byte for byte, the text its released
-  simulators (`Simulation_LLM_*_V2`) were fine-tuned on. The noisy variant swaps `useful` for
-  `noisy` in its three places (`Useful Output:` becomes `Noisy Output:`). Compatibility keeps
-  ZeroSearch's quirks: only the **first** gold answer is shown, and the wording asks for "five"
-  documents whatever `top_k` is (the engine keeps the first `top_k`, cutting at `Doc {top_k+1}`
-  as ZeroSearch does). ZeroSearch sends this text as the user message after an empty system
-  message through the simulator's chat template: `as_chat` / `chat_messages`.
-- `zerosearch-prompt`: for an instruct model used without fine-tuning (ZeroSearch's prompt-only
-  simulators). Same structure as ZeroSearch's (a one-shot demonstration; the noisy version
-  leaves out the question and answer), our own wording, and it asks for `top_k` documents.
-- `simsearch` (the default): our own short template. It asks for `top_k` documents in the exact
-  response format, and its useful version says the answer belongs only in results a real search
-  for this query would find, which is what SFT pairs with `target="retrieved"` teach (see
-  `sft_data`). The question and answer lines are each left out when the request does not carry
-  them (e.g. a Search-R1 client of `simsearch serve` sends neither; a simulator run with
-  `show_question=False` is shown the answer only, see `simsearch.simulator.engine`).
-- `simsearch-brief`: the same fields without the instructions: `Query: {query}` then `Results:`
-  (useful) or `Noisy results:` (noisy), after the question and answer lines when shown. For a
-  simulator fine-tuned on pairs rendered with it (it learns the format and the number of
-  results from them): a tiny model gets nothing from the instructions, which would make up
-  more than half of every SFT sequence. With no instructions to contradict, its pairs' responses
-  may take any `render_documents` style (`simulator collect` uses the policy's
-  `search.rendering`), so the simulator writes results exactly as the policy reads them.
-- `custom`: two user templates with the fields `{query}`, `{question}`, `{answers}` (the gold
-  answers joined by "; ") and `{top_k}`; literal braces are written `{{` and `}}`.
+- `zerosearch` (**compat**): ZeroSearch's SFT-mode prompt byte for byte; the noisy variant swaps
+  `useful` for `noisy`. Only the first gold answer is shown, and the wording asks for "five"
+  documents whatever `top_k` is. Sent as the user message after an empty system message
+  (`as_chat` / `chat_messages`).
+- `zerosearch-prompt`: for an instruct model used without fine-tuning; asks for `top_k`
+  documents.
+- `simsearch` (the default): our short template; asks for `top_k` documents in the exact format;
+  the question and answer lines are left out when the request does not carry them.
+- `simsearch-brief`: the same fields without instructions (`Query: {query}` then `Results:` or
+  `Noisy results:`), for a simulator fine-tuned on pairs rendered with it; its responses may
+  take any `render_documents` style.
+- `custom`: two user templates with the fields `{query}`, `{question}`, `{answers}` (joined by
+  "; ") and `{top_k}`; literal braces are written `{{` and `}}`.
 """
 
 from __future__ import annotations
@@ -178,20 +163,10 @@ def check_templates(templates: PromptTemplates) -> None:
 
 
 def format_response(documents: list[Document], style: RenderStyle = "search-r1") -> str:
-    """Writes documents the way the simulator answers: by default one `Doc i(Title: t) text` line each.
+    """Writes documents (best first, numbered from 1) the way the simulator answers, without a
+    trailing newline; `style` is a `render_documents` style ("search-r1": `Doc i(Title: t) text`).
 
-    Whitespace runs inside titles and texts (newlines included) become single spaces, so every
-    document stays on one line (or, for "plain", one title line and one text line) and
-    `parse_documents` reads the same documents back.
-
-    Args:
-        documents: The documents, best first; numbered from 1.
-        style: A `data.rendering.render_documents` style. The presets with instructions ask for
-            "search-r1"; a simulator fine-tuned with `simsearch-brief` writes what its pairs
-            taught it, which is best what the policy reads (`search.rendering`).
-
-    Returns:
-        The rendered documents, without a trailing newline.
+    Whitespace runs become single spaces, so `parse_documents` reads the same documents back.
     """
     flat = [Document(" ".join(d.title.split()), " ".join(d.text.split())) for d in documents]
     return render_documents(flat, style).rstrip("\n")
@@ -210,21 +185,17 @@ def render(
     """Renders the simulator prompt for one request (plain text, before any chat template).
 
     Args:
-        preset: One of `PRESETS` (module docstring).
+        preset: One of `PRESETS`.
         query: The policy's search query.
         question: The question the policy is answering, or None when unknown.
-        golden_answers: Its gold answers (zerosearch shows the first only).
-        noisy: Ask for noisy (unhelpful) documents instead of useful ones.
-        top_k: Documents wanted (the zerosearch wording says "five" regardless).
+        golden_answers: Its gold answers.
+        noisy: Ask for noisy documents instead of useful ones.
+        top_k: Documents wanted.
         templates: The two templates; required by, and only accepted with, "custom".
-
-    Returns:
-        The prompt; the simulator's documents follow it directly.
 
     Raises:
         ValueError: Unknown preset; `templates` missing for / given to the wrong preset; a
-            zerosearch useful prompt (or any zerosearch compat prompt) without a question or a
-            gold answer, which the released simulators were never trained without.
+            zerosearch prompt without the question or gold answer it needs.
     """
     if preset not in PRESETS:
         raise ValueError(f"preset={preset!r} is not one of {', '.join(PRESETS)}")
@@ -356,15 +327,8 @@ def chat_messages(prompt: str) -> list[dict[str, str]]:
 
 
 def as_chat(prompt: str, tokenizer: PreTrainedTokenizerBase) -> str:
-    """Sends a simulator prompt through the simulator tokenizer's chat template, as text.
-
-    Args:
-        prompt: A rendered prompt.
-        tokenizer: The simulator's tokenizer; it must carry a chat template.
-
-    Returns:
-        `chat_messages(prompt)` rendered with the generation prompt appended; tokenize it without
-        adding special tokens (the template already wrote them).
+    """`chat_messages(prompt)` through the simulator tokenizer's chat template, as text with the
+    generation prompt; tokenize it without adding special tokens.
 
     Raises:
         ValueError: The tokenizer has no chat template.

@@ -2,32 +2,22 @@
 
 A trace is
 
-    prompt  <search> query </search>  \\n\\n<information>Doc 1(Title: ...) ...</information>\\n\\n
+    prompt  <search> query </search>  \n\n<information>Doc 1(Title: ...) ...</information>\n\n
     <answer> value </answer>
 
-with the prompt, the turns and the information block tokenized apart and concatenated as
-`policy.rollout` assembles a trajectory (prompt with `render_prompt(...)` and the tokenizer's
-special tokens, each generated turn on its own, the observation as `wrap_information(block)`
-minus its closing tail, then the tail), so pretraining and RL see the same token sequences.
-What a trace leaves open is what RL has to learn:
+tokenized piecewise as `policy.rollout` assembles a trajectory, so pretraining and RL see the
+same token sequences. What a trace leaves open is what RL has to learn:
 
-- the query is of a random kind (`QUERY_KINDS`): the question's entity name alone, a random
-  subset of the other question words, or the name mixed with some of them; so no trace says
-  which query is right. A query that finds nothing is redrawn (`redraw_empty`);
-- the answer is drawn uniformly from the pooled value spans (`values.value_spans`) of all the
-  retrieved documents, whatever the question asks; so no trace says which document or relation
-  to trust. With `typed_answer_share`, that share draws only among values of the asked kind;
+- the query is of a random kind (`QUERY_KINDS`); a query that finds nothing is redrawn
+  (`redraw_empty`);
+- the answer is drawn uniformly from the pooled value spans of all retrieved documents
+  (`typed_answer_share`: only among values of the asked kind);
 - reading traces (`reading_share`) search the entity name, out of the LM loss, and answer the
-  gold value: reading, without which query to write. The quickstart makes them about background
-  people, whose facts no RL or evaluation question asks;
-- two-search traces (`two_search_share`) search twice before answering, the second query
-  around a person's name copied from the first results, the answer drawn from both result sets;
-- the information tokens are out of the LM loss, so no fact of the world is learnt; `copy_mask`
-  marks inside the information block the tokens whose bigram occurred earlier in the sequence:
-  the targets of the copy loss (`pretrain.trace_loss`), which in-context copying alone can predict.
+  gold value; two-search traces (`two_search_share`) search again for a person's name copied
+  from the first results;
+- the information tokens are out of the LM loss; `copy_mask` marks the copy-loss targets.
 
-Copy drills (`make_copy_drills`) are traces of random tokens that teach copying alone. Why the
-quickstart pretrains its base at all: docs/quickstart-notes.md.
+`make_copy_drills` builds traces of random tokens that teach copying alone.
 """
 
 from __future__ import annotations
@@ -62,11 +52,9 @@ _MAX_REDRAWS = 20  # rounds of redrawing queries that retrieved nothing
 class Trace:
     """One pretraining sequence and how it was made.
 
-    `loss_mask[i]` is 1 when `input_ids[i]` is a token the policy would generate (the search and
-    answer turns; the answer turn only, in a reading trace), 0 on the prompt and the information
-    block. `copy_mask[i]` is 1 on the tokens of the information block whose bigram
-    `(input_ids[i-1], input_ids[i])` occurs at an earlier position of the sequence. Both masks
-    mark targets: position i is predicted from the tokens before it.
+    `loss_mask[i]` is 1 when `input_ids[i]` is a token the policy would generate (the answer turn
+    only, in a reading trace); `copy_mask[i]` is 1 on information-block tokens whose bigram occurs
+    earlier in the sequence. Both mark targets: position i is predicted from the tokens before it.
     """
 
     input_ids: list[int]
@@ -87,19 +75,8 @@ class Trace:
 
 
 def copy_mask(input_ids: Sequence[int], start: int, end: int) -> list[int]:
-    """Marks the tokens in `[start, end)` whose bigram already occurred earlier in the sequence.
-
-    Position i (start <= i < end, i >= 1) gets 1 when `(input_ids[i-1], input_ids[i])` equals
-    `(input_ids[j-1], input_ids[j])` for some 1 <= j < i: the token can be predicted by copying
-    what followed the same token before.
-
-    Args:
-        input_ids: The whole sequence.
-        start: First position that may be marked.
-        end: One past the last position that may be marked.
-
-    Returns:
-        A 0/1 list as long as `input_ids`.
+    """0/1 per position of `input_ids`: 1 at i in `[start, end)` (i >= 1) when the bigram
+    `(input_ids[i-1], input_ids[i])` occurred at an earlier position.
     """
     mask = [0] * len(input_ids)
     seen: set[tuple[int, int]] = set()
@@ -130,11 +107,7 @@ def make_traces(
 ) -> list[Trace]:
     """Builds `n` pretraining traces, in draw order, with random queries and randomly copied answers.
 
-    Each trace takes a question drawn uniformly from `examples`, a query of a kind drawn with `query_mix` (all
-    queries in one batched `search` call), and as answer a value drawn uniformly from the pooled `value_spans` of
-    the top-k documents found: the gold answer about 1 time in 6 for a query holding the entity name (its three
-    passages hold six values), about never otherwise. A two-hop question's name is its venture's. A share of 0
-    draws nothing: the traces are those the same arguments gave without that option.
+    A share of 0 draws nothing: the traces are those the same arguments gave without that option.
 
     Args:
         world: Questions, facts (for the entity name) and city names.
@@ -146,15 +119,16 @@ def make_traces(
         template: Prompt template, rendered as the rollout renders it; not "search-r1-chat".
         query_mix: Probabilities of the query kinds `QUERY_KINDS`.
         examples: Questions to draw from; `world.train` by default.
-        typed_answer_share: Share of traces drawing their answer among the values of the asked kind only.
-        reading_share: Share of reading traces: the name searched out of the loss, the gold answer if retrieved.
-        redraw_empty: Redraw (kind included) a query that finds nothing; False keeps it, and its trace answers a
-            value of the asked kind drawn from the whole world.
-        rendering: How the documents are shown, as in the rollout (`render_documents`).
+        typed_answer_share: Share of traces drawing their answer among values of the asked kind.
+        reading_share: Share of reading traces.
+        redraw_empty: Redraw (kind included) a query that finds nothing; False keeps it, and its
+            trace answers a value of the asked kind drawn from the whole world.
+        rendering: How the documents are shown (`render_documents`).
         two_search_share: Share of traces that search a second time before answering.
 
     Raises:
-        ValueError: A bad argument, a question not of `world`, or queries still finding nothing after redraws.
+        ValueError: A bad argument, a question not of `world`, or queries still finding nothing
+            after redraws.
     """
     _check_trace_args(n, top_k, query_mix, template, typed_answer_share, reading_share, two_search_share)
     pool = _question_pool(world, examples)
@@ -183,23 +157,15 @@ def make_copy_drills(
 ) -> list[Trace]:
     """Copy drills: a random token sequence followed by itself, the LM loss on the repeat.
 
-    A few hundred steps on these form induction heads (attend to the earlier occurrence of the
-    current context, predict what followed it) far faster than the search traces alone, whose
-    copy targets are few and mostly ambiguous single-token matches. Each drill draws its tokens
-    from a random alphabet of 8-64 ordinary tokens, so in small alphabets single tokens repeat
-    and only the preceding tokens together say where to copy from, as when copying a name that
-    shares its first piece with another. Drills hold no text at all, let alone world facts.
-
     Args:
         tokenizer: The policy's tokenizer; its special tokens are never drawn.
         n: Number of drills.
         seed: Seeds the tokens.
-        length: Tokens per half; a drill has 2 * length tokens.
+        length: Tokens per half.
         alphabet: Range (inclusive) of the number of distinct tokens per drill.
 
     Returns:
-        Traces with `loss_mask` 1 on the second half except its first token (which cannot be
-        predicted), `copy_mask` all 0 and no search metadata.
+        Traces with `loss_mask` 1 on the second half except its first token, `copy_mask` all 0.
     """
     rng = random.Random(seed)
     special = set(tokenizer.all_special_ids)
@@ -253,11 +219,8 @@ class _Searcher:
     def _search(
         self, questions: list[str], names: list[str], kinds: list[str], queries: list[str]
     ) -> list[list[Document]]:
-        """Searches all queries in one call; with `redraw_empty`, redraws (in place) kind and query of those that
-        found nothing until they find something.
-
-        The kind is redrawn too: for some phrasings ("What job does X have?") no subset of the question words
-        occurs in the corpus. The last redraw is the name alone, which finds its person's passages.
+        """Searches all queries in one call; with `redraw_empty`, redraws (in place) kind and query of
+        those that found nothing, the last redraw being the name alone.
         """
         documents: list[list[Document]] = [[] for _ in queries]
         pending = list(range(len(queries)))
@@ -296,10 +259,8 @@ def _first_searches(
 def _second_searches(
     searcher: _Searcher, world: World, questions: list[str], first: _Searches, share: float
 ) -> dict[int, _Search]:
-    """The second search of a `share` of the traces, by trace index.
-
-    Its "name" is a person's name drawn uniformly from the distinct ones in the first results
-    (the first search's name when they hold none), its kind drawn as the first's.
+    """The second search of a `share` of the traces, by trace index: a person's name from the first
+    results (the first search's name when they hold none), its kind drawn as the first's.
     """
     rng = searcher.rng
     twice = [i for i in range(len(questions)) if rng.random() < share]

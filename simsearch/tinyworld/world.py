@@ -1,31 +1,17 @@
 """A seeded fictional world: entities, a corpus about them, and questions only search can answer.
 
-No paper has this; it is the test bed of `simsearch quickstart`, where a tiny model must learn,
-by RL on CPU, to search before answering. The world is made so that:
+The test bed of `simsearch quickstart`. By construction:
 
-- no model can know it: people and cities have names composed from syllables, so they are not
-  words of any language and a tokenizer trained on other random names splits them into pieces;
-- every question names its entity, and only a query holding that name finds the answer: the
-  question words alone ("where ... born") match the same relation in other entities' passages;
-- retrieved noise is meaningful: each entity's name also appears in a visit passage holding a
-  wrong city, a wrong year and a wrong occupation, and city descriptions hold years and
-  occupations too, so copying the first plausible value from the results is often wrong;
-- answers are short (a city name, an occupation of one or two words, a year) and distinct across
-  relations, so exact match is a fair reward;
-- test questions are about entities no training question mentions, so a policy that memorizes
-  training answers gains nothing on them.
+- names are composed from syllables, so no model can know them;
+- every question names its entity, and only a query holding that name finds the answer;
+- retrieved noise is meaningful: each entity also has a visit passage with a wrong city, year
+  and occupation, and city descriptions hold years and occupations;
+- answers are short and distinct across relations, so exact match is a fair reward;
+- test questions are about entities no training question mentions.
 
-With `two_hop_share` (default 0: none), a share of each split's people also found a venture with
-a proper name ("the Belsa rope works"), written into their founding passage instead of the plain
-one, and get a fourth, two-hop question: "Where was the founder of the Belsa rope works born?".
-Only the founding passage names the venture, and only the biography names the birth city, so the
-answer takes two searches: the venture's name (which finds the founder), then the founder's name.
-Everything else of the world (the other passages, their order, the one-hop questions and their
-ids) is that of the same seed without two-hop questions; the two-hop questions follow them.
-
-With the defaults: 300 entities x 3 relations; 940 passages (two
-per entity, one visit per entity, one description per city); 600 training questions over 200
-entities and 300 test questions over the other 100.
+With `two_hop_share` > 0 a share of each split's people found a named venture and get a
+two-hop question ("Where was the founder of the Belsa rope works born?"), answered with two
+searches; the rest of the world is that of the same seed without them.
 """
 
 from __future__ import annotations
@@ -139,8 +125,8 @@ class Entity:
 class Fact:
     """What a question asks: its entity, relation and answer, and the passage stating it.
 
-    A two-hop question (relation `TWO_HOP`) names `bridge`, the venture's proper name, not the
-    entity; `bridge_passage_id` is the founding passage, which links the two.
+    A two-hop question (relation `TWO_HOP`) names `bridge`, the venture, not the entity;
+    `bridge_passage_id` is the founding passage.
     """
 
     entity: str
@@ -160,9 +146,8 @@ class Fact:
 class World:
     """A generated world: build it with `build_world`.
 
-    `passages` titles carry wiki-18's double quotes (`"Ganlo"`), so `Passage.contents` is the
-    corpus line exactly as written to `corpus.jsonl`. `facts` maps every question id (train and
-    test) to what it asks.
+    `Passage.contents` is the corpus line as written to `corpus.jsonl` (titles in double quotes);
+    `facts` maps every question id to what it asks.
     """
 
     seed: int
@@ -178,14 +163,9 @@ class World:
     two_hop_share: float = 0.0  # as built (`build_world`): 0 = no two-hop questions
 
     def write(self, directory: str | os.PathLike[str]) -> dict[str, Path]:
-        """Write `corpus.jsonl` (Search-R1 `{"id", "contents"}`) and FlashRAG `train.jsonl`, `test.jsonl`
-        (and `background.jsonl` when the world has background questions).
-
-        Args:
-            directory: Created if missing; existing files of these names are overwritten.
-
-        Returns:
-            The written paths under the keys `corpus`, `train`, `test` (and `background`).
+        """Writes `corpus.jsonl` (`{"id", "contents"}`), `train.jsonl`, `test.jsonl` (and
+        `background.jsonl`) into `directory` (created; files overwritten); returns their paths by
+        those keys.
         """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -208,21 +188,11 @@ class World:
         return [p for p in self.passages if p.title.strip('"') not in names]
 
     def texts_for_tokenizer(self, n_texts: int = 2000, *, seed: int = 0) -> list[str]:
-        """Sample texts for training a tokenizer that has never seen this world's names.
+        """`n_texts` sample texts for training a tokenizer that has never seen this world's names.
 
-        Each text is a question followed, in random order, by the biography, founding and visit
-        passages of its entity and a city description, written with the world's templates about
-        a fresh random person and fresh random cities and laid out as search results, one
-        `Doc i(Title: "name") text` line each; no name of this world occurs. So the
-        tokenizer learns the templates' words whole but has to split the world's names into
-        syllable pieces, as a real tokenizer does with unseen names.
-
-        Args:
-            n_texts: How many texts.
-            seed: Varies the sample; the same (world seed, seed) always gives the same texts.
-
-        Returns:
-            `n_texts` strings.
+        Each is a question and its entity's passages, laid out as search results, written with the
+        world's templates about fresh random people and cities: no name of this world occurs. The same
+        (world seed, `seed`) gives the same texts.
         """
         rng = random.Random(1_000_003 * self.seed + seed + 1)
         taken = {e.name for e in self.entities} | set(self.cities)
@@ -272,22 +242,17 @@ def build_world(
 
     Args:
         seed: Everything (names, facts, phrasings, order) follows from it.
-        n_entities: People in the world; each gets a biography (birth city, occupation), a
-            founding passage (year) and a visit passage (noise), and one question per relation.
+        n_entities: People; each gets a biography (birth city, occupation), a founding passage
+            (year), a visit passage (noise) and one question per relation.
         n_train_entities: People whose questions form `train`; the rest form `test`.
         n_cities: Cities, each with a description passage (noise).
-        n_background_entities: Further people, with passages in the corpus like everyone's,
-            whose questions form `background`: material for training the base LM and the
-            simulator on this corpus without touching the train or test entities; 0: none.
-        two_hop_share: Share of each split's people (rounded) whose venture gets a proper name
-            and who get a two-hop question (`TWO_HOP`), after the split's one-hop questions.
-            Drawn from a random stream of its own: the rest of the world is that of 0 (the
-            default), but for the founding passages of the people with a named venture.
+        n_background_entities: Further people whose questions form `background`; 0: none.
+        two_hop_share: Share of each split's people who get a named venture and a two-hop question
+            (`TWO_HOP`), after the split's one-hop questions; drawn from its own random stream.
 
     Returns:
-        The world: 3 * (n_entities + n_background_entities) + n_cities passages,
-        3 * n_train_entities train, 3 * (n_entities - n_train_entities) test and
-        3 * n_background_entities background questions, plus the two-hop ones.
+        The world: 3 * (n_entities + n_background_entities) + n_cities passages, three questions
+        per person of each split, plus the two-hop ones.
 
     Raises:
         ValueError: Sizes that leave a split empty or too few cities to tell apart.

@@ -1,15 +1,9 @@
 """What the two training commands (`train`, `simulator finetune`) share about processes and weights.
 
-Processes: starting torch.distributed (through DeepSpeed, on nccl with CUDA, else gloo),
-all-reduces of small CPU tensors, the DeepSpeed ZeRO-2/3 config, micro-batch backward under
-DeepSpeed or plain torch. Weights: loading the trained model (where a resume takes its weights
-from, LoRA, gradient checkpointing), gathering ZeRO-3 partitions, the Hugging Face export of
-full, LoRA or merged weights, and the run directory's `deepspeed/step_N/` states, pruned with the
-checkpoints that refer to them.
-
-Departures from the usual DeepSpeed setup: the optimizer (torch's AdamW) and the LR schedule are
-ours, passed to `deepspeed.initialize` rather than named in the config; a plain one-process launch
-(no `RANK` in the environment) still runs DeepSpeed, as a world of one on a free local port.
+Processes: starting torch.distributed (through DeepSpeed), all-reduces of small CPU tensors, the
+DeepSpeed ZeRO-2/3 config, micro-batch backward. Weights: loading the trained model, gathering
+ZeRO-3 partitions, the Hugging Face export, and the run directory's `deepspeed/step_N/` states,
+pruned with the checkpoints that refer to them.
 """
 
 from __future__ import annotations
@@ -64,12 +58,8 @@ class LoraSpec(Protocol):
 
 @dataclass(frozen=True)
 class BatchShape:
-    """How a process's optimizer step is cut: DeepSpeed's batch sizes.
-
-    Attributes:
-        micro: Rows per micro-batch (one forward and backward).
-        accum: Micro-batches per optimizer step.
-        world: Processes.
+    """How a process's optimizer step is cut: `micro` rows per micro-batch, `accum` micro-batches per
+    step, `world` processes.
     """
 
     micro: int
@@ -143,16 +133,8 @@ def mean_over_ranks(metrics: dict[str, float], world: int) -> dict[str, float]:
 def deepspeed_config(zero: ZeroSpec, batch: BatchShape, *, grad_clip: float, bf16: bool) -> dict[str, Any]:
     """The DeepSpeed config dict for ZeRO-2/3 with our own (client) AdamW and LR schedule.
 
-    Gradient clipping, accumulation and mixed precision are DeepSpeed's; the optimizer and
-    scheduler objects are passed to `deepspeed.initialize`, so the config has no optimizer or
-    scheduler section (`zero_allow_untested_optimizer` lets ZeRO wrap torch's AdamW, and
-    `zero_force_ds_cpu_optimizer: false` lets optimizer offload use it too).
-
-    Args:
-        zero: The ZeRO stage (2 or 3) and offloads.
-        batch: Micro-batch size, accumulation steps and processes.
-        grad_clip: Gradient-norm clipping.
-        bf16: DeepSpeed's bf16 mode.
+    Gradient clipping, accumulation and mixed precision are DeepSpeed's; the config has no
+    optimizer or scheduler section.
 
     Raises:
         ValueError: `zero.stage` is not 2 or 3, or `zero.offload_params` without stage 3.
@@ -182,17 +164,11 @@ def deepspeed_config(zero: ZeroSpec, batch: BatchShape, *, grad_clip: float, bf1
 def backward(loss: torch.Tensor, engine: Any | None, boundary: bool | None = None) -> None:
     """Backpropagates one micro-batch's loss, through the DeepSpeed engine when there is one.
 
-    The loss must already be divided by its step's (or minibatch's) counts, so DeepSpeed is told
-    not to divide it again by the accumulation steps; its `step()` is called after every
-    micro-batch and updates the weights only at the accumulation boundary.
-
     Args:
-        loss: The micro-batch's scalar loss.
-        engine: The DeepSpeed engine that owns the parameters, or None to call `loss.backward()`.
-        boundary: Whether this micro-batch ends the accumulation (DeepSpeed then reduces the
-            gradients and steps), set on the engine before its backward; None leaves it to
-            DeepSpeed, which counts micro-batches against `gradient_accumulation_steps` (wrong
-            when a caller runs a varying number of micro-batches per optimizer step).
+        loss: The scalar loss, already divided by its step's (or minibatch's) counts.
+        engine: The DeepSpeed engine that owns the parameters, or None for `loss.backward()`.
+        boundary: Whether this micro-batch ends the accumulation; None leaves it to DeepSpeed's
+            count of `gradient_accumulation_steps`.
     """
     if engine is not None:
         if boundary is not None:
@@ -216,21 +192,19 @@ def load_for_training(
 ) -> tuple[Any, Any]:
     """Loads the model a training command updates (and its tokenizer), resuming from `checkpoint`.
 
-    Where resumed weights come from: a full fine-tune without DeepSpeed loads the checkpoint's
-    `model/`; LoRA without DeepSpeed loads the base model and the checkpoint's adapter (see
-    `adapter_dir`); under DeepSpeed the base model (with a fresh adapter) is loaded and the
-    caller's `engine.load_checkpoint` overwrites it.
+    Without DeepSpeed a resume loads the checkpoint's `model/` (or the base model and its adapter,
+    with LoRA); under DeepSpeed the base model is loaded and the caller's `engine.load_checkpoint`
+    overwrites it.
 
     Args:
-        model: The base model (`path`: a `save_pretrained` directory or hub name; `dtype` as
-            `models.load_model`).
+        model: The base model.
         lora: The adapter to train; `lora.r = 0` trains every weight.
-        checkpoint: The checkpoint to resume from, or None for a fresh start.
-        deepspeed: The run trains under DeepSpeed (`deepspeed.stage > 0`).
-        gradient_checkpointing: Recompute activations in the backward pass instead of keeping them.
+        checkpoint: The checkpoint to resume from, or None.
+        deepspeed: The run trains under DeepSpeed.
+        gradient_checkpointing: Recompute activations in the backward pass.
 
     Returns:
-        (model, tokenizer); with LoRA the model is a PEFT model whose adapter alone trains.
+        (model, tokenizer); with LoRA a PEFT model whose adapter alone trains.
     """
     use_lora = lora.r > 0
     # A full checkpoint replaces the base weights; LoRA and DeepSpeed resume their own state later.
@@ -249,17 +223,8 @@ def load_for_training(
 
 
 def apply_lora(model: Any, lora: LoraSpec, *, adapter: Path | None = None) -> Any:
-    """Wraps a causal LM in a fresh PEFT LoRA adapter, optionally loading its weights.
-
-    Args:
-        model: The base transformers model.
-        lora: Rank (> 0), scaling numerator, input dropout and the names of the modules that get
-            an adapter.
-        adapter: A directory holding `adapter_model.safetensors` to resume from (see
-            `adapter_dir`), or None for the fresh initialisation.
-
-    Returns:
-        The PEFT model; only the adapter's parameters require gradients.
+    """Wraps a causal LM in a fresh PEFT LoRA adapter (only its parameters train), loading the
+    weights of `adapter` (a directory with `adapter_model.safetensors`) when given.
     """
     from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
     from safetensors.torch import load_file
@@ -296,12 +261,10 @@ class HFExport:
     """What `checkpoint.save_checkpoint` saves as the checkpoint's `model/` directory.
 
     Args:
-        module: The trained model (a transformers model or a PEFT model), unwrapped.
+        module: The trained model (transformers or PEFT), unwrapped.
         state_dict: Its full weights (see `gathered_state_dict`).
-        merge_from: For a PEFT model with merge-on-save, the base model path: `model/` then
-            holds the merged full weights, and `model/adapter/` the adapter (kept for resuming).
-            None: `model/` holds what `module.save_pretrained` writes (full weights or the
-            adapter alone).
+        merge_from: For a PEFT model with merge-on-save, the base model path: `model/` then holds
+            the merged weights and `model/adapter/` the adapter. None: what `save_pretrained` writes.
     """
 
     def __init__(self, module: Any, state_dict: dict[str, torch.Tensor], merge_from: str | None = None) -> None:
