@@ -1,18 +1,8 @@
 """Load Hugging Face causal LMs, and build tiny ones offline.
 
-`load_model` is the one way simsearch gets a policy or simulator model: a local directory in
-Hugging Face format (or a hub name when online), optionally with a PEFT adapter on top.
-
-The tiny-model helpers stand in for a pretrained LM in tests and in `simsearch quickstart`, where
-nothing may be downloaded: `train_tokenizer` trains a byte-level BPE on the given texts,
-`build_tiny_model` builds a randomly initialised Qwen2 (the architecture of the released
-ZeroSearch simulators and of the Qwen-2.5 policies), and `save_tiny` writes both with
-`save_pretrained`, so that `load_model(directory)` treats them exactly like a real checkpoint.
-
-Departure from the papers: they start from pretrained Qwen-2.5 / LLaMA-3.2 checkpoints. The tiny
-tokenizer makes each tag (`<think>`, `</search>`, ...) a single token, which real tokenizers do not;
-this keeps stop strings and loss masks on token boundaries in tests, but no simsearch code relies
-on it (stop strings are matched on text, masks are built from generated token ids).
+`load_model` is the one way simsearch gets a policy or simulator model. `train_tokenizer`,
+`build_tiny_model` (a randomly initialised Qwen2) and `save_tiny` make a tiny model that
+`load_model(directory)` treats exactly like a real checkpoint, for tests and the quickstart.
 """
 
 from __future__ import annotations
@@ -76,20 +66,17 @@ def load_model(
     """Loads a causal LM and its tokenizer, optionally with a PEFT adapter on top.
 
     Args:
-        path: A directory written by `save_pretrained` (model and tokenizer files), or a hub
-            model name such as `Qwen/Qwen2.5-3B` when online.
-        adapter: A PEFT adapter directory (or hub name) to load on top of the model. The adapter
-            is loaded for inference (not trainable) and not merged, so the result is a `PeftModel`.
-        dtype: "auto" (the dtype stored in the checkpoint), "float32", "bfloat16" or "float16".
-        device: Where to put the model: "cpu", "cuda", "cuda:1", ...
+        path: A `save_pretrained` directory, or a hub model name when online.
+        adapter: A PEFT adapter directory (or hub name), loaded for inference, not merged.
+        dtype: "auto" (the checkpoint's), "float32", "bfloat16" or "float16".
+        device: "cpu", "cuda", "cuda:1", ...
 
     Returns:
-        (model, tokenizer), the model in eval mode. A tokenizer without a pad token gets its eos
-        token as pad token (batched generation and training need one).
+        (model, tokenizer), the model in eval mode; a tokenizer without a pad token gets eos.
 
     Raises:
-        FileNotFoundError: `path` (or `adapter`) looks like a local path but does not exist, or
-            is a directory without a `config.json`.
+        FileNotFoundError: `path` (or `adapter`) looks local but does not exist, or has no
+            `config.json`.
         ValueError: `dtype` is not one of the supported names.
     """
     if dtype not in _DTYPES:
@@ -148,14 +135,10 @@ def train_tokenizer(
     vocab_size: int = 1000,
     special_tokens: tuple[str, ...] = SPECIAL_TOKENS,
 ) -> PreTrainedTokenizerFast:
-    """Trains a byte-level BPE tokenizer on `texts`.
+    """Trains a byte-level BPE tokenizer on `texts` (Qwen2's pre-tokenization, `TINY_CHAT_TEMPLATE`).
 
-    Every special token is a single token that is never split and is kept by `decode`. The
-    first two are the pad and eos tokens. Decoding any encoding gives back the exact text for
-    NFC-normalized input (byte-level: no unknown characters, no added prefix space). The
-    pre-tokenization is Qwen2's (digits split one by one), so the tokenizer encodes the same after
-    `save_tiny` + `load_model`. The tokenizer carries
-    `TINY_CHAT_TEMPLATE` as its chat template.
+    Special tokens are single tokens, never split, kept by `decode`; decoding gives back the exact
+    NFC text.
 
     Args:
         texts: Training texts.
@@ -213,23 +196,18 @@ def build_tiny_model(
     max_positions: int = 4096,
     seed: int = 0,
 ) -> Qwen2ForCausalLM:
-    """Builds a randomly initialised Qwen2 causal LM sized for CPU tests.
-
-    The defaults (with a 1000-token vocabulary) give the 0.92M-parameter base policy of
-    `simsearch quickstart`. Embeddings are tied to the output layer.
+    """Builds a randomly initialised Qwen2 causal LM sized for CPU tests (float32, eval mode, CPU,
+    tied embeddings).
 
     Args:
         tokenizer: Sets the vocabulary size and the pad / eos ids.
         hidden: Hidden size.
         layers: Number of decoder layers.
         heads: Attention heads (must divide `hidden`).
-        kv_heads: Key/value heads (grouped-query attention; must divide `heads`).
+        kv_heads: Key/value heads (must divide `heads`).
         ffn: MLP intermediate size.
-        max_positions: `max_position_embeddings` of the config (RoPE, so only advisory).
+        max_positions: `max_position_embeddings` (RoPE, so only advisory).
         seed: Seed of the initialisation; the global torch RNG is left untouched.
-
-    Returns:
-        The model in float32, eval mode, on CPU.
     """
     if hidden % heads != 0 or heads % kv_heads != 0:
         raise ValueError(f"heads={heads} must divide hidden={hidden} and kv_heads={kv_heads} must divide heads")
@@ -257,15 +235,8 @@ def build_tiny_model(
 
 
 def save_tiny(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: str | Path) -> Path:
-    """Writes a model and its tokenizer with `save_pretrained`, loadable by `load_model`.
-
-    Args:
-        model: The model to save.
-        tokenizer: Its tokenizer (chat template included).
-        directory: Created if missing; existing model files in it are overwritten.
-
-    Returns:
-        The directory as a `Path`.
+    """Writes a model and its tokenizer with `save_pretrained` into `directory` (created; files
+    overwritten), loadable by `load_model`; returns the directory.
     """
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)

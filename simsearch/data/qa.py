@@ -1,29 +1,19 @@
 """Load question-answer data into `QAExample`s, and write our own.
 
-Two row formats are read, from JSONL, JSON or Parquet files (by extension), from a directory
-holding `{split}.jsonl|json|parquet` (FlashRAG's layout, e.g. `nq/test.jsonl`), or from the
-Hugging Face Hub when online:
+Files are JSONL, JSON or Parquet (by extension), a directory holding
+`{split}.jsonl|json|parquet` (FlashRAG's layout), or a Hugging Face Hub dataset when online.
+Row formats:
 
 - FlashRAG: `{"id", "question", "golden_answers": [..]}`.
-- verl-style, as Search-R1 / ZeroSearch / SSRL train on: `data_source`, `prompt` (a chat list
-  whose user message holds the templated prompt), `reward_model.ground_truth.target`, and
-  `extra_info.{index, split}`. Their `question` / `golden_answers` columns are used when present;
-  without `question`, it is recovered from the text after the prompt's last `Question: ` (where
-  Search-R1's template puts it). Note that Search-R1's data preparation appends `?` to questions
-  lacking one, so a recovered question may differ from the source dataset's by that mark.
-- verl-style with a bare question, as IGPO ships its test split: the chat list's user message
-  is the question itself (no `Question: `; the instructions come from elsewhere), and
-  `reward_model.ground_truth` is one string joining the answers with `<|answer_split|>`, which
-  IGPO's scorer splits (GuoqingWang1/IGPO verl/utils/reward_score/info_gain.py, `compute_f1`).
-  A user message that names a protocol tag (`<answer>`, `<search>`, ...) is a templated prompt,
-  not a question, and is still refused without the marker, as is a plain-string prompt.
+- verl-style: `data_source`, `prompt` (a chat list whose user message holds the templated
+  prompt), `reward_model.ground_truth.target`, `extra_info.{index, split}`; `question` /
+  `golden_answers` columns are used when present, else the question is recovered from the text
+  after the prompt's last `Question: `.
+- verl-style with a bare question: the user message is the question itself and
+  `reward_model.ground_truth` one string joining the answers with `<|answer_split|>`. A user
+  message that names a protocol tag is still refused without `Question: `.
 
-Local files are read with the standard library (JSON, JSONL) and pyarrow (Parquet), not through
-`datasets`, which only loads hub datasets here. `datasets` 5.x stores a JSON column holding mixed
-types (a string in one row, a list in another, both legal in FlashRAG files) as JSON text and
-decodes the string `"1984"` back as the integer 1984; it skips blank lines, which shifts the line
-numbers our errors report; it fails on an empty Parquet file with an error that names neither
-file nor cause; and it writes a cache copy of every file it reads.
+Local files are read with the standard library and pyarrow; `datasets` only loads hub datasets.
 """
 
 from __future__ import annotations
@@ -65,26 +55,19 @@ def load_qa(
 
     Args:
         path_or_name: A `.jsonl`, `.json` or `.parquet` file; a directory holding
-            `{split}.jsonl|json|parquet`; or, when it is neither and has no file suffix, a
-            Hugging Face Hub dataset name (needs the network and `split`).
-        split: For a directory, which file to read; for a hub dataset, which split. Must be
-            None for a file (the file is the split).
-        data_source: Dataset label for rows without a `data_source` column. A row's own
-            `data_source` wins, so a verl file mixing datasets keeps its per-dataset labels.
-            Default: the file's stem, or its directory's name when the stem is a split name
-            (`nq/test.jsonl` -> `nq`); for a hub dataset, its name.
+            `{split}.jsonl|json|parquet`; or, without a file suffix, a Hub dataset name.
+        split: For a directory or hub dataset, which split; None for a file.
+        data_source: Label for rows without a `data_source` column. Default: the file's stem, or
+            its directory's name when the stem is a split name (`nq/test.jsonl` -> `nq`).
 
     Returns:
-        One example per row. `id` is the row's `id`, else `{data_source}_{extra_info.index}`,
-        else `{data_source}_{row index}`. `prompt` is the templated prompt of verl rows (or a
-        string `prompt` column), else None.
+        One example per row. `id` is the row's `id`, else `{data_source}_{extra_info.index}`, else
+        `{data_source}_{row index}`. `prompt` is a verl row's templated prompt, else None.
 
     Raises:
-        FileNotFoundError: A path with a file suffix that does not exist, or a directory
-            without the requested split.
-        QADataError: An empty file, unparsable JSON, or a row without a usable question or
-            golden answers; the message names the file, the line (JSONL, 1-based) or row (JSON
-            arrays and Parquet, 0-based), and the key.
+        FileNotFoundError: A missing file, or a directory without the requested split.
+        QADataError: An empty file, unparsable JSON, or a row without a usable question or golden
+            answers, naming the file, the line or row, and the key.
         ValueError: `split` given for a file, or missing for a directory or hub dataset.
     """
     path = Path(path_or_name)
@@ -114,14 +97,8 @@ def load_qa(
 
 
 def write_qa_jsonl(examples: Iterable[QAExample], path: str | os.PathLike[str]) -> None:
-    """Write examples as FlashRAG JSONL rows that `load_qa` reads back unchanged.
-
-    Each row holds `id`, `question`, `golden_answers` and `data_source`, plus `prompt` when
-    the example has one. Parent directories are created.
-
-    Args:
-        examples: The examples to write, in order.
-        path: The `.jsonl` file to (over)write.
+    """Write examples as FlashRAG JSONL rows (`id`, `question`, `golden_answers`, `data_source`, and
+    `prompt` when set) that `load_qa` reads back unchanged; parent directories are created.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -139,20 +116,11 @@ def write_qa_jsonl(examples: Iterable[QAExample], path: str | os.PathLike[str]) 
 
 
 def as_answer_list(value: object, *, where: str) -> list[str]:
-    """Normalize golden answers to a list of strings.
-
-    Accepts one string, or a list, tuple or numpy array of strings (pandas reads Parquet list
-    columns as numpy arrays).
-
-    Args:
-        value: The raw golden answers.
-        where: File and line or row, for the error message.
-
-    Returns:
-        The non-empty answers, in order.
+    """The non-empty answers of one string or a list, tuple or numpy array of strings.
 
     Raises:
-        QADataError: Not a string or a sequence of strings, or no non-empty answer.
+        QADataError: Not a string or a sequence of strings, or no non-empty answer (`where` names
+            the file and line).
     """
     if isinstance(value, np.ndarray):
         value = value.tolist()

@@ -1,23 +1,10 @@
 """How the documents a search engine returns are shown to the policy.
 
-Rendering is split in two steps because the rollout needs them apart: `render_documents` turns
-documents into the text block, `wrap_information` turns any block into the observation appended
-to the trajectory (`\\n\\n<information>{block}</information>\\n\\n`). The rollout wraps text that
-does not come from `Document`s too (an empty result, an engine error, the self-search mode that
-swaps the policy's own information for real results), and it needs to know where the information
-tokens start and end for the loss mask.
-
-What the reference policies read (all **compat**, byte for byte, and all wrapped the same way):
-
-- "search-r1": Search-R1's rendering of its retrieval server's results
-  (`search_r1/llm_agent/generation.py:460`, `_passages2string`, wrapped at `:391`). ZeroSearch
-  keeps a copy of `_passages2string` but never calls it: its policies did not read this.
-- "zerosearch-simulator": what ZeroSearch policies read in training, the simulator's text as
-  written after ZeroSearch's post-processing (ZeroSearch `llm_agent/generation.py:91,137`); it
-  needs the simulator engine's verbatim documents (`simulator.engine.split_verbatim`).
-- "zerosearch-google": what ZeroSearch policies read from Google through SerpAPI, in its
-  evaluation and its real-search training runs (`llm_agent/generation.py:617-640`,
-  `inference.py:55-78`).
+`render_documents` turns documents into a text block; `wrap_information` turns any block into
+the observation appended to the trajectory (`\\n\\n<information>{block}</information>\\n\\n`).
+They are apart because the rollout wraps other text too (an empty result, an engine error, real
+results in self-search) and needs the information tokens' span for the loss mask. The
+**compat** styles reproduce what the reference policies read, byte for byte.
 """
 
 from __future__ import annotations
@@ -78,32 +65,17 @@ VERBATIM_STYLE = "zerosearch-simulator"
 
 
 def render_documents(docs: list[Document], style: RenderStyle = "search-r1") -> str:
-    """Renders search results as the text block the policy reads (before wrapping).
+    """Renders search results (best first) as the text block the policy reads; empty for no documents.
 
     Styles:
-        "search-r1" (**compat**, Search-R1): for i = 1..k, `Doc {i}(Title: {title}) {text}\\n`,
-            title = the first line of `f"{title}\\n{text}"`, text = the rest.
-        "plain": each document as its title line then its text, documents separated by a blank
-            line; no numbering.
-        "brief": `Doc {i}: {text}\\n`, the text on one line (whitespace runs become one space),
-            no title. About 7 fewer tokens a document than "search-r1" with a small vocabulary;
-            for corpora whose texts name their subject (the tiny world's do), where the title
-            repeats what the text says.
-        "zerosearch-simulator" (**compat**, ZeroSearch training): the documents' texts
-            concatenated as they are. For the simulator's verbatim documents
-            (`SimulatedSearchEngine(verbatim=True)`) that is exactly its post-processed output,
-            what ZeroSearch inserted; for any other documents it means nothing useful.
-        "zerosearch-google" (**compat**, ZeroSearch with SerpAPI): `Doc {i}: {title}{text}`
-            lines joined by `\\n`, title and snippet with no separator, no trailing newline.
-            Departure: ZeroSearch shows every organic result SerpAPI returns for `num=top_k`,
-            we show the first `top_k` (`retrieval.web`).
-
-    Args:
-        docs: the documents, best first.
-        style: one of `RENDER_STYLES`.
-
-    Returns:
-        The block; empty when there are no documents.
+        "search-r1" (**compat**): for i = 1..k, `Doc {i}(Title: {title}) {text}\\n`, title = the
+            first line of `f"{title}\\n{text}"`, text = the rest.
+        "plain": title line then text, documents separated by a blank line; no numbering.
+        "brief": `Doc {i}: {text}\\n`, the text on one line, no title.
+        "zerosearch-simulator" (**compat**): the texts concatenated as they are; meaningful only
+            for the simulator's verbatim documents.
+        "zerosearch-google" (**compat**): `Doc {i}: {title}{text}` lines joined by `\\n`, no
+            trailing newline.
 
     Raises:
         ValueError: unknown style.
@@ -115,17 +87,8 @@ def render_documents(docs: list[Document], style: RenderStyle = "search-r1") -> 
 
 
 def wrap_information(block: str) -> str:
-    """Wraps a rendered block as the observation appended after a `</search>` (**compat**).
-
-    The block is stripped of surrounding whitespace first, as Search-R1
-    (`search_r1/llm_agent/generation.py:391`) and ZeroSearch (`llm_agent/generation.py:524`) do,
-    so the trailing newline of the last "search-r1" line does not reach the policy.
-
-    Args:
-        block: rendered documents, or any text the rollout shows as search results.
-
-    Returns:
-        `"\\n\\n<information>" + block.strip() + "</information>\\n\\n"`.
+    """`"\\n\\n<information>" + block.strip() + "</information>\\n\\n"` (**compat**): the observation
+    appended after a `</search>`.
     """
     return f"\n\n{INFORMATION_OPEN}{block.strip()}{INFORMATION_CLOSE}\n\n"
 

@@ -1,38 +1,16 @@
 """A GenerationEngine backed by OpenAI-compatible servers: `vllm serve`, SGLang.
 
-Completion mode (the default) sends many prompts per `POST /v1/completions` request; prompts may
-be strings or token-id lists (the completions API accepts a list of token-id lists). Chat mode
-(`chat=True`) sends one conversation per `POST /v1/chat/completions` request: the system message
-(empty by default) and the prompt as the user message, which is how ZeroSearch calls its
-simulator, so the server applies the simulator's own chat template.
+Completion mode (the default) sends many prompts (strings or token-id lists) per `POST
+/v1/completions`; chat mode (`chat=True`) sends one conversation per `POST
+/v1/chat/completions`: the system message and the prompt as the user message. Requests run
+concurrently (`max_concurrency`), balanced over replicas, with the bounded retries of
+`simsearch.httpclient`; results come back in prompt order.
 
-A batch is split into requests sent concurrently (at most `max_concurrency` in flight) and the
-results are put back in prompt order. With several base URLs, requests are balanced over the
-replicas (fewest in flight first); a replica that fails is avoided for a cooldown and the request
-is retried on another, with the bounded retries of `simsearch.httpclient`.
-
-How the response maps onto `Completion`, and where servers differ:
-
-- stop strings: our contract keeps the matched stop string at the end of `text`. vLLM is asked
-  for that (`include_stop_str_in_output`) and reports the matched string as `stop_reason`;
-  SGLang reports it as `matched_stop` (and trims it, so it is appended back). A server that
-  reports neither gets the stop string found at the end of the text, if any.
-- token ids: requested with vLLM's `return_token_ids`. A server that does not return them gets
-  its text re-tokenized with `tokenizer` when one is given; that can differ from the tokens the
-  server sampled at token boundaries (the SSRL mask-drift bug), so prefer a server that returns
-  them for policy rollouts. Token-id prompts (the policy path) with neither raise an error;
-  string prompts then get empty `token_ids`.
-- logprobs: completions return `logprobs.token_logprobs`, chat returns `logprobs.content[].logprob`.
-- seed: passed per request; vLLM seeds every prompt of a request alike, so results do not
-  depend on how the batch was split.
-- sampling: every value is sent (`NEUTRAL_SAMPLING` besides temperature and top-p), so a server's
-  defaults never apply; `top_k`, `min_p` and `repetition_penalty` are vLLM / SGLang extensions
-  that OpenAI's own API would reject.
-
-Unverified on a GPU: tested against local fake servers, not real `vllm serve` replicas (docs/scaling.md).
-
-Departure from ZeroSearch: its client retried the simulator forever in a bare `except`; here
-retries are bounded and the final error names the replicas, the attempts and the last error.
+Mapping onto `Completion`: the matched stop string is kept at the end of `text` (from vLLM's
+`stop_reason`, SGLang's `matched_stop`, or found at the end of the text); token ids come from
+vLLM's `return_token_ids`, else from re-tokenizing the text with `tokenizer` (which may differ
+from the sampled tokens); token-id prompts with neither raise. Every sampling value is sent
+(`NEUTRAL_SAMPLING` besides temperature and top-p), so a server's defaults never apply.
 """
 
 from __future__ import annotations
@@ -134,26 +112,24 @@ class OpenAIEngine:
         """Creates the engine; no request is sent until `generate`.
 
         Args:
-            base_urls: server roots, e.g. `["http://127.0.0.1:8000"]` (a trailing `/v1` is
-                accepted); several URLs are replicas of the same model.
-            model: the served model name (`vllm serve NAME` or `--served-model-name`).
-            tokenizer: tokenizes the generated text when the server returns no token ids.
-            api_key_env: name of the environment variable holding the server's API key
-                (`vllm serve --api-key`), sent as a Bearer token; None for no authentication.
-            timeout_s: timeout of each connect / read / write; a generation slower than this
-                counts as a failure, so leave room for long outputs.
-            max_retries: retries of a failed request (across replicas) before raising.
-            backoff_s: base of the exponential backoff between retries.
-            max_concurrency: requests in flight at once.
-            chat: use `/v1/chat/completions`, one conversation per request (string prompts).
-            system_message: the chat system message; "" (ZeroSearch) sends an empty one, None
-                sends none (the chat template may then insert its default system prompt).
-            max_prompts_per_request: upper bound on the prompts of one completions request.
-            cooldown_s: how long a failed replica is avoided.
+            base_urls: Server roots, e.g. `["http://127.0.0.1:8000"]` (a trailing `/v1` is accepted);
+                several URLs are replicas of the same model.
+            model: The served model name.
+            tokenizer: Tokenizes the generated text when the server returns no token ids.
+            api_key_env: Environment variable holding the server's API key, sent as a Bearer token;
+                None for no authentication.
+            timeout_s: Timeout of each connect / read / write (leave room for long outputs).
+            max_retries: Retries of a failed request (across replicas) before raising.
+            backoff_s: Base of the exponential backoff between retries.
+            max_concurrency: Requests in flight at once.
+            chat: Use `/v1/chat/completions` (string prompts).
+            system_message: The chat system message; "" sends an empty one, None none.
+            max_prompts_per_request: Most prompts in one completions request.
+            cooldown_s: How long a failed replica is avoided.
 
         Raises:
-            ValueError: on an empty or malformed URL list, a non-positive bound, or an
-                `api_key_env` variable that is not set.
+            ValueError: An empty or malformed URL list, a non-positive bound, or an unset
+                `api_key_env` variable.
         """
         if not base_urls:
             raise ValueError("OpenAIEngine needs a base URL, e.g. ['http://127.0.0.1:8000']")
@@ -202,16 +178,13 @@ class OpenAIEngine:
         """Generates `params.n` completions per prompt, prompt-major.
 
         Args:
-            prompts: token-id lists or strings (strings only when `chat=True`).
-            params: sampling parameters; `max_new_tokens` is sent as `max_tokens`.
-
-        Returns:
-            `len(prompts) * params.n` completions, in prompt order.
+            prompts: Token-id lists or strings (strings only when `chat=True`).
+            params: Sampling parameters; `max_new_tokens` is sent as `max_tokens`.
 
         Raises:
-            GenerationServiceError: when a request still fails after the bounded retries, or
-                a server answers something that is not a completion.
-            ValueError: on mixed prompt types, or token-id prompts in chat mode.
+            GenerationServiceError: A request still fails after the bounded retries, or a server
+                answers something that is not a completion.
+            ValueError: Mixed prompt types, or token-id prompts in chat mode.
         """
         if not prompts:
             return []

@@ -1,24 +1,16 @@
 """What search cost: counts, latency and estimated dollars per engine, for every run.
 
-A `Ledger` holds one `EngineUsage` per named engine. Three thin wrappers feed it, each around
-one layer of an engine (`factory.build.meter_search_engine` puts them in place):
+A `Ledger` holds one `EngineUsage` per named engine, fed by three wrappers:
 
-- `MeteredSearchEngine`, outermost: searches asked and the latency of each `search` call (one
-  call per rollout turn, so a latency is a batch's), and the cache hits of a
-  `CachedSearchEngine` just behind it;
-- `SentCounter`, innermost, in front of the engine itself (behind the cache): queries that
-  reached the real engine or web API, i.e. what a web API bills;
-- `MeteredGenerator`, around a simulator's text generator: generate calls, prompt and
-  completion tokens, and seconds.
+- `MeteredSearchEngine`, outermost: searches asked, latency of each `search` call, and cache
+  hits of a `CachedSearchEngine` just behind it;
+- `SentCounter`, in front of the engine itself: queries that reached it (what a web API bills);
+- `MeteredGenerator`, around a simulator's generator: calls, prompt and completion tokens, s.
 
-Prices: a web engine's price per 1,000 queries times the queries sent (cache hits are free);
-local engines (bm25, dense, empty) cost 0; the simulator's cost is its generation time times a
-user-set price per hour of the GPUs that serve it. A price that is not known is `None`, shown
-as "unknown", never as 0.
-
-Latency percentiles come from a histogram with 16 buckets per doubling, so ledgers of several
-processes or invocations add up; a percentile is the geometric middle of its bucket, within
-2.2% of the true sample value (nearest-rank definition).
+Prices: a web engine's price per 1,000 queries sent; local engines cost 0; a simulator costs its
+generation time times a user-set GPU-hour price. An unknown price is `None` ("unknown", never 0).
+Latency percentiles come from a histogram with 16 buckets per doubling (mergeable), within 2.2%
+of the nearest-rank value.
 """
 
 from __future__ import annotations
@@ -259,13 +251,8 @@ class SentCounter:
 
 
 class MeteredSearchEngine:
-    """The outermost `SearchEngine` layer: searches asked, call latency, cache hits.
-
-    Args:
-        engine: the engine as the run uses it (maybe a `CachedSearchEngine`).
-        ledger: where the counts go.
-        name: the engine's name in the ledger.
-        cache: the cache directly behind, whose `hits` counter is read around each call.
+    """The outermost `SearchEngine` layer: searches asked, call latency, and the hits of `cache` (the
+    cache directly behind), into `ledger` under `name`.
     """
 
     def __init__(self, engine: SearchEngine, ledger: Ledger, name: str, *, cache: Any = None) -> None:
@@ -284,9 +271,8 @@ class MeteredSearchEngine:
 class MeteredGenerator:
     """A `GenerationEngine` that counts a simulator's calls, tokens and seconds.
 
-    Prompt tokens: token-id prompts are counted as they are; string prompts through `tokenizer`
-    when one is given, else they are counted in `uncounted_prompts` (the total is then
-    incomplete and shown as unknown). Completion tokens are the completions' `token_ids`.
+    String prompts are counted through `tokenizer`, else in `uncounted_prompts` (the total then
+    shows as unknown).
     """
 
     def __init__(self, generator: GenerationEngine, ledger: Ledger, name: str, *, tokenizer: Any = None) -> None:
@@ -350,11 +336,8 @@ def money(value: float | None) -> str:
 
 
 def simulator_line(totals: Mapping[str, EngineUsage]) -> str:
-    """A train run's summary of simulated search: how many searches, and what the web would charge.
-
-    "searches served by the simulator: N, an estimated $X at <engine>'s price" for every web
-    kind whose default price is known, and the simulator's own cost (unknown unless its
-    `gpu_hour_price` is set). Empty when no simulator served searches.
+    """A train run's summary line of simulated search: searches served, the web engines' estimated
+    price for them, and the simulator's own cost; empty when no simulator served searches.
     """
     sims = [u for u in totals.values() if u.kind == "simulator"]
     if not sims:
@@ -383,12 +366,8 @@ def read_cost(run_dir: str | os.PathLike) -> dict[str, Any] | None:
 def write_cost(
     run_dir: str | os.PathLike, previous: Mapping[str, Any] | None, current: Mapping[str, EngineUsage]
 ) -> dict[str, EngineUsage]:
-    """Writes `cost.json`: `previous` (read when the run started) plus this invocation's totals.
-
-    Written atomically (a temporary file renamed), so a crash never leaves half a file.
-
-    Returns:
-        The merged totals per engine.
+    """Writes `cost.json` atomically: `previous` plus this invocation's totals; returns the merged
+    totals per engine.
     """
     totals = merged_totals(previous, current)
     path = Path(run_dir) / COST_FILE

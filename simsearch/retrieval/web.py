@@ -1,15 +1,9 @@
 """Web search through Serper and SerpAPI (Google results): title + snippet documents.
 
-Both engines send one HTTP request per query, concurrently (at most `max_concurrency` in flight)
-for a batch, with the bounded retries of `simsearch.httpclient` (429 rate limits included,
-`Retry-After` honoured up to a cap). The top-k documents are the first k organic results in the
-order the service returns them: deterministic, unlike SSRL's real-search evaluation, which
-randomly kept 1 to 3 snippets. Documents are `Document(title, text=snippet, source, id=link)`.
-
-API keys are read only from an environment variable named in the constructor (never from a
-recipe, so they never land in a saved run directory), and never appear in a repr, a log line or
-an error message. SerpAPI takes its key in the query string; it is added below the client's
-logging layer (httpx logs every request URL at INFO level), see `_QueryKeyTransport`.
+One HTTP request per query, concurrently (`max_concurrency`), with the bounded retries of
+`simsearch.httpclient`. The top-k documents are the first k organic results, in order:
+`Document(title, text=snippet, source, id=link)`. API keys come only from an environment
+variable named in the constructor and never appear in a repr, a log line or an error.
 """
 
 from __future__ import annotations
@@ -38,11 +32,8 @@ def _environment_proxy(url: str) -> str | None:
 
 
 class _QueryKeyTransport(httpx.BaseTransport):
-    """Adds `api_key=...` to each request's query string just before it is sent.
-
-    httpx logs `request.url` at INFO level after each request; the client only ever sees the
-    URL without the key, so neither that log line nor an exception shows it. A client with its
-    own transport ignores the proxy environment variables, so the proxy is resolved here.
+    """Adds `api_key=...` to each request's query string just before it is sent, below httpx's
+    request logging; resolves the proxy from the environment.
     """
 
     def __init__(self, api_key: str, *, proxy: str | None, max_connections: int) -> None:
@@ -82,11 +73,10 @@ class _WebClient:
         api_key_env: The environment variable holding the key.
         base_url: The search endpoint.
         bounds: Timeouts, retries, backoff and concurrency.
-        key_in_query: Send the key as an `api_key` query parameter (SerpAPI) instead of leaving
-            it to the caller's headers (Serper); see `_QueryKeyTransport`.
+        key_in_query: Send the key as an `api_key` query parameter (SerpAPI).
 
     Raises:
-        ValueError: when the variable is not set, or on a non-positive bound.
+        ValueError: The variable is not set, or a non-positive bound.
     """
 
     def __init__(self, engine: str, api_key_env: str, base_url: str, bounds: _Bounds, *, key_in_query: bool) -> None:
@@ -168,19 +158,19 @@ class SerperSearchEngine:
         max_concurrency: int = 4,
         max_retry_after_s: float = 60.0,
     ) -> None:
-        """Creates the client and reads the API key from the environment.
+        """Creates the client and reads the Serper key from `api_key_env`.
 
         Args:
-            api_key_env: name of the environment variable holding the Serper key.
-            base_url: the search endpoint (tests point it at a local server).
-            timeout_s: timeout of each connect / read / write.
-            max_retries: retries of a failed query before raising.
-            backoff_s: base of the exponential backoff between retries.
-            max_concurrency: queries in flight at once.
-            max_retry_after_s: cap on an honoured `Retry-After`.
+            api_key_env: Environment variable holding the key.
+            base_url: The search endpoint.
+            timeout_s: Timeout of each connect / read / write.
+            max_retries: Retries of a failed query before raising.
+            backoff_s: Base of the exponential backoff.
+            max_concurrency: Queries in flight at once.
+            max_retry_after_s: Cap on an honoured `Retry-After`.
 
         Raises:
-            ValueError: when the variable is not set, or on a non-positive bound.
+            ValueError: The variable is not set, or a non-positive bound.
         """
         bounds = _Bounds(timeout_s, max_retries, backoff_s, max_concurrency, max_retry_after_s)
         self._web = _WebClient("SerperSearchEngine", api_key_env, base_url, bounds, key_in_query=False)
@@ -224,19 +214,10 @@ class SerpAPISearchEngine:
         max_concurrency: int = 4,
         max_retry_after_s: float = 60.0,
     ) -> None:
-        """Creates the client and reads the API key from the environment.
-
-        Args:
-            api_key_env: name of the environment variable holding the SerpAPI key.
-            base_url: the search endpoint (tests point it at a local server).
-            timeout_s: timeout of each connect / read / write.
-            max_retries: retries of a failed query before raising.
-            backoff_s: base of the exponential backoff between retries.
-            max_concurrency: queries in flight at once.
-            max_retry_after_s: cap on an honoured `Retry-After`.
+        """Creates the client and reads the SerpAPI key from `api_key_env`; arguments as Serper's.
 
         Raises:
-            ValueError: when the variable is not set, or on a non-positive bound.
+            ValueError: The variable is not set, or a non-positive bound.
         """
         bounds = _Bounds(timeout_s, max_retries, backoff_s, max_concurrency, max_retry_after_s)
         self._web = _WebClient("SerpAPISearchEngine", api_key_env, base_url, bounds, key_in_query=True)

@@ -1,26 +1,10 @@
 """Supervised fine-tuning of the simulator: the SFT-specific pieces `simsearch simulator finetune` runs.
 
-What it shares with `simsearch train` (processes, DeepSpeed, LoRA, weight export, the LR schedule)
-is in `simsearch.training.distributed` and `simsearch.training.optim`.
-
-Causal-LM SFT on `{prompt, response}` pairs with the loss on response tokens only: prompt
-positions are labelled `IGNORE_INDEX` (-100). The prompt is tokenized exactly as the simulator
-engine tokenizes it at inference (through the chat template, without added special tokens,
-when `chat_template`; otherwise with the tokenizer's own special-token rules), and the response
-separately, followed by the eos token, so the model learns to stop where the engine stops.
-
-Departures from ZeroSearch's SFT (which used an external trainer; lr 1e-6, batch 2, 1000 steps):
-
-- The loss is averaged over the response tokens of a whole optimizer step (all gradient
-  accumulation micro-batches of a rank), not per micro-batch, so long and short responses weigh
-  the same whatever batch they land in. With several ranks the ranks' averages are averaged.
-- Batches are a pure function of (seed, step, rank): epoch e visits the pairs in a permutation
-  seeded by (seed, e), and the stream runs on across epochs. Resuming needs only the step.
-- Optional answer weighting (`answer_weight`, ours): response tokens that spell a gold answer
-  (pairs from `simsearch simulator collect` carry `golden_answers`) weigh more in the loss. A
-  small simulator otherwise spends its capacity on the many tokens it can learn by heart (names,
-  templates) and never learns to copy the few answer tokens from its prompt into the results,
-  which is the one thing that makes a simulated search useful.
+Causal-LM SFT on `{prompt, response}` pairs with the loss on response tokens only (prompt
+positions labelled `IGNORE_INDEX`, -100). The prompt is tokenized exactly as the simulator
+engine tokenizes it at inference, the response separately, followed by eos. The loss is averaged
+over the response tokens of a whole optimizer step; batches are a pure function of (seed, step,
+rank). Optional `answer_weight` weighs response tokens that spell a gold answer more.
 """
 
 from __future__ import annotations
@@ -48,15 +32,12 @@ IGNORE_INDEX = -100
 
 
 def read_pairs(path: str | Path) -> list[dict]:
-    """Reads SFT pairs: a JSONL file of objects with string `prompt` and `response` fields.
-
-    An optional `golden_answers` list of strings is kept (for `answer_weight`); other fields
-    are dropped.
+    """Reads SFT pairs: a JSONL file of objects with string `prompt` and `response` fields (and an
+    optional `golden_answers` list of strings, kept; other fields dropped).
 
     Raises:
-        DataError: The file is missing or empty, or a line is not JSON, lacks a string
-            `prompt` / `response` or has a `golden_answers` that is not a list of strings; the
-            message names the file and line.
+        DataError: The file is missing or empty, or a line is malformed; the message names the
+            file and line.
     """
     source = Path(path)
     if not source.is_file():
@@ -113,9 +94,8 @@ def tokenize_pair(
         response: The documents the simulator should write.
         chat_template: Send the prompt through the chat template (`prompts.as_chat`).
         max_length: Longest sequence; the response is cut to fit.
-        answers: Gold answers; response tokens overlapping a whole-word occurrence of one
-            get `answer_weight`.
-        answer_weight: Loss weight of those tokens (1 = no weighting).
+        answers: Gold answers; response tokens overlapping a whole-word occurrence get
+            `answer_weight` (1 = no weighting).
 
     Returns:
         The pair, or None when the prompt alone leaves no room for a response token.
@@ -190,16 +170,8 @@ def count_targets(weights: torch.Tensor) -> float:
 
 
 def response_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Weighted sum of next-token cross-entropies over labelled (response) positions.
-
-    Args:
-        logits: [B, T, V] model outputs.
-        labels: [B, T] token ids, -100 where no loss is taken.
-        weights: [B, T] each position's weight (0 where labels are -100).
-
-    Returns:
-        A scalar: the weighted sum (not the mean) over the response tokens, so the caller can
-        divide by `count_targets` of a whole accumulation step.
+    """Weighted sum (not mean) of next-token cross-entropies over labelled positions: logits
+    [B, T, V], labels [B, T] (-100: no loss), weights [B, T]. Divide by `count_targets`.
     """
     shifted_logits = logits[:, :-1, :].float()  # [B, T-1, V]
     shifted_labels = labels[:, 1:]  # [B, T-1]
@@ -232,14 +204,10 @@ def step_batches(
 ) -> list[list[int]]:
     """The pair indices of optimizer step `step` for one rank: `grad_accum` micro-batches.
 
-    Step s consumes positions [s·A·W·B, (s+1)·A·W·B) of an endless stream of epochs; the rank's
-    A·B of them are those of micro-batches a = 0..A-1, each the B positions starting at
-    ((s·A + a)·W + r)·B. Position p is pair `permutation(epoch = p // n)[p % n]`.
-
-    With `lengths` (one per pair), the rank's A·B pairs are sorted longest first before being cut
-    into micro-batches, so each micro-batch is padded only to lengths like its own. The step
-    trains on the same pairs, and its gradient (summed over micro-batches, divided by the
-    step's target count) is the same; only the padding shrinks.
+    Step s consumes positions [s·A·W·B, (s+1)·A·W·B) of an endless stream of epochs (epoch e a
+    permutation seeded by (seed, e)); micro-batch a of rank r holds the B positions from
+    ((s·A + a)·W + r)·B. With `lengths`, the rank's pairs are sorted longest first before being cut
+    into micro-batches (same pairs, same gradient, less padding).
     """
     chosen = []
     for a in range(grad_accum):
