@@ -10,7 +10,7 @@ traces from other worlds (seeds 1..N) with the long Search-R1 prompt and `make_t
 
 Builds the tiny world (seed 0), a 1000-token byte-level BPE, the 0.92M-parameter Qwen2 of the
 quickstart's base policy (hidden 128, 4 layers, 4 heads / 2 KV heads, FFN 384, tied), pretrains it on
-`tinyworld.pretrain.make_traces` traces, then rolls it out with `policy.rollout` on the held-out
+`tinyworld.traces.make_traces` traces, then rolls it out with `policy.rollout` on the held-out
 questions against real BM25 (top 3, one search then the answer, as in RL): greedy exact match,
 and the success rate when sampling at temperature 1 in groups of 16 (RL needs most groups to
 hold a success). Prints a table, then a JSON line with `pretrain_s`, `greedy_em` and

@@ -9,9 +9,10 @@ Run:  python benchmarks/rollout.py [--questions 4] [--group-size 16] [--repeats 
 Setup (seed 0): the tiny world (`tinyworld.world`, 940 passages), real BM25 over it
 (`retrieval.bm25`, top 3), a 1000-token byte-level BPE and the 0.92M-parameter Qwen2 of the
 quickstart's base policy (`models.build_tiny_model`). So that the policy actually searches and
-answers, it is first pretrained briefly on the tag format (`tinyworld.pretrain`, 40 steps x 16 traces by
-default: enough to search on most trajectories, not to answer well; `--pretrain-steps 0` keeps
-the random weights, which never search), unless `--model` loads a saved one. `--threads` sets
+answers, it is first pretrained briefly on the tag format (`tinyworld.traces` traces,
+`tinyworld.pretrain.pretrain`, 40 steps x 16 by default: enough to search on most trajectories,
+not to answer well; `--pretrain-steps 0` keeps the random weights, which never search), unless
+`--model` loads a saved one. `--threads` sets
 torch's thread count (0 = torch's default); on a loaded machine 1 thread can be much faster.
 
 Measured: `generate_trajectories` on `--questions` x `--group-size` trajectories (default 4 x 16

@@ -509,7 +509,7 @@ class QuickstartRecipe:
     # reading traces: the person's name searched (out of the LM loss) and the gold value answered; they
     # teach reading, not which query to write
     reading_share: float = 0.7
-    # shares of the other traces' query kinds (tinyworld.pretrain.QUERY_KINDS): the person's name alone,
+    # shares of the other traces' query kinds (tinyworld.traces.QUERY_KINDS): the person's name alone,
     # question words alone, or both (40% of these traces name the person; the base names them in about
     # one query in eight)
     query_mix: list[float] = field(default_factory=lambda: [0.2, 0.6, 0.2])

@@ -385,7 +385,7 @@ def _base_reading(base: Path, world: World, rl: TrainRecipe) -> dict[str, dict[s
 
 def _query_naming(eval_dir: Path, world: World) -> dict[str, dict[str, float]]:
     """How a policy's first query on each held-out question (BM25) names the asked person
-    (`tinyworld.pretrain.query_naming`): per kind, the share of questions and their EM."""
+    (`tinyworld.diagnostics.query_naming`): per kind, the share of questions and their EM."""
     rows = [json.loads(line) for line in examples_file(eval_dir, "bm25", "heldout").read_text().splitlines()]
     kinds: dict[str, list[float]] = {kind: [] for kind in QUERY_NAMING}
     for row in rows:
