@@ -2,7 +2,7 @@
 
 Set-up (processes, data, models, engines, resume) → loop → clean-up. One step: this process's
 share of `prompts_per_step` questions from a seeded permutation per epoch; p_noise from the
-curriculum; `group_size` rollouts per question and their rewards (`factory.step.sample_step`; with
+curriculum; `group_size` rollouts per question and their rewards (`policy.step.sample_step`; with
 `algorithm.dynamic_sampling`, DAPO's: groups whose rewards are all equal give way to the next questions'
 groups, rolled out in further rounds, `policy.sampling`); reference / old log-probs and values
 (`policy.update.forward_passes`); advantages (`algorithm.estimator`); the update
@@ -55,13 +55,13 @@ from simsearch.config import TrainRecipe
 from simsearch.curriculum.schedules import NoiseSchedule
 from simsearch.data.qa import load_qa
 from simsearch.errors import NonFiniteError, ServiceError, SimsearchError
-from simsearch.factory import step as steps
 from simsearch.factory import train as rl
 from simsearch.factory.build import build_schedule, build_search_engine, meter_search_engine
+from simsearch.policy import step as steps
 from simsearch.policy.records import search_usage, trajectory_rows
 from simsearch.policy.rollout import RolloutResult
 from simsearch.policy.sync import RolloutWeights, sync_rollout_weights
-from simsearch.policy.update import Learner, UpdateSettings, forward_passes, update
+from simsearch.policy.update import Learner, UpdateShape, forward_passes, update
 from simsearch.policy.validation import Validation, validate
 from simsearch.retrieval import accounting
 from simsearch.retrieval.accounting import EngineUsage, Ledger
@@ -81,12 +81,12 @@ class _Training:
     learner: Learner
     weights: RolloutWeights
     tokenizer: Any
-    settings: UpdateSettings
+    shape: UpdateShape
+    rollouts: steps.Rollouts
     schedule: NoiseSchedule
     share: slice  # this process's questions of each step
     train_data: list
     validation: Validation | None
-    search: Any
     ledger: Ledger
     logger: RunLogger | None
     previous_cost: Any
@@ -155,13 +155,14 @@ def _step(t: _Training, step: int, position: int) -> tuple[dict[str, float], int
     sample = _sample(t, position, p_noise, step)
     position, result, scored = position + sample.prompts, sample.result, sample.scored
     rollout_s = time.perf_counter() - began - sample.metrics["time/reward_s"]  # rounds, without scoring
-    batch = steps.step_batch(recipe, result.trajectories, t.tokenizer.pad_token_id).to(t.learner.device)
-    passes = forward_passes(t.learner, t.settings, batch)
+    alg = recipe.algorithm
+    batch = steps.step_batch(alg, result.trajectories, t.tokenizer.pad_token_id).to(t.learner.device)
+    passes = forward_passes(t.learner, alg, t.shape, batch)
     advantages, trained, returns, stats = steps.step_advantages(
-        recipe.algorithm, t.learner, t.settings, scored.total, batch, passes, result, t.tokenizer
+        alg, t.learner, t.shape, scored.total, batch, passes, result, t.tokenizer
     )
     update_began = time.perf_counter()
-    losses = update(t.learner, t.settings, batch, trained, passes, returns, step)
+    losses = update(t.learner, alg, t.shape, batch, trained, passes, returns, step)
     sync_rollout_weights(t.weights)
     metrics = {
         **scored.stats, **result.metrics, **losses, **stats, **sample.metrics,
@@ -228,7 +229,7 @@ def _set_up(recipe: TrainRecipe) -> _Training:
     val_data = [ex for path in recipe.data.val for ex in load_qa(path)[: recipe.data.val_size or None]]
     rows = minibatch_rows or (share.stop - share.start) * recipe.rollout.group_size
     learner, weights, tokenizer = rl.load_learner(recipe, run, rows)
-    settings = rl.update_settings(recipe, minibatch_rows)
+    shape = rl.update_shape(recipe, minibatch_rows)
     sync_rollout_weights(weights)  # a resumed DeepSpeed run restored its weights after the copy was taken
     ledger, previous_cost = Ledger(), accounting.read_cost(run.run_dir) if run.rank == 0 else None
     search = meter_search_engine(build_search_engine(recipe.search, seed=recipe.seed + run.rank), recipe.search,
@@ -242,17 +243,17 @@ def _set_up(recipe: TrainRecipe) -> _Training:
         preflight.save_recipe_and_changes(recipe, run.run_dir, run.start, changes, "train")
     logger = RunLogger(run.run_dir, resume_step=run.start, tensorboard=recipe.tensorboard,
                        wandb_project=recipe.wandb_project) if run.rank == 0 else None  # fmt: skip
-    return _Training(recipe, run, learner, weights, tokenizer, settings, schedule, share, train_data, validation,
-                     search, ledger, logger, previous_cost, {})  # fmt: skip
+    rollouts = rl.rollouts(recipe, weights.generator, tokenizer, search, run.rank)
+    return _Training(recipe, run, learner, weights, tokenizer, shape, rollouts, schedule, share, train_data,
+                     validation, ledger, logger, previous_cost, {})  # fmt: skip
 
 
 def _sample(t: _Training, position: int, p_noise: float, step: int) -> steps.StepSample:
     """The step's rollout rounds from data position `position`, each search with p_noise (`steps.sample_step`)."""
-    rollout = partial(steps.rollout_round, t.recipe, t.weights.generator, t.tokenizer, t.search, t.run.rank,
-                      p_noise, step)  # fmt: skip
+    rollout = partial(steps.rollout_round, t.rollouts, p_noise, step)
     with t.generation():
-        sample = steps.sample_step(t.recipe, rollout, t.train_data, position, t.share, t.run.world,
-                                t.settings.minibatch_rows)  # fmt: skip
+        sample = steps.sample_step(t.rollouts.recipe, rollout, t.train_data, position, t.share, t.run.world,
+                                   t.shape.minibatch_rows)  # fmt: skip
     if t.weights.vllm and t.recipe.policy.enable_sleep_mode:
         t.weights.generator.sleep()  # its GPU memory to the update; sync and the next rollout wake it
     return sample

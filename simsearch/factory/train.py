@@ -1,5 +1,5 @@
-"""What `simsearch train` builds from its recipe: the learner and its rollout engine, the
-update's settings, validation and checkpoints (what a step does with them: `factory.step`).
+"""What `simsearch train` builds from its recipe: the learner and its rollout engine, what the
+step and the update take beside their sections, validation and checkpoints (the step: `policy.step`).
 
 Under ZeRO-3 the `HFEngine` rollout runs on an unpartitioned copy of the policy (taken before
 ZeRO-3 partitions it) and the reference is an unpartitioned copy too; with vLLM no copy is kept.
@@ -17,10 +17,12 @@ from simsearch.errors import RecipeError
 from simsearch.factory.build import build_generation_engine, build_search_engine, meter_search_engine
 from simsearch.generation.hf import HFEngine
 from simsearch.models import load_model
-from simsearch.policy.batch import ActorLossSettings, ValueModel, rank_share
+from simsearch.policy.critic import ValueModel
+from simsearch.policy.order import rank_share
 from simsearch.policy.rollout import RolloutSettings
+from simsearch.policy.step import Rollouts, StepRecipe
 from simsearch.policy.sync import RolloutWeights
-from simsearch.policy.update import Learner, UpdateSettings
+from simsearch.policy.update import Learner, UpdateShape
 from simsearch.policy.validation import Validation
 from simsearch.retrieval.accounting import Ledger
 from simsearch.training.checkpoint import rng_state
@@ -158,29 +160,23 @@ def _bf16_supported(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
-SUM_NORM = "seq-mean-token-sum-norm"  # its constant is rollout.max_context_tokens
-
-
-def update_settings(recipe: TrainRecipe, minibatch_rows: int) -> UpdateSettings:
-    """What the update takes from the recipe."""
-    alg = recipe.algorithm
-    loss = ActorLossSettings(
-        clip_low=alg.clip_low,
-        clip_high=alg.clip_high,
-        aggregation=alg.loss_agg,  # checked by the recipe
-        token_sum_normalizer=float(recipe.rollout.max_context_tokens) if alg.loss_agg == SUM_NORM else None,
-        kl_coef=0.0 if alg.kl_in_reward else alg.kl_coef,
-        kl_estimator=alg.kl_estimator,
-        entropy_coef=alg.entropy_coef,
+def update_shape(recipe: TrainRecipe, minibatch_rows: int) -> UpdateShape:
+    """What the update takes beside `recipe.algorithm`."""
+    sum_norm = recipe.algorithm.loss_agg == "seq-mean-token-sum-norm"  # its constant: the context limit
+    return UpdateShape(
+        minibatch_rows=minibatch_rows, micro_batch_size=recipe.micro_batch_size,
         temperature=recipe.sampling.temperature,
-        clip_ratio_c=alg.clip_ratio_c,
-        ratio_level=alg.ratio_level,  # checked by the recipe
-    )
-    return UpdateSettings(
-        loss=loss, ppo_epochs=alg.ppo_epochs, minibatch_rows=minibatch_rows, micro_batch_size=recipe.micro_batch_size,
-        grad_clip=recipe.optim.grad_clip, value_clip=alg.value_clip, value_coef=alg.value_coef,
-        needs_reference=alg.kl_coef > 0, kl_in_reward=alg.kl_in_reward, tis_cap=alg.tis_cap, seed=recipe.seed,
+        token_sum_normalizer=float(recipe.rollout.max_context_tokens) if sum_norm else None,
+        grad_clip=recipe.optim.grad_clip, seed=recipe.seed,
     )  # fmt: skip
+
+
+def rollouts(recipe: TrainRecipe, generator: Any, tokenizer: Any, search: Any, rank: int) -> Rollouts:
+    """What each step's rollout rounds run with: the step's recipe sections, the engines, the loop's limits."""
+    step_recipe = StepRecipe(recipe.algorithm, recipe.rollout, recipe.reward, recipe.sampling, recipe.prompts_per_step,
+                             recipe.seed)  # fmt: skip
+    return Rollouts(step_recipe, generator, tokenizer, search, rollout_settings(recipe, recipe.search),
+                    recipe.curriculum.granularity, rank)  # fmt: skip
 
 
 def save_training(

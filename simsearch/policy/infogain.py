@@ -40,8 +40,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from simsearch.policy.advantages import masked_mean
-from simsearch.policy.batch import collate_trajectories, logprobs_in_micro_batches, response_logits
+from simsearch.policy.collate import collate_trajectories, logprobs_in_micro_batches, response_logits
+from simsearch.policy.masked import masked_mean
 from simsearch.policy.tags import ANSWER_OPEN  # the answer form every template asks for: <answer> gold </answer>
 from simsearch.types import QAExample, Trajectory
 

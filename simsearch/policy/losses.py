@@ -4,7 +4,7 @@ Every loss takes per-token tensors `[B, L]` with a loss mask (1 at tokens the po
 0 at prompt padding, retrieved `<information>` tokens and response padding) and returns
 `(scalar loss, stats)`, `stats` mapping a short name to a detached 0-d tensor (no `.item()`, so no
 device sync per micro-batch; the entry module namespaces and logs them). The optimizer minimizes
-(`policy.batch.actor_micro_loss`, which combines these terms per micro-batch)
+(`policy.actor_loss.actor_micro_loss`, which combines these terms per micro-batch)
 
     actor loss = policy_loss + kl_coef * KL - entropy_coef * entropy
 
@@ -46,7 +46,7 @@ from collections.abc import Callable
 import torch
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from simsearch.policy.advantages import Stats, masked_mean, masked_sum
+from simsearch.policy.masked import Stats, masked_mean, masked_sum
 
 LossAggregation = str
 """A name in `LOSS_AGGREGATIONS`."""
@@ -95,7 +95,7 @@ def aggregate_loss(
     Returns:
         Scalar loss.
     """
-    _check_same_shape(loss_mat, loss_mask, "loss_mat", "loss_mask", "aggregate_loss")
+    check_same_shape(loss_mat, loss_mask, "loss_mat", "loss_mask", "aggregate_loss")
     if loss_mat.dim() != 2:
         raise ValueError(f"aggregate_loss: loss_mat must be [B, L], got {tuple(loss_mat.shape)}")
     if (mode == "seq-mean-token-sum-norm") != (token_sum_normalizer is not None):
@@ -187,102 +187,6 @@ log-ratio `[B, L]` the surrogate uses."""
 # ---------------------------------------------------------------------------------------------
 
 
-def policy_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    loss_mask: torch.Tensor,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    aggregation: LossAggregation = "token-mean",
-    denominator: float | torch.Tensor | None = None,
-    token_sum_normalizer: float | None = None,
-    clip_ratio_c: float = 0.0,
-    ratio_level: str = "token",
-) -> tuple[torch.Tensor, Stats]:
-    """PPO clipped surrogate with an asymmetric clip range, optionally dual-clipped, token or sequence ratios.
-
-    Per token: ratio = exp(logp - old_logp),
-    loss_t = max(-A_t * ratio, -A_t * clip(ratio, 1 - clip_low, 1 + clip_high)),
-    and with dual clip (Ye et al. 2019, verl's `clip_ratio_c`) where A_t < 0:
-    loss_t = min(loss_t, -A_t * clip_ratio_c), which bounds the loss (and zeroes the gradient) of a
-    token whose ratio has grown past clip_ratio_c although its advantage is negative.
-
-    With `ratio_level="sequence"` (GSPO, Zheng et al. 2025) every token of row i takes the ratio
-    s_i = exp(mean over the row's valid tokens of (logp - old_logp)) in place of its own, written
-    s_i,t = sg[s_i] * pi(y_t) / sg[pi(y_t)] (GSPO-token): the value is s_i and the gradient of the
-    row is s_i x the mean of grad log pi(y_t), so the whole sequence is clipped or not, together.
-    With sequence-level advantages and "seq-mean-token-mean" this is GSPO's objective exactly;
-    token-level advantages give the paper's GSPO-token. With old_logp = logp (one on-policy update)
-    both levels give the same loss and gradient.
-
-    Args:
-        logp: `[B, L]` log-probs of the sampled tokens under the current policy (with grad).
-        old_logp: `[B, L]` log-probs under the policy that sampled them (no grad needed).
-        advantages: `[B, L]` token-level advantages.
-        loss_mask: `[B, L]` 1 at tokens trained on.
-        clip_low: ratio lower bound is 1 - clip_low.
-        clip_high: ratio upper bound is 1 + clip_high (DAPO's clip-higher when > clip_low).
-        aggregation: see `aggregate_loss`.
-        denominator: see `aggregate_loss`.
-        token_sum_normalizer: see `aggregate_loss`.
-        clip_ratio_c: dual-clip bound (> 1), or 0 for none.
-        ratio_level: a name in `RATIO_LEVELS`: "token" (PPO, GRPO) or "sequence" (GSPO).
-
-    Returns:
-        The loss and stats `clipfrac` (fraction of valid tokens where the clipped term is
-        active), `clipfrac_lower` (fraction where the dual clip is; 0 without it), `approx_kl`
-        (mean of old_logp - logp over valid tokens, a k1 estimate of KL(old || new), at either
-        ratio level), `ratio_mean`, `ratio_min`, `ratio_max` (of the ratio used, over valid tokens).
-    """
-    _check_same_shape(logp, old_logp, "logp", "old_logp", "policy_loss")
-    _check_same_shape(logp, advantages, "logp", "advantages", "policy_loss")
-    _check_same_shape(logp, loss_mask, "logp", "loss_mask", "policy_loss")
-    if clip_low < 0 or clip_high < 0 or clip_low >= 1:
-        raise ValueError(
-            f"policy_loss: need 0 <= clip_low < 1 and clip_high >= 0, got clip_low={clip_low}, clip_high={clip_high}"
-        )
-    if clip_ratio_c != 0 and not clip_ratio_c > 1:  # `not >` also refuses NaN
-        raise ValueError(f"policy_loss: clip_ratio_c must be 0 (no dual clip) or > 1, got {clip_ratio_c}")
-    if ratio_level not in RATIO_LEVELS:
-        raise ValueError(f"policy_loss: unknown ratio_level {ratio_level!r}; use one of {', '.join(RATIO_LEVELS)}")
-    valid = loss_mask.bool()
-    zeros = torch.zeros_like(logp)
-    # select before any arithmetic: garbage at masked positions stays out of values and grads
-    token_log_ratio = torch.where(valid, logp - old_logp.detach(), zeros)  # [B, L]
-    log_ratio = RATIO_LEVELS[ratio_level](token_log_ratio, logp, valid)  # [B, L]
-    adv = torch.where(valid, advantages.detach().to(logp.dtype), zeros)  # [B, L]
-    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # [B, L]
-    unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    per_token = torch.maximum(unclipped, clipped)  # [B, L]
-    dual_clipped = torch.zeros_like(valid)  # [B, L]
-    if clip_ratio_c:
-        bound = -adv * clip_ratio_c  # [B, L]
-        dual_clipped = (adv < 0) & (per_token > bound)
-        per_token = torch.where(dual_clipped, bound, per_token)
-    loss = aggregate_loss(per_token, loss_mask, aggregation, denominator, token_sum_normalizer)
-    return loss, _policy_stats(clipped > unclipped, dual_clipped, token_log_ratio, ratio, valid)
-
-
-@torch.no_grad()
-def _policy_stats(
-    clipped: torch.Tensor, dual_clipped: torch.Tensor, token_log_ratio: torch.Tensor, ratio: torch.Tensor,
-    valid: torch.Tensor,
-) -> Stats:  # fmt: skip
-    """`policy_loss`'s stats from its `[B, L]` clip indicators, token log-ratios and ratios."""
-    ratio = ratio.detach()
-    any_valid = valid.any()
-    return {
-        "clipfrac": masked_mean(clipped.to(ratio.dtype), valid),
-        "clipfrac_lower": masked_mean(dual_clipped.to(ratio.dtype), valid),
-        "approx_kl": masked_mean(-token_log_ratio.detach(), valid),
-        "ratio_mean": masked_mean(ratio, valid),
-        "ratio_min": torch.where(any_valid, torch.where(valid, ratio, torch.inf).min(), 1.0),
-        "ratio_max": torch.where(any_valid, torch.where(valid, ratio, -torch.inf).max(), 1.0),
-    }
-
-
 def _k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return logp - ref_logp
 
@@ -330,7 +234,7 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimato
     Returns:
         `[B, L]` per-token KL estimates (garbage wherever the inputs are; mask them).
     """
-    _check_same_shape(logp, ref_logp, "logp", "ref_logp", "kl_penalty")
+    check_same_shape(logp, ref_logp, "logp", "ref_logp", "kl_penalty")
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"kl_penalty: unknown estimator {estimator!r}; use one of {', '.join(KL_ESTIMATORS)}")
     return KL_ESTIMATORS[estimator](logp, ref_logp.detach())
@@ -345,7 +249,7 @@ def kl_loss(
     denominator: float | torch.Tensor | None = None,
     token_sum_normalizer: float | None = None,
 ) -> tuple[torch.Tensor, Stats]:
-    """KL to the frozen reference as a loss term (added with +kl_coef by `policy.batch.actor_micro_loss`).
+    """KL to the frozen reference as a loss term (added with +kl_coef by `policy.actor_loss.actor_micro_loss`).
 
     Args:
         logp: `[B, L]` log-probs under the policy (with grad).
@@ -359,7 +263,7 @@ def kl_loss(
     Returns:
         The aggregated KL and stats `kl` (the same value, detached).
     """
-    _check_same_shape(logp, loss_mask, "logp", "loss_mask", "kl_loss")
+    check_same_shape(logp, loss_mask, "logp", "loss_mask", "kl_loss")
     valid = loss_mask.bool()
     # select first so a NaN/inf log-prob at a masked position cannot poison the gradient
     logp = torch.where(valid, logp, torch.zeros_like(logp))
@@ -398,9 +302,9 @@ def value_loss(
         The loss and stats `vf_clipfrac` (fraction of valid tokens where the clipped error is
         the larger) and `values_mean`.
     """
-    _check_same_shape(values, old_values, "values", "old_values", "value_loss")
-    _check_same_shape(values, returns, "values", "returns", "value_loss")
-    _check_same_shape(values, loss_mask, "values", "loss_mask", "value_loss")
+    check_same_shape(values, old_values, "values", "old_values", "value_loss")
+    check_same_shape(values, returns, "values", "returns", "value_loss")
+    check_same_shape(values, loss_mask, "values", "loss_mask", "value_loss")
     if clip_range < 0:
         raise ValueError(f"value_loss: clip_range must be >= 0, got {clip_range}")
     valid = loss_mask.bool()
@@ -583,7 +487,7 @@ def _check_logits(logits: torch.Tensor, fn: str, chunk_size: int, temperature: f
         raise ValueError(f"{fn}: temperature must be > 0 (0 is greedy: no distribution), got {temperature}")
 
 
-def _check_same_shape(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str, fn: str) -> None:
+def check_same_shape(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str, fn: str) -> None:
     if a.shape != b.shape:
         raise ValueError(
             f"{fn}: {name_a} and {name_b} must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}"

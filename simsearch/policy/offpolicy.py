@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from simsearch.policy.advantages import Stats, masked_mean
 from simsearch.policy.losses import LOG_RATIO_CLAMP  # keeps exp() finite on garbage or far-off tokens
+from simsearch.policy.masked import Stats, masked_mean
 
 
 def truncated_is_weights(

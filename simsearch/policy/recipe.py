@@ -128,6 +128,16 @@ class AlgorithmConfig:
     # with mask_unfinished, also mask give-ups (finish gave_up: the final turn neither searched nor answered)
     mask_gave_up: bool = False
 
+    @property
+    def needs_reference(self) -> bool:
+        """A KL term (loss or reward) is computed, so the reference's log-probs are."""
+        return self.kl_coef > 0
+
+    @property
+    def kl_loss_coef(self) -> float:
+        """The KL term's weight in the loss: 0 when it is folded into the reward instead."""
+        return 0.0 if self.kl_in_reward else self.kl_coef
+
     def check(self, key: str) -> None:
         # Imported here, not at the top: the tables' modules need torch, which `import simsearch.config`
         # (and so `simsearch --help`) must not pay for.

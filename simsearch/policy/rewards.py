@@ -400,7 +400,7 @@ def overlong_penalty(length: int, max_length: int, buffer: int, penalty: float =
     penalty x (max_length - buffer - length) / buffer; -penalty beyond max_length. verl's
     `DAPORewardManager` (`verl/workers/reward_manager/dapo.py`) computes the same inside the
     buffer (its responses never exceed the limit). What `length` and `max_length` count is the
-    caller's choice (`simsearch train`: see `factory.step.step_rewards`).
+    caller's choice (`simsearch train`: see `policy.step.step_rewards`).
 
     Args:
         length: Tokens of the response.

@@ -19,14 +19,14 @@ Where this departs from verl's implementation (`recipe/dapo/dapo_ray_trainer.py:
 - Flat means exactly equal rewards (verl tests `np.std(rewards) > 0`, which can see equal floats
   as different after rounding). As in verl, a group of one sample is never flat.
 - Which reward is the caller's: `simsearch train` passes the recipe's reward before DAPO's
-  overlong shaping (`factory.step.step_rewards`), as DAPO filters on accuracy
+  overlong shaping (`policy.step.step_rewards`), as DAPO filters on accuracy
   (`filter_groups.metric=acc` in verl's DAPO scripts), not on the shaped score: a group all right
   or all wrong stays flat however its lengths differ.
 - Each round is one rollout call over a fixed number of prompts (the caller's choice; verl rolls
   out a whole `gen_batch_size` each time); the informative groups beyond the target are dropped,
   keeping the earliest (round, then order within the round), as verl's `batch[:traj_bsz]`.
 - verl fills one batch for all its data-parallel workers; in `simsearch train` each process fills
-  its own share (`factory.step.sample_step` then makes the processes agree on a size).
+  its own share (`policy.step.sample_step` then makes the processes agree on a size).
 """
 
 from __future__ import annotations

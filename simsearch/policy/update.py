@@ -29,10 +29,9 @@ from typing import Any
 
 import torch
 
-from simsearch.policy.batch import (
-    ActorLossSettings,
+from simsearch.policy.actor_loss import actor_micro_loss
+from simsearch.policy.collate import (
     TrainBatch,
-    actor_micro_loss,
     logprobs_in_micro_batches,
     loss_denominators,
     micro_batches,
@@ -40,10 +39,10 @@ from simsearch.policy.batch import (
     pad_micro_batches,
     response_logits,
     rows_with_signal,
-    values_in_micro_batches,
-    values_of,
 )
+from simsearch.policy.critic import values_in_micro_batches, values_of
 from simsearch.policy.losses import value_loss
+from simsearch.policy.recipe import AlgorithmConfig
 from simsearch.training.distributed import all_reduce_max, backward
 from simsearch.training.session import TrainedModel
 
@@ -79,43 +78,35 @@ class Learner:
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16) if self.autocast else nullcontext()
 
 
-@dataclass
-class UpdateSettings:
-    """What `update` takes from the recipe.
+@dataclass(frozen=True)
+class UpdateShape:
+    """What the update takes beside the recipe's `algorithm` section (other sections' values, or derived).
 
     Attributes:
-        loss: The actor loss's settings.
-        ppo_epochs: Passes over the batch.
         minibatch_rows: This process's rows per optimizer step (0 = the whole batch).
         micro_batch_size: Rows per forward/backward.
+        temperature: The rollout's sampling temperature; every log-prob and the entropy are tempered by it.
+        token_sum_normalizer: The constant of "seq-mean-token-sum-norm" (None otherwise).
         grad_clip: Gradient-norm clip (<= 0: none).
-        value_clip: The value loss's clip range.
-        value_coef: Weight of the value loss.
-        needs_reference: A KL term (loss or reward) is computed.
-        kl_in_reward: KL is folded into the reward rather than the loss.
-        tis_cap: Truncated importance sampling cap (0 = off).
         seed: The recipe's seed (minibatch shuffles are drawn from it, the step and the process).
     """
 
-    loss: ActorLossSettings
-    ppo_epochs: int
     minibatch_rows: int
     micro_batch_size: int
+    temperature: float
+    token_sum_normalizer: float | None
     grad_clip: float
-    value_clip: float
-    value_coef: float
-    needs_reference: bool
-    kl_in_reward: bool
-    tis_cap: float
     seed: int
 
-    def skips_flat_rows(self, has_critic: bool) -> bool:
-        """Rows without signal may skip the forward/backward only where nothing else acts on them."""
-        return not has_critic and self.loss.kl_coef == 0 and self.loss.entropy_coef == 0
 
-    def reuses(self, batch_size: int) -> bool:
-        """The batch is used by more than one optimizer step: old log-probs must be kept."""
-        return self.ppo_epochs > 1 or bool(self.minibatch_rows and self.minibatch_rows < batch_size)
+def skips_flat_rows(alg: AlgorithmConfig, has_critic: bool) -> bool:
+    """Rows without signal may skip the forward/backward only where nothing else acts on them."""
+    return not has_critic and alg.kl_loss_coef == 0 and alg.entropy_coef == 0
+
+
+def reuses(alg: AlgorithmConfig, shape: UpdateShape, batch_size: int) -> bool:
+    """The batch is used by more than one optimizer step: old log-probs must be kept."""
+    return alg.ppo_epochs > 1 or bool(shape.minibatch_rows and shape.minibatch_rows < batch_size)
 
 
 @dataclass
@@ -135,20 +126,20 @@ class ForwardPasses:
     old_values: torch.Tensor | None = None
 
 
-def forward_passes(learner: Learner, settings: UpdateSettings, batch: TrainBatch) -> ForwardPasses:
+def forward_passes(learner: Learner, alg: AlgorithmConfig, shape: UpdateShape, batch: TrainBatch) -> ForwardPasses:
     """Reference and old log-probs and critic values of a freshly collated batch."""
     out = ForwardPasses()
-    actor, mbs, temp = learner.actor, settings.micro_batch_size, settings.loss.temperature
+    actor, mbs, temp = learner.actor, shape.micro_batch_size, shape.temperature
     with learner.autocast_context():
-        if settings.needs_reference:
+        if alg.needs_reference:
             with actor.module.disable_adapter() if learner.lora else nullcontext():
                 ref_model = actor.engine if learner.lora else learner.reference
                 assert ref_model is not None  # needs_reference without LoRA loads a reference
                 out.ref_logp = logprobs_in_micro_batches(ref_model, batch, mbs, temp)
-        reused = settings.reuses(batch.size)
-        if reused or (settings.kl_in_reward and settings.needs_reference) or settings.tis_cap > 0:
+        reused = reuses(alg, shape, batch.size)
+        if reused or (alg.kl_in_reward and alg.needs_reference) or alg.tis_cap > 0:
             out.old_logp = logprobs_in_micro_batches(actor.engine, batch, mbs, temp)
-        if settings.tis_cap > 0:  # the engines report raw log-probs: compare like with like
+        if alg.tis_cap > 0:  # the engines report raw log-probs: compare like with like
             out.raw_logp = out.old_logp if temp == 1 else logprobs_in_micro_batches(actor.engine, batch, mbs)
         if learner.critic is not None:
             out.old_values = values_in_micro_batches(learner.critic.engine, batch, mbs)
@@ -157,7 +148,8 @@ def forward_passes(learner: Learner, settings: UpdateSettings, batch: TrainBatch
 
 def update(
     learner: Learner,
-    settings: UpdateSettings,
+    alg: AlgorithmConfig,
+    shape: UpdateShape,
     batch: TrainBatch,
     advantages: torch.Tensor,
     passes: ForwardPasses,
@@ -168,7 +160,8 @@ def update(
 
     Args:
         learner: The models.
-        settings: Loss and batching settings.
+        alg: The recipe's `algorithm` section.
+        shape: Batching, temperature and the other values beside it.
         batch: The step's batch, on the learner's device.
         advantages: `[B, L]` token advantages (already importance-weighted where that is on).
         passes: `forward_passes` of the batch.
@@ -179,37 +172,38 @@ def update(
         Metrics: `losses/*`, `optim/grad_norm` (and `optim/critic_grad_norm`), `perf/skipped_row_share`.
     """
     lengths = batch.prompt_lens + batch.response_lens
-    if settings.skips_flat_rows(learner.critic is not None):
+    if skips_flat_rows(alg, learner.critic is not None):
         keep = rows_with_signal(advantages)
     else:
         keep = torch.ones(batch.size, dtype=torch.bool, device=lengths.device)
-    old_logp = passes.old_logp if settings.reuses(batch.size) else None
+    old_logp = passes.old_logp if reuses(alg, shape, batch.size) else None
     sums: dict[str, float] = defaultdict(float)
     inputs = _MicroInputs(advantages, old_logp, passes.ref_logp, returns, passes.old_values)
-    plan = _plan(learner, settings, batch.size, lengths, keep, step)
+    plan = _plan(learner, alg, shape, batch.size, lengths, keep, step)
     for rows, micros in plan:
         denominators = loss_denominators(batch.loss_mask[rows])
         for i, micro_rows in enumerate(micros):
-            _micro_step(learner, settings, batch.select(micro_rows), micro_rows, inputs, denominators, sums,
+            _micro_step(learner, alg, shape, batch.select(micro_rows), micro_rows, inputs, denominators, sums,
                         boundary=i == len(micros) - 1)  # fmt: skip
-        sums["grad_norm"] += optimizer_step(learner.actor, settings.grad_clip)
+        sums["grad_norm"] += optimizer_step(learner.actor, shape.grad_clip)
         if learner.critic is not None:
-            sums["critic_grad_norm"] += optimizer_step(learner.critic, settings.grad_clip)
+            sums["critic_grad_norm"] += optimizer_step(learner.critic, shape.grad_clip)
     learner.actor.scheduler.step()
     if learner.critic is not None:
         learner.critic.scheduler.step()
-    return _update_metrics(sums, len(plan), keep, settings.needs_reference, learner.critic is not None)
+    return _update_metrics(sums, len(plan), keep, alg.needs_reference, learner.critic is not None)
 
 
 def _plan(
-    learner: Learner, settings: UpdateSettings, size: int, lengths: torch.Tensor, keep: torch.Tensor, step: int
+    learner: Learner, alg: AlgorithmConfig, shape: UpdateShape, size: int, lengths: torch.Tensor, keep: torch.Tensor,
+    step: int,
 ) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
     """(minibatch rows, its micro-batches of kept rows) for every optimizer step of the update."""
-    shuffle = torch.Generator().manual_seed(derived_seed(settings.seed, "minibatch", step, learner.rank))
+    shuffle = torch.Generator().manual_seed(derived_seed(shape.seed, "minibatch", step, learner.rank))
     plan = [
-        (rows, micro_batches(rows[keep[rows]], lengths, settings.micro_batch_size))
-        for _ in range(settings.ppo_epochs)
-        for rows in (r.to(lengths.device) for r in minibatches(size, settings.minibatch_rows, shuffle))
+        (rows, micro_batches(rows[keep[rows]], lengths, shape.micro_batch_size))
+        for _ in range(alg.ppo_epochs)
+        for rows in (r.to(lengths.device) for r in minibatches(size, shape.minibatch_rows, shuffle))
     ]
     if learner.actor.deepspeed:
         # DeepSpeed steps at the boundary we set, after the last micro-batch of each minibatch;
@@ -246,7 +240,8 @@ class _MicroInputs:
 
 def _micro_step(
     learner: Learner,
-    settings: UpdateSettings,
+    alg: AlgorithmConfig,
+    shape: UpdateShape,
     micro: TrainBatch,
     micro_rows: torch.Tensor,
     inputs: _MicroInputs,
@@ -262,7 +257,10 @@ def _micro_step(
         logits = response_logits(actor.engine, micro)
     advantages = inputs.required_rows("advantages", micro_rows, width)
     old_logp, ref_logp = inputs.rows("old_logp", micro_rows, width), inputs.rows("ref_logp", micro_rows, width)
-    loss, stats = actor_micro_loss(logits, micro, advantages, old_logp, ref_logp, settings.loss, denominators)
+    loss, stats = actor_micro_loss(
+        logits, micro, advantages, old_logp, ref_logp, alg, denominators,
+        temperature=shape.temperature, token_sum_normalizer=shape.token_sum_normalizer,
+    )  # fmt: skip
     backward(loss, actor.engine if actor.deepspeed else None, boundary=boundary)
     sums["policy"] += stats["policy"]
     sums["kl"] += stats.get("kl", 0.0)
@@ -273,13 +271,13 @@ def _micro_step(
         return
     with learner.autocast_context():
         values = values_of(critic.engine, micro)
-    aggregation = settings.loss.aggregation
+    aggregation = alg.loss_agg
     old_values, returns = (inputs.required_rows(name, micro_rows, width) for name in ("old_values", "returns"))
     vloss, _ = value_loss(
-        values, old_values, returns, micro.loss_mask, settings.value_clip, aggregation,
-        denominators[0] if aggregation == "token-mean" else denominators[1], settings.loss.token_sum_normalizer,
+        values, old_values, returns, micro.loss_mask, alg.value_clip, aggregation,
+        denominators[0] if aggregation == "token-mean" else denominators[1], shape.token_sum_normalizer,
     )  # fmt: skip
-    backward(settings.value_coef * vloss, critic.engine if critic.deepspeed else None, boundary=boundary)
+    backward(alg.value_coef * vloss, critic.engine if critic.deepspeed else None, boundary=boundary)
     sums["value"] += float(vloss.detach())
 
 

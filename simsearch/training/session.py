@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -37,19 +37,7 @@ from simsearch.training.distributed import (
     prune_deepspeed_dirs,
 )
 from simsearch.training.optim import adamw_with_schedule
-
-
-class OptimSpec(Protocol):
-    """What `train_model` reads of a recipe's `optim` section."""
-
-    @property
-    def betas(self) -> Sequence[float]: ...
-    @property
-    def weight_decay(self) -> float: ...
-    @property
-    def schedule(self) -> str: ...
-    @property
-    def grad_clip(self) -> float: ...
+from simsearch.training.recipe import OptimConfig
 
 
 @dataclass(frozen=True)
@@ -57,7 +45,7 @@ class TrainSettings:
     """How a run trains each of its models (the policy and its critic alike).
 
     Attributes:
-        optim: Betas, weight decay, schedule kind and gradient clipping.
+        optim: The recipe's `optim` section (betas, weight decay, schedule kind, gradient clipping).
         total_steps: The LR schedule's length.
         zero: The DeepSpeed ZeRO stage and offloads; stage 0 trains without DeepSpeed.
         batch: The optimizer step's shape, for DeepSpeed.
@@ -65,7 +53,7 @@ class TrainSettings:
         bf16: DeepSpeed's bf16 mode.
     """
 
-    optim: OptimSpec
+    optim: OptimConfig
     total_steps: int
     zero: ZeroSpec
     batch: BatchShape

@@ -20,8 +20,8 @@ import torch
 from safetensors.torch import load_file
 
 import simsearch.commands.train as train
-import simsearch.factory.step as step_module
 import simsearch.factory.train as rl_module
+import simsearch.policy.step as step_module
 import simsearch.policy.validation as validation
 import simsearch.training.distributed as distributed
 import simsearch.training.session as session
@@ -29,7 +29,7 @@ from simsearch.config import TrainRecipe, load_recipe
 from simsearch.curriculum.schedules import exponential
 from simsearch.errors import RecipeError, ServiceError
 from simsearch.models import load_model
-from simsearch.policy.batch import ESTIMATORS
+from simsearch.policy.advantages import ESTIMATORS
 from simsearch.policy.rollout import score_trajectories
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.retrieval.server import create_app

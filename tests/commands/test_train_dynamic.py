@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
-import simsearch.factory.step as step_module
+import simsearch.policy.step as step_module
 from simsearch.commands import train
 from simsearch.errors import RecipeError
-from simsearch.policy.batch import stream_indices
+from simsearch.policy.order import stream_indices
 from simsearch.policy.rewards import RewardOutput
 from simsearch.policy.rollout import RolloutResult
 from simsearch.policy.update import derived_seed

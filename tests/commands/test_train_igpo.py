@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 import simsearch.commands.train as train
-import simsearch.factory.step as step_module
+import simsearch.policy.step as step_module
 from simsearch.policy.infogain import turn_starts
 from simsearch.training.checkpoint import latest_checkpoint
 from simsearch.training.runlog import read_metrics

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-import simsearch.factory.step as step_module
-import simsearch.policy.batch as batch_module
+import simsearch.policy.actor_loss as actor_loss_module
+import simsearch.policy.step as step_module
 from simsearch.commands import train
 from simsearch.generation.hf import HFEngine
 from simsearch.policy.advantages import grpo_advantages
@@ -56,7 +56,7 @@ def _trained_two_steps(run: Path, rows: list[dict], initial: dict[str, torch.Ten
 def test_gspo_clips_one_ratio_per_sequence(world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # 2 minibatches of 4 rows per step: the second is trained after the first moved the weights,
     # so its ratios are not 1 and the sequence ratio differs from the token ratios.
-    calls = _record(monkeypatch, batch_module, "policy_loss")
+    calls = _record(monkeypatch, actor_loss_module, "policy_loss")
     run = tmp_path / "run"
     recipe = _recipe(world, run, **{"algorithm.ratio_level": "sequence", "algorithm.minibatch_size": 4,
                                      "algorithm.kl_coef": 0.0})  # fmt: skip
@@ -65,7 +65,7 @@ def test_gspo_clips_one_ratio_per_sequence(world: Path, tmp_path: Path, monkeypa
     moved = 0
     for args, (_, stats) in calls:
         logp, old, _, mask = (a.detach().double() for a in args[:4])
-        assert args[-1] == "sequence"  # the ratio level reaches the loss
+        assert args[4].ratio_level == "sequence"  # the ratio level reaches the loss
         valid = mask.bool()
         # s_i = exp(mean over the row's trained tokens of logp - old), the same at each of its tokens
         seq = torch.stack([torch.exp((logp[i][valid[i]] - old[i][valid[i]]).mean()) for i in range(len(mask))])

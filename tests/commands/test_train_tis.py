@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-import simsearch.factory.step as step_module
 import simsearch.factory.train as rl_module
+import simsearch.policy.step as step_module
 import simsearch.policy.update as update_module
 from simsearch.commands import train
 from simsearch.errors import RecipeError

@@ -18,14 +18,12 @@ from simsearch.policy.advantages import (
     dr_grpo_advantages,
     gae_advantages,
     grpo_advantages,
-    masked_mean,
-    masked_var,
-    masked_whiten,
     reinforce_advantages,
     reinforce_plus_plus_advantages,
     rloo_advantages,
     stratified_grpo_advantages,
 )
+from simsearch.policy.masked import masked_mean, masked_var, masked_whiten
 from simsearch.policy.recipe import AlgorithmConfig
 
 TOL = dict(rtol=0.0, atol=1e-6)

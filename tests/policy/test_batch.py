@@ -8,26 +8,22 @@ import pytest
 import torch
 from torch import nn
 
-from simsearch.policy.batch import (
-    ActorLossSettings,
-    ValueModel,
-    actor_micro_loss,
+from simsearch.policy.actor_loss import actor_micro_loss, sequence_kl
+from simsearch.policy.collate import (
     collate_trajectories,
-    epoch_order,
     logprobs_in_micro_batches,
     loss_denominators,
     micro_batches,
     minibatches,
     pad_micro_batches,
-    rank_share,
     response_logits,
     rows_with_signal,
-    sequence_kl,
-    stream_indices,
-    token_advantages,
-    values_in_micro_batches,
 )
+from simsearch.policy.critic import ValueModel, values_in_micro_batches
 from simsearch.policy.losses import token_logprobs
+from simsearch.policy.order import epoch_order, rank_share, stream_indices
+from simsearch.policy.recipe import AlgorithmConfig
+from simsearch.policy.step import token_advantages
 from simsearch.types import QAExample, Trajectory
 
 PAD = 0
@@ -220,8 +216,18 @@ def test_on_policy_actor_loss_is_the_negative_mean_advantage_and_its_gradient() 
     micro = collate_trajectories([trajectory([1], [0, 1, 1], [1, 0, 1])], PAD)
     logits = torch.zeros(1, 3, 2, requires_grad=True)
     advantages = torch.tensor([[1.0, 7.0, -3.0]])
-    settings = ActorLossSettings()
-    loss, stats = actor_micro_loss(logits, micro, advantages, None, None, settings, loss_denominators(micro.loss_mask))
+    settings, temperature = AlgorithmConfig(kl_coef=0.0), 1.0
+    loss, stats = actor_micro_loss(
+        logits,
+        micro,
+        advantages,
+        None,
+        None,
+        settings,
+        loss_denominators(micro.loss_mask),
+        temperature=temperature,
+        token_sum_normalizer=None,
+    )
     assert float(loss.detach()) == pytest.approx(1.0)
     assert stats["entropy"] == pytest.approx(math.log(2))  # uniform over 2 tokens
     assert stats["clipfrac"] == 0.0 and stats["tokens"] == 2.0
@@ -235,8 +241,18 @@ def test_actor_loss_and_old_logprobs_use_the_sampling_temperature() -> None:
     # Logits (0, ln 9) at T = 2 are (0, ln 3): p(label 1) = 3/4, entropy H(1/4, 3/4).
     micro = collate_trajectories([trajectory([1], [1], [1])], PAD)
     logits = torch.tensor([[[0.0, math.log(9.0)]]], requires_grad=True)
-    settings = ActorLossSettings(temperature=2.0)
-    loss, stats = actor_micro_loss(logits, micro, torch.tensor([[1.0]]), None, None, settings, (1.0, 1.0))
+    settings, temperature = AlgorithmConfig(kl_coef=0.0), 2.0
+    loss, stats = actor_micro_loss(
+        logits,
+        micro,
+        torch.tensor([[1.0]]),
+        None,
+        None,
+        settings,
+        (1.0, 1.0),
+        temperature=temperature,
+        token_sum_normalizer=None,
+    )
     assert stats["entropy"] == pytest.approx(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)))
     loss.backward()
     # d(-A logp)/dz = -(onehot - p) / T = -((0, 1) - (1/4, 3/4)) / 2
@@ -257,13 +273,33 @@ def test_actor_loss_adds_the_kl_term_with_its_coefficient() -> None:
     micro = collate_trajectories([trajectory([1], [0], [1])], PAD)
     logits = torch.zeros(1, 1, 2)  # log p(0) = -ln 2
     ref = torch.tensor([[math.log(0.25)]])
-    settings = ActorLossSettings(kl_coef=0.5, kl_estimator="k1")
-    loss, stats = actor_micro_loss(logits, micro, torch.zeros(1, 1), None, ref, settings, (1.0, 1.0))
+    settings, temperature = AlgorithmConfig(kl_coef=0.5, kl_estimator="k1"), 1.0
+    loss, stats = actor_micro_loss(
+        logits,
+        micro,
+        torch.zeros(1, 1),
+        None,
+        ref,
+        settings,
+        (1.0, 1.0),
+        temperature=temperature,
+        token_sum_normalizer=None,
+    )
     # k1 = log p - log ref = -ln 2 + ln 4 = ln 2; loss = 0 (no advantage) + 0.5 ln 2
     assert stats["kl"] == pytest.approx(math.log(2))
     assert float(loss) == pytest.approx(0.5 * math.log(2))
     with pytest.raises(ValueError, match="needs ref_logp"):
-        actor_micro_loss(logits, micro, torch.zeros(1, 1), None, None, settings, (1.0, 1.0))
+        actor_micro_loss(
+            logits,
+            micro,
+            torch.zeros(1, 1),
+            None,
+            None,
+            settings,
+            (1.0, 1.0),
+            temperature=temperature,
+            token_sum_normalizer=None,
+        )
 
 
 def test_sequence_kl_is_zero_at_masked_tokens() -> None:
@@ -277,8 +313,18 @@ def test_sequence_kl_is_zero_at_masked_tokens() -> None:
 def test_actor_loss_subtracts_the_entropy_with_its_coefficient() -> None:
     micro = collate_trajectories([trajectory([1], [0], [1])], PAD)
     logits = torch.zeros(1, 1, 2)  # uniform over 2 tokens: H = ln 2
-    settings = ActorLossSettings(entropy_coef=0.01)
-    loss, stats = actor_micro_loss(logits, micro, torch.zeros(1, 1), None, None, settings, (1.0, 1.0))
+    settings, temperature = AlgorithmConfig(kl_coef=0.0, entropy_coef=0.01), 1.0
+    loss, stats = actor_micro_loss(
+        logits,
+        micro,
+        torch.zeros(1, 1),
+        None,
+        None,
+        settings,
+        (1.0, 1.0),
+        temperature=temperature,
+        token_sum_normalizer=None,
+    )
     # loss = 0 (no advantage) - 0.01 ln 2; an added entropy would give +0.01 ln 2
     assert stats["entropy"] == pytest.approx(math.log(2))
     assert float(loss) == pytest.approx(-0.01 * math.log(2))

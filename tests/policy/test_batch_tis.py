@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from simsearch.policy.batch import collate_rollout_logprobs, collate_trajectories
+from simsearch.policy.collate import collate_rollout_logprobs, collate_trajectories
 from simsearch.policy.offpolicy import truncated_is_weights
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories
 from simsearch.types import SamplingParams, Trajectory

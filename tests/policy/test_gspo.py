@@ -15,8 +15,9 @@ import torch
 
 from simsearch.config import TrainRecipe
 from simsearch.errors import RecipeError
-from simsearch.policy.batch import ActorLossSettings, actor_micro_loss, collate_trajectories, loss_denominators
-from simsearch.policy.losses import RATIO_LEVELS, policy_loss
+from simsearch.policy.actor_loss import actor_micro_loss, policy_loss
+from simsearch.policy.collate import collate_trajectories, loss_denominators
+from simsearch.policy.losses import RATIO_LEVELS
 from simsearch.policy.recipe import AlgorithmConfig
 from tests.policy.test_batch import PAD, trajectory
 
@@ -34,7 +35,7 @@ def _logp() -> torch.Tensor:
 
 def test_sequence_ratio_loss_stats_and_gradient_by_hand() -> None:
     logp = _logp()
-    loss, stats = policy_loss(logp, OLD, ADV, MASK, 0.2, 0.2, "token-mean", ratio_level="sequence")
+    loss, stats = policy_loss(logp, OLD, ADV, MASK, AlgorithmConfig(ratio_level="sequence"))
     # row 0: max(-1.2214028, -1.2) = -1.2 at 2 tokens (clipped); row 1: max(0.9048374, 0.9048374) at 3 tokens
     # token-mean: (2 x -1.2 + 3 x 0.9048374) / 5 = 0.0629024
     assert float(loss.detach()) == pytest.approx((2 * -1.2 + 3 * S1) / 5, abs=1e-12)
@@ -51,7 +52,7 @@ def test_sequence_ratio_loss_stats_and_gradient_by_hand() -> None:
 
 def test_token_level_on_the_same_tensors_differs() -> None:
     logp = _logp()
-    loss, _ = policy_loss(logp, OLD, ADV, MASK, 0.2, 0.2, "token-mean", ratio_level="token")
+    loss, _ = policy_loss(logp, OLD, ADV, MASK, AlgorithmConfig(ratio_level="token"))
     # row 0: ratios e^0.1, e^0.3 -> -e^0.1 and -1.2 (clipped); row 1: e^-0.3 clipped to 0.8, then 1, 1
     assert float(loss.detach()) == pytest.approx((-math.exp(0.1) - 1.2 + 0.8 + 1 + 1) / 5, abs=1e-12)
 
@@ -60,7 +61,13 @@ def test_sequence_ratio_gradient_is_gspos_sequence_objective() -> None:
     # Without clipping, "seq-mean-token-mean" makes the loss -1/B sum_i A_i s_i, whose gradient
     # autograd gives directly from s_i = exp(mean_t(logp - old)).
     logp = _logp()
-    loss, _ = policy_loss(logp, OLD, ADV, MASK, 0.9, 9.0, "seq-mean-token-mean", ratio_level="sequence")
+    loss, _ = policy_loss(
+        logp,
+        OLD,
+        ADV,
+        MASK,
+        AlgorithmConfig(clip_low=0.9, clip_high=9.0, loss_agg="seq-mean-token-mean", ratio_level="sequence"),
+    )
     loss.backward()
     ref_logp = _logp()
     valid = MASK.bool()
@@ -77,7 +84,9 @@ def test_rows_with_a_constant_log_ratio_give_the_token_loss() -> None:
     out = {}
     for level in RATIO_LEVELS:
         logp = (OLD + delta).requires_grad_(True)
-        loss, _ = policy_loss(logp, OLD, ADV, MASK, 0.2, 0.28, "token-mean", clip_ratio_c=3.0, ratio_level=level)
+        loss, _ = policy_loss(
+            logp, OLD, ADV, MASK, AlgorithmConfig(clip_high=0.28, clip_ratio_c=3.0, ratio_level=level)
+        )
         loss.backward()
         out[level] = (loss.detach(), logp.grad)
     torch.testing.assert_close(out["sequence"][0], out["token"][0], **TOL)
@@ -91,8 +100,18 @@ def test_on_policy_sequence_ratio_equals_token_ratio_in_the_actor_loss() -> None
     grads = []
     for level in RATIO_LEVELS:
         logits = torch.tensor([[[0.3, -0.2], [0.1, 0.0], [-0.5, 0.4]]], requires_grad=True)
-        settings = ActorLossSettings(ratio_level=level)
-        loss, _ = actor_micro_loss(logits, micro, advantages, None, None, settings, loss_denominators(micro.loss_mask))
+        settings = AlgorithmConfig(kl_coef=0.0, ratio_level=level)
+        loss, _ = actor_micro_loss(
+            logits,
+            micro,
+            advantages,
+            None,
+            None,
+            settings,
+            loss_denominators(micro.loss_mask),
+            temperature=1.0,
+            token_sum_normalizer=None,
+        )
         loss.backward()
         grads.append((float(loss.detach()), logits.grad))
     assert grads[0][0] == pytest.approx(grads[1][0], abs=1e-7)
@@ -103,18 +122,20 @@ def test_actor_loss_passes_the_ratio_level() -> None:
     micro = collate_trajectories([trajectory([1], [0, 1], [1, 1])], PAD)
     logits = torch.zeros(1, 2, 2, dtype=torch.float64, requires_grad=True)  # log p = -ln 2 at both tokens
     old = torch.tensor([[-math.log(2) - 0.1, -math.log(2) - 0.5]], dtype=torch.float64)  # d = 0.1, 0.5
-    settings = ActorLossSettings(ratio_level="sequence", clip_high=10.0)
-    loss, _ = actor_micro_loss(logits, micro, torch.ones(1, 2), old, None, settings, (2.0, 1.0))
+    settings = AlgorithmConfig(kl_coef=0.0, ratio_level="sequence", clip_high=10.0)
+    loss, _ = actor_micro_loss(
+        logits, micro, torch.ones(1, 2), old, None, settings, (2.0, 1.0), temperature=1.0, token_sum_normalizer=None
+    )
     assert float(loss.detach()) == pytest.approx(-math.exp(0.3), abs=1e-9)  # s = e^((0.1 + 0.5) / 2) at both tokens
 
 
 def test_token_level_is_the_default_and_unknown_levels_are_refused() -> None:
     logp = _logp()
-    default, _ = policy_loss(logp, OLD, ADV, MASK)
-    token, _ = policy_loss(logp, OLD, ADV, MASK, ratio_level="token")
+    default, _ = policy_loss(logp, OLD, ADV, MASK, AlgorithmConfig())
+    token, _ = policy_loss(logp, OLD, ADV, MASK, AlgorithmConfig(ratio_level="token"))
     assert torch.equal(default, token)
     with pytest.raises(ValueError, match="unknown ratio_level 'seq'"):
-        policy_loss(logp, OLD, ADV, MASK, ratio_level="seq")
+        policy_loss(logp, OLD, ADV, MASK, AlgorithmConfig(ratio_level="seq"))
 
 
 def _train_recipe(**algorithm: Any) -> TrainRecipe:

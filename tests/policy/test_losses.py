@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from simsearch.errors import RecipeError
+from simsearch.policy.actor_loss import policy_loss
 from simsearch.policy.losses import (
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
@@ -17,7 +18,6 @@ from simsearch.policy.losses import (
     entropy_from_logits,
     kl_loss,
     kl_penalty,
-    policy_loss,
     token_logprobs,
     value_loss,
 )
@@ -117,16 +117,14 @@ def test_policy_loss_asymmetric_clip(mode, normalizer, expected):
         OLD,
         ADV,
         MASK,
-        clip_low=0.2,
-        clip_high=0.28,
-        aggregation=mode,
+        AlgorithmConfig(clip_low=0.2, clip_high=0.28, loss_agg=mode),
         token_sum_normalizer=normalizer,
     )
     assert close(loss.detach(), expected)
 
 
 def test_policy_loss_stats_and_symmetric_clip_mistake():
-    loss, stats = policy_loss(_logp(), OLD, ADV, MASK, clip_low=0.2, clip_high=0.28)
+    loss, stats = policy_loss(_logp(), OLD, ADV, MASK, AlgorithmConfig(clip_low=0.2, clip_high=0.28))
     # clipped term active at 2 of 4 valid tokens (r=1.5 with A>0, r=0.7 with A<0)
     assert close(stats["clipfrac"], 0.5)
     # approx_kl = mean(old - new) = -(ln 1.5 + ln 0.5 + 0 + ln 0.7) / 4 = -ln(0.525) / 4
@@ -136,13 +134,13 @@ def test_policy_loss_stats_and_symmetric_clip_mistake():
     assert close(stats["ratio_min"], 0.5) and close(stats["ratio_max"], 1.5)
     assert all(not v.requires_grad for v in stats.values())
     # a symmetric 0.2 clip would cap r=1.5 at 1.2: (-1.2 - 0.5 + 2 + 0.8) / 4 = 0.275
-    symmetric, _ = policy_loss(_logp(), OLD, ADV, MASK, clip_low=0.2, clip_high=0.2)
+    symmetric, _ = policy_loss(_logp(), OLD, ADV, MASK, AlgorithmConfig(clip_low=0.2, clip_high=0.2))
     assert close(symmetric.detach(), 0.275) and not close(loss.detach(), 0.275)
 
 
 def test_policy_loss_gradient_is_exactly_zero_at_masked_tokens():
     logp = _logp()
-    loss, _ = policy_loss(logp, OLD, ADV, MASK, clip_low=0.2, clip_high=0.28)
+    loss, _ = policy_loss(logp, OLD, ADV, MASK, AlgorithmConfig(clip_low=0.2, clip_high=0.28))
     loss.backward()
     # token-mean over 4 tokens; d(-A r)/d logp = -A r where the unclipped term is active:
     #   r=0.5, A=1  -> -0.5 / 4 = -0.125;  r=1, A=-2 -> 2 / 4 = 0.5
@@ -164,23 +162,23 @@ def test_dual_clip_caps_the_loss_of_negative_advantages_with_runaway_ratios():
     old = torch.zeros(1, 4, dtype=torch.float64)
     adv = torch.tensor([[-1.0, -1.0, 1.0, -2.0]], dtype=torch.float64)
     mask = torch.ones(1, 4)
-    loss, stats = policy_loss(logp, old, adv, mask, clip_ratio_c=3.0)
+    loss, stats = policy_loss(logp, old, adv, mask, AlgorithmConfig(clip_ratio_c=3.0))
     # token-mean (3 + 2 - 1.2 + 1.6) / 4 = 5.4 / 4
     assert close(loss.detach(), 1.35)
     assert close(stats["clipfrac_lower"], 0.25) and close(stats["clipfrac"], 0.5)
-    plain, plain_stats = policy_loss(logp.detach(), old, adv, mask)
+    plain, plain_stats = policy_loss(logp.detach(), old, adv, mask, AlgorithmConfig())
     assert close(plain.detach(), (5 + 2 - 1.2 + 1.6) / 4) and close(plain_stats["clipfrac_lower"], 0.0)
     loss.backward()
     # d(-A r)/d logp = -A r, only where unclipped: token 1: 2 / 4 = 0.5; the rest are constants
     assert close(logp.grad, [[0.0, 0.5, 0.0, 0.0]])
     for bad in (1.0, 0.5, -3.0, NAN):
         with pytest.raises(ValueError, match=r"clip_ratio_c must be 0 .no dual clip. or > 1"):
-            policy_loss(logp, old, adv, mask, clip_ratio_c=bad)
+            policy_loss(logp, old, adv, mask, AlgorithmConfig(clip_ratio_c=bad))
 
 
 def test_policy_loss_rejects_shape_mismatch():
     with pytest.raises(ValueError, match="advantages"):
-        policy_loss(_logp(), OLD, ADV[:, :2], MASK)
+        policy_loss(_logp(), OLD, ADV[:, :2], MASK, AlgorithmConfig())
 
 
 # --- KL ------------------------------------------------------------------------------------------

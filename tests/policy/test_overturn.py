@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from simsearch.policy.batch import collate_trajectories, loss_denominators, token_advantages
+from simsearch.policy.collate import collate_trajectories, loss_denominators
+from simsearch.policy.step import token_advantages
 from simsearch.types import OVER_TURN, UNFINISHED, Trajectory
 from tests.policy.test_batch import PAD, trajectory
 

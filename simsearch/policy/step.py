@@ -1,9 +1,8 @@
-"""One step of `simsearch train`, from the recipe: its rollout rounds (DAPO's dynamic sampling
-included), rewards (DAPO's overlong shaping included), training batch and advantages (IGPO's
-extra forward passes included).
+"""One training step of `simsearch train`, in order: rollout rounds → rewards → batch → advantages.
 
-`factory.train` builds the objects the loop works with; this module is what the loop calls on
-them every step.
+The loss pieces follow in `policy.update`. DAPO's dynamic sampling (`sample_step`), DAPO's
+overlong shaping (`step_rewards`), IGPO's extra forward passes and truncated importance sampling
+(`step_advantages`) are the recipe's options along the way.
 """
 
 from __future__ import annotations
@@ -12,21 +11,15 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from simsearch.curriculum.schedules import num_noisy
-from simsearch.factory.train import rollout_settings
-from simsearch.policy.advantages import ESTIMATORS, EstimatorInputs, Stats
-from simsearch.policy.batch import (
-    TrainBatch,
-    collate_rollout_logprobs,
-    collate_trajectories,
-    sequence_kl,
-    stream_indices,
-    token_advantages,
-)
+from simsearch.generation.recipe import SamplingConfig
+from simsearch.policy.actor_loss import sequence_kl
+from simsearch.policy.advantages import ESTIMATORS, EstimatorInputs, broadcast_to_tokens
+from simsearch.policy.collate import TrainBatch, collate_rollout_logprobs, collate_trajectories
 from simsearch.policy.infogain import (
     distinct,
     forward_passes,
@@ -35,39 +28,70 @@ from simsearch.policy.infogain import (
     information_gains,
     turn_index,
 )
+from simsearch.policy.masked import Stats, masked_sum
 from simsearch.policy.offpolicy import truncated_is_weights
+from simsearch.policy.order import stream_indices
+from simsearch.policy.recipe import AlgorithmConfig, RewardConfig, RolloutConfig
 from simsearch.policy.rewards import RewardOutput, shape_overlong
-from simsearch.policy.rollout import RolloutResult, generate_trajectories, score_trajectories
+from simsearch.policy.rollout import RolloutResult, RolloutSettings, generate_trajectories, score_trajectories
 from simsearch.policy.sampling import Round, Sampled, sample_informative, trainable_groups
-from simsearch.policy.update import ForwardPasses, Learner, UpdateSettings, derived_seed
+from simsearch.policy.update import ForwardPasses, Learner, UpdateShape, derived_seed
 from simsearch.training.distributed import all_reduce_max, all_reduce_sum
 from simsearch.types import SamplingParams, Trajectory
 
-if TYPE_CHECKING:
-    from simsearch.config import TrainRecipe
-    from simsearch.policy.recipe import AlgorithmConfig
+
+@dataclass(frozen=True)
+class StepRecipe:
+    """The recipe sections a training step reads (`config.TrainRecipe`'s, by the same names)."""
+
+    algorithm: AlgorithmConfig
+    rollout: RolloutConfig
+    reward: RewardConfig
+    sampling: SamplingConfig
+    prompts_per_step: int
+    seed: int
 
 
-def rollout_round(
-    recipe: TrainRecipe, generator: Any, tokenizer: Any, search: Any, rank: int, p_noise: float, step: int,
-    examples: list[Any], round_: int,
-) -> RolloutResult:  # fmt: skip
+@dataclass
+class Rollouts:
+    """What every rollout round runs with, built once at set-up.
+
+    Attributes:
+        recipe: The step's recipe sections.
+        generator: The policy's generation engine.
+        tokenizer: The policy's tokenizer.
+        search: The metered search engine.
+        settings: The agent loop's limits for that engine (`factory.train.rollout_settings`).
+        granularity: The curriculum's noise granularity (`curriculum.schedules.num_noisy`).
+        rank: This process.
+    """
+
+    recipe: StepRecipe
+    generator: Any
+    tokenizer: Any
+    search: Any
+    settings: RolloutSettings
+    granularity: str
+    rank: int
+
+
+def rollout_round(r: Rollouts, p_noise: float, step: int, examples: list[Any], round_: int) -> RolloutResult:
     """`group_size` trajectories per question, each search call with num_noisy(p_noise, top_k) noisy documents.
 
     Sampling and coin flips are seeded by (seed, step, process, round); round 0 draws what a step
     without dynamic sampling draws.
     """
-    key = f"{step}:{rank}" + (f":{round_}" if round_ else "")
+    recipe, key = r.recipe, f"{step}:{r.rank}" + (f":{round_}" if round_ else "")
     noise_rng = random.Random(f"noise:{recipe.seed}:{key}")
     sampling = SamplingParams(
         temperature=recipe.sampling.temperature, top_p=recipe.sampling.top_p,
         max_new_tokens=recipe.sampling.max_new_tokens, logprobs=recipe.algorithm.tis_cap > 0,
-        seed=derived_seed(recipe.seed, f"rollout{round_ or ''}", step, rank),
+        seed=derived_seed(recipe.seed, f"rollout{round_ or ''}", step, r.rank),
     )  # fmt: skip
     return generate_trajectories(
-        examples, policy=generator, tokenizer=tokenizer, search=search,
-        settings=rollout_settings(recipe, recipe.search), sampling=sampling, group_size=recipe.rollout.group_size,
-        noise=lambda top_k: num_noisy(p_noise, top_k, recipe.curriculum.granularity, noise_rng),
+        examples, policy=r.generator, tokenizer=r.tokenizer, search=r.search, settings=r.settings,
+        sampling=sampling, group_size=recipe.rollout.group_size,
+        noise=lambda top_k: num_noisy(p_noise, top_k, r.granularity, noise_rng),
         rng=random.Random(f"real:{recipe.seed}:{key}"),
     )  # fmt: skip
 
@@ -101,7 +125,7 @@ RolloutRound = Callable[[list[Any], int], RolloutResult]
 
 
 def sample_step(
-    recipe: TrainRecipe, rollout: RolloutRound, data: list[Any], position: int, share: slice, world: int,
+    recipe: StepRecipe, rollout: RolloutRound, data: list[Any], position: int, share: slice, world: int,
     minibatch_rows: int,
 ) -> StepSample:  # fmt: skip
     """The step's rollouts and rewards: one round, or DAPO's dynamic sampling (`policy.sampling`).
@@ -162,7 +186,7 @@ def _trained_batch(
     return RolloutResult(trajectories, metrics, timings), RewardOutput(total, components, first_scored.stats)
 
 
-def step_rewards(recipe: TrainRecipe, trajectories: list[Trajectory]) -> tuple[RewardOutput, list[float]]:
+def step_rewards(recipe: StepRecipe, trajectories: list[Trajectory]) -> tuple[RewardOutput, list[float]]:
     """(the rewards trained on, their totals before shaping) of a step's trajectories.
 
     The rewards trained on are the recipe's weighted reward plus DAPO's overlong shaping; dynamic
@@ -185,16 +209,15 @@ def step_rewards(recipe: TrainRecipe, trajectories: list[Trajectory]) -> tuple[R
     return shape_overlong(scored, lengths, limit, reward.overlong_buffer, reward.overlong_penalty), scored.total
 
 
-def step_batch(recipe: TrainRecipe, trajectories: list[Trajectory], pad_id: int) -> TrainBatch:
-    """The step's training batch on CPU; with `algorithm.mask_unfinished`, over-turn rows masked out of the loss."""
-    alg = recipe.algorithm
+def step_batch(alg: AlgorithmConfig, trajectories: list[Trajectory], pad_id: int) -> TrainBatch:
+    """The step's training batch on CPU; with `alg.mask_unfinished`, over-turn rows masked out of the loss."""
     return collate_trajectories(
         trajectories, pad_id, mask_unfinished=alg.mask_unfinished, mask_gave_up=alg.mask_gave_up
     )
 
 
 def step_advantages(
-    alg: AlgorithmConfig, learner: Learner, settings: UpdateSettings, rewards: list[float], batch: TrainBatch,
+    alg: AlgorithmConfig, learner: Learner, shape: UpdateShape, rewards: list[float], batch: TrainBatch,
     passes: ForwardPasses, result: RolloutResult, tokenizer: Any,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, float]]:  # fmt: skip
     """(advantages, what the update trains on, returns, stats): the estimator's, then TIS-weighted.
@@ -204,14 +227,14 @@ def step_advantages(
     """
     device = learner.device
     kl_tokens, timing = None, {}
-    if alg.kl_in_reward and settings.needs_reference:
+    if alg.kl_in_reward and alg.needs_reference:
         kl_tokens = sequence_kl(
             passes.old_logp, passes.ref_logp, batch.loss_mask, alg.kl_estimator  # type: ignore[arg-type]
         )  # fmt: skip
     if ESTIMATORS[alg.estimator].information_gain:  # kl_in_reward is refused with it (AlgorithmConfig)
         began = time.perf_counter()
         advantages, returns, adv_stats = _information_gain_advantages(
-            alg, learner, settings, rewards, batch, result, tokenizer
+            alg, learner, shape, rewards, batch, result, tokenizer
         )
         timing["time/infogain_s"] = time.perf_counter() - began
     else:
@@ -240,14 +263,14 @@ def step_advantages(
 
 
 def _information_gain_advantages(
-    alg: AlgorithmConfig, learner: Learner, settings: UpdateSettings, rewards: list[float], batch: TrainBatch,
+    alg: AlgorithmConfig, learner: Learner, shape: UpdateShape, rewards: list[float], batch: TrainBatch,
     result: RolloutResult, tokenizer: Any,
 ) -> tuple[torch.Tensor, None, Stats]:  # fmt: skip
     """IGPO's `[B, L]` advantages (CPU): the policy's gold-answer probability after each turn (`policy.infogain`)."""
     trajectories = result.trajectories
     if len(trajectories) != batch.size:
         raise ValueError(f"step_advantages: {len(trajectories)} trajectories for a batch of {batch.size} rows")
-    mbs, sync = settings.micro_batch_size, learner.actor.zero3 and learner.world > 1
+    mbs, sync = shape.micro_batch_size, learner.actor.zero3 and learner.world > 1
     queries = gold_queries(trajectories, tokenizer, fill=sync)
     unique, index = distinct(queries)  # once: the pass count and the forward passes both use it
     passes = 0  # alone, a process runs the passes its queries need
@@ -256,7 +279,7 @@ def _information_gain_advantages(
     with learner.autocast_context():
         measured = gold_probabilities(
             learner.actor.engine, unique, pad_id=tokenizer.pad_token_id, device=learner.device,
-            micro_batch_size=mbs, temperature=settings.loss.temperature, passes=passes,
+            micro_batch_size=mbs, temperature=shape.temperature, passes=passes,
         )  # fmt: skip
     probabilities = measured[torch.tensor(index, dtype=torch.long)]  # [N], each query's measurement
     turns = turn_index(trajectories, batch.response_width)  # [B, L]
@@ -267,3 +290,65 @@ def _information_gain_advantages(
     )  # fmt: skip
     advantages, _, stats = ESTIMATORS[alg.estimator].compute(inputs)
     return advantages, None, stats
+
+
+def token_advantages(
+    estimator: str,
+    rewards: torch.Tensor,
+    batch: TrainBatch,
+    *,
+    kl: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    values: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    stratified_alpha: float = 0.5,
+) -> tuple[torch.Tensor, torch.Tensor | None, Stats]:
+    """`[B, L]` advantages of the estimator a recipe names (the one place that dispatches on it).
+
+    Args:
+        estimator: A name in `advantages.ESTIMATORS`.
+        rewards: `[B]` outcome reward per trajectory.
+        batch: The trajectories (loss mask, groups, search counts).
+        kl: `[B, L]` per-token KL to the reference, folded into the reward when `kl_coef` > 0
+            (`kl_in_reward`); see the module docstring for sequence-level estimators.
+        kl_coef: Weight of that KL penalty (0 = no KL in the reward).
+        values: `[B, L]` critic values; required by "ppo".
+        gamma: Discount of REINFORCE++ and GAE.
+        lam: GAE lambda.
+        stratified_alpha: Weight of the within-stratum term of stratified GRPO.
+
+    Returns:
+        (advantages `[B, L]` with 0 at masked positions, returns `[B, L]` for "ppo" else None,
+        stats).
+    """
+    spec = ESTIMATORS.get(estimator)
+    if spec is None:
+        raise ValueError(f"unknown advantage estimator {estimator!r}; use one of {', '.join(ESTIMATORS)}")
+    mask = batch.loss_mask
+    rewards = rewards.to(torch.float32)
+    if spec.token_level:
+        rows = mask.bool().any(dim=-1).nonzero().flatten()  # rows with a token to carry the outcome
+        adv, returns, stats = spec.compute(
+            EstimatorInputs(
+                rewards[rows], mask[rows], batch.group_ids[rows], batch.num_searches[rows],
+                kl=None if kl is None else kl[rows], kl_coef=kl_coef,
+                values=None if values is None else values[rows], gamma=gamma, lam=lam,
+            )
+        )  # fmt: skip
+        advantages = torch.zeros(mask.shape, dtype=torch.float32)
+        advantages[rows] = adv
+        if returns is None:
+            return advantages, None, stats
+        full_returns = torch.zeros(mask.shape, dtype=torch.float32)
+        full_returns[rows] = returns
+        return advantages, full_returns, stats
+
+    if kl_coef > 0:
+        if kl is None:
+            raise ValueError(f"token_advantages: kl_coef={kl_coef} needs the per-token kl [B, L]")
+        rewards = rewards - kl_coef * masked_sum(kl.detach(), mask, dim=-1)
+    seq, _, stats = spec.compute(
+        EstimatorInputs(rewards, mask, batch.group_ids, batch.num_searches, stratified_alpha=stratified_alpha)
+    )
+    return broadcast_to_tokens(seq, mask), None, stats

@@ -1,4 +1,4 @@
-"""The per-step logic of `simsearch train` (`factory.step`) against hand-computed values."""
+"""The per-step logic of `simsearch train` (`policy.step`) against hand-computed values."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import torch
 
-import simsearch.factory.step as step_module
 import simsearch.policy.infogain as infogain
+import simsearch.policy.step as step_module
 from simsearch.config import TrainRecipe
-from simsearch.factory.step import sample_step, step_batch, step_rewards
-from simsearch.policy.batch import collate_trajectories
+from simsearch.policy.collate import collate_trajectories
 from simsearch.policy.recipe import AlgorithmConfig
 from simsearch.policy.rollout import RolloutResult
+from simsearch.policy.step import sample_step, step_batch, step_rewards
 from simsearch.types import QAExample, Trajectory, TrajectoryFinish
 from tests.policy.test_infogain import PAD, THREE_TURNS, CountingLM, FakeTokenizer
 from tests.policy.test_infogain import _trajectory as _igpo_trajectory
@@ -61,7 +61,7 @@ def test_step_batch_masks_what_the_recipe_asks(mask_unfinished: bool, mask_gave_
     recipe = TrainRecipe(run_dir="unused")
     recipe.algorithm.mask_unfinished, recipe.algorithm.mask_gave_up = mask_unfinished, mask_gave_up
     rows = [_trajectory(2, 2, finish, "") for finish in ("answer", "max_turns", "gave_up", "context")]
-    assert step_batch(recipe, rows, pad_id=0).loss_mask.tolist() == [[k, k] for k in kept]
+    assert step_batch(recipe.algorithm, rows, pad_id=0).loss_mask.tolist() == [[k, k] for k in kept]
 
 
 def test_dynamic_sampling_judges_flatness_before_overlong_shaping() -> None:
@@ -129,7 +129,7 @@ def _igpo_on_fakes(monkeypatch: pytest.MonkeyPatch, world: int) -> tuple[Any, in
         actor=SimpleNamespace(zero3=True, engine=model), world=world, device="cpu",
         autocast_context=contextlib.nullcontext,
     )  # fmt: skip
-    settings = SimpleNamespace(micro_batch_size=1, loss=SimpleNamespace(temperature=1.0))
+    settings = SimpleNamespace(micro_batch_size=1, temperature=1.0)
     alg = AlgorithmConfig(estimator="igpo")
     batch = collate_trajectories(group, PAD)
     result = RolloutResult(group, {}, {})

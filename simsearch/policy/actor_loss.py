@@ -1,0 +1,190 @@
+"""The actor's loss: PPO's clipped surrogate over `algorithm`'s settings, and one micro-batch's total.
+
+    actor loss = policy_loss + kl_coef * KL - entropy_coef * entropy
+
+each term present only when its coefficient is > 0 (with `kl_in_reward` the KL goes into the
+reward instead, `AlgorithmConfig.kl_loss_coef`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from simsearch.policy.collate import TrainBatch
+from simsearch.policy.losses import (
+    LOG_RATIO_CLAMP,
+    RATIO_LEVELS,
+    KLEstimator,
+    aggregate_loss,
+    check_same_shape,
+    entropy_from_logits,
+    kl_loss,
+    kl_penalty,
+    token_logprobs,
+)
+from simsearch.policy.masked import Stats, masked_mean, masked_sum
+from simsearch.policy.recipe import AlgorithmConfig
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    alg: AlgorithmConfig,
+    denominator: float | torch.Tensor | None = None,
+    token_sum_normalizer: float | None = None,
+) -> tuple[torch.Tensor, Stats]:
+    """PPO clipped surrogate with an asymmetric clip range, optionally dual-clipped, token or sequence ratios.
+
+    Per token: ratio = exp(logp - old_logp),
+    loss_t = max(-A_t * ratio, -A_t * clip(ratio, 1 - clip_low, 1 + clip_high)),
+    and with dual clip (Ye et al. 2019, verl's `clip_ratio_c`) where A_t < 0:
+    loss_t = min(loss_t, -A_t * clip_ratio_c), which bounds the loss (and zeroes the gradient) of a
+    token whose ratio has grown past clip_ratio_c although its advantage is negative.
+
+    With `ratio_level="sequence"` (GSPO, Zheng et al. 2025) every token of row i takes the ratio
+    s_i = exp(mean over the row's valid tokens of (logp - old_logp)) in place of its own, written
+    s_i,t = sg[s_i] * pi(y_t) / sg[pi(y_t)] (GSPO-token): the value is s_i and the gradient of the
+    row is s_i x the mean of grad log pi(y_t), so the whole sequence is clipped or not, together.
+    With sequence-level advantages and "seq-mean-token-mean" this is GSPO's objective exactly;
+    token-level advantages give the paper's GSPO-token. With old_logp = logp (one on-policy update)
+    both levels give the same loss and gradient.
+
+    Args:
+        logp: `[B, L]` log-probs of the sampled tokens under the current policy (with grad).
+        old_logp: `[B, L]` log-probs under the policy that sampled them (no grad needed).
+        advantages: `[B, L]` token-level advantages.
+        loss_mask: `[B, L]` 1 at tokens trained on.
+        alg: `clip_low`, `clip_high` (the ratio's range [1 - clip_low, 1 + clip_high]),
+            `clip_ratio_c` (dual-clip bound, 0 = none), `ratio_level` and `loss_agg`.
+        denominator: see `losses.aggregate_loss`.
+        token_sum_normalizer: see `losses.aggregate_loss`.
+
+    Returns:
+        The loss and stats `clipfrac` (fraction of valid tokens where the clipped term is
+        active), `clipfrac_lower` (fraction where the dual clip is; 0 without it), `approx_kl`
+        (mean of old_logp - logp over valid tokens, a k1 estimate of KL(old || new), at either
+        ratio level), `ratio_mean`, `ratio_min`, `ratio_max` (of the ratio used, over valid tokens).
+    """
+    clip_low, clip_high, clip_ratio_c, ratio_level = alg.clip_low, alg.clip_high, alg.clip_ratio_c, alg.ratio_level
+    check_same_shape(logp, old_logp, "logp", "old_logp", "policy_loss")
+    check_same_shape(logp, advantages, "logp", "advantages", "policy_loss")
+    check_same_shape(logp, loss_mask, "logp", "loss_mask", "policy_loss")
+    if clip_low < 0 or clip_high < 0 or clip_low >= 1:
+        raise ValueError(
+            f"policy_loss: need 0 <= clip_low < 1 and clip_high >= 0, got clip_low={clip_low}, clip_high={clip_high}"
+        )
+    if clip_ratio_c != 0 and not clip_ratio_c > 1:  # `not >` also refuses NaN
+        raise ValueError(f"policy_loss: clip_ratio_c must be 0 (no dual clip) or > 1, got {clip_ratio_c}")
+    if ratio_level not in RATIO_LEVELS:
+        raise ValueError(f"policy_loss: unknown ratio_level {ratio_level!r}; use one of {', '.join(RATIO_LEVELS)}")
+    valid = loss_mask.bool()
+    zeros = torch.zeros_like(logp)
+    # select before any arithmetic: garbage at masked positions stays out of values and grads
+    token_log_ratio = torch.where(valid, logp - old_logp.detach(), zeros)  # [B, L]
+    log_ratio = RATIO_LEVELS[ratio_level](token_log_ratio, logp, valid)  # [B, L]
+    adv = torch.where(valid, advantages.detach().to(logp.dtype), zeros)  # [B, L]
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # [B, L]
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    per_token = torch.maximum(unclipped, clipped)  # [B, L]
+    dual_clipped = torch.zeros_like(valid)  # [B, L]
+    if clip_ratio_c:
+        bound = -adv * clip_ratio_c  # [B, L]
+        dual_clipped = (adv < 0) & (per_token > bound)
+        per_token = torch.where(dual_clipped, bound, per_token)
+    loss = aggregate_loss(per_token, loss_mask, alg.loss_agg, denominator, token_sum_normalizer)
+    return loss, _policy_stats(clipped > unclipped, dual_clipped, token_log_ratio, ratio, valid)
+
+
+@torch.no_grad()
+def _policy_stats(
+    clipped: torch.Tensor, dual_clipped: torch.Tensor, token_log_ratio: torch.Tensor, ratio: torch.Tensor,
+    valid: torch.Tensor,
+) -> Stats:  # fmt: skip
+    """`policy_loss`'s stats from its `[B, L]` clip indicators, token log-ratios and ratios."""
+    ratio = ratio.detach()
+    any_valid = valid.any()
+    return {
+        "clipfrac": masked_mean(clipped.to(ratio.dtype), valid),
+        "clipfrac_lower": masked_mean(dual_clipped.to(ratio.dtype), valid),
+        "approx_kl": masked_mean(-token_log_ratio.detach(), valid),
+        "ratio_mean": masked_mean(ratio, valid),
+        "ratio_min": torch.where(any_valid, torch.where(valid, ratio, torch.inf).min(), 1.0),
+        "ratio_max": torch.where(any_valid, torch.where(valid, ratio, -torch.inf).max(), 1.0),
+    }
+
+
+def actor_micro_loss(
+    logits: torch.Tensor,
+    micro: TrainBatch,
+    advantages: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    ref_logp: torch.Tensor | None,
+    alg: AlgorithmConfig,
+    denominators: tuple[float, float],
+    *,
+    temperature: float,
+    token_sum_normalizer: float | None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The actor loss of one micro-batch: clipped policy loss + kl_coef x KL - entropy_coef x H.
+
+    The micro-batch holds whole rows, so GSPO's sequence ratios are exact.
+
+    Args:
+        logits: `[b, L', V]` `response_logits` of the micro-batch (with grad).
+        micro: The micro-batch.
+        advantages: `[b, L']` token advantages.
+        old_logp: `[b, L']` log-probs of the sampling policy; None = on-policy, the current
+            log-probs detached (one update per batch: the weights have not moved since sampling).
+        ref_logp: `[b, L']` reference log-probs; required when `alg.kl_loss_coef` > 0, and used
+            for the logged KL whenever given.
+        alg: Clip range, aggregation, KL estimator and coefficients.
+        denominators: (valid tokens, sequences) of the whole minibatch (`loss_denominators`).
+        temperature: The rollout's sampling temperature: log-probs and entropy are those of
+            softmax(logits / temperature), the distribution the tokens were drawn from.
+        token_sum_normalizer: The constant of "seq-mean-token-sum-norm" (None otherwise).
+
+    Returns:
+        The scalar loss to backpropagate, and float stats `policy`, `kl`, `entropy`,
+        `clipfrac`, `clipfrac_lower`, `approx_kl`, `tokens` (micro-batch loss parts are already divided by the
+        minibatch's counts, so they sum over micro-batches; the rest are micro-batch means).
+    """
+    mask = micro.loss_mask
+    logp = token_logprobs(logits, micro.responses, temperature=temperature)  # [b, L']
+    old = logp.detach() if old_logp is None else old_logp
+    tokens, sequences = denominators
+    denominator = tokens if alg.loss_agg == "token-mean" else sequences
+    loss, pstats = policy_loss(logp, old, advantages, mask, alg, denominator, token_sum_normalizer)
+    stats = {
+        "policy": float(loss.detach()),
+        "clipfrac": float(pstats["clipfrac"]),
+        "clipfrac_lower": float(pstats["clipfrac_lower"]),
+        "approx_kl": float(pstats["approx_kl"]),
+        "tokens": float(mask.sum()),
+    }
+    kl_coef = alg.kl_loss_coef
+    if ref_logp is not None:
+        kl, _ = kl_loss(logp, ref_logp, mask, alg.kl_estimator, alg.loss_agg, denominator, token_sum_normalizer)
+        stats["kl"] = float(kl.detach())
+        if kl_coef > 0:
+            loss = loss + kl_coef * kl
+    elif kl_coef > 0:
+        raise ValueError(f"actor_micro_loss: kl_coef={kl_coef} needs ref_logp")
+    valid = mask.bool()
+    if alg.entropy_coef > 0:
+        entropy = masked_sum(entropy_from_logits(logits, temperature=temperature), valid) / tokens
+        loss = loss - alg.entropy_coef * entropy
+        stats["entropy"] = float(entropy.detach())
+    else:
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits.detach(), temperature=temperature)
+            stats["entropy"] = float(masked_sum(entropy, valid) / tokens)
+    return loss, stats
+
+
+def sequence_kl(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
+    """`[B, L]` per-token KL estimate, 0 at masked positions (for `kl_in_reward`)."""
+    kl = kl_penalty(logp, ref_logp, estimator)
+    return torch.where(mask.bool(), kl, torch.zeros_like(kl))
