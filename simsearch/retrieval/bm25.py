@@ -1,20 +1,10 @@
-"""BM25 over a local corpus with bm25s: the sparse real retriever.
+r"""BM25 over a local corpus with bm25s: the sparse real retriever.
 
-Where it departs from Search-R1's BM25 (pyserini / Lucene):
-- Tokenization is bm25s's: lowercase, `\\w\\w+` words, English stopwords, no stemming (pyserini
-  applies the Porter stemmer; PyStemmer is not a dependency here), so scores and rankings differ
-  from pyserini's.
-- The defaults k1 = 0.9, b = 0.4 are pyserini's, not bm25s's (1.5, 0.75), so a default index is
-  the closest we get to the retriever Search-R1 trained against.
-- As with Lucene, only passages sharing at least one term with the query are returned, so a
-  result list can be shorter than `top_k` (empty for a query made only of unknown words).
-
-Memory: building streams the passages (a `JsonlCorpus` keeps only line offsets), holds the token
-ids and the sparse score matrix; search reads titles and texts back from the corpus for the
-returned passages only. `load(..., mmap=True)` memory-maps the matrix. Build time and memory
-at 1M passages: docs/performance.md.
-
-Ties in score are broken by corpus position, so results do not depend on batch composition.
+Tokenization is bm25s's (lowercase, `\w\w+` words, English stopwords, no stemming); defaults
+k1 = 0.9, b = 0.4. Only passages sharing a term with the query are returned, so a result list
+can be shorter than `top_k`. Ties are broken by corpus position. Building streams the passages;
+search reads titles and texts back from the corpus for the returned passages only;
+`load(..., mmap=True)` memory-maps the score matrix.
 """
 
 from __future__ import annotations
@@ -71,17 +61,14 @@ class BM25SearchEngine:
         stopwords: str = "en",
         show_progress: bool = True,
     ) -> BM25SearchEngine:
-        """Indexes `passages` (title line and text, as Search-R1 indexes `contents`).
+        """Indexes `passages` (iterated once; title line and text), ready to search.
 
         Args:
-            passages: the corpus; iterated once, texts are not kept.
-            k1: BM25 term-frequency saturation (pyserini's default).
-            b: BM25 length normalisation (pyserini's default).
+            passages: the corpus.
+            k1: BM25 term-frequency saturation.
+            b: BM25 length normalisation.
             stopwords: "en" for bm25s's English list, "" for none.
-            show_progress: tqdm progress bars while tokenizing and scoring.
-
-        Returns:
-            The engine, ready to search.
+            show_progress: tqdm progress bars.
 
         Raises:
             ValueError: empty corpus.
@@ -138,9 +125,7 @@ class BM25SearchEngine:
         return cls(retriever, tokenizer, passages, stopwords=meta["stopwords"])
 
     def search(self, requests: list[SearchRequest]) -> list[list[Document]]:
-        """Scores each query against the corpus and returns its best passages.
-
-        Simulator fields (`question`, `golden_answers`, `num_noisy`) are ignored.
+        """Each request's best passages (simulator fields ignored).
 
         Raises:
             ValueError: a `top_k` below 1 or above the corpus size.

@@ -1,20 +1,15 @@
 """A SearchEngine that calls a Search-R1-compatible retrieval server (`POST /retrieve`).
 
-Wire format (Search-R1, **compat**): the request body is
-`{"queries": [..], "topk": k, "return_scores": true}` and the answer is
-`{"result": [[{"document": {"id", "contents"}, "score": s}, ..], ..]}`, one list per query
-(plain document lists when `return_scores` is false; both are read). `contents` is the title
-line, kept exactly as stored (wiki-18 keeps its double quotes), then the text; corpora stored as
-`{"id", "title", "text"}` come back with those fields and are read as such.
+Wire format (**compat**): the request body is `{"queries": [..], "topk": k, "return_scores":
+true}` and the answer `{"result": [[{"document": {"id", "contents"}, "score": s}, ..], ..]}`,
+one list per query (plain document lists are read too). `contents` is the title line, kept as
+stored, then the text; `{"id", "title", "text"}` documents are read as such.
 
-Departures from Search-R1's client: the request carries one `topk`, so a batch mixing top-k
-values is sent as one POST per distinct top-k (and per `batch_size` queries); simulator context
-travels with the queries when any request of a POST carries it, as lists aligned with `queries`:
-`question` (string or null), `golden_answers` (list of strings) and `noisy` (how many of the
-top-k documents must be noisy). Search-R1's server ignores those fields; simsearch's server
-(`simsearch serve`) hands them to a simulator. Retries are bounded (`simsearch.httpclient`).
-A server that requires a bearer token (`simsearch serve` with `token_env`) gets it from the
-environment variable named by `api_key_env`; the token appears in no repr or error message.
+A batch is sent as one POST per distinct top-k (and per `batch_size` queries). When a request
+carries simulator context, the POST adds lists aligned with `queries`: `question`,
+`golden_answers` and `noisy` (count of noisy documents), which `simsearch serve` hands to a
+simulator. Retries are bounded (`simsearch.httpclient`); an optional bearer token comes from
+`api_key_env` and appears in no repr or error message.
 """
 
 from __future__ import annotations
@@ -32,19 +27,12 @@ def _has_simulator_context(request: SearchRequest) -> bool:
 
 
 def parse_document(entry: Any, url: str, secrets: tuple[str, ...] = ()) -> Document:
-    """Reads one entry of a `/retrieve` result list into a `Document(source="http")`.
-
-    Args:
-        entry: `{"document": {...}, "score": s}`, or a bare document `{...}`.
-        url: the endpoint, named in the error.
-        secrets: strings (the bearer token) masked in the error, which quotes the entry.
-
-    Returns:
-        The document: title = first line of `contents`, text = the remaining lines.
+    """Reads one entry of a `/retrieve` result list (with or without score) into a
+    `Document(source="http")`: title = first line of `contents`, text = the rest.
 
     Raises:
-        SearchServiceError: when the entry has neither `contents` nor `title` and `text`, or a
-            score that is not a number.
+        SearchServiceError: the entry has neither `contents` nor `title` and `text`, or a score
+            that is not a number (the message quotes it, `secrets` masked).
     """
     score = None
     document = entry
@@ -92,18 +80,15 @@ class HTTPSearchEngine:
         """Creates the client; nothing is sent until `search`.
 
         Args:
-            url: the endpoint itself, e.g. `http://127.0.0.1:8000/retrieve` (Search-R1's
-                `retriever.url`).
-            timeout_s: timeout of each connect / read / write.
-            max_retries: retries of a failed POST before raising.
-            backoff_s: base of the exponential backoff between retries.
-            batch_size: most queries in one POST.
-            api_key_env: name of the environment variable holding the server's bearer token,
-                sent as `Authorization: Bearer ...`; None for a server without one.
+            url: The endpoint itself, e.g. `http://127.0.0.1:8000/retrieve`.
+            timeout_s: Timeout of each connect / read / write.
+            max_retries: Retries of a failed POST before raising.
+            backoff_s: Base of the exponential backoff between retries.
+            batch_size: Most queries in one POST.
+            api_key_env: Environment variable holding the server's bearer token; None for none.
 
         Raises:
-            ValueError: on a URL without http(s) scheme, a non-positive bound, or an
-                `api_key_env` variable that is not set.
+            ValueError: A URL without http(s) scheme, a non-positive bound, or an unset `api_key_env`.
         """
         if not url.startswith(("http://", "https://")):
             raise ValueError(
@@ -133,17 +118,11 @@ class HTTPSearchEngine:
         self._client.close()
 
     def search(self, requests: list[SearchRequest]) -> list[list[Document]]:
-        """Retrieves `top_k` documents per request: one POST per distinct top-k and batch.
-
-        Args:
-            requests: the queries, with optional simulator context.
-
-        Returns:
-            One document list per request, in request order.
+        """Retrieves `top_k` documents per request, in request order.
 
         Raises:
-            SearchServiceError: when the server fails after the bounded retries or answers
-                something that is not a `/retrieve` result.
+            SearchServiceError: the server fails after the bounded retries or answers something that
+                is not a `/retrieve` result.
         """
         results: list[list[Document]] = [[] for _ in requests]
         groups: dict[int, list[int]] = {}

@@ -3,27 +3,17 @@
 `measure_fidelity` runs a simulator (and optionally a real retriever as reference) on held-out
 (question, gold answers, query) triples and reports, under `fidelity/...`:
 
-- `useful_contains_answer`, `noisy_contains_answer` and their difference `gap`: the share of
-  useful (num_noisy = 0) and noisy (num_noisy = top_k) answers whose documents contain a gold
-  answer (`sft_data.contains_answer`: whole words after normalization). A good simulator has a
-  large gap: the curriculum's noise actually removes the answer.
-- `corrupted_contains_answer` and `query_sensitivity` = useful − corrupted: the useful rate when
-  the real query is replaced by a corrupted one. A simulator that writes documents from the
-  answer it is told, whatever the query, has sensitivity near 0, and RL against it does not
-  teach the policy to search well (see `sft_data`).
-- `reference_contains_answer`, `reference_corrupted_contains_answer`,
+- `useful_contains_answer`, `noisy_contains_answer` and `gap` (their difference): the share of
+  useful (num_noisy = 0) and noisy (num_noisy = top_k) document sets that contain a gold answer
+  (`sft_data.contains_answer`);
+- `corrupted_contains_answer` and `query_sensitivity` = useful − corrupted, with each query
+  replaced by a corrupted one: the next example's differing query (wrapping around), while the
+  question and gold answers stay example i's;
+- with a reference: `reference_contains_answer`, `reference_corrupted_contains_answer`,
   `reference_query_sensitivity`, and `agreement` (share of examples where simulator and
-  reference agree on whether the real query's documents contain the answer), when a reference
-  retriever is given: the numbers a faithful simulator should approach.
-- `format_valid`, `padded`, `unparsed`: shares of parsed document sets (from the engine's parse
-  stats), when the simulator is a `SimulatedSearchEngine` itself (not wrapped in a cache, which
-  would also answer from stale entries).
-
-Query corruption (ours): example i's corrupted query is the real query of the next example (in
-the given order, wrapping around) whose query differs from its own. It is a well-formed query
-that no longer names what example i asks about, so a retriever finds example i's answer with it
-only by accident, while the question and gold answers sent to the simulator stay those of
-example i. Dropping content words instead would need a tagger and can leave the entity in.
+  reference agree on whether the real query's documents contain the answer);
+- `format_valid`, `padded`, `unparsed`: shares of parsed sets, when the simulator is an
+  unwrapped `SimulatedSearchEngine`.
 """
 
 from __future__ import annotations
@@ -72,17 +62,16 @@ def measure_fidelity(
 ) -> dict[str, float]:
     """Measures how faithfully `simulator` behaves as a search engine (module docstring).
 
-    The simulator gets one `search` call with every request (useful, noisy and corrupted, in
-    that order); the reference one call (real then corrupted queries).
+    One `search` call to the simulator (useful, noisy, corrupted requests), one to the reference.
 
     Args:
-        simulator: The engine under test; requests carry question, gold answers and num_noisy.
+        simulator: The engine under test.
         examples: Held-out triples; each needs at least one gold answer.
         top_k: Documents per search.
         reference: A real retriever to compare with, or None.
 
     Returns:
-        `fidelity/...` metrics (module docstring) and `fidelity/examples`.
+        `fidelity/...` metrics and `fidelity/examples`.
 
     Raises:
         ValueError: No examples, or an example without a gold answer (naming it).
