@@ -110,17 +110,18 @@ def _rollout_weights(
     return RolloutWeights(generator, actor.module, use_vllm, recipe.lora.r > 0, actor.zero3, rollout_copy)
 
 
-def process_shape(recipe: TrainRecipe, rank: int, world: int) -> tuple[slice, int]:
-    """This process's share of each step's questions and its rows per minibatch (0 = all of them)."""
+def process_shape(recipe: TrainRecipe, rank: int, world: int) -> tuple[slice, UpdateShape]:
+    """This process's share of each step's questions, and what its update takes beside `recipe.algorithm`."""
     if recipe.policy.kind == "vllm" and world > 1 and recipe.policy.tensor_parallel_size > 1:
         raise RecipeError(
             f"policy.tensor_parallel_size={recipe.policy.tensor_parallel_size} with {world} processes: each "
             "process runs its own vLLM engine on its own GPU and rolls out its own questions; set "
             "policy.tensor_parallel_size=1 (or train in one process)"
         )
+    minibatch = recipe.algorithm.minibatch_size
+    shape = update_shape(recipe, minibatch // world)
     share = rank_share(recipe.prompts_per_step, rank, world)
     rows_per_rank = (share.stop - share.start) * recipe.rollout.group_size
-    minibatch = recipe.algorithm.minibatch_size
     if minibatch % world:
         raise RecipeError(f"algorithm.minibatch_size={minibatch} must be a multiple of the {world} processes")
     if minibatch and rows_per_rank % (minibatch // world):
@@ -128,7 +129,7 @@ def process_shape(recipe: TrainRecipe, rank: int, world: int) -> tuple[slice, in
             f"algorithm.minibatch_size={minibatch} over {world} processes must divide each process's "
             f"{rows_per_rank} trajectories"
         )
-    return share, minibatch // world
+    return share, shape
 
 
 def build_validation(recipe: TrainRecipe, examples: list[Any], search: Any, ledger: Ledger) -> Validation:

@@ -38,18 +38,10 @@ def policy_loss(
     """PPO clipped surrogate with an asymmetric clip range, optionally dual-clipped, token or sequence ratios.
 
     Per token: ratio = exp(logp - old_logp),
-    loss_t = max(-A_t * ratio, -A_t * clip(ratio, 1 - clip_low, 1 + clip_high)),
-    and with dual clip (Ye et al. 2019, verl's `clip_ratio_c`) where A_t < 0:
-    loss_t = min(loss_t, -A_t * clip_ratio_c), which bounds the loss (and zeroes the gradient) of a
-    token whose ratio has grown past clip_ratio_c although its advantage is negative.
-
-    With `ratio_level="sequence"` (GSPO, Zheng et al. 2025) every token of row i takes the ratio
-    s_i = exp(mean over the row's valid tokens of (logp - old_logp)) in place of its own, written
-    s_i,t = sg[s_i] * pi(y_t) / sg[pi(y_t)] (GSPO-token): the value is s_i and the gradient of the
-    row is s_i x the mean of grad log pi(y_t), so the whole sequence is clipped or not, together.
-    With sequence-level advantages and "seq-mean-token-mean" this is GSPO's objective exactly;
-    token-level advantages give the paper's GSPO-token. With old_logp = logp (one on-policy update)
-    both levels give the same loss and gradient.
+    loss_t = max(-A_t * ratio, -A_t * clip(ratio, 1 - clip_low, 1 + clip_high)); with dual clip,
+    where A_t < 0, loss_t = min(loss_t, -A_t * clip_ratio_c). With `ratio_level="sequence"` every
+    token of row i takes the row's ratio s_i = exp(mean of its valid tokens' logp - old_logp),
+    with the gradient s_i x the mean of grad log pi(y_t) (GSPO-token).
 
     Args:
         logp: `[B, L]` log-probs of the sampled tokens under the current policy (with grad).
@@ -62,10 +54,8 @@ def policy_loss(
         token_sum_normalizer: see `losses.aggregate_loss`.
 
     Returns:
-        The loss and stats `clipfrac` (fraction of valid tokens where the clipped term is
-        active), `clipfrac_lower` (fraction where the dual clip is; 0 without it), `approx_kl`
-        (mean of old_logp - logp over valid tokens, a k1 estimate of KL(old || new), at either
-        ratio level), `ratio_mean`, `ratio_min`, `ratio_max` (of the ratio used, over valid tokens).
+        The loss and stats `clipfrac`, `clipfrac_lower` (shares of valid tokens clipped, dual
+        clipped), `approx_kl` (mean old_logp - logp), `ratio_mean`, `ratio_min`, `ratio_max`.
     """
     clip_low, clip_high, clip_ratio_c, ratio_level = alg.clip_low, alg.clip_high, alg.clip_ratio_c, alg.ratio_level
     check_same_shape(logp, old_logp, "logp", "old_logp", "policy_loss")
@@ -136,14 +126,11 @@ def actor_micro_loss(
         logits: `[b, L', V]` `response_logits` of the micro-batch (with grad).
         micro: The micro-batch.
         advantages: `[b, L']` token advantages.
-        old_logp: `[b, L']` log-probs of the sampling policy; None = on-policy, the current
-            log-probs detached (one update per batch: the weights have not moved since sampling).
-        ref_logp: `[b, L']` reference log-probs; required when `alg.kl_loss_coef` > 0, and used
-            for the logged KL whenever given.
+        old_logp: `[b, L']` log-probs of the sampling policy; None = on-policy (the current ones detached).
+        ref_logp: `[b, L']` reference log-probs; required when `alg.kl_loss_coef` > 0, logged when given.
         alg: Clip range, aggregation, KL estimator and coefficients.
         denominators: (valid tokens, sequences) of the whole minibatch (`loss_denominators`).
-        temperature: The rollout's sampling temperature: log-probs and entropy are those of
-            softmax(logits / temperature), the distribution the tokens were drawn from.
+        temperature: The rollout's: log-probs and entropy are those of softmax(logits / temperature).
         token_sum_normalizer: The constant of "seq-mean-token-sum-norm" (None otherwise).
 
     Returns:

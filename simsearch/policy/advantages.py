@@ -321,13 +321,9 @@ def igpo_advantages(
     Row b has n_b turns (`turn_index` max + 1). Its turn rewards are r_k = gains[b, k] for the
     turns k < n_b - 1 (the change in the policy's probability of the gold answer that turn k and
     its information caused, `policy.infogain`) and r_{n_b - 1} = rewards[b], the outcome. Every
-    turn reward of a group (all its rows, all their turns) is normalized jointly,
-    r^_k = (r_k - mean) / (std + eps), as the paper does (section 3; population std); a
-    group whose turn rewards are all equal gets 0. Turn k's advantage is the discounted sum over
-    the turns that follow, A_k = sum_{j >= k} gamma^(j - k) r^_j, and every trained token of
-    turn k (loss mask 1) gets A_k; inserted tokens and padding get 0.
-
-    The paper's settings and where this departs from its code: see the module docstring.
+    turn reward of a group is normalized jointly, r^_k = (r_k - mean) / (std + eps) (population
+    std; a flat group gets 0). Turn k's advantage A_k = sum_{j >= k} gamma^(j - k) r^_j goes to
+    every trained token of turn k; inserted tokens and padding get 0.
 
     Args:
         rewards: `[B]` outcome reward per trajectory (the last turn's reward).

@@ -114,13 +114,6 @@ def format_score(response: str) -> float:
     score = min(0.5·T, 1) · min(T, S + 1) / max(T, S + 1): one think and no search scores 0.5,
     one think per search plus one before the answer scores 1.
 
-    Where it departs from SSRL's rule (the score formula is the same): a tag is XML-shaped text
-    only (SSRL: any `<…>`, so `a < b > c` fails there and passes here); tags must pair up in
-    order (SSRL checks the first two and last two tags and each search round, so an unclosed or
-    repeated tag in the middle can pass there); text between `</search>` and `<information>`
-    fails here; placeholders are whole block contents from the Search-R1 prompt (SSRL: the
-    phrases of `SSRL_PLACEHOLDERS` anywhere in a block); `\r` also breaks a search line.
-
     Args:
         response: The response text (not the prompt).
 
@@ -158,9 +151,7 @@ def format_score(response: str) -> float:
 def ssrl_format_score(response: str) -> float:
     """SSRL's format reward for one response, reproduced exactly (compat; `ssrl_format`).
 
-    Compatible with `format_reward` in SSRL's `verl/workers/reward_manager/naive.py` (lines
-    268-373, commit 3009f21). The score is 0 when any of these holds (the response is stripped of
-    surrounding whitespace first):
+    The score is 0 when any of these holds (the response is stripped of surrounding whitespace first):
 
     1. Some text between `<` and the next `>` (across lines too) is not one of `think`,
        `search`, `information`, `answer` or those with a leading `/`.

@@ -199,24 +199,14 @@ def generate_trajectories(
             required then, unused otherwise.
 
     Returns:
-        The trajectories plus metrics: `search/calls_per_traj` (mean `num_searches`),
-        `search/noisy_share` (noisy documents requested / documents requested),
-        `rollout/invalid_actions` (mean invalid turns per trajectory),
-        `rollout/over_budget_searches` (share of trajectories that searched in the final turn),
-        `rollout/answer_rate`, `rollout/response_len` (mean response tokens),
-        `rollout/policy_tokens` (mean loss-mask 1 tokens), `rollout/turns` (mean generations),
-        `rollout/finish_<reason>` (share per finish reason), `rollout/unfinished_share` (share
-        whose finish is in `UNFINISHED`), `perf/prompt_tokens` and
-        `perf/decoded_tokens` (tokens sent to the engine for prefill and tokens it generated,
-        batch totals), and in self-search mode `search/self_calls_per_traj`.
+        The trajectories plus batch metrics (`search/*`, `rollout/*`, `perf/prompt_tokens`,
+        `perf/decoded_tokens`; `_metrics` lists them).
 
     Raises:
-        DataError: an example whose prompt leaves no room under `max_context_tokens` (a
-            ValueError too; the CLI prints its message without a traceback).
-        NonFiniteError: the policy's logits were inf or nan; the message names the generate
-            call and the questions.
-        ValueError: an argument the loop cannot honour (message names it and the fix), an
-            engine returning the wrong number of results, or a `noise` count outside [0, top_k].
+        DataError: an example whose prompt leaves no room under `max_context_tokens`.
+        NonFiniteError: the policy's logits were inf or nan (names the call and the questions).
+        ValueError: an argument the loop cannot honour, an engine returning the wrong number of
+            results, or a `noise` count outside [0, top_k].
     """
     _check_arguments(examples, search, settings, sampling, group_size, rng)
     clock = _Clock(started=time.perf_counter())

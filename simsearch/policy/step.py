@@ -156,8 +156,8 @@ def sample_step(
         result, scored = sampled.rounds[0].output
         return StepSample(result, scored, step_prompts, metrics)
     most = all_reduce_max(torch.tensor([len(sampled.rounds), -len(sampled.informative)]), world).tolist()
-    count = trainable_groups(-most[1], recipe.rollout.group_size, minibatch_rows)
     prompts = int(all_reduce_sum(torch.tensor([sampled.prompts]), world).item())
+    count = trainable_groups(-most[1], recipe.rollout.group_size, minibatch_rows)
     metrics.update({"sampling/rounds": float(most[0]), "sampling/prompts": float(prompts),
                     "sampling/groups": float(count * world)})  # fmt: skip
     result, scored = _trained_batch(sampled, sampled.trained(count))

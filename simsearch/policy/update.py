@@ -195,7 +195,12 @@ def update(
 
 
 def _plan(
-    learner: Learner, alg: AlgorithmConfig, shape: UpdateShape, size: int, lengths: torch.Tensor, keep: torch.Tensor,
+    learner: Learner,
+    alg: AlgorithmConfig,
+    shape: UpdateShape,
+    size: int,
+    lengths: torch.Tensor,
+    keep: torch.Tensor,
     step: int,
 ) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
     """(minibatch rows, its micro-batches of kept rows) for every optimizer step of the update."""
