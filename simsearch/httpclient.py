@@ -1,10 +1,8 @@
 """Bounded retries, backoff and client-side load balancing for every HTTP client in simsearch.
 
-All HTTP clients send through `request_json`, so they share one retry policy: every request has
-a timeout; connection errors, timeouts, HTTP 408, 429, 5xx and bodies that are not a JSON
-object are retried at most `retries` times with exponential backoff and jitter (a `Retry-After`
-honoured up to a cap); other 4xx answers are not retried; the final failure raises a
-`ServiceError` subclass naming the method, URL(s), attempts and last error, secrets masked.
+Connection errors, timeouts, HTTP 408, 429, 5xx and non-object JSON bodies are retried with
+backoff; other 4xx answers are not. The final failure raises a `ServiceError` subclass naming
+the method, URL(s), attempts and last error, secrets masked.
 """
 
 from __future__ import annotations
@@ -42,19 +40,13 @@ class GenerationServiceError(ServiceError):
 
 
 def backoff_delay(retry_index: int, backoff_s: float, max_backoff_s: float, jitter: float) -> float:
-    """Seconds to sleep before retry number `retry_index` (0 for the first retry).
-
-    The base `backoff_s` doubles each retry up to `max_backoff_s`; the delay is drawn from
-    [base / 2, base) by `jitter` in [0, 1) (0 gives the shortest).
-    """
+    """Seconds before retry `retry_index` (0-based): the doubling backoff, capped, scaled into [1/2, 1) by `jitter`."""
     base = min(max_backoff_s, backoff_s * 2.0**retry_index)
     return base * (0.5 + 0.5 * jitter)
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:
-    """Seconds (never negative) an HTTP `Retry-After` value asks for, delay-seconds or HTTP-date
-    (against `now`, a Unix timestamp); None when absent or unreadable.
-    """
+    """Seconds a `Retry-After` value asks for (HTTP-date against Unix time `now`); None if unreadable."""
     if value is None:
         return None
     value = value.strip()
@@ -80,11 +72,7 @@ def redact(text: str, secrets: Collection[str]) -> str:
 
 
 def env_secret(owner: str, variable: str, hint: str) -> str:
-    """The API key or token held in environment variable `variable` (never read from a recipe).
-
-    Raises:
-        ValueError: The variable is unset or empty, naming `owner` and `hint`.
-    """
+    """The secret held in environment variable `variable`; `ValueError` naming `owner` and `hint` when unset."""
     value = os.environ.get(variable, "")
     if not value:
         raise ValueError(f"{owner}: environment variable {variable} is not set; {hint}")
@@ -98,26 +86,16 @@ def bearer_headers(token: str | None) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class ServerKey:
-    """A server's optional API key or bearer token, read from the environment (never a recipe).
-
-    Attributes:
-        value: The key; None for a server without one. Never shown in a repr.
-    """
+    """A server's optional API key or bearer token from the environment (`value` never shown in a repr)."""
 
     value: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, owner: str, variable: str | None, what: str, *, required: bool = False) -> ServerKey:
-        """The key held in environment variable `variable`; no key when `variable` is None.
-
-        Args:
-            owner: The client, named in the error.
-            variable: The variable's name (a client's `api_key_env`), or None.
-            what: What the server calls it ("API key", "bearer token"), for the error's hint.
-            required: The service takes no request without a key: `variable` must name a set variable.
+        """The key held in environment variable `variable` (None: no key).
 
         Raises:
-            ValueError: `variable` is named but unset or empty, or None when `required`.
+            ValueError: `variable` is named but unset or empty, or None when `required`; names `owner`.
         """
         if variable is None:
             if required:
@@ -134,25 +112,21 @@ class ServerKey:
 
     @property
     def headers(self) -> dict[str, str]:
-        """`Authorization: Bearer <key>`, or no header without a key."""
         return bearer_headers(self.value)
 
     @property
     def secrets(self) -> tuple[str, ...]:
-        """What error messages mask: the key, if there is one."""
         return (self.value,) if self.value else ()
 
 
 class ReplicaSet:
-    """Equivalent servers behind one logical endpoint, balanced on the client side; thread-safe.
+    """Equivalent servers behind one endpoint, balanced on the client side; thread-safe.
 
-    Each request goes to the healthy replica with the fewest requests in flight (ties
-    round-robin). A failed replica is avoided for `cooldown_s` seconds; when all are down, the one
-    that comes back soonest is tried.
+    Each request goes to the healthy replica with the fewest requests in flight; a failed replica
+    is avoided for `cooldown_s` seconds.
     """
 
     def __init__(self, base_urls: Sequence[str], *, cooldown_s: float = 10.0) -> None:
-        """Creates the set from server roots, e.g. `["http://10.0.0.1:8000", "http://10.0.0.2:8000"]`."""
         if not base_urls:
             raise ValueError("ReplicaSet needs at least one base URL")
         if len(set(base_urls)) != len(base_urls):
@@ -165,12 +139,7 @@ class ReplicaSet:
         self._cursor = 0
 
     def acquire(self, tried: Collection[str] = ()) -> tuple[str, bool]:
-        """Chooses a replica for one attempt, avoiding those in `tried`, and counts it as in flight.
-
-        Returns:
-            The base URL, and whether it is fresh (healthy and not yet tried), so the caller may send
-            without backing off.
-        """
+        """Chooses a replica not in `tried` and counts it in flight; returns (base URL, fresh: no backoff needed)."""
         with self._lock:
             now = time.monotonic()
             n = len(self.base_urls)
@@ -196,15 +165,12 @@ class ReplicaSet:
             self._down_until[base_url] = time.monotonic() + self.cooldown_s if failed else 0.0
 
     def healthy(self) -> list[str]:
-        """The replicas not currently marked down, in configuration order."""
         with self._lock:
             now = time.monotonic()
             return [u for u in self.base_urls if self._down_until[u] <= now]
 
 
 class _Retryable(Exception):
-    """One attempt failed in a way that another attempt may fix."""
-
     def __init__(self, reason: str, retry_after: float | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
@@ -212,12 +178,12 @@ class _Retryable(Exception):
 
 
 class _Fatal(Exception):
-    """One attempt failed in a way that no retry can fix (a 4xx, a malformed URL)."""
+    """One attempt failed in a way no retry can fix (a 4xx, a malformed URL)."""
 
 
 @dataclass(frozen=True)
 class _Request:
-    """What every attempt of one `request_json` call sends (the URL aside, chosen per attempt)."""
+    """What every attempt of one `request_json` call sends, the URL aside."""
 
     method: str
     path: str
@@ -230,8 +196,6 @@ class _Request:
 
 @dataclass(frozen=True)
 class _Backoff:
-    """How long to wait between attempts: `backoff_delay`, or a capped `Retry-After`."""
-
     backoff_s: float
     max_backoff_s: float
     max_retry_after_s: float
@@ -297,25 +261,14 @@ def request_json(
 ) -> dict[str, Any]:
     """Sends one JSON request with bounded retries and returns the decoded JSON object.
 
-    At most `retries + 1` attempts. An attempt on a fresh replica goes at once; otherwise the client
-    sleeps `backoff_delay(...)`, or the server's `Retry-After` capped at `max_retry_after_s`.
-
     Args:
-        client: The `httpx.Client` to send with.
-        method: "GET" or "POST".
         target: A full URL, or a `ReplicaSet` whose base URLs are joined with `path`.
-        path: Appended to the base URL.
-        json_body: The JSON payload of a POST, or None.
-        params: Query-string parameters.
         headers: Extra headers; never written into errors.
-        retries: How many times a failed attempt is retried (0 = one attempt).
-        backoff_s: Base backoff of the first retry (seconds).
-        timeout_s: Timeout of each connect / write / read / pool wait (seconds).
-        max_backoff_s: Cap on the backoff.
+        retries: Retries after the first attempt (0 = one attempt).
+        timeout_s: Timeout of each connect / write / read / pool wait.
         max_retry_after_s: Cap on an honoured `Retry-After`.
         error_cls: The `ServiceError` subclass raised on failure.
-        secrets: Strings masked as `***` in every error message.
-        sleep: The sleep function (tests may record delays).
+        secrets: Strings masked as `***` in error messages.
 
     Raises:
         ServiceError: `error_cls`, naming the method, URL(s), attempts and the last error.
@@ -340,7 +293,6 @@ def _send_with_retries(
     error_cls: type[ServiceError],
     sleep: Callable[[float], None],
 ) -> dict[str, Any]:
-    """`request_json`'s attempts: up to `retries + 1`, failing over between replicas."""
     method, path, secrets = request.method, request.path, request.secrets
     tried: list[str] = []
     last_error = ""
@@ -388,7 +340,7 @@ def post_json(
     error_cls: type[ServiceError] = ServiceError,
     secrets: Collection[str] = (),
 ) -> dict[str, Any]:
-    """POSTs `payload` as JSON to `url` with `request_json`'s bounded retries (same arguments)."""
+    """POSTs `payload` to `url` with `request_json`'s bounded retries."""
     return request_json(
         client,
         "POST",
@@ -404,10 +356,7 @@ def post_json(
 
 
 def run_concurrently(fn: Callable[[T], R], items: Sequence[T], max_workers: int) -> list[R]:
-    """`[fn(item) for item in items]`, on up to `max_workers` threads, in item order.
-
-    The first exception (in item order) propagates; items not yet started are cancelled.
-    """
+    """`[fn(item) for item in items]` on up to `max_workers` threads; the first exception propagates."""
     if max_workers < 1:
         raise ValueError(f"max_workers must be >= 1, got {max_workers}")
     if len(items) <= 1 or max_workers == 1:

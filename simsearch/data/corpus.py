@@ -1,20 +1,8 @@
 """Read retrieval corpora from JSONL, streaming or by random access.
 
-Two row formats are accepted, one JSON object per line:
-
-- wiki-18 (Search-R1, FlashRAG): `{"id", "contents"}` with `contents = "\\"Title\\"\\ntext"`. The
-  title is the first line of `contents` exactly as stored (wiki-18 keeps the double quotes) and the
-  text is the remaining lines joined by "\\n", which is how Search-R1 splits `contents` when it
-  renders documents; keeping the split identical keeps our rendering byte-identical to theirs.
-- `{"id", "title", "text"}`.
-
-A row holding `contents` is read as wiki-18 even if it also has `title`/`text`. Ids may be JSON
-strings or integers; integers are converted to strings. Blank lines are skipped.
-
-`JsonlCorpus` serves passages by position from the file itself (only line offsets are kept in
-memory), so a retriever over millions of passages does not hold a second copy of every text.
-`corpus_fingerprint` identifies a corpus cheaply so an index can refuse a corpus it was not
-built for.
+One JSON object per line, either wiki-18's `{"id", "contents"}` (title: the first line of
+`contents`, quotes kept; text: the rest) or `{"id", "title", "text"}`. A row with `contents` is
+read as wiki-18; integer ids become strings; blank lines are skipped.
 """
 
 from __future__ import annotations
@@ -52,15 +40,7 @@ def _check_path(path: Path) -> None:
 
 
 def parse_passage(line: str | bytes, *, path: str | Path, line_no: int) -> Passage:
-    """Parses one JSONL line of a corpus into a `Passage`.
-
-    Args:
-        line: the raw line (without or with its trailing newline).
-        path: the corpus file, only for error messages.
-        line_no: the 1-based line number, only for error messages.
-
-    Returns:
-        The passage; for wiki-18 rows the title keeps its quotes.
+    """Parses one JSONL line of a corpus into a `Passage`; `path` and `line_no` (1-based) name it in errors.
 
     Raises:
         CorpusFormatError: invalid UTF-8 or JSON, not an object, a missing key or a wrong type.
@@ -105,18 +85,11 @@ def _string_field(row: dict[str, Any], key: str, where: str) -> str:
 
 
 def iter_passages(path: str | Path) -> Iterator[Passage]:
-    """Streams the passages of a JSONL corpus in file order.
-
-    Args:
-        path: the corpus file.
-
-    Returns:
-        An iterator over one `Passage` per non-blank line, reading the file lazily.
+    """Streams the passages of a JSONL corpus in file order, reading lazily.
 
     Raises:
         FileNotFoundError: the file does not exist.
-        CorpusFormatError: a malformed line (file and line number in the message), or no passage
-            at all (raised when the stream ends).
+        CorpusFormatError: a malformed line, or no passage at all (raised when the stream ends).
     """
     path = Path(path)
     # Checked here, not inside the generator, so a wrong path fails at the call.
@@ -141,11 +114,9 @@ def load_passages(path: str | Path) -> list[Passage]:
 
 
 class JsonlCorpus(Sequence[Passage]):
-    """A JSONL corpus read by position: `corpus[i]` parses line i from disk on demand.
+    """A JSONL corpus read by position: `corpus[i]` parses line i from disk on demand; thread-safe.
 
-    Opening scans the file once for line offsets (16 bytes per passage in memory); lines are
-    parsed when accessed, so a malformed line is reported when it is first read. Reads use
-    `os.pread`, so one instance can serve several threads.
+    A malformed line is reported when it is first read.
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -199,22 +170,13 @@ class JsonlCorpus(Sequence[Passage]):
         return iter_passages(self.path)
 
     def close(self) -> None:
-        """Closes the file handle."""
         self._file.close()
 
 
 def corpus_fingerprint(passages: Sequence[Passage]) -> dict[str, Any]:
-    """Identifies a corpus by its size and a hash of evenly spaced passages.
+    """`{"num_passages": n, "sample_sha256": hex}` from the size and a hash of evenly spaced passages.
 
-    Cheap on a file-backed corpus of any size (at most `FINGERPRINT_SAMPLES` passages are read),
-    and it tells apart different corpora, a shuffled copy, or a truncated one. It does not see an
-    edit to a passage that is not sampled.
-
-    Args:
-        passages: the corpus, in index order.
-
-    Returns:
-        `{"num_passages": n, "sample_sha256": hex digest}`, JSON-serialisable.
+    Tells apart different, shuffled or truncated corpora; an edit to an unsampled passage goes unseen.
     """
     n = len(passages)
     positions = np.unique(np.linspace(0, n - 1, num=min(n, FINGERPRINT_SAMPLES)).round().astype(np.int64))
@@ -229,16 +191,9 @@ def corpus_fingerprint(passages: Sequence[Passage]) -> dict[str, Any]:
 def check_fingerprint(
     expected: dict[str, Any], passages: Sequence[Passage], *, index_dir: str | Path, corpus: str
 ) -> None:
-    """Raises if `passages` is not the corpus an index was built from.
+    """Raises `ValueError`, saying how and what to do, when `passages` is not the corpus of `expected`.
 
-    Args:
-        expected: the fingerprint stored with the index.
-        passages: the corpus offered at load time.
-        index_dir: the index directory, for the message.
-        corpus: a description of the offered corpus (its path), for the message.
-
-    Raises:
-        ValueError: the fingerprints differ; the message says how and what to do.
+    `index_dir` and `corpus` (a description of the offered corpus) are named in the message.
     """
     actual = corpus_fingerprint(passages)
     if actual == expected:

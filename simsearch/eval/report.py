@@ -1,23 +1,10 @@
-"""Evaluation reports: per-example rows, summaries, paper-shaped tables (Markdown, CSV, JSON), plots (PNG).
+"""Evaluation reports from plain data: per-example rows, summaries, tables (Markdown, CSV, JSON), plots.
 
-Everything here takes plain data and, for writers, an output path; nothing reads a recipe.
-
-A per-example row (one JSON line per question in `examples/{method}/{dataset}.jsonl`) holds
-`id`, `question`, `golden_answers`, `scores` (pass@n `substring_em`, `em`, `f1`), `samples`
-(per sample: `answer`, `response`, `finish`, `num_searches`, `num_invalid`, `policy_tokens`,
-`turns`, `scores`), `wall_s` and `fingerprint`; RAG rows add `retrieval`.
-
-The summary dict (`summary.json`) is:
-
-    {"datasets": [name, ...], "n": samples per question, "header": {label: value, ...},
-     "normalization": a name of `simsearch.eval.metrics.NORMALIZATIONS`,
-     "rows": {row: {"kind": ..., "search": ..., "top_k": ..., "results": {dataset: metrics},
-                    "average": metrics}},
-     "fidelity": [{"simulator", "reference", "dataset", "fidelity/...": value, ...}, ...],
-     "cost": {engine: a `cost.json` record of `simsearch.retrieval.accounting`}}  (optional)
-
-with `metrics` as `summarize` returns. Tables have one row per method and the datasets, then
-the average, as columns; each metric gets its own table.
+A per-example row (a line of `examples/{method}/{dataset}.jsonl`) holds `id`, `question`,
+`golden_answers`, pass@n `scores`, `samples` (each with its answer, response, counts and
+`scores`), `wall_s` and `fingerprint`. `summary.json` holds `datasets`, `n`, `header`,
+`normalization`, `rows` ({row: {kind, search, top_k, results: {dataset: metrics}, average}}),
+`fidelity` and optionally `cost`, with `metrics` as `summarize` returns.
 """
 
 from __future__ import annotations
@@ -86,22 +73,18 @@ def score_answer(answer: str | None, golds: Sequence[str], *, normalization: str
 
 
 def document_record(document: Document) -> dict[str, Any]:
-    """A document as a JSON object."""
     return asdict(document)
 
 
 def turn_record(turn: Turn) -> dict[str, Any]:
-    """A rollout turn (text, action, query, documents, noise, executed) as a JSON object."""
+    """A rollout turn as a JSON object."""
     record = asdict(turn)
     record["documents"] = [document_record(d) for d in turn.documents]
     return record
 
 
 def trajectory_sample(trajectory: Trajectory) -> dict[str, Any]:
-    """One sample of a per-example row, from a rollout trajectory (scores are added by `example_row`).
-
-    `policy_tokens` counts the tokens the policy generated and is trained on (loss mask 1).
-    """
+    """One sample of a per-example row from a trajectory; `policy_tokens` counts the trained tokens."""
     return {
         "answer": trajectory.answer,
         "response": trajectory.response_text,
@@ -118,11 +101,7 @@ def example_row(
 ) -> dict[str, Any]:
     """The per-example row of one question: each sample scored, and the question's pass@n scores.
 
-    Args:
-        example: The question and its gold answers.
-        samples: Its samples (`trajectory_sample` or the same keys); each gets `scores`.
-        normalization: A name from `simsearch.eval.metrics.NORMALIZATIONS`.
-        **extra: More keys for the row (the RAG baseline adds its `retrieval`).
+    `normalization` is a name of `NORMALIZATIONS`; `extra` adds keys (the RAG baseline's `retrieval`).
     """
     golds = list(example.golden_answers)
     for sample in samples:
@@ -139,10 +118,7 @@ def example_row(
 
 
 def append_rows(path: str | os.PathLike, rows: list[dict[str, Any]], *, wall_s: float, fingerprint: str) -> None:
-    """Appends finished rows to a per-example JSONL file in one write.
-
-    Each row gets `wall_s / len(rows)` and the `fingerprint` of what produced it.
-    """
+    """Appends rows to a per-example JSONL file in one write, each with `wall_s / len(rows)` and `fingerprint`."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     lines = [
@@ -156,12 +132,7 @@ def append_rows(path: str | os.PathLike, rows: list[dict[str, Any]], *, wall_s: 
 def read_rows(path: str | os.PathLike, *, repair: bool = False) -> list[dict[str, Any]]:
     """The rows of a per-example file ([] when it does not exist).
 
-    Args:
-        path: The JSONL file.
-        repair: Drop, and cut from the file, an unfinished last line instead of raising.
-
-    Raises:
-        DataError: A line that is not JSON (other than a repairable last line), naming it.
+    With `repair`, an unfinished last line is cut from the file instead of raising `DataError`.
     """
     file = Path(path)
     if not file.is_file():
@@ -187,11 +158,7 @@ def read_rows(path: str | os.PathLike, *, repair: bool = False) -> list[dict[str
 
 
 def rows_in_order(path: str | os.PathLike, examples: Sequence[QAExample]) -> list[dict[str, Any]]:
-    """The rows of `path` for `examples`, in their order; rows of other ids are left out.
-
-    Raises:
-        DataError: An example has no row.
-    """
+    """The rows of `path` for `examples`, in their order; raises `DataError` when one has no row."""
     by_id = {row["id"]: row for row in read_rows(path)}
     missing = [ex.id for ex in examples if ex.id not in by_id]
     if missing:
@@ -203,12 +170,7 @@ def rows_in_order(path: str | os.PathLike, examples: Sequence[QAExample]) -> lis
 
 
 def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """Metrics of one (method, dataset) cell from its per-example rows.
-
-    Returns:
-        `questions`, `samples`; the means over questions of `em`, `substring_em`, `f1`; the means
-        over samples of `answer_rate`, `searches_per_question`, `invalid_actions` and
-        `tokens_per_question`; and `wall_s`, the sum.
+    """Metrics of one (method, dataset) cell: means over questions of the scores, over samples of the behaviour.
 
     Raises:
         ValueError: No rows, or a row without samples.
@@ -257,9 +219,7 @@ def _percent(value: float | None) -> str:
 
 
 def score_table(summary: Mapping[str, Any], metric: str) -> str:
-    """One Markdown table of `metric` (one of `SCORE_METRICS`, in percent): methods as rows, datasets
-    then "Avg." as columns; "Avg." only when every dataset has results.
-    """
+    """One Markdown table of `metric` in percent: methods as rows, datasets then "Avg." as columns."""
     if metric not in SCORE_METRICS:
         raise ValueError(f"metric={metric!r} is not one of {', '.join(SCORE_METRICS)}")
     datasets = list(summary["datasets"])
@@ -277,16 +237,11 @@ def score_table(summary: Mapping[str, Any], metric: str) -> str:
 
 
 def metric_line(metric: str) -> str:
-    """What a score table measures: one Markdown line naming `metric` (one of `SCORE_METRICS`)."""
     return f"Metric: {metric}, {SCORE_DEFINITIONS[metric]}.\n"
 
 
 def protocol_line(summary: Mapping[str, Any]) -> str:
-    """One Markdown line: engine and top-k per row, and the normalization.
-
-    Raises:
-        ValueError: The summary names no known normalization.
-    """
+    """One Markdown line: engine and top-k per row, and the normalization (`ValueError` if unknown)."""
     normalization = summary.get("normalization")
     if normalization not in NORMALIZATIONS:
         raise ValueError(
@@ -301,10 +256,7 @@ def protocol_line(summary: Mapping[str, Any]) -> str:
 
 
 def behaviour_table(summary: Mapping[str, Any]) -> str:
-    """Markdown table of behaviour and cost per method, over all datasets.
-
-    Rates are unweighted means over datasets; questions and wall-clock seconds are totals.
-    """
+    """Markdown table of behaviour and cost per method: rates averaged over datasets, totals summed."""
     lines = [
         "| Method | Search | questions | answer rate % | searches / q | invalid / q | tokens / q | wall s |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
@@ -323,9 +275,7 @@ def behaviour_table(summary: Mapping[str, Any]) -> str:
 
 
 def fidelity_table(entries: Sequence[Mapping[str, Any]]) -> str:
-    """Markdown table of simulator fidelity, one line per (simulator, reference, dataset); "–" when
-    a metric is missing.
-    """
+    """Markdown table of simulator fidelity, one line per (simulator, reference, dataset)."""
     head = "| Simulator | Reference | Dataset | queries (policy / question) | "
     head += " | ".join(title for _, title in FIDELITY_COLUMNS) + " |"
     lines = [head, "|---|---|---|---:|" + "---:|" * len(FIDELITY_COLUMNS)]
@@ -386,8 +336,7 @@ def cost_table(cost: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def markdown_report(summary: Mapping[str, Any]) -> str:
-    """The whole `table.md`: a header, one score table per metric with its protocol, behaviour,
-    search cost and latency (when the summary has `cost`), fidelity."""
+    """The whole `table.md`: header, score tables, behaviour, cost (when present), fidelity."""
     n = int(summary.get("n", 1))
     at = f", pass@{n}" if n > 1 else ""
     parts = ["# Evaluation\n"]
@@ -424,7 +373,6 @@ def markdown_report(summary: Mapping[str, Any]) -> str:
 
 
 def write_markdown(summary: Mapping[str, Any], path: str | os.PathLike) -> Path:
-    """Writes `markdown_report(summary)` to `path`."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(markdown_report(summary), encoding="utf-8")
@@ -432,7 +380,6 @@ def write_markdown(summary: Mapping[str, Any], path: str | os.PathLike) -> Path:
 
 
 def write_json(summary: Mapping[str, Any], path: str | os.PathLike) -> Path:
-    """Writes the summary as indented JSON."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -443,10 +390,7 @@ CSV_COLUMNS: tuple[str, ...] = ("method", "kind", "search", "top_k", "dataset", 
 
 
 def write_csv(summary: Mapping[str, Any], path: str | os.PathLike) -> Path:
-    """Writes one CSV line per (method, dataset), plus each method's `average` line.
-
-    Values are fractions (not percent), at full precision.
-    """
+    """Writes one CSV line per (method, dataset) and per method's average; values are fractions."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="", encoding="utf-8") as handle:
@@ -494,10 +438,7 @@ def _save(figure: Any, path: str | os.PathLike, dpi: int) -> Path:
 
 
 def bar_layout(summary: Mapping[str, Any], metric: str) -> tuple[list[str], list[tuple[str, list[float], bool]]]:
-    """What `plot_bars` draws: the groups, and per method its legend label, values and hatching.
-
-    A missing cell (or a partial average) is NaN: drawn as no bar, never as 0.
-    """
+    """What `plot_bars` draws: groups, and per method its label, values (NaN when missing) and hatching."""
     datasets = list(summary["datasets"])
     rows = summary["rows"]
     with_average = len(datasets) > 1 and any(row["average"] for row in rows.values())
@@ -522,9 +463,7 @@ def plot_bars(
     dpi: int = 100,
     title: str = "",
 ) -> Path:
-    """Grouped bars (percent): one group per dataset (and "Avg."), one bar per method; simulator rows
-    hatched. The PNG is `size_px` square at `dpi`; `title` "" uses the metric's. Returns `path`.
-    """
+    """Grouped bars in percent, one group per dataset (and "Avg."), one bar per method; returns `path`."""
     groups, bars_by_method = bar_layout(summary, metric)
     figure, axes = _figure(size_px, dpi)
     ax = axes[0][0]
@@ -563,12 +502,7 @@ CURVE_PANELS: tuple[tuple[str, Callable[[str], bool]], ...] = (
 
 
 def curve_panels(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, dict[str, tuple[list[int], list[float]]]]]:
-    """Groups `metrics.jsonl` rows into the training-curve panels.
-
-    Returns:
-        (title, {key: (steps, values)}) for every panel of `CURVE_PANELS` with data, in that order;
-        null values and rows without a step are skipped.
-    """
+    """(title, {key: (steps, values)}) for every panel of `CURVE_PANELS` with data, in order."""
     series: dict[str, tuple[list[int], list[float]]] = {}
     for row in rows:
         step = row.get("step")
@@ -597,11 +531,7 @@ def plot_training_curves(
     size_px: tuple[int, int] = (1500, 800),
     dpi: int = 100,
 ) -> Path:
-    """Training curves of a run (a 2 x 3 grid, `size_px` square PNG at `dpi`); returns `path`.
-
-    Raises:
-        ValueError: No row holds any of the plotted metrics.
-    """
+    """Training curves of a run as a PNG; returns `path`, raises `ValueError` when nothing is plottable."""
     panels = curve_panels(rows)
     if not panels:
         raise ValueError(

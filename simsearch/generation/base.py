@@ -11,9 +11,15 @@ from simsearch.types import Completion, SamplingParams
 class GenerationEngine(Protocol):
     """Generates continuations for a batch of prompts in one call.
 
-    Prompts are token-id lists (the policy's rollout works at the token level); engines also
-    accept plain strings as a convenience and tokenize them with their own tokenizer. With
-    `params.n > 1` the result holds n completions per prompt, prompt-major.
+    Prompts are token-id lists, or strings the engine tokenizes. With `params.n > 1` the result
+    holds n completions per prompt, prompt-major. Every engine keeps this `Completion` contract:
+
+    - `token_ids` are the sampled ids; a stop string ends `text`, and `token_ids` run up to and
+      including the token that completed it;
+    - an end-of-sequence token ends a sequence with `finish_reason="stop"`, `stop=None`; it is
+      kept in `token_ids` and left out of `text`;
+    - logprobs are the sampled tokens' log-probabilities under the raw distribution (temperature
+      1, no top-p).
     """
 
     def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams) -> list[Completion]: ...

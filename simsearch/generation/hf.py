@@ -1,28 +1,10 @@
 """Text generation with a transformers model: our own KV-cached sampling loop.
 
-`HFEngine` runs any Hugging Face causal LM (CPU or GPU) for the policy's rollouts and for a
-local simulator. Per chunk of at most `batch_size` rows it prefills the left-padded prompts in
-groups of similar length (with `n > 1` each prompt's cache is copied n times), then decodes one
-token per step for the live rows, dropping a row the moment it finishes.
-
-Contract:
-
-- `token_ids` are the sampled ids, never a re-tokenization of the text.
-- A stop string is matched on decoded text; `text` ends with it, and `token_ids` run up to and
-  including the token that completed it.
-- An eos token ends a sequence with `finish_reason="stop"`, `stop=None`; it is kept in
-  `token_ids` and left out of `text`.
-- Logprobs are log-softmax of the raw logits (temperature 1, no top-p) at the sampled token.
-- Non-finite logits are never sampled from: the call raises `NonFiniteError`.
-
-Prefix reuse (`prefix_cache=True`, the default): after a call the engine keeps the keys and
-values of every finished row's prompt + generated ids; a later prompt that extends (or equals)
-a kept sequence prefills only what is new. Kept sequences are valid only for the weights that
-computed them: a trainer must call `reset_prefix_cache()` after every optimizer step.
-
-With `compile=True` the decode steps run over a static KV cache through
-`torch.compile(mode="reduce-overhead")` (CUDA graphs on a GPU); greedy tokens equal eager
-decoding's to float rounding.
+`HFEngine` keeps `GenerationEngine`'s `Completion` contract; non-finite logits raise
+`NonFiniteError`. With `prefix_cache=True` (the default) a prompt that extends a sequence of the
+previous call prefills only what is new, so a trainer must call `reset_prefix_cache()` after
+every optimizer step. `compile=True` decodes over a static KV cache with
+`torch.compile(mode="reduce-overhead")`.
 """
 
 from __future__ import annotations
@@ -62,7 +44,7 @@ class _Prefix:
 
 
 class _PrefixStore:
-    """The sequences one generate call kept, found by (length, last token id), then compared."""
+    """The sequences one generate call kept, found by (length, last token id)."""
 
     def __init__(self) -> None:
         self._buckets: dict[tuple[int, int], list[_Prefix]] = {}
@@ -102,11 +84,7 @@ class _Sequence:
 
 
 def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Zeroes the tail of each [B, V] distribution outside its nucleus (top-p set).
-
-    A token is kept when the mass of the strictly more probable tokens is below `top_p` (in
-    (0, 1]); at least one token is kept. Returns unnormalized [B, V] probabilities.
-    """
+    """Zeroes the tail of each [B, V] distribution outside its top-p nucleus (at least one token kept)."""
     sorted_probs, order = probs.sort(dim=-1, descending=True)  # [B, V]
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # [B, V]
     sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
@@ -120,18 +98,7 @@ def sample_next(
     top_p: float,
     generator: torch.Generator | None,
 ) -> torch.Tensor:
-    """Picks one next token per row of [B, V] logits.
-
-    Args:
-        logits: [B, V] next-token logits.
-        temperature: 0 means greedy (argmax); otherwise logits are divided by it.
-        top_p: Nucleus mass in (0, 1]; 1 disables the filter.
-        generator: Source of randomness for sampling.
-
-    Returns:
-        [B] token ids; -1 for a row whose scaled logits hold an inf or a nan (sampled from a
-        uniform stand-in, so no device-side assert fires).
-    """
+    """[B] next token ids from [B, V] logits (`temperature` 0: greedy); -1 for a row with non-finite logits."""
     scaled = logits if temperature == 0 else logits / temperature  # [B, V]
     finite = torch.isfinite(scaled).all(dim=-1)  # [B]
     scaled = torch.where(finite[:, None], scaled, 0.0)
@@ -156,11 +123,7 @@ GROUP_SLACK = 16
 
 
 def similar_lengths(lengths: list[int]) -> list[list[int]]:
-    """Splits rows into groups of similar length, shortest first.
-
-    A row joins the current group while its length is at most `GROUP_RATIO * shortest +
-    GROUP_SLACK`. Returns groups of row indices, each ascending; every row in exactly one group.
-    """
+    """Groups of row indices of similar length, shortest first; every row in exactly one group."""
     groups: list[list[int]] = []
     for b in sorted(range(len(lengths)), key=lambda b: lengths[b]):
         if groups and lengths[b] <= GROUP_RATIO * lengths[groups[-1][0]] + GROUP_SLACK:
@@ -171,26 +134,18 @@ def similar_lengths(lengths: list[int]) -> list[list[int]]:
 
 
 class HFEngine:
-    """A `GenerationEngine` over a transformers causal LM.
+    """A `GenerationEngine` over a transformers causal LM (or a PEFT model over one).
 
     Args:
-        model: A Hugging Face causal LM (or PEFT model over one) whose forward accepts
-            `attention_mask`, `position_ids`, `past_key_values` and `logits_to_keep`.
-        tokenizer: Its tokenizer: decodes completions, tokenizes string prompts, gives pad and eos.
-        batch_size: Most rows (prompts × n samples) decoded together; a prompt's n samples always
-            share a chunk.
-        prefix_cache: Reuse the previous call's sequences for prompts that extend them. Between
-            calls it holds (prompt + generated - 1) tokens of KV per row of the previous call
-            (`kept_tokens`): turn it off for large batches of long contexts, or for an engine
-            whose prompts never extend its outputs (a simulator). Models without plain
-            full-attention caches run without reuse (`self.prefix_cache` reads False).
-        compile: Decode over a static KV cache with a `torch.compile`d forward; the first call of
-            each shape compiles. Needs plain full-attention caches.
+        batch_size: Most rows (prompts × n samples) decoded together; a prompt's samples share a chunk.
+        prefix_cache: Reuse the previous call's sequences for prompts that extend them; holds
+            `kept_tokens` of KV between calls. Off for a simulator, whose prompts never extend its
+            outputs. Models without plain full-attention caches run without it.
+        compile: Decode with a `torch.compile`d forward (compiles once per shape).
 
     Attributes:
-        stats: Running totals: `prompt_tokens`, `reused_tokens` (from kept sequences),
-            `prefill_tokens`, `prefill_slots` (padding included), `decode_steps`,
-            `decoded_tokens`. Reset them by assigning zeros.
+        stats: Running token and step totals (`prompt_tokens`, `reused_tokens`, `prefill_tokens`,
+            `prefill_slots`, `decode_steps`, `decoded_tokens`); reset them by assigning zeros.
     """
 
     def __init__(
@@ -253,11 +208,8 @@ class HFEngine:
     def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams) -> list[Completion]:
         """Generates `params.n` completions per prompt, prompt-major.
 
-        Args:
-            prompts: Token-id lists, or strings that the engine tokenizes.
-            params: Sampling settings. Greedy results do not depend on the other prompts of the call
-                or on the cache (to float rounding); a seeded call repeated with the same prompts,
-                params and batch_size returns the same completions.
+        Greedy results do not depend on the other prompts or on the cache (to float rounding); a
+        seeded call repeated with the same prompts, params and batch_size returns the same completions.
         """
         _check_params(params)
         prompt_ids = prompt_token_ids(self.tokenizer, prompts)
@@ -303,18 +255,13 @@ class HFEngine:
         return [previous.longest(prompt) for prompt in prompts]
 
     def _weights_key(self) -> tuple:
-        """Changes when a parameter is replaced, moved or modified in place, or autocast changes.
-
-        A safety net only: fused optimizers and writes through `param.data` bump no version counter.
-        """
+        """Changes when a parameter is replaced, moved or modified in place (a safety net only)."""
         device = self.device.type
         autocast = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
         return autocast, tuple((p.data_ptr(), p._version) for p in self.model.parameters())
 
     def _prefill(self, prompts: list[list[int]], prefixes: list[_Prefix | None], indices: list[int], n: int) -> _Batch:
-        """Runs the prompts' uncached tokens through the model in groups of similar uncached length;
-        merges the groups' caches, right-aligned, in the chunk's row order; copies each cache n times.
-        """
+        """Prefills the uncached tokens in groups of similar length; returns the chunk's cache and logits."""
         lengths = [len(p) for p in prompts]
         # A prompt's last token always goes through the model: it gives the next-token logits.
         cached = [
@@ -351,12 +298,7 @@ class HFEngine:
     def _prefill_group(
         self, prompts: list[list[int]], prefixes: list[_Prefix | None], cached: list[int]
     ) -> tuple[DynamicCache, torch.Tensor]:
-        """One forward over the rows' uncached tokens, right-aligned on top of their kept ones.
-
-        Returns:
-            The cache, [G, kv_heads, longest prompt, head_dim] per layer, and the next-token logits
-            [G, V] (float32).
-        """
+        """One forward over the rows' uncached tokens; returns the cache and [G, V] float32 logits."""
         lengths = [len(p) for p in prompts]
         window = max(length - c for length, c in zip(lengths, cached))
         reused = [max(0, length - window) for length in lengths]
@@ -429,9 +371,7 @@ class HFEngine:
         return DynamicCache(ddp_cache_data=[(k, v) for k, v in kv], config=self.model.config)
 
     def _keep(self, layers: list[Any], b: int, end: int, token_ids: list[int]) -> None:
-        """Keeps the keys and values of row b's `token_ids` (prompt and all but the last generated token),
-        which end at cache column `end`.
-        """
+        """Keeps row b's keys and values (prompt and all but the last generated token) ending at column `end`."""
         start = end - len(token_ids)  # the row's true tokens; padding lies before them
         # One copy of just these columns: a view would keep the whole batch tensor alive.
         parts = [t[b, :, start:end] for layer in layers for t in (layer.keys, layer.values)]
@@ -441,7 +381,7 @@ class HFEngine:
     def _sample(
         self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
     ) -> tuple[list[int], list[float] | None]:
-        """One token per row (and its log-probability), in one device-to-host copy; -1 marks non-finite logits."""
+        """One token per row and its log-probability; -1 marks non-finite logits."""
         tokens = sample_next(logits, temperature=params.temperature, top_p=params.top_p, generator=generator)  # [B]
         self.stats["decode_steps"] += 1
         if not params.logprobs:
@@ -459,10 +399,7 @@ class HFEngine:
         params: SamplingParams,
         rows: list[int],
     ) -> list[tuple[int, Completion]]:
-        """Appends each live row's token; returns (row, completion) for the rows it finished.
-
-        Raises `NonFiniteError` when a live row's logits were not finite (token -1).
-        """
+        """Appends each live row's token; returns (row, completion) for the rows it finished."""
         bad = [b for b, seq in enumerate(sequences) if seq is not None and tokens[b] < 0]
         if bad:
             named = [rows[b] for b in bad]
@@ -560,9 +497,7 @@ class HFEngine:
             logits, fed = out.logits[:rows, -1, :].float(), fed + 1
 
     def _static_state(self, batch: _Batch, needed: int) -> tuple[StaticCache, torch.Tensor, int]:
-        """A static cache holding the batch's prefilled keys and values, padded to a power of two rows and
-        a multiple of STATIC_LENGTH_STEP columns. Returns (cache, attention mask [size, length], size).
-        """
+        """A static cache holding the prefilled keys and values; returns (cache, attention mask, rows)."""
         rows, width = batch.attention_mask.shape
         size = 1 << (rows - 1).bit_length()
         length = -(-needed // STATIC_LENGTH_STEP) * STATIC_LENGTH_STEP
@@ -586,10 +521,7 @@ class HFEngine:
         return self._compiled
 
     def _stop_filter(self, stops: list[str]) -> list[bool] | None:
-        """Per token id, whether that token can complete one of `stops`; None: any token can.
-
-        A stop string ending in whitespace turns the filter off.
-        """
+        """Per token id, whether it can complete one of `stops`; None when any token can."""
         key = tuple(stops)
         if not stops or any(s[-1].isspace() for s in stops):
             return None

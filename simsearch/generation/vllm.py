@@ -1,29 +1,10 @@
 """In-process vLLM generation on GPU, with weight sync from a trainer.
 
-`VLLMEngine` is a `GenerationEngine` over `vllm.LLM` with `HFEngine`'s `Completion` contract:
-
-- a stop string stays at the end of `text`, and `token_ids` run up to and including the token
-  that completed it;
-- an end-of-sequence or stop token ends a sequence with `finish_reason="stop"`, `stop=None`; it
-  is kept in `token_ids` and left out of `text`; special tokens are otherwise kept in the text;
-- logprobs are the sampled tokens' log-probabilities under the raw distribution (before
-  temperature and top-p);
-- with `n > 1` a prompt's samples are consecutive; with a seed, each prompt gets its own seed
-  drawn from `random.Random(seed)`.
-
-Weight sync: after each optimizer step a trainer calls `sync_weights(pairs)` with `(name,
-tensor)` pairs in Hugging Face naming, from `trained_params_for_vllm` (plain, ZeRO-3 or PEFT
-LoRA model). Colocated training frees memory between rollouts:
-
-    engine = VLLMEngine(path, gpu_memory_utilization=0.3, tensor_parallel_size=1,
-                        enable_sleep_mode=True)
-    for step in ...:
-        completions = engine.generate(prompts, params)   # wakes whatever sleeps
-        engine.sleep()                                   # level 1: weights to CPU, KV dropped
-        ... forward / backward / optimizer step ...
-        engine.sync_weights(named_params_for_vllm(model))  # wakes the weights only, loads
-
-vLLM is an optional dependency (`pip install 'simsearch[vllm]'`, needs a CUDA GPU).
+`VLLMEngine` keeps `GenerationEngine`'s `Completion` contract. With a seed, each prompt gets
+its own seed drawn from `random.Random(seed)`. After each optimizer step a trainer calls
+`sync_weights(trained_params_for_vllm(...))`; a colocated trainer calls `sleep()` before its
+update (`generate` and `sync_weights` wake what they need). vLLM is optional
+(`pip install 'simsearch[vllm]'`, needs a CUDA GPU).
 """
 
 from __future__ import annotations
@@ -57,14 +38,10 @@ class VLLMOutputError(RuntimeError):
 
 
 class LogprobLike(Protocol):
-    """vLLM's `Logprob`: one token's log-probability (plus rank and decoded text)."""
-
     logprob: float
 
 
 class CompletionOutputLike(Protocol):
-    """The fields of vLLM's `CompletionOutput` this module reads."""
-
     index: int
     text: str
     token_ids: Sequence[int]
@@ -74,18 +51,11 @@ class CompletionOutputLike(Protocol):
 
 
 class RequestOutputLike(Protocol):
-    """The fields of vLLM's `RequestOutput` this module reads."""
-
     outputs: Sequence[CompletionOutputLike]
 
 
 def sampling_kwargs(params: SamplingParams, *, seed: int | None) -> dict[str, Any]:
-    """The keyword arguments of `vllm.SamplingParams` for one prompt.
-
-    Args:
-        params: Our sampling settings.
-        seed: This prompt's seed (see `prompt_seeds`), or None for unseeded sampling.
-    """
+    """The keyword arguments of `vllm.SamplingParams` for one prompt; `seed` is this prompt's (or None)."""
     return {
         "n": params.n,
         "temperature": params.temperature,  # vLLM: 0 is greedy, as ours
@@ -104,13 +74,7 @@ def sampling_kwargs(params: SamplingParams, *, seed: int | None) -> dict[str, An
 
 
 def prompt_seeds(seed: int | None, count: int) -> list[int | None]:
-    """One seed per prompt of a call, drawn from `random.Random(seed)`, so equal contexts in a batch
-    get independent samples while the call stays reproducible.
-
-    Returns:
-        `count` seeds below 2**62 (vLLM seeds sample j with seed + j), or `count` Nones when `seed`
-        is None.
-    """
+    """`count` seeds below 2**62 drawn from `random.Random(seed)`, one per prompt; Nones when `seed` is None."""
     if seed is None:
         return [None] * count
     rng = random.Random(seed)
@@ -123,16 +87,14 @@ def completion_from_output(
     want_logprobs: bool,
     token_text: Callable[[int], str],
 ) -> Completion:
-    """Maps one vLLM `CompletionOutput` (generated with `sampling_kwargs`) onto a `Completion`.
+    """Maps one vLLM `CompletionOutput` onto a `Completion`.
 
     Args:
-        output: A sample.
-        want_logprobs: Whether logprobs were asked for.
-        token_text: Decodes one token id as vLLM did; used to take an end token's text off `text`.
+        token_text: Decodes one token id as vLLM did (to take an end token's text off `text`).
 
     Raises:
-        VLLMOutputError: finish reason other than "stop" / "length" (an aborted request), a
-            reported stop string that the text does not end with, or missing logprobs.
+        VLLMOutputError: an aborted request, a reported stop string the text does not end with, or
+            missing logprobs.
     """
     if output.finish_reason not in ("stop", "length"):
         raise VLLMOutputError(
@@ -176,11 +138,7 @@ def completions_from_request_outputs(
     want_logprobs: bool,
     token_text: Callable[[int], str],
 ) -> list[Completion]:
-    """Flattens `llm.generate`'s outputs (one per prompt) prompt-major: len(outputs) * n completions.
-
-    Raises:
-        VLLMOutputError: a prompt without exactly n samples indexed 0..n-1.
-    """
+    """`llm.generate`'s outputs flattened prompt-major; raises `VLLMOutputError` unless each has n samples."""
     completions: list[Completion] = []
     for i, request in enumerate(outputs):
         samples = sorted(request.outputs, key=lambda o: o.index)
@@ -201,11 +159,7 @@ _MODULES_TO_SAVE = re.compile(r"\.modules_to_save\.[^.]+\.")
 
 
 def vllm_param_name(name: str) -> str | None:
-    """The Hugging Face name vLLM's `load_weights` expects for a trainer parameter, or None to skip it.
-
-    PEFT names lose `base_model.model.` and `.base_layer`; a `modules_to_save` copy takes the
-    original module's name; LoRA factors and a `modules_to_save` original are skipped.
-    """
+    """The Hugging Face name vLLM expects for a trainer parameter (PEFT wrappers removed), or None to skip it."""
     if _LORA_SEGMENT.search(name) or ".original_module." in name:
         return None
     name = name.removeprefix("base_model.model.")
@@ -214,19 +168,15 @@ def vllm_param_name(name: str) -> str | None:
 
 
 def named_params_for_vllm(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) pairs of a plain (not partitioned, not PEFT) model, for `sync_weights`.
-
-    Tied weights appear once (`named_parameters` deduplicates; vLLM ties them again itself).
-    """
+    """(name, tensor) pairs of a plain (not partitioned, not PEFT) model, tied weights once."""
     for name, param in model.named_parameters():
         yield name, param.detach()
 
 
 def zero3_named_params_for_vllm(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) pairs of a DeepSpeed ZeRO-3 model, gathered one module at a time.
+    """(name, full tensor) pairs of a ZeRO-3 model; each tensor is valid until the next is requested.
 
-    A yielded tensor is valid only until the next pair is requested. The gathers are collective:
-    every rank must iterate to the end, in step (a rank without an engine drains and drops).
+    Collective: every rank must iterate to the end.
     """
     import deepspeed
 
@@ -245,13 +195,8 @@ def zero3_named_params_for_vllm(model: torch.nn.Module) -> Iterator[tuple[str, t
 def peft_named_params_for_vllm(model: Any, *, zero3: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, merged tensor) pairs of a PEFT LoRA model, in the base model's naming.
 
-    Merges the adapter, yields, and unmerges when the iteration ends or is abandoned. Yielded
-    tensors share the model's storage: consume (or clone) each before asking for the next.
-
-    Args:
-        model: A `peft.PeftModel` with LoRA adapters.
-        zero3: The model is partitioned by ZeRO-3: gather everything first (collective: every rank
-            must iterate to the end).
+    The adapter stays merged until the iteration ends: consume (or clone) each tensor before asking
+    for the next. With `zero3`, collective: every rank must iterate to the end.
     """
     gather: Any = nullcontext()
     if zero3:
@@ -270,13 +215,7 @@ def peft_named_params_for_vllm(model: Any, *, zero3: bool = False) -> Iterator[t
 
 
 def trained_params_for_vllm(model: Any, *, lora: bool, zero3: bool) -> Iterator[tuple[str, torch.Tensor]]:
-    """The export helper that fits how the trainer holds its policy, for `sync_weights`.
-
-    Args:
-        model: The trained module (under DeepSpeed the engine's `.module`).
-        lora: The module is a PEFT LoRA model.
-        zero3: Its parameters are partitioned by ZeRO-3 (collective: consume to the end).
-    """
+    """The (name, tensor) pairs for `sync_weights` of a plain, PEFT LoRA and/or ZeRO-3 model."""
     if lora:
         return peft_named_params_for_vllm(model, zero3=zero3)
     if zero3:
@@ -285,10 +224,7 @@ def trained_params_for_vllm(model: Any, *, lora: bool, zero3: bool) -> Iterator[
 
 
 class _LoadWeights:
-    """Runs inside each vLLM worker (via `LLM.apply_model`): loads (name, tensor) pairs.
-
-    A plain class, not a dataclass: out of process it must travel pickled, whole.
-    """
+    """Loads (name, tensor) pairs inside each vLLM worker (a plain class: it travels pickled)."""
 
     def __init__(self, weights: list[tuple[str, torch.Tensor]]) -> None:
         self.weights = weights
@@ -304,20 +240,16 @@ class VLLMEngine:
     """A `GenerationEngine` on in-process vLLM, with weight sync and sleep mode.
 
     Args:
-        model_path: A model directory in Hugging Face format, or a hub name.
-        gpu_memory_utilization: Share of each GPU's memory vLLM takes (leave the rest to a
-            colocated trainer).
+        model_path: A Hugging Face model directory or hub name.
+        gpu_memory_utilization: Share of each GPU's memory vLLM takes.
         tensor_parallel_size: GPUs the model is sharded over.
         enable_sleep_mode: Allow `sleep()` / `wake_up()` (CUDA only).
-        dtype: "auto" (the checkpoint's), "bfloat16", "float16" or "float32".
-        seed: vLLM's engine seed (unseeded requests draw from it).
         max_model_len: Context length (prompt + generation); None = the model config's.
-        enable_prefix_caching: Reuse KV blocks of shared prefixes.
-        distributed_executor_backend: None for vLLM's default; "external_launcher" when every
-            process of a `torchrun` / `deepspeed` launch runs its own engine next to the trainer.
+        distributed_executor_backend: "external_launcher" when every process of a `torchrun` /
+            `deepspeed` launch runs its own engine; None for vLLM's default.
 
-    Sets (with `setdefault`) `VLLM_ENABLE_V1_MULTIPROCESSING=0` for one GPU or the external
-    launcher, and `VLLM_ALLOW_INSECURE_SERIALIZATION=1`, which out-of-process weight sync needs.
+    Sets, unless set, `VLLM_ENABLE_V1_MULTIPROCESSING=0` (one GPU or the external launcher) and
+    `VLLM_ALLOW_INSECURE_SERIALIZATION=1`.
 
     Raises:
         VLLMNotInstalledError: vLLM cannot be imported.
@@ -378,10 +310,6 @@ class VLLMEngine:
     def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams) -> list[Completion]:
         """Generates `params.n` completions per prompt, prompt-major; wakes the engine if it sleeps.
 
-        Args:
-            prompts: Token-id lists, or strings that the engine tokenizes.
-            params: Sampling settings.
-
         Raises:
             RuntimeError: after `sleep(level=2)` without a `sync_weights` since.
             ValueError: an empty prompt.
@@ -407,20 +335,10 @@ class VLLMEngine:
         )
 
     def sync_weights(self, named_params: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Loads trainer weights into the running engine, then resets the prefix cache.
+        """Loads the full set of (name, tensor) pairs (Hugging Face naming); returns how many.
 
-        Wakes only the weights if asleep; loads each pair before requesting the next.
-
-        Args:
-            named_params: The full set of (name, tensor) pairs in Hugging Face naming, any device.
-
-        Returns:
-            The number of pairs loaded.
-
-        Raises:
-            ValueError: `named_params` was empty.
-            RuntimeError: vLLM refused to reset its prefix cache, or the engine core runs in another
-                process and pickles are not allowed.
+        Resets the prefix cache. Raises `ValueError` on no pairs, `RuntimeError` when vLLM refuses
+        the cache reset or cannot receive pickles.
         """
         if not self.in_process and os.environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION") != "1":
             raise RuntimeError(
@@ -451,7 +369,7 @@ class VLLMEngine:
         return count
 
     def sleep(self, level: int = 1) -> None:
-        """Frees the engine's GPU memory: level 1 copies the weights to CPU, level 2 drops them.
+        """Frees GPU memory: level 1 moves the weights to CPU, level 2 drops them.
 
         Raises:
             RuntimeError: the engine was built without `enable_sleep_mode=True`.
@@ -466,11 +384,7 @@ class VLLMEngine:
         self._weights_discarded = level == 2
 
     def wake_up(self, tags: Sequence[str] | None = None) -> None:
-        """Reallocates what `sleep` freed: `tags` among "weights", "kv_cache"; None for both.
-
-        `generate` and `sync_weights` wake what they need themselves; call this to control when
-        memory is taken back.
-        """
+        """Reallocates what `sleep` freed: `tags` among "weights", "kv_cache"; None for both."""
         wanted = SLEEP_TAGS if tags is None else frozenset(tags)
         if not wanted <= SLEEP_TAGS:
             raise ValueError(f"wake_up tags {sorted(wanted)} must be among {sorted(SLEEP_TAGS)}")

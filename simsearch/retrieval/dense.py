@@ -1,13 +1,8 @@
 """Dense retrieval over a local corpus: sentence-transformers embeddings, exact inner product.
 
-Any sentence-transformers model; the default is the bundled all-MiniLM-L6-v2 (no prefixes). For
-e5, pass the model directory and `query_prefix="query: "`, `passage_prefix="passage: "`. Models
-load from local files only. The text encoded for a passage is `passage_prefix + contents`.
-Search is exact top-k, in numpy over a memory-mapped embedding file streamed in row chunks, or
-FAISS `IndexFlatIP` with `use_faiss=True` (embeddings in RAM).
-
-Given an `index_dir`, `build` writes the embeddings (an N x d float32 file) into it while
-encoding; without one they stay in memory until `save(dir)`. `load` reopens a saved index.
+Models load from local files only (default: the bundled all-MiniLM-L6-v2; for e5 pass
+`query_prefix="query: "`, `passage_prefix="passage: "`). Search is exact top-k, in numpy over a
+memory-mapped embedding file, or FAISS `IndexFlatIP` with `use_faiss=True` (embeddings in RAM).
 """
 
 from __future__ import annotations
@@ -35,11 +30,7 @@ _ENCODE_CHUNK = 4096
 
 
 def load_encoder(model: str, device: str | None = None) -> SentenceTransformer:
-    """Loads a sentence-transformers model from local files only.
-
-    Args:
-        model: `DEFAULT_MODEL`, a local model directory, or a hub name already in the local cache.
-        device: torch device; None lets sentence-transformers choose.
+    """Loads a sentence-transformers model (`DEFAULT_MODEL`, a directory, or a cached hub name) from local files.
 
     Raises:
         OSError: the model is not available locally; the message says what to pass instead.
@@ -59,12 +50,6 @@ def exact_top_k(
     embeddings: np.ndarray, queries: np.ndarray, k: int, chunk_rows: int = 65536
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact maximum-inner-product search, `chunk_rows` corpus rows in RAM at a time.
-
-    Args:
-        embeddings: corpus vectors. # [N, d]
-        queries: query vectors. # [B, d]
-        k: results per query, 1 <= k <= N.
-        chunk_rows: corpus rows scored per matrix product.
 
     Returns:
         (indices, scores), best first, ties by corpus position. # [B, k] int64, [B, k] float32
@@ -98,11 +83,7 @@ def _batches(passages: Sequence[Passage], size: int) -> Iterator[list[Passage]]:
 
 
 class DenseSearchEngine:
-    """A `SearchEngine` over precomputed passage embeddings.
-
-    Build with `DenseSearchEngine.build(passages, index_dir)`, reopen with
-    `DenseSearchEngine.load(index_dir, corpus_path)`.
-    """
+    """A `SearchEngine` over precomputed passage embeddings; make one with `build` or `load`."""
 
     def __init__(
         self,
@@ -116,17 +97,7 @@ class DenseSearchEngine:
         use_faiss: bool = False,
         batch_size: int = 64,
     ) -> None:
-        """Wraps an encoder and the embeddings of `passages`; prefer `build` or `load`.
-
-        Args:
-            encoder: the model that embedded the passages.
-            embeddings: L2-normalised passage vectors, row i for passage i (may be a memmap). # [N, d]
-            passages: the corpus (a list, or a `JsonlCorpus` read on demand).
-            model: the name `encoder` was loaded by, recorded by `save`.
-            query_prefix: prepended to every query before encoding.
-            passage_prefix: what was prepended to the passages, recorded by `save`.
-            use_faiss: search with FAISS IndexFlatIP instead of numpy.
-            batch_size: queries per forward pass.
+        """Wraps an encoder and the L2-normalised embeddings of `passages` (row i: passage i). # [N, d]
 
         Raises:
             ImportError: `use_faiss` without faiss installed.
@@ -174,16 +145,9 @@ class DenseSearchEngine:
         """Embeds every passage (iterated once) and returns the engine over the embeddings.
 
         Args:
-            passages: the corpus.
-            index_dir: where to write the embeddings and metadata while encoding; None keeps them in
-                memory.
-            model: see `load_encoder`; None for `DEFAULT_MODEL`.
-            query_prefix: stored with the index and used for every query.
-            passage_prefix: prepended to every passage.
-            batch_size: passages per forward pass.
-            device: see `load_encoder`.
-            use_faiss: see `__init__`.
-            show_progress: a tqdm bar over passages.
+            index_dir: Where to write the embeddings while encoding; None keeps them in memory.
+            query_prefix: Stored with the index and used for every query.
+            passage_prefix: Prepended to every passage.
 
         Raises:
             ValueError: empty corpus.
@@ -239,8 +203,7 @@ class DenseSearchEngine:
         return engine
 
     def save(self, index_dir: str | Path) -> None:
-        """Writes the embeddings (unless they are already memory-mapped from `index_dir`), the
-        corpus fingerprint, the model name and the prefixes to `index_dir`."""
+        """Writes the embeddings (unless memory-mapped from `index_dir`), corpus fingerprint, model and prefixes."""
         index_dir = Path(index_dir)
         index_dir.mkdir(parents=True, exist_ok=True)
         target = index_dir / EMBEDDINGS_FILE
@@ -275,16 +238,10 @@ class DenseSearchEngine:
     ) -> DenseSearchEngine:
         """Reopens an index written by `build`, over the corpus file it was built from.
 
-        Args:
-            index_dir: the directory given to `build`.
-            corpus_path: the JSONL corpus the index was built from.
-            model: None uses the recorded model; a path points at the same model elsewhere.
-            use_faiss: see `__init__`.
-            batch_size: queries per forward pass.
-            device: see `load_encoder`.
+        `model` None uses the recorded model; a path points at the same model elsewhere.
 
         Raises:
-            FileNotFoundError: `index_dir` holds no finished simsearch dense index.
+            FileNotFoundError: `index_dir` holds no finished dense index.
             ValueError: the index was built for another corpus or format version, or the model's
                 embedding size differs.
         """
@@ -326,11 +283,7 @@ class DenseSearchEngine:
             ).astype(np.float32, copy=False)
 
     def search(self, requests: list[SearchRequest]) -> list[list[Document]]:
-        """Embeds the batch's queries in one pass and returns each one's `top_k` nearest passages.
-
-        Raises:
-            ValueError: a `top_k` below 1 or above the corpus size.
-        """
+        """Each query's `top_k` nearest passages, in one encoding pass; `ValueError` unless 1 <= top_k <= N."""
         check_top_k(requests, len(self.passages))
         if not requests:
             return []

@@ -1,21 +1,9 @@
-"""Simulator SFT data: (query, documents) records from real searches, labelled and rendered as pairs.
+"""Simulator SFT data: real searches (`SearchRecord`) labelled useful or noisy and rendered as JSONL pairs.
 
-`simsearch simulator collect` keeps a `SearchRecord` (question, gold answers, query, retrieved
-documents) for every search a policy made against a real retriever. This module turns records
-into JSONL pairs `{prompt, response, label, query, question, golden_answers, contains_answer}`
-for `simsearch simulator finetune`. Three targets:
-
-- `"trajectory"`: every search of a trajectory whose final answer is correct
-  (`OUTCOME_METRICS[outcome_metric]` = 1) gives a useful pair, every other search a noisy pair;
-  classes balanced by seeded downsampling when `balance`.
-- `"judged"`: a judge (`rule_judge` or `LLMJudge`) labels each retrieved set useful or noisy by
-  its content; classes balanced by seeded downsampling.
-- `"retrieved"`: every record gives two pairs: the useful prompt's response is exactly what the
-  retriever returned, the noisy prompt's the same set with every answer-bearing document
-  replaced (`noisy_documents`). Balanced by construction.
-
-`contrast_records` adds records for perturbed queries (`query_variants`) run against the same
-retriever. Exact duplicate records are dropped; the train/validation split is by question.
+Targets (`build_sft_pairs`): "trajectory" labels a search by its trajectory's outcome, "judged"
+by a judge of the documents, "retrieved" gives each record a useful pair (what the retriever
+returned) and a noisy pair (`noisy_documents`). `contrast_records` adds records for perturbed
+queries. The train/validation split is by question.
 """
 
 from __future__ import annotations
@@ -74,14 +62,9 @@ class SearchRecord:
 def records_from_trajectories(
     trajectories: Sequence[Trajectory], *, outcome_metric: str = "substring_em"
 ) -> list[SearchRecord]:
-    """Every search the engine actually ran in the trajectories, as records, in order.
+    """Every search the engine ran in the trajectories (refused and self-search ones left out), in order.
 
-    Refused searches (`executed=False`) and self-search queries are left out.
-
-    Args:
-        trajectories: Finished trajectories.
-        outcome_metric: A key of `OUTCOME_METRICS`: each record's `answered_correctly` says whether
-            its trajectory's final answer scores 1 against the gold answers (no answer: False).
+    `outcome_metric` (a key of `OUTCOME_METRICS`) sets each record's `answered_correctly`.
     """
     metric = OUTCOME_METRICS[outcome_metric]
     records = []
@@ -102,11 +85,7 @@ def records_from_trajectories(
 
 
 def outcome_judge(records: list[SearchRecord]) -> list[bool | None]:
-    """target="trajectory": a record is useful when its trajectory answered correctly.
-
-    Raises:
-        ValueError: A record that came from no scored trajectory (e.g. a contrast query).
-    """
+    """target="trajectory": useful when the trajectory answered correctly (`ValueError` if unscored)."""
     for i, r in enumerate(records):
         if r.answered_correctly is None:
             raise ValueError(
@@ -126,16 +105,13 @@ class SFTData:
 
 
 def contains_answer(documents: Sequence[Document], golden_answers: Sequence[str]) -> bool:
-    """True when some normalized gold answer occurs as whole words in the normalized titles and texts
-    (`normalize_answer`); golds that normalize to "" never match.
-    """
+    """True when a normalized gold answer occurs as whole words in the documents (empty golds never match)."""
     text = " " + normalize_answer(" ".join(f"{d.title} {d.text}" for d in documents)) + " "
     golds = (normalize_answer(g) for g in golden_answers)
     return any(f" {gold} " in text for gold in golds if gold)
 
 
 def rule_judge(records: list[SearchRecord]) -> list[bool | None]:
-    """Labels a set useful when it contains a gold answer (`contains_answer`)."""
     return [contains_answer(r.documents, r.golden_answers) for r in records]
 
 
@@ -154,16 +130,14 @@ _VERDICT_WORD = re.compile(r"\b(yes|no)\b")
 
 
 def judge_prompt(record: SearchRecord) -> str:
-    """The LLM judge's question for one record (ours; ZeroSearch labels by outcome, not by a judge)."""
+    """The LLM judge's question for one record."""
     return _JUDGE_PROMPT.format(
         question=record.question, query=record.query, documents=format_response(record.documents)
     )
 
 
 def parse_verdict(text: str) -> bool | None:
-    """Reads a yes/no reply (the first word if a verdict, else the first whole `yes`/`no`): True,
-    False, or None when it holds neither.
-    """
+    """A yes/no reply as True, False, or None when it holds neither."""
     lowered = text.lower()
     words = re.findall(r"[a-z]+", lowered)
     if words and words[0] in _YES:
@@ -177,12 +151,7 @@ def parse_verdict(text: str) -> bool | None:
 class LLMJudge:
     """A `Judge` that asks a model, one batched generate call per batch of records.
 
-    Args:
-        generator: The judge model's engine.
-        tokenizer: Its tokenizer, for its chat template when `chat`.
-        chat: Use the chat template. Without a tokenizer the plain prompt goes to the generator,
-            which must then be a chat endpoint.
-        max_new_tokens: Reply budget.
+    `chat` applies `tokenizer`'s chat template; without a tokenizer the generator must be a chat endpoint.
     """
 
     def __init__(
@@ -220,11 +189,7 @@ def balance_indices(labels: Sequence[bool], seed: int) -> list[int]:
 
 
 def split_by_question(pairs: list[dict], val_fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
-    """Splits pairs into train and validation by question, seeded; each side shuffled.
-
-    `round(val_fraction * questions)` questions (at least one when `val_fraction > 0` and there are
-    two or more) go to validation with all their pairs.
-    """
+    """Train and validation pairs, split by question (seeded, `round(val_fraction * questions)` held out)."""
     questions = sorted({p["question"] for p in pairs})
     rng = random.Random(seed)
     rng.shuffle(questions)
@@ -245,11 +210,7 @@ def noisy_documents(
     pool: Sequence[Document],
     rng: random.Random,
 ) -> tuple[list[Document], int]:
-    """The record's documents with every answer-bearing one replaced by one without the answer.
-
-    Replacements come first from `same_question`, then at random from `pool`, never repeating a
-    document; `PAD_TEXT` stands in when none is left. Returns (documents, number replaced).
-    """
+    """The documents with each answer-bearing one replaced (from `same_question`, then `pool`), and how many."""
     golds = record.golden_answers
     used = {(d.title, d.text) for d in record.documents}
 
@@ -295,13 +256,7 @@ def query_variants(
     donors: Sequence[str],
     edits: Sequence[str] = ("drop", "cut", "swap"),
 ) -> list[str]:
-    """Up to `n` distinct perturbations of `query`, each different from it.
-
-    One edit per variant, drawn from `edits`: `drop` a word, `cut` a word of 4+ letters to a
-    prefix of 2+, `swap` a word for one of a `donors` query, or `respell` a word of 4+ letters
-    (prefix kept, rest from a donor word's ending: `Konis` -> `Konbe`). Draws are retried a bounded
-    number of times, so fewer than `n` may come back.
-    """
+    """Up to `n` distinct perturbations of `query`, one `edits` edit each (drop, cut, swap, respell)."""
     words = query.split()
     donor_words = [w for d in donors for w in d.split()]
     out: list[str] = []
@@ -318,7 +273,7 @@ def query_variants(
 
 
 def _edit(word: str, edit: str, n_words: int, donor_words: list[str], rng: random.Random) -> list[str]:
-    """`word` after one `query_variants` edit: no word (dropped), one word, or `[word]` when it does not apply."""
+    """`word` after one edit: [] (dropped), one word, or `[word]` when the edit does not apply."""
     if edit == "drop" and n_words >= 2:
         return []
     if edit == "cut" and len(word) >= 4:
@@ -342,8 +297,7 @@ def contrast_records(
     chunk_size: int = 256,
     edits: Sequence[str] = ("drop", "cut", "swap"),
 ) -> list[SearchRecord]:
-    """`n` variants of each record's query (`query_variants` with `edits`, donor words from
-    another record's query), searched with `search`, as records of the same question and answers."""
+    """`n` variants of each record's query searched with `search`, as records of the same question."""
     rng = random.Random(seed)
     queries = [r.query for r in records]
     sources: list[SearchRecord] = []
@@ -411,21 +365,15 @@ def build_sft_pairs(
     """Labels, balances, renders and splits records into simulator SFT pairs.
 
     Args:
-        records: Searches from real-retriever rollouts; exact duplicates are dropped, and so are
-            records with no documents except for "retrieved" with `top_k`.
-        preset: Prompt preset the pairs are rendered with (the simulator must be run with it).
-        target: "trajectory" (records need `answered_correctly`), "judged" or "retrieved".
-        judge: Labels sets for target="judged"; unused by the others.
+        records: Real-retriever searches; duplicates and empty records are dropped (empty ones kept
+            for "retrieved" with `top_k`).
+        preset: Prompt preset of the pairs (the simulator must run with it).
+        target: "trajectory" (needs `answered_correctly`), "judged" (needs `judge`) or "retrieved".
         balance: For "judged" and "trajectory", downsample the majority label.
-        val_fraction: Share of questions held out for validation.
-        seed: Seeds balancing, replacement choice and the split.
-        templates: The custom preset's templates.
-        show_question: Render the question into the prompts (as `SimulatedSearchEngine`'s).
-        show_answer: Render the gold answers into the prompts (as `SimulatedSearchEngine`'s).
-        top_k: Results every prompt asks for; None: each record's own number of documents
-            (records with none are then dropped).
-        style: How responses write the documents (`format_response`); anything but "search-r1"
-            only with `simsearch-brief`.
+        show_question: Render the question into the prompts, as `SimulatedSearchEngine` does.
+        show_answer: Render the gold answers into the prompts, as `SimulatedSearchEngine` does.
+        top_k: Results every prompt asks for; None: each record's own number of documents.
+        style: How responses write the documents (`format_response`).
 
     Returns:
         Train and validation pairs, plus counts under `collect/...`.
@@ -469,10 +417,7 @@ def _count(stats: dict[str, float], key: str) -> None:
 
 
 def _usable_records(records: list[SearchRecord], *, keep_empty: bool, stats: dict[str, float]) -> list[SearchRecord]:
-    """The records without exact duplicates, and without empty ones unless `keep_empty`.
-
-    Counts `collect/empty` and `collect/duplicates` into `stats`.
-    """
+    """The records without duplicates (and empty ones unless `keep_empty`); counts both into `stats`."""
     seen: set[str] = set()
     kept: list[SearchRecord] = []
     for r in records:
@@ -533,7 +478,7 @@ def _retrieved_pairs(
 
 
 def write_pairs(pairs: list[dict], path: str | Path) -> Path:
-    """Writes pairs as JSONL (one object per line, UTF-8), creating parent directories."""
+    """Writes pairs as UTF-8 JSONL, creating parent directories."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", encoding="utf-8") as f:

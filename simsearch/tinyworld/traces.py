@@ -1,22 +1,9 @@
 """Pretraining traces on the tiny world: the tag format and copying, and nothing RL should find.
 
-A trace is
-
-    prompt  <search> query </search>  \n\n<information>Doc 1(Title: ...) ...</information>\n\n
-    <answer> value </answer>
-
-tokenized piecewise as `policy.rollout` assembles a trajectory, so pretraining and RL see the
-same token sequences. What a trace leaves open is what RL has to learn:
-
-- the query is of a random kind (`QUERY_KINDS`); a query that finds nothing is redrawn
-  (`redraw_empty`);
-- the answer is drawn uniformly from the pooled value spans of all retrieved documents
-  (`typed_answer_share`: only among values of the asked kind);
-- reading traces (`reading_share`) search the entity name, out of the LM loss, and answer the
-  gold value; two-search traces (`two_search_share`) search again for a person's name copied
-  from the first results;
-- the information tokens are out of the LM loss; `copy_mask` marks the copy-loss targets.
-
+A trace is a prompt, a `<search>` turn, the `<information>` block and an `<answer>` turn,
+tokenized piecewise as `policy.rollout` assembles a trajectory. Its query kind
+(`QUERY_KINDS`) and its answer (any value span of the retrieved documents) are random, so
+what RL has to learn stays open; the information tokens are out of the LM loss.
 `make_copy_drills` builds traces of random tokens that teach copying alone.
 """
 
@@ -52,9 +39,8 @@ _MAX_REDRAWS = 20  # rounds of redrawing queries that retrieved nothing
 class Trace:
     """One pretraining sequence and how it was made.
 
-    `loss_mask[i]` is 1 when `input_ids[i]` is a token the policy would generate (the answer turn
-    only, in a reading trace); `copy_mask[i]` is 1 on information-block tokens whose bigram occurs
-    earlier in the sequence. Both mark targets: position i is predicted from the tokens before it.
+    `loss_mask[i]` is 1 when `input_ids[i]` is a token the policy would generate; `copy_mask[i]` is
+    1 on information tokens whose bigram occurs earlier. Position i is predicted from those before it.
     """
 
     input_ids: list[int]
@@ -75,9 +61,7 @@ class Trace:
 
 
 def copy_mask(input_ids: Sequence[int], start: int, end: int) -> list[int]:
-    """0/1 per position of `input_ids`: 1 at i in `[start, end)` (i >= 1) when the bigram
-    `(input_ids[i-1], input_ids[i])` occurred at an earlier position.
-    """
+    """0/1 per position: 1 at i in `[start, end)` when the bigram ending at i occurred earlier."""
     mask = [0] * len(input_ids)
     seen: set[tuple[int, int]] = set()
     for i in range(1, min(end, len(input_ids))):
@@ -105,26 +89,18 @@ def make_traces(
     rendering: RenderStyle = "search-r1",
     two_search_share: float = 0.0,
 ) -> list[Trace]:
-    """Builds `n` pretraining traces, in draw order, with random queries and randomly copied answers.
-
-    A share of 0 draws nothing: the traces are those the same arguments gave without that option.
+    """Builds `n` pretraining traces, in draw order; a share of 0 draws nothing (same traces as without it).
 
     Args:
-        world: Questions, facts (for the entity name) and city names.
         engine: The search engine the rollout will use.
-        tokenizer: The policy's tokenizer.
-        n: Number of traces.
-        seed: Seeds every draw; the same arguments give the same traces.
         top_k: Documents per search, as in the rollout.
         template: Prompt template, rendered as the rollout renders it; not "search-r1-chat".
         query_mix: Probabilities of the query kinds `QUERY_KINDS`.
         examples: Questions to draw from; `world.train` by default.
         typed_answer_share: Share of traces drawing their answer among values of the asked kind.
-        reading_share: Share of reading traces.
-        redraw_empty: Redraw (kind included) a query that finds nothing; False keeps it, and its
-            trace answers a value of the asked kind drawn from the whole world.
-        rendering: How the documents are shown (`render_documents`).
-        two_search_share: Share of traces that search a second time before answering.
+        reading_share: Share of reading traces (search the entity name, answer the gold value).
+        redraw_empty: Redraw a query that finds nothing; False answers a value of the asked kind.
+        two_search_share: Share of traces that search a person's name from the first results.
 
     Raises:
         ValueError: A bad argument, a question not of `world`, or queries still finding nothing
@@ -155,17 +131,10 @@ def make_copy_drills(
     length: int = 32,
     alphabet: tuple[int, int] = (8, 64),
 ) -> list[Trace]:
-    """Copy drills: a random token sequence followed by itself, the LM loss on the repeat.
+    """Copy drills: `n` random token sequences (`length` tokens, never special) each followed by itself.
 
-    Args:
-        tokenizer: The policy's tokenizer; its special tokens are never drawn.
-        n: Number of drills.
-        seed: Seeds the tokens.
-        length: Tokens per half.
-        alphabet: Range (inclusive) of the number of distinct tokens per drill.
-
-    Returns:
-        Traces with `loss_mask` 1 on the second half except its first token, `copy_mask` all 0.
+    `alphabet` is the inclusive range of distinct tokens per drill. `loss_mask` is 1 on the repeat
+    except its first token; `copy_mask` is all 0.
     """
     rng = random.Random(seed)
     special = set(tokenizer.all_special_ids)
@@ -181,7 +150,7 @@ def make_copy_drills(
 
 @dataclass
 class _Searches:
-    """The names queries were drawn around, query kinds, queries and the documents found, one entry a trace."""
+    """The names, query kinds, queries and documents found, one entry a trace."""
 
     names: list[str]
     kinds: list[str]
@@ -191,8 +160,6 @@ class _Searches:
 
 @dataclass
 class _Search:
-    """One trace's second search."""
-
     kind: str
     query: str
     documents: list[Document]
@@ -203,7 +170,7 @@ _NO_SEARCH = _Search("", "", [])
 
 @dataclass
 class _Searcher:
-    """Runs the traces' searches, batched, redrawing the queries that find nothing (unless `redraw_empty` is False)."""
+    """Runs the traces' searches, batched, redrawing the queries that find nothing."""
 
     rng: random.Random
     engine: SearchEngine
@@ -212,16 +179,13 @@ class _Searcher:
     redraw_empty: bool
 
     def searches(self, questions: list[str], names: list[str], kinds: list[str]) -> _Searches:
-        """Draws a query of each kind around each name, and searches them all."""
         queries = [_random_query(self.rng, q, name, kind) for q, name, kind in zip(questions, names, kinds)]
         return _Searches(names, kinds, queries, self._search(questions, names, kinds, queries))
 
     def _search(
         self, questions: list[str], names: list[str], kinds: list[str], queries: list[str]
     ) -> list[list[Document]]:
-        """Searches all queries in one call; with `redraw_empty`, redraws (in place) kind and query of
-        those that found nothing, the last redraw being the name alone.
-        """
+        """Searches all queries in one call; with `redraw_empty`, redraws those that found nothing in place."""
         documents: list[list[Document]] = [[] for _ in queries]
         pending = list(range(len(queries)))
         for attempt in range(1, _MAX_REDRAWS + 1):
@@ -246,7 +210,7 @@ class _Searcher:
 def _first_searches(
     searcher: _Searcher, world: World, pool: Sequence[QAExample], n: int, reading_share: float
 ) -> tuple[list[QAExample], list[bool], _Searches]:
-    """The questions drawn, which traces are reading traces (their query the name alone), and the first searches."""
+    """The questions drawn, which traces are reading traces, and the first searches."""
     rng = searcher.rng
     chosen = [rng.choice(pool) for _ in range(n)]
     kinds = rng.choices(QUERY_KINDS, weights=searcher.query_mix, k=n)
@@ -259,9 +223,7 @@ def _first_searches(
 def _second_searches(
     searcher: _Searcher, world: World, questions: list[str], first: _Searches, share: float
 ) -> dict[int, _Search]:
-    """The second search of a `share` of the traces, by trace index: a person's name from the first
-    results (the first search's name when they hold none), its kind drawn as the first's.
-    """
+    """The second search of a `share` of the traces: a person's name from the first results."""
     rng = searcher.rng
     twice = [i for i in range(len(questions)) if rng.random() < share]
     if not twice:
@@ -301,7 +263,7 @@ def _check_trace_args(
 
 
 def _question_pool(world: World, examples: Sequence[QAExample] | None) -> list[QAExample]:
-    """The questions to draw from (`world.train` by default), each checked to belong to `world`."""
+    """The questions to draw from, each checked to belong to `world`."""
     pool = list(world.train if examples is None else examples)
     if not pool:
         raise ValueError("make_traces got no examples to draw questions from")
@@ -325,9 +287,7 @@ def _draw_answers(
     typed_answer_share: float,
     reading: Sequence[bool],
 ) -> list[str]:
-    """One answer per trace, drawn from its candidates (typed to the question for a share), or from the whole
-    world's values of the asked kind when the search found nothing; a reading trace that retrieved the answer
-    passage answers the gold value."""
+    """One answer per trace, drawn from its candidates (or the world's values of the asked kind when none)."""
     answers = []
     for i, values in enumerate(candidates):
         kind = RELATION_KINDS[world.facts[chosen[i].id].relation]
@@ -403,8 +363,7 @@ def _assemble_trace(
     candidates: list[str],
     reading: bool,
 ) -> Trace:
-    """Trace `i`: prompt, search turn, observation (again, for a two-search trace) and answer turn, with its
-    loss and copy masks."""
+    """Trace `i` assembled from its pieces, with its loss and copy masks."""
     ids = list(pieces.prompt_ids[example.id])
     loss_mask = [0] * len(ids)
     spans = []  # [start, end) of each observation
@@ -443,7 +402,6 @@ def _encode(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[list[i
 
 
 def _random_query(rng: random.Random, question: str, name: str, kind: str) -> str:
-    """A query of `kind` for a question about `name`."""
     words = [w for w in _WORD.findall(question) if w != name]
     # A non-empty random subset of the other question words, in question order.
     subset = sorted(rng.sample(range(len(words)), rng.randint(1, len(words)))) if words else []
