@@ -1,26 +1,11 @@
 """`simsearch eval RECIPE`: one policy x several search engines x several QA sets, plus baselines.
 
-Setup (names, datasets, policy, engines, methods) → loop (per method and dataset, chunks of
-questions: roll out, score, append the rows) → simulator fidelity → cleanup (summary, tables,
-plots).
-
-Methods, the rows of the tables:
-- one per entry of `engines`: the agent loop with that engine answering every search; a
-  simulator is asked for noisy documents with probability `noisy_share` per call. A
-  `self-search` policy writes its own information only on an engine of kind `self`;
-- `direct`: one generation, no search;
-- `rag`: one retrieval with the question from `rag_engine` (default: the first engine), then
-  one generation; documents are cut to fit the prompt (`rag/truncated`).
-
-Run directory: `recipe.yaml`; `command.txt`; `examples/{method}/{dataset}.jsonl`, one row per
-question; `summary.json`, `summary.csv`, `table.md`, `bars.png`; `curves.png` when
-`training_run` is set; `fidelity.json` when the engines hold a simulator and a real retriever;
-`metrics.jsonl` and `cost.json` (search counts, latency, cost); `view.html`.
-
-Resume: each chunk of `chunk_size` questions gets a seed derived from (seed, method, dataset,
-chunk); rows are appended after each chunk, and a rerun skips written ids. Tables are computed
-from the per-example files only. A restart with a different recipe for the same file stops
-with an error.
+Methods (the tables' rows): one per entry of `engines` (the agent loop on that engine), `direct`
+(no search) and `rag` (one retrieval with the question, then one generation). Writes
+`examples/{method}/{dataset}.jsonl`, `summary.json`, `summary.csv`, `table.md`, plots,
+`fidelity.json`, `metrics.jsonl`, `cost.json` and `view.html` into the run directory. Rows are
+appended per chunk of questions, each chunk seeded from (seed, method, dataset, chunk), so a
+rerun skips written ids; a rerun with a different recipe stops with an error.
 """
 
 from __future__ import annotations
@@ -115,8 +100,7 @@ def main(recipe: EvalRecipe) -> dict[str, Any]:
 
 
 def _set_up(recipe: EvalRecipe) -> _Evaluation:
-    """Paths, rows, datasets and finished work checked, then the policy and engines loaded; only then
-    is the run directory written to."""
+    """Checks paths, rows, datasets and finished work, then loads the policy and engines."""
     run_dir = Path(recipe.run_dir)
     preflight.set_threads(recipe.threads)
     preflight.check_paths(recipe)
@@ -146,8 +130,7 @@ def _set_up(recipe: EvalRecipe) -> _Evaluation:
 
 
 def _evaluate(e: _Evaluation, method: Method, dataset: str, examples: list[QAExample], stop: preempt.Stop) -> None:
-    """One row of the tables on one dataset, chunk by chunk, each chunk's rows appended as it ends; after a
-    signal, the chunk in flight ends the run (status 143)."""
+    """One row of the tables on one dataset, chunk by chunk; after a signal, the chunk in flight ends the run."""
     recipe = e.recipe
     sampling = SamplingParams(
         temperature=recipe.sampling.temperature,
@@ -203,9 +186,7 @@ def _clean_up(e: _Evaluation, fidelity: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def plan_methods(recipe: EvalRecipe) -> list[Method]:
-    """The rows to evaluate, baselines first, then the engines; warns about paid engines without a
-    cache.
-    """
+    """The rows to evaluate, baselines first; warns about paid engines without a cache."""
     for name, cfg in recipe.engines.items():
         if cfg.kind in ("serper", "serpapi") and not cfg.cache:
             warnings.warn(
@@ -254,9 +235,7 @@ def plan_methods(recipe: EvalRecipe) -> list[Method]:
 
 
 def real_search_share(template: str, engine_kind: str) -> float:
-    """`RolloutSettings.self_search_real_share` for a row: 0 (self-written information) for a
-    self-search policy on a `self` engine or for any other template, 1 otherwise.
-    """
+    """`self_search_real_share` for a row: 0 for a self-search policy on a `self` engine, else 1."""
     return 1.0 if template == "self-search" and engine_kind != "self" else 0.0
 
 
@@ -270,12 +249,7 @@ def _engine_identity(cfg: SearchConfig, noisy_share: float) -> dict[str, Any]:
 
 
 def load_dataset(spec: EvalDataset) -> list[QAExample]:
-    """The dataset's questions (its first `limit` when set), with unique ids.
-
-    Raises:
-        DataError: two rows share an id.
-        QADataError, FileNotFoundError: from `load_qa`, naming the file and line.
-    """
+    """The dataset's questions (its first `limit`), with unique ids (`DataError` on a repeated id)."""
     examples = load_qa(spec.path, split=spec.split)
     if spec.limit:
         examples = examples[: spec.limit]
@@ -317,17 +291,11 @@ def _record_command(run_dir: Path) -> None:
 
 
 def examples_file(run_dir: Path, method: str, dataset: str) -> Path:
-    """Where the per-example rows of (method, dataset) are appended."""
     return run_dir / EXAMPLES_DIR / method / f"{dataset}.jsonl"
 
 
 def finished_ids(path: Path, fingerprint: str) -> set[str]:
-    """Ids already written to `path` by a run with the same `fingerprint`.
-
-    Raises:
-        RecipeError: The file holds rows made with another recipe (policy, sampling, rollout or
-            engine differ).
-    """
+    """Ids already written to `path` under `fingerprint`; `RecipeError` when its rows come from another recipe."""
     rows = report.read_rows(path, repair=True)
     for row in rows:
         if row.get("fingerprint") != fingerprint:
@@ -363,7 +331,7 @@ def _run_chunk(
     sampling: SamplingParams,
     seed: int,
 ) -> list[dict[str, Any]]:
-    """One chunk's per-example rows: the RAG baseline's (`policy.rag`), or rollouts with the row's settings."""
+    """One chunk's per-example rows: the RAG baseline's, or rollouts with the row's settings."""
     sampling = replace(sampling, seed=seed)
     noise = None
     if method.engine and recipe.engines[method.engine].kind == "simulator":
@@ -407,7 +375,7 @@ def _run_chunk(
 
 
 def _rollout_settings(method: Method, recipe: EvalRecipe) -> RolloutSettings:
-    """The rollout of a row: the `direct` template without search, or the recipe's rollout on the row's engine."""
+    """The rollout of a row: the `direct` template without search, or the recipe's on the row's engine."""
     rollout = recipe.rollout
     if method.kind == "direct":
         return RolloutSettings(
@@ -436,9 +404,7 @@ def _noise(share: float, rng: random.Random) -> Callable[[int], int]:
 
 
 def _fidelity(e: _Evaluation) -> list[dict[str, Any]]:
-    """Simulator fidelity against each real retriever, per dataset: one entry per (simulator,
-    reference, dataset), [] when the engines lack either side or `fidelity_size` is 0.
-    """
+    """Simulator fidelity against each real retriever, per dataset ([] without both sides or `fidelity_size`)."""
     recipe = e.recipe
     sims = [name for name, cfg in recipe.engines.items() if cfg.kind == "simulator"]
     refs = [name for name, cfg in recipe.engines.items() if cfg.kind in REAL_KINDS]
@@ -479,9 +445,7 @@ def build_summary(
     run_dir: Path,
     fidelity: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """The summary dict of `simsearch.eval.report`, computed from the per-example files; the RAG row
-    adds `rag/truncated`.
-    """
+    """The summary dict of `simsearch.eval.report` from the per-example files (the RAG row adds `rag/truncated`)."""
     rows = {}
     truncated = 0
     for method in methods:

@@ -1,22 +1,11 @@
 """`simsearch quickstart`: the ZeroSearch pipeline end to end on a tiny world, offline on CPU.
 
-1. build a fictional world: a corpus about train, held-out (test) and background entities, and
-   questions about each group;
-2. pretrain a tiny base LM on copy drills, then on traces about background entities: it knows
-   the tags and can read `<information>`, but not which query to issue, nor any fact of the
-   train or test entities;
-3. collect simulator SFT data with that base policy and BM25 on the training questions, plus
-   contrast queries (`simulator collect`);
-4. fine-tune a tiny simulator on it (`simulator finetune`);
-5. RL the policy against the simulator only (`train`), and, for contrast, RL without search
-   (`train_nosearch`);
-6. evaluate on held-out questions (`eval`) the base and RL policies against the simulator, BM25,
-   dense retrieval and no search; write `report.json`, `report.md`, the plots and
-   `eval/rl_search/view.html`.
-
-Stages 3-6 run the recipes in `recipes/quickstart/` with their paths pointed into the run
-directory. The simulator knows nothing of held-out entities, so the "simulator" column of the
-held-out table does not measure the policy.
+Stages: build a fictional world; pretrain a tiny base LM on copy drills and on traces about
+background entities only; collect simulator SFT data with it and BM25 (`simulator collect`);
+fine-tune a tiny simulator (`simulator finetune`); RL the policy against the simulator
+(`train`), and without search; evaluate both on held-out questions against the simulator,
+BM25, dense retrieval and no search (`eval`), and write `report.json`, `report.md` and plots.
+Stages 3-6 run `recipes/quickstart/` with their paths pointed into the run directory.
 """
 
 from __future__ import annotations
@@ -88,10 +77,9 @@ class _Pipeline:
     paths: dict[str, str]  # corpus, train and test files, bm25 and dense index directories
 
     def stage(self, name: str, schema: type, command: Any, inputs: list[str], overrides: list[str]) -> str:
-        """Runs one stage's command on its shipped recipe with the run's paths (and smoke limits).
+        """Runs one stage's command on its shipped recipe with the run's paths; returns its fingerprint.
 
-        Returns the stage's fingerprint (its resolved recipe, run paths relative, and its inputs'
-        fingerprints). A stage finished under that fingerprint is skipped; an unfinished one resumes.
+        A stage finished under that fingerprint is skipped; an unfinished one resumes.
         """
         smoke = SMOKE.get(name.removesuffix("_nosearch"), []) if self.recipe.smoke else []
         # The quickstart's thread count, not the stage recipe's own: it changes the floats, so it is fingerprinted.
@@ -117,10 +105,10 @@ def _inside(value: Any, run: str) -> Any:
 
 
 def main(recipe: QuickstartRecipe) -> dict[str, Any]:
-    """Run every stage; returns what `report.json` holds.
+    """Runs every stage; returns what `report.json` holds.
 
-    Re-run in the same `run_dir`, a stage whose inputs are unchanged is reused (or resumed); one
-    built from anything else is deleted and rebuilt (`fingerprints.claim_stage`).
+    In the same `run_dir`, a stage whose inputs are unchanged is reused (or resumed), any other
+    rebuilt (`fingerprints.claim_stage`).
     """
     began = time.perf_counter()
     clock = _StageClock()
@@ -155,13 +143,7 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
 
 
 def world_and_base(recipe: QuickstartRecipe) -> tuple[World, dict[str, str], dict[str, str]]:
-    """Stages 1-2 alone, in `recipe.run_dir` as `main` runs them: the world, its search indexes and
-    the base policy.
-
-    Returns:
-        The world; the paths `corpus`, `train`, `test`, `bm25`, `dense` and `base`; the
-        fingerprints `world` and `base`.
-    """
+    """Stages 1-2 alone, as `main` runs them: the world, its file and index paths, and fingerprints."""
     pipeline, _, world, world_fp, base_fp = _first_stages(recipe, None)
     return world, {**pipeline.paths, "base": str(pipeline.run / "base")}, {"world": world_fp, "base": base_fp}
 
@@ -169,11 +151,7 @@ def world_and_base(recipe: QuickstartRecipe) -> tuple[World, dict[str, str], dic
 def _first_stages(
     recipe: QuickstartRecipe, clock: _StageClock | None
 ) -> tuple[_Pipeline, TrainRecipe, World, str, str]:
-    """Threads, the pipeline, the RL recipe and stages 1-2 (`clock`, if any, announces them).
-
-    Returns:
-        (pipeline, RL recipe, world, world fingerprint, base fingerprint).
-    """
+    """Threads, then (pipeline, RL recipe, world, world fingerprint, base fingerprint) of stages 1-2."""
     torch.set_num_threads(recipe.threads or torch.get_num_threads())
     pipeline = _pipeline(recipe)
     # The base LM is pretrained on prompts and results shown as RL will show them.
@@ -201,7 +179,7 @@ def _pipeline(recipe: QuickstartRecipe) -> _Pipeline:
 
 
 def _world_stage(pipeline: _Pipeline) -> tuple[World, str]:
-    """The world (rebuilt in memory every time: it is seeded and fast), its files and indexes."""
+    """The world (rebuilt in memory each time), its files and indexes."""
     recipe, run, paths = pipeline.recipe, pipeline.run, pipeline.paths
     world = build_world(
         seed=recipe.seed, n_entities=recipe.n_entities, n_train_entities=recipe.n_train_entities,
@@ -294,8 +272,7 @@ def _rl_stages(pipeline: _Pipeline, base_fp: str, simulator_fp: str) -> dict[str
 
 
 def _evaluate(pipeline: _Pipeline, name: str, policy: Path, inputs: list[str]) -> None:
-    """The eval stage for one policy, into run/eval/{name} (its summary.json feeds the report):
-    eval.yaml, or eval_nosearch.yaml (no search engine) for the no-search policy."""
+    """The eval stage for one policy into run/eval/{name} (eval_nosearch.yaml for the no-search policy)."""
     run, paths = pipeline.run, pipeline.paths
     common = [
         f"run_dir={run / 'eval' / name}",
@@ -384,8 +361,7 @@ def _base_reading(base: Path, world: World, rl: TrainRecipe) -> dict[str, dict[s
 
 
 def _query_naming(eval_dir: Path, world: World) -> dict[str, dict[str, float]]:
-    """How a policy's first query on each held-out question (BM25) names the asked person
-    (`tinyworld.diagnostics.query_naming`): per kind, the share of questions and their EM."""
+    """Per query kind, the share and EM of held-out questions whose first BM25 query names the person."""
     rows = [json.loads(line) for line in examples_file(eval_dir, "bm25", "heldout").read_text().splitlines()]
     kinds: dict[str, list[float]] = {kind: [] for kind in QUERY_NAMING}
     for row in rows:
@@ -432,7 +408,6 @@ def final_model(train_run: Path) -> Path:
 def _pretrain_base(
     recipe: QuickstartRecipe, world: World, questions: list[QAExample], rl: TrainRecipe, out: Path
 ) -> None:
-    """Tokenizer + tiny Qwen2 + copy drills + reading and random-query traces, saved like any HF model."""
     tokenizer = base_tokenizer(recipe, world, rl)
     model = build_tiny_model(tokenizer, hidden=128, layers=4, heads=4, kv_heads=2, ffn=384, seed=recipe.seed)
     # Smoke: just enough (40 x 16 traces at a high rate) that the base emits searches.
@@ -479,8 +454,7 @@ def base_traces(
     *,
     n: int = 0,
 ) -> list[Trace]:
-    """The base's pretraining traces about `questions` (`recipe.pretrain_traces` of them, or `n`),
-    searching `trace_passages` only."""
+    """The base's pretraining traces about `questions`, searching `trace_passages` only."""
     engine = BM25SearchEngine.build(trace_passages(world), show_progress=False)
     return make_traces(
         world,
@@ -501,8 +475,7 @@ def base_traces(
 
 
 def trace_passages(world: World) -> list[Passage]:
-    """What the base's pretraining traces search: the corpus less the train and test people, so no
-    trace holds a name (or a fact) of anyone RL or the evaluation asks about."""
+    """The corpus less the train and test people: what the base's pretraining traces search."""
     return world.passages_without(world.people("train") | world.people("test"))
 
 

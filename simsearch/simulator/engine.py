@@ -1,26 +1,9 @@
 """The simulated search engine: an LLM prompted (or fine-tuned) to write search results.
 
-`SimulatedSearchEngine` implements `SearchEngine` over any `GenerationEngine`. Each request says
-how many of its `top_k` documents must be noisy (`SearchRequest.num_noisy`); all prompts of a
-`search` batch go to the generator in one `generate` call.
-
-`parse_documents` turns whatever the simulator wrote into exactly `top_k` documents and never
-raises. Rules, in order:
-
-1. Blank lines collapsed; text cut at the first `Doc {top_k+1}` (not followed by a digit).
-2. Numbered blocks: a line starting with `Doc i` (optionally `Document i`, `**Doc i**`, list
-   bullets, `:`/`.`/`)` after the number) opens a block that runs to the next such line.
-3. Otherwise paragraphs when there are at least `top_k` of them, else non-empty lines.
-4. More than `top_k` blocks: the first `top_k` are kept (`trimmed`). Fewer: padded with empty
-   documents whose text is `PAD_TEXT` (`padded`); no text at all is `unparsed` (and padded).
-
-Titles: a leading `(Title: ...)` gives the title; else a block of several lines takes its first
-line; else the first `TITLE_WORDS` words serve as title and the text is the whole block.
-
-Mixing (0 < num_noisy < top_k): a useful and a noisy set are generated, and the positions from
-`noisy_positions` take the noisy set's documents. `verbatim=True` returns `split_verbatim`
-pieces instead of parsed documents. `show_question` / `show_answer` keep the request's question
-or gold answers out of the prompt.
+`SimulatedSearchEngine` implements `SearchEngine` over any `GenerationEngine`, one `generate`
+call per `search` batch. Each request says how many of its `top_k` documents must be noisy
+(`SearchRequest.num_noisy`); a mixed request generates a useful and a noisy set and takes the
+`noisy_positions` from the noisy one.
 """
 
 from __future__ import annotations
@@ -81,10 +64,10 @@ class ParseResult:
 
 
 def parse_documents(text: str, top_k: int) -> ParseResult:
-    """Parses a simulator output into exactly `top_k` (>= 1) documents; never raises on any text.
+    """Parses a simulator output into exactly `top_k` (>= 1) documents (source "simulator"); never raises.
 
-    Returns:
-        The documents (source "simulator") and how they were obtained.
+    Numbered `Doc i` blocks, else paragraphs or lines; extra blocks are trimmed, missing ones padded
+    with `PAD_TEXT` documents. The `ParseResult` says which happened.
     """
     if top_k < 1:
         raise ValueError(f"top_k={top_k} must be >= 1")
@@ -113,7 +96,7 @@ def parse_documents(text: str, top_k: int) -> ParseResult:
 
 
 def _cut(text: str, top_k: int) -> str:
-    """ZeroSearch's cut: drop everything from the first `Doc {top_k+1}` on."""
+    """Drops everything from the first `Doc {top_k+1}` line marker on."""
     match = re.search(rf"Doc {top_k + 1}(?!\d)", text)
     return text[: match.start()] if match else text
 
@@ -136,20 +119,14 @@ def _document(block: str) -> Document:
 
 
 def zerosearch_postprocess(text: str, top_k: int) -> str:
-    """ZeroSearch's post-processing of a simulator answer, byte for byte (**compat**).
-
-    One left-to-right pass replaces each `"\\n\\n"` by `"\\n"`, then everything from the first
-    `Doc {top_k+1}` on is dropped, as a plain substring.
-    """
+    """ZeroSearch's post-processing, byte for byte: `"\\n\\n"` becomes `"\\n"`, then a plain cut at `Doc {top_k+1}`."""
     return text.replace("\n\n", "\n").split(f"Doc {top_k + 1}")[0]
 
 
 def split_verbatim(text: str, top_k: int) -> list[Document]:
-    """`zerosearch_postprocess(text, top_k)` as exactly `top_k` documents whose texts concatenate to it.
+    """`zerosearch_postprocess(text, top_k)` as `top_k` documents (title "") whose texts concatenate to it.
 
-    Cuts fall at lines opening `Doc 2` ... `Doc {top_k}`; text before the second marker stays with
-    the first piece, everything from the last cut with the last; missing pieces are empty.
-    Documents have title "" and source "simulator".
+    Cuts fall at lines opening `Doc 2` ... `Doc {top_k}`; missing pieces are empty.
     """
     if top_k < 1:
         raise ValueError(f"top_k={top_k} must be >= 1")
@@ -162,10 +139,7 @@ def split_verbatim(text: str, top_k: int) -> list[Document]:
 
 
 def noisy_positions(query: str, top_k: int, num_noisy: int) -> list[int]:
-    """The positions (0-based, ascending) that take noisy documents in a mixed answer.
-
-    Deterministic in (query, top_k, num_noisy): seeded by the SHA-256 of the query.
-    """
+    """The ascending 0-based positions that take noisy documents; seeded by the query's SHA-256."""
     if not 0 <= num_noisy <= top_k:
         raise ValueError(f"num_noisy={num_noisy} must lie in [0, top_k={top_k}]")
     seed = int.from_bytes(hashlib.sha256(query.encode("utf-8")).digest()[:8], "big")
@@ -176,15 +150,9 @@ class SimulatedSearchEngine:
     """A `SearchEngine` whose documents an LLM writes.
 
     Args:
-        generator: Any `GenerationEngine`.
         preset: Prompt preset, see `simsearch.simulator.prompts`.
-        tokenizer: The simulator's tokenizer; with `chat=True` its chat template is applied here.
-        temperature: Sampling temperature.
-        max_new_tokens: Generation budget per prompt.
-        chat: Send prompts as chat conversations; without a tokenizer the generator must be a chat
+        chat: Apply `tokenizer`'s chat template; without a tokenizer the generator must be a chat
             endpoint.
-        templates: The custom preset's templates.
-        top_p: Nucleus sampling mass.
         seed: Base seed; call c is sampled with seed + c. None: fresh randomness.
         model_name: The simulator model (path or served name); part of `fingerprint`.
         show_question: Show the request's question in the prompt (the zerosearch presets need it).
@@ -238,10 +206,7 @@ class SimulatedSearchEngine:
         `/trimmed`, `/unparsed`, and `simulator/calls` (generate calls)."""
 
     def fingerprint(self) -> str:
-        """A stable string naming everything that shapes this engine's answers (for cache keys).
-
-        Per-request fields (query, top_k, num_noisy, question, answers) are not part of it.
-        """
+        """A stable string naming everything but the request that shapes this engine's answers (for cache keys)."""
         return json.dumps(
             {
                 "engine": "simulator",
@@ -263,11 +228,9 @@ class SimulatedSearchEngine:
     def search(self, requests: list[SearchRequest]) -> list[list[Document]]:
         """Writes `top_k` documents for each request, with one generate call for the batch.
 
-        Each request's `num_noisy` in [0, top_k] picks useful (0), noisy (top_k) or mixed documents.
-
         Raises:
-            ValueError: A request with top_k < 1 or num_noisy outside [0, top_k], or a prompt the
-                preset cannot render, naming the request.
+            ValueError: top_k < 1, num_noisy outside [0, top_k], or a prompt the preset cannot render,
+                naming the request.
         """
         if not requests:
             return []

@@ -1,9 +1,7 @@
-"""Pretraining a tiny "base" model on traces (`traces.make_traces`, `traces.make_copy_drills`), in-process:
-the quickstart's stand-in for a pretrained LM.
+"""Pretraining the quickstart's tiny "base" model on traces, in-process.
 
-The loss is the LM loss on the tokens the policy generates plus a weighted copy loss on the tokens of the
-information block that in-context copying can predict (`Trace.copy_mask`); the information tokens are otherwise
-out of the loss, as in RL.
+The loss is the LM loss on the tokens the policy generates plus a weighted copy loss on the
+information tokens `Trace.copy_mask` marks; other information tokens are out of the loss, as in RL.
 """
 
 from __future__ import annotations
@@ -27,17 +25,9 @@ def trace_loss(
     *,
     copy_loss_weight: float,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The pretraining loss of a batch: LM loss on policy tokens plus the weighted copy loss.
+    """The pretraining loss `policy + copy_loss_weight * copy`, each a mean over its own marked targets.
 
-    Each part is a mean over its own marked target tokens in the batch; the total is
-    `policy + copy_loss_weight * copy`. Sequences are right-padded with no attention mask: causal attention
-    keeps every real token from seeing the padding after it, and padded positions carry no target.
-
-    Args:
-        model: A Hugging Face causal LM exposing `get_decoder()` and `get_output_embeddings()`,
-            whose decoder takes `past_key_values` (a `DynamicCache`).
-        traces: The batch.
-        copy_loss_weight: Weight of the copy loss; 0 skips it.
+    `model` is a Hugging Face causal LM with `get_decoder()` and `get_output_embeddings()`.
 
     Returns:
         (total loss with gradient, {"losses/total", "losses/policy", "losses/copy"} as floats).
@@ -83,12 +73,7 @@ def _batch_tensors(traces: Sequence[Trace], copy_loss_weight: float) -> tuple[to
 
 
 def _suffix_hidden_states(model: PreTrainedModel, ids: torch.Tensor, shared: int) -> torch.Tensor:
-    """The decoder's last hidden states after the first `shared` positions: [B, L-P, H].
-
-    The prefix all traces share (the prompt template up to the question, ~110 of ~250 tokens) runs once, its
-    keys and values broadcast to the batch: exact, since under causal attention its hidden states do not depend
-    on what follows.
-    """
+    """The decoder's last hidden states after the first `shared` positions, the shared prefix run once: [B, L-P, H]."""
     decoder = model.get_decoder()
     cache = None
     if shared > 0:
@@ -101,11 +86,7 @@ def _suffix_hidden_states(model: PreTrainedModel, ids: torch.Tensor, shared: int
 
 
 def _shared_prefix(traces: Sequence[Trace], marked: torch.Tensor) -> int:
-    """Length P of the prefix to run once: shared by all traces and holding no marked target.
-
-    A target at position i needs the hidden state at i - 1, so every marked position must be
-    at least P + 1. `marked` is [B, L], nonzero where a target is marked.
-    """
+    """Length P of the prefix shared by all traces with no marked target at or before P (`marked`: [B, L])."""
     first = traces[0].input_ids
     common = min(len(t.input_ids) for t in traces)
     for trace in traces[1:]:
@@ -131,23 +112,14 @@ def pretrain(
     max_grad_norm: float = 1.0,
     progress: bool = True,
 ) -> dict[str, list[float]]:
-    """Trains `model` in place on `traces`: AdamW, linear warmup, cosine decay, gradient clipping.
-
-    Batches are consecutive slices of a seeded shuffle of the traces, reshuffled every epoch.
+    """Trains `model` in place on `traces` (AdamW, linear warmup, cosine decay, clipping); leaves it in eval mode.
 
     Args:
-        model: The model to train (left in eval mode afterwards).
-        traces: From `make_traces` or `make_copy_drills`.
         steps: Optimizer steps.
         batch_size: Traces per step.
-        lr: Peak learning rate.
-        copy_loss_weight: Weight of the copy loss (see `trace_loss`).
-        seed: Seeds the batch order.
-        warmup: Share of `steps` spent warming up linearly from 0 to `lr`.
+        seed: Seeds the batch order (a shuffle per epoch).
+        warmup: Share of `steps` warming up linearly from 0 to `lr`.
         min_lr_ratio: The cosine ends at `lr * min_lr_ratio`.
-        weight_decay: AdamW weight decay.
-        max_grad_norm: Gradient-norm clip.
-        progress: Show a tqdm progress bar.
 
     Returns:
         Per-step lists under "losses/total", "losses/policy", "losses/copy", "lr" and "grad_norm".
@@ -186,7 +158,7 @@ def _train_step(
     copy_loss_weight: float,
     max_grad_norm: float,
 ) -> dict[str, float]:
-    """One optimizer step on `batch`: `trace_loss`'s stats plus the step's "lr" and "grad_norm" (before clipping)."""
+    """One optimizer step: `trace_loss`'s stats plus "lr" and "grad_norm" (before clipping)."""
     loss, stats = trace_loss(model, batch, copy_loss_weight=copy_loss_weight)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -198,7 +170,6 @@ def _train_step(
 
 
 def _lr_factor(step: int, *, warmup_steps: int, steps: int, min_lr_ratio: float) -> float:
-    """The learning rate's factor at `step`: linear warmup to 1, then a cosine down to `min_lr_ratio`."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     done = (step - warmup_steps) / max(1, steps - warmup_steps)
@@ -206,8 +177,7 @@ def _lr_factor(step: int, *, warmup_steps: int, steps: int, min_lr_ratio: float)
 
 
 def _batch_order(n: int, batch_size: int, seed: int) -> Iterator[list[int]]:
-    """Trace indices of each batch: consecutive slices of a seeded shuffle, topped up with a fresh shuffle when
-    fewer than `batch_size` are left."""
+    """Trace indices of each batch: slices of a seeded shuffle, topped up with a fresh one."""
     rng = random.Random(seed)
     order: list[int] = []
     while True:

@@ -1,17 +1,8 @@
 """A seeded fictional world: entities, a corpus about them, and questions only search can answer.
 
-The test bed of `simsearch quickstart`. By construction:
-
-- names are composed from syllables, so no model can know them;
-- every question names its entity, and only a query holding that name finds the answer;
-- retrieved noise is meaningful: each entity also has a visit passage with a wrong city, year
-  and occupation, and city descriptions hold years and occupations;
-- answers are short and distinct across relations, so exact match is a fair reward;
-- test questions are about entities no training question mentions.
-
-With `two_hop_share` > 0 a share of each split's people found a named venture and get a
-two-hop question ("Where was the founder of the Belsa rope works born?"), answered with two
-searches; the rest of the world is that of the same seed without them.
+Names are composed from syllables (no model knows them); only a query holding a question's
+name finds its answer; noise passages hold wrong values of every relation; answers are short and
+distinct across relations; test questions are about entities no training question mentions.
 """
 
 from __future__ import annotations
@@ -123,11 +114,7 @@ class Entity:
 
 @dataclass(frozen=True)
 class Fact:
-    """What a question asks: its entity, relation and answer, and the passage stating it.
-
-    A two-hop question (relation `TWO_HOP`) names `bridge`, the venture, not the entity;
-    `bridge_passage_id` is the founding passage.
-    """
+    """What a question asks: its entity, relation, answer and answer passage (a two-hop one: via `bridge`)."""
 
     entity: str
     relation: str  # one of RELATIONS, or TWO_HOP
@@ -144,11 +131,7 @@ class Fact:
 
 @dataclass
 class World:
-    """A generated world: build it with `build_world`.
-
-    `Passage.contents` is the corpus line as written to `corpus.jsonl` (titles in double quotes);
-    `facts` maps every question id to what it asks.
-    """
+    """A generated world (`build_world`); `Passage.contents` is the corpus line, titles in double quotes."""
 
     seed: int
     entities: list[Entity]
@@ -163,9 +146,9 @@ class World:
     two_hop_share: float = 0.0  # as built (`build_world`): 0 = no two-hop questions
 
     def write(self, directory: str | os.PathLike[str]) -> dict[str, Path]:
-        """Writes `corpus.jsonl` (`{"id", "contents"}`), `train.jsonl`, `test.jsonl` (and
-        `background.jsonl`) into `directory` (created; files overwritten); returns their paths by
-        those keys.
+        """Writes `corpus.jsonl`, `train.jsonl`, `test.jsonl` (and `background.jsonl`) into `directory`.
+
+        Returns their paths by those keys.
         """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -188,12 +171,7 @@ class World:
         return [p for p in self.passages if p.title.strip('"') not in names]
 
     def texts_for_tokenizer(self, n_texts: int = 2000, *, seed: int = 0) -> list[str]:
-        """`n_texts` sample texts for training a tokenizer that has never seen this world's names.
-
-        Each is a question and its entity's passages, laid out as search results, written with the
-        world's templates about fresh random people and cities: no name of this world occurs. The same
-        (world seed, `seed`) gives the same texts.
-        """
+        """`n_texts` texts laid out as this world's search results, about fresh people and cities."""
         rng = random.Random(1_000_003 * self.seed + seed + 1)
         taken = {e.name for e in self.entities} | set(self.cities)
         cities = _unique_names(rng, 10 * len(self.cities), _city_name, taken)
@@ -238,21 +216,16 @@ def build_world(
     n_background_entities: int = 0,
     two_hop_share: float = 0.0,
 ) -> World:
-    """Generate a world, deterministically for a seed.
+    """Generates a world, deterministically for `seed`.
 
     Args:
-        seed: Everything (names, facts, phrasings, order) follows from it.
-        n_entities: People; each gets a biography (birth city, occupation), a founding passage
-            (year), a visit passage (noise) and one question per relation.
+        n_entities: People; each gets a biography, a founding passage, a visit passage (noise) and
+            one question per relation.
         n_train_entities: People whose questions form `train`; the rest form `test`.
         n_cities: Cities, each with a description passage (noise).
-        n_background_entities: Further people whose questions form `background`; 0: none.
+        n_background_entities: Further people whose questions form `background`.
         two_hop_share: Share of each split's people who get a named venture and a two-hop question
-            (`TWO_HOP`), after the split's one-hop questions; drawn from its own random stream.
-
-    Returns:
-        The world: 3 * (n_entities + n_background_entities) + n_cities passages, three questions
-        per person of each split, plus the two-hop ones.
+            (`TWO_HOP`), drawn from its own random stream.
 
     Raises:
         ValueError: Sizes that leave a split empty or too few cities to tell apart.
@@ -329,7 +302,7 @@ def _ask_questions(
     members: list[Entity],
     answer_passage: dict[tuple[str, str], str],
 ) -> tuple[list[QAExample], dict[str, Fact]]:
-    """One question per (member, relation), in shuffled order, ids `{split}_{i}`, and their facts."""
+    """One question per (member, relation), shuffled, ids `{split}_{i}`, and their facts."""
     asked = [(entity, relation) for entity in members for relation in RELATIONS]
     rng.shuffle(asked)
     questions = []
@@ -350,7 +323,7 @@ def _name_ventures(
     share: float,
     cities: set[str],
 ) -> list[Entity]:
-    """The entities, the first round(share * size) of each split with a proper name for their venture."""
+    """The entities, the first round(share * size) of each split with a named venture."""
     named = [
         i for start, stop in bounds.values() for i in range(start, start + round(share * len(entities[start:stop])))
     ]
@@ -383,8 +356,7 @@ def _ask_two_hop(
 
 
 def _two_hop_texts(rng: random.Random, n: int, cities: list[str], taken: set[str]) -> list[str]:
-    """Tokenizer texts for two-hop worlds: a two-hop question, then the named founding and the biography
-    passages of a fresh person, laid out as search results."""
+    """Tokenizer texts for two-hop worlds, about a fresh person."""
     names = _unique_names(rng, 2 * n, _person_name, taken)
     texts = []
     for name, brand in zip(names[:n], names[n:]):

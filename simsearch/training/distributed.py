@@ -1,10 +1,4 @@
-"""What the two training commands (`train`, `simulator finetune`) share about processes and weights.
-
-Processes: starting torch.distributed (through DeepSpeed), all-reduces of small CPU tensors, the
-DeepSpeed ZeRO-2/3 config, micro-batch backward. Weights: loading the trained model, gathering
-ZeRO-3 partitions, the Hugging Face export, and the run directory's `deepspeed/step_N/` states,
-pruned with the checkpoints that refer to them.
-"""
+"""What the two training commands (`train`, `simulator finetune`) share about processes and weights."""
 
 from __future__ import annotations
 
@@ -58,9 +52,7 @@ class LoraSpec(Protocol):
 
 @dataclass(frozen=True)
 class BatchShape:
-    """How a process's optimizer step is cut: `micro` rows per micro-batch, `accum` micro-batches per
-    step, `world` processes.
-    """
+    """How a process's optimizer step is cut: `accum` micro-batches of `micro` rows, over `world` processes."""
 
     micro: int
     accum: int
@@ -71,14 +63,10 @@ class BatchShape:
 
 
 def init_distributed(use_deepspeed: bool, *, task: str) -> tuple[int, int]:
-    """(rank, world size); starts torch.distributed through DeepSpeed when it is used.
-
-    Args:
-        use_deepspeed: The recipe's `deepspeed.stage > 0`.
-        task: What the command does ("training", "fine-tuning"), for the error message.
+    """(rank, world size); starts torch.distributed through DeepSpeed when `use_deepspeed`.
 
     Raises:
-        RecipeError: Several processes were launched without DeepSpeed.
+        RecipeError: Several processes were launched without DeepSpeed (`task` names the command).
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if not use_deepspeed:
@@ -101,12 +89,12 @@ def init_distributed(use_deepspeed: bool, *, task: str) -> tuple[int, int]:
 
 
 def all_reduce_sum(values: torch.Tensor, world: int) -> torch.Tensor:
-    """Sums a small CPU tensor over processes, in place (a no-op in one process)."""
+    """Sums a small CPU tensor over processes, in place."""
     return _all_reduce(values, world, dist.ReduceOp.SUM)
 
 
 def all_reduce_max(values: torch.Tensor, world: int) -> torch.Tensor:
-    """Element-wise maximum of a small CPU tensor over processes, in place (a no-op in one process)."""
+    """Element-wise maximum of a small CPU tensor over processes, in place."""
     return _all_reduce(values, world, dist.ReduceOp.MAX)
 
 
@@ -131,10 +119,7 @@ def mean_over_ranks(metrics: dict[str, float], world: int) -> dict[str, float]:
 
 
 def deepspeed_config(zero: ZeroSpec, batch: BatchShape, *, grad_clip: float, bf16: bool) -> dict[str, Any]:
-    """The DeepSpeed config dict for ZeRO-2/3 with our own (client) AdamW and LR schedule.
-
-    Gradient clipping, accumulation and mixed precision are DeepSpeed's; the config has no
-    optimizer or scheduler section.
+    """The DeepSpeed ZeRO-2/3 config dict; the optimizer and LR schedule stay ours (client).
 
     Raises:
         ValueError: `zero.stage` is not 2 or 3, or `zero.offload_params` without stage 3.
@@ -162,13 +147,9 @@ def deepspeed_config(zero: ZeroSpec, batch: BatchShape, *, grad_clip: float, bf1
 
 
 def backward(loss: torch.Tensor, engine: Any | None, boundary: bool | None = None) -> None:
-    """Backpropagates one micro-batch's loss, through the DeepSpeed engine when there is one.
+    """Backpropagates one micro-batch's (already normalised) loss, through `engine` when there is one.
 
-    Args:
-        loss: The scalar loss, already divided by its step's (or minibatch's) counts.
-        engine: The DeepSpeed engine that owns the parameters, or None for `loss.backward()`.
-        boundary: Whether this micro-batch ends the accumulation; None leaves it to DeepSpeed's
-            count of `gradient_accumulation_steps`.
+    `boundary` says whether the micro-batch ends the accumulation; None leaves it to DeepSpeed.
     """
     if engine is not None:
         if boundary is not None:
@@ -190,21 +171,10 @@ def load_for_training(
     deepspeed: bool,
     gradient_checkpointing: bool,
 ) -> tuple[Any, Any]:
-    """Loads the model a training command updates (and its tokenizer), resuming from `checkpoint`.
+    """(model, tokenizer) a training command updates, resuming from `checkpoint` when given.
 
-    Without DeepSpeed a resume loads the checkpoint's `model/` (or the base model and its adapter,
-    with LoRA); under DeepSpeed the base model is loaded and the caller's `engine.load_checkpoint`
-    overwrites it.
-
-    Args:
-        model: The base model.
-        lora: The adapter to train; `lora.r = 0` trains every weight.
-        checkpoint: The checkpoint to resume from, or None.
-        deepspeed: The run trains under DeepSpeed.
-        gradient_checkpointing: Recompute activations in the backward pass.
-
-    Returns:
-        (model, tokenizer); with LoRA a PEFT model whose adapter alone trains.
+    Under DeepSpeed the base model is loaded and the caller's `engine.load_checkpoint` overwrites
+    it. With `lora.r > 0` the model is a PEFT model whose adapter alone trains.
     """
     use_lora = lora.r > 0
     # A full checkpoint replaces the base weights; LoRA and DeepSpeed resume their own state later.
@@ -223,9 +193,7 @@ def load_for_training(
 
 
 def apply_lora(model: Any, lora: LoraSpec, *, adapter: Path | None = None) -> Any:
-    """Wraps a causal LM in a fresh PEFT LoRA adapter (only its parameters train), loading the
-    weights of `adapter` (a directory with `adapter_model.safetensors`) when given.
-    """
+    """Wraps a causal LM in a fresh PEFT LoRA adapter, loading `adapter`'s weights when given."""
     from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
     from safetensors.torch import load_file
 
@@ -245,10 +213,7 @@ def apply_lora(model: Any, lora: LoraSpec, *, adapter: Path | None = None) -> An
 
 
 def gathered_state_dict(module: torch.nn.Module, *, zero3: bool, rank: int) -> dict[str, torch.Tensor] | None:
-    """A full CPU copy of `module`'s state dict on rank 0 (None elsewhere).
-
-    Under ZeRO-3 parameters are partitioned; every rank must call this (it gathers them).
-    """
+    """A full CPU copy of `module`'s state dict on rank 0 (None elsewhere); collective under ZeRO-3."""
     if zero3:
         import deepspeed
 
@@ -260,11 +225,8 @@ def gathered_state_dict(module: torch.nn.Module, *, zero3: bool, rank: int) -> d
 class HFExport:
     """What `checkpoint.save_checkpoint` saves as the checkpoint's `model/` directory.
 
-    Args:
-        module: The trained model (transformers or PEFT), unwrapped.
-        state_dict: Its full weights (see `gathered_state_dict`).
-        merge_from: For a PEFT model with merge-on-save, the base model path: `model/` then holds
-            the merged weights and `model/adapter/` the adapter. None: what `save_pretrained` writes.
+    `merge_from` (a PEFT model's base path) saves merged weights in `model/` and the adapter in
+    `model/adapter/`; None saves what `save_pretrained` writes.
     """
 
     def __init__(self, module: Any, state_dict: dict[str, torch.Tensor], merge_from: str | None = None) -> None:
@@ -273,7 +235,6 @@ class HFExport:
         self.merge_from = merge_from
 
     def save_pretrained(self, path: str | Path, **kwargs: Any) -> None:
-        """Writes the weights (and with `merge_from`, the merged model) in Hugging Face format."""
         out = Path(path)
         if self.merge_from is None:
             self.module.save_pretrained(out, state_dict=self.state_dict, **kwargs)
@@ -296,7 +257,7 @@ def deepspeed_state_dir(run_dir: Path, step: int) -> Path:
 
 
 def prune_deepspeed_dirs(run_dir: Path) -> None:
-    """Deletes DeepSpeed states no remaining checkpoint refers to (old checkpoints are pruned)."""
+    """Deletes DeepSpeed states no remaining checkpoint refers to."""
     root = run_dir / "deepspeed"
     if not root.is_dir():
         return
