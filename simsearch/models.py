@@ -1,9 +1,4 @@
-"""Load Hugging Face causal LMs, and build tiny ones offline.
-
-`load_model` is the one way simsearch gets a policy or simulator model. `train_tokenizer`,
-`build_tiny_model` (a randomly initialised Qwen2) and `save_tiny` make a tiny model that
-`load_model(directory)` treats exactly like a real checkpoint, for tests and the quickstart.
-"""
+"""Load Hugging Face causal LMs (`load_model`), and build tiny ones offline that load the same way."""
 
 from __future__ import annotations
 
@@ -63,16 +58,12 @@ def load_model(
     dtype: str = "auto",
     device: str = "cpu",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Loads a causal LM and its tokenizer, optionally with a PEFT adapter on top.
+    """Loads a causal LM (eval mode) and its tokenizer (pad defaults to eos), optionally with a PEFT adapter.
 
     Args:
         path: A `save_pretrained` directory, or a hub model name when online.
         adapter: A PEFT adapter directory (or hub name), loaded for inference, not merged.
         dtype: "auto" (the checkpoint's), "float32", "bfloat16" or "float16".
-        device: "cpu", "cuda", "cuda:1", ...
-
-    Returns:
-        (model, tokenizer), the model in eval mode; a tokenizer without a pad token gets eos.
 
     Raises:
         FileNotFoundError: `path` (or `adapter`) looks local but does not exist, or has no
@@ -109,11 +100,7 @@ def load_model(
 
 
 def _check_source(path: str | Path, *, what: str, marker: str) -> str:
-    """Returns `path` as a string after checking that a local path exists and holds `marker`.
-
-    Strings that do not exist locally and look like a hub name ("org/name", "name") are
-    passed through for transformers to resolve (which needs the network).
-    """
+    """`path` as a string, checked to hold `marker` when local (hub-like names pass through)."""
     text = str(path)
     local = Path(text).expanduser()
     looks_local = isinstance(path, Path) or local.is_absolute() or text.startswith((".", "~")) or text.count("/") > 1
@@ -135,18 +122,11 @@ def train_tokenizer(
     vocab_size: int = 1000,
     special_tokens: tuple[str, ...] = SPECIAL_TOKENS,
 ) -> PreTrainedTokenizerFast:
-    """Trains a byte-level BPE tokenizer on `texts` (Qwen2's pre-tokenization, `TINY_CHAT_TEMPLATE`).
+    """A byte-level BPE tokenizer trained on `texts` (Qwen2's pre-tokenization, `TINY_CHAT_TEMPLATE`).
 
-    Special tokens are single tokens, never split, kept by `decode`; decoding gives back the exact
-    NFC text.
-
-    Args:
-        texts: Training texts.
-        vocab_size: Target vocabulary size, special tokens and the 256 byte tokens included.
-        special_tokens: (pad, eos, *others); defaults to pad, eos and the eight tag tokens.
-
-    Returns:
-        A fast tokenizer whose special tokens have ids 0, 1, 2, ... in the given order.
+    Special tokens (default: pad, eos and the eight tag tokens) get ids 0, 1, 2, ... in order and
+    are never split; decoding gives back the exact NFC text. `vocab_size` counts them and the 256
+    byte tokens.
     """
     if len(special_tokens) < 2:
         raise ValueError("special_tokens must start with the pad and eos tokens")
@@ -196,18 +176,10 @@ def build_tiny_model(
     max_positions: int = 4096,
     seed: int = 0,
 ) -> Qwen2ForCausalLM:
-    """Builds a randomly initialised Qwen2 causal LM sized for CPU tests (float32, eval mode, CPU,
-    tied embeddings).
+    """A randomly initialised Qwen2 causal LM for CPU tests (float32, eval mode, tied embeddings).
 
-    Args:
-        tokenizer: Sets the vocabulary size and the pad / eos ids.
-        hidden: Hidden size.
-        layers: Number of decoder layers.
-        heads: Attention heads (must divide `hidden`).
-        kv_heads: Key/value heads (must divide `heads`).
-        ffn: MLP intermediate size.
-        max_positions: `max_position_embeddings` (RoPE, so only advisory).
-        seed: Seed of the initialisation; the global torch RNG is left untouched.
+    `tokenizer` sets the vocabulary and the pad / eos ids; `heads` must divide `hidden` and
+    `kv_heads` must divide `heads`. `seed` leaves the global torch RNG untouched.
     """
     if hidden % heads != 0 or heads % kv_heads != 0:
         raise ValueError(f"heads={heads} must divide hidden={hidden} and kv_heads={kv_heads} must divide heads")
@@ -235,9 +207,7 @@ def build_tiny_model(
 
 
 def save_tiny(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: str | Path) -> Path:
-    """Writes a model and its tokenizer with `save_pretrained` into `directory` (created; files
-    overwritten), loadable by `load_model`; returns the directory.
-    """
+    """Writes a model and its tokenizer into `directory`, loadable by `load_model`; returns the directory."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)

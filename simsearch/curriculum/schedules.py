@@ -1,9 +1,8 @@
-"""How likely a search is to return noisy documents, as training goes on.
+"""How likely a search is to return noisy documents (p_noise), as training goes on.
 
-A schedule maps the global training step to p_noise, the probability that a search call is
-answered with noisy documents. The stateless schedules are functions `p_noise(step, **params)`
-in `P_NOISE`; the adaptive one is `AdaptiveSchedule`. `make_schedule` binds either to its
-parameters as a `NoiseSchedule`. `num_noisy` turns p into a count of noisy documents.
+Stateless schedules are functions `p_noise(step, **params)` in `P_NOISE`; the adaptive one is
+`AdaptiveSchedule`. `make_schedule` binds either as a `NoiseSchedule`; `num_noisy` turns p
+into a count of noisy documents.
 """
 
 from __future__ import annotations
@@ -63,7 +62,7 @@ def _check_kind(kind: str, state: dict[str, Any]) -> None:
 
 
 def _check_curve(owner: str, step: int, p_start: float, p_end: float, total_steps: int) -> float:
-    """Checks a start-to-end curve's arguments; returns the progress min(step / total_steps, 1)."""
+    """Checks a curve's arguments; returns the progress min(step / total_steps, 1)."""
     _check_step(step)
     _check_probability(owner, "p_start", p_start)
     _check_probability(owner, "p_end", p_end)
@@ -75,9 +74,7 @@ def _check_curve(owner: str, step: int, p_start: float, p_end: float, total_step
 
 
 def exponential(step: int, p_start: float, p_end: float, total_steps: int, base: float = 4.0) -> float:
-    """p rises from p_start to p_end: p_i = p_s + (b^(i/m) - 1) / (b - 1) · (p_e - p_s), held at p_e
-    from step m = `total_steps` on. `base` b must be > 0 and != 1 (b > 1 keeps p low for longer).
-    """
+    """p_i = p_s + (b^(i/m) - 1) / (b - 1) · (p_e - p_s) up to step m = `total_steps`, then p_e (b > 0, b != 1)."""
     progress = _check_curve("exponential schedule", step, p_start, p_end, total_steps)
     if not (base > 0.0 and base != 1.0 and math.isfinite(base)):
         raise ValueError(f"exponential schedule: base must be finite, > 0 and != 1, got {base}")
@@ -99,9 +96,7 @@ def cosine(step: int, p_start: float, p_end: float, total_steps: int) -> float:
 
 
 def piecewise(step: int, p_start: float, milestones: list[int], values: list[float]) -> float:
-    """Piecewise constant: p_start, then values[j] from step milestones[j] on (milestones strictly
-    increasing, >= 0; as many values as milestones).
-    """
+    """p_start, then values[j] from step milestones[j] on (milestones strictly increasing, >= 0)."""
     owner = "step schedule"
     _check_step(step)
     _check_probability(owner, "p_start", p_start)
@@ -121,7 +116,7 @@ def piecewise(step: int, p_start: float, milestones: list[int], values: list[flo
 
 
 def constant(step: int, p_start: float) -> float:
-    """The same p at every step (no curriculum); named p_start like the other schedules' first value."""
+    """The same p at every step."""
     _check_step(step)
     _check_probability("constant schedule", "p_start", p_start)
     return p_start
@@ -145,18 +140,15 @@ class FixedSchedule:
     params: dict[str, Any] = field(default_factory=dict)
 
     def __call__(self, step: int) -> float:
-        """Returns p_noise at `step`."""
         return P_NOISE[self.kind](step, **self.params)
 
     def observe(self, metrics: dict[str, float]) -> None:
-        """Does nothing: this schedule depends on the step only."""
+        """Does nothing: the step alone decides p."""
 
     def state_dict(self) -> dict[str, Any]:
-        """Returns the kind only; the step carries the position."""
         return {"kind": self.kind}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Checks that the state belongs to this kind of schedule."""
         _check_kind(self.kind, state)
 
 
@@ -164,12 +156,11 @@ class FixedSchedule:
 
 
 class AdaptiveSchedule:
-    """Raises p when the policy does well, lowers it when rewards collapse.
+    """Raises p when the policy does well, lowers it when rewards collapse; the step is ignored.
 
-    Each `observe` appends `reward/mean` to a window of the last `window` values. Once full, a
-    window mean at or above `target_reward` raises p by `delta`, one below `collapse_reward` lowers
-    it, within [p_min, p_max]; after a change the window is emptied, otherwise it slides. The step
-    passed to `__call__` is ignored.
+    Once the window of the last `window` (>= 1) `reward/mean` values is full, a mean at or above
+    `target_reward` raises p by `delta` (> 0) and one below `collapse_reward` (< `target_reward`)
+    lowers it, within [p_min, p_max] (holding `p_start`); a change empties the window.
     """
 
     def __init__(
@@ -182,9 +173,6 @@ class AdaptiveSchedule:
         target_reward: float,
         collapse_reward: float,
     ) -> None:
-        """Builds the schedule: `p_start` within [p_min, p_max], `delta` > 0, `window` >= 1,
-        `collapse_reward` < `target_reward`.
-        """
         owner = "adaptive schedule"
         _check_probability(owner, "p_min", p_min)
         _check_probability(owner, "p_max", p_max)
@@ -212,7 +200,6 @@ class AdaptiveSchedule:
         self._recent: deque[float] = deque(maxlen=window)
 
     def __call__(self, step: int) -> float:
-        """Returns the current p_noise (the step only has to be valid)."""
         _check_step(step)
         return self.p
 
@@ -238,11 +225,9 @@ class AdaptiveSchedule:
             self._recent.clear()
 
     def state_dict(self) -> dict[str, Any]:
-        """Returns p and the rewards in the current window."""
         return {"kind": ADAPTIVE, "p": self.p, "recent": list(self._recent)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restores p and the reward window saved by `state_dict`."""
         _check_kind(ADAPTIVE, state)
         recent = [float(r) for r in state["recent"]]
         if len(recent) > self.window:
@@ -259,10 +244,7 @@ SCHEDULE_KINDS: tuple[str, ...] = (*P_NOISE, ADAPTIVE)
 
 
 def make_schedule(kind: str, /, **settings: Any) -> NoiseSchedule:
-    """The schedule `kind` (a name in `SCHEDULE_KINDS`), bound to the `settings` it takes.
-
-    Each schedule takes the settings its function (or `AdaptiveSchedule`) names and ignores the
-    rest.
+    """The schedule `kind` of `SCHEDULE_KINDS`, bound to the `settings` it names (others ignored).
 
     Raises:
         ValueError: On an unknown kind or invalid parameters (the message names the bad one).
@@ -300,11 +282,7 @@ GRANULARITIES: dict[str, Callable[[float, int, random.Random], int]] = {
 
 
 def num_noisy(p: float, top_k: int, granularity: str, rng: random.Random) -> int:
-    """How many of a search call's top_k documents are noisy, in [0, top_k].
-
-    `granularity` "call" flips one coin for the whole call (0 or top_k); "document" flips one per
-    document, Binomial(top_k, p). p = 0 always gives 0 and p = 1 always top_k.
-    """
+    """How many of a call's `top_k` documents are noisy: per "call" 0 or top_k, per "document" Binomial(top_k, p)."""
     _check_probability("num_noisy", "p", p)
     if top_k < 0:
         raise ValueError(f"num_noisy: top_k must be >= 0, got {top_k}")

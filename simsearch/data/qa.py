@@ -1,19 +1,10 @@
 """Load question-answer data into `QAExample`s, and write our own.
 
-Files are JSONL, JSON or Parquet (by extension), a directory holding
-`{split}.jsonl|json|parquet` (FlashRAG's layout), or a Hugging Face Hub dataset when online.
-Row formats:
-
-- FlashRAG: `{"id", "question", "golden_answers": [..]}`.
-- verl-style: `data_source`, `prompt` (a chat list whose user message holds the templated
-  prompt), `reward_model.ground_truth.target`, `extra_info.{index, split}`; `question` /
-  `golden_answers` columns are used when present, else the question is recovered from the text
-  after the prompt's last `Question: `.
-- verl-style with a bare question: the user message is the question itself and
-  `reward_model.ground_truth` one string joining the answers with `<|answer_split|>`. A user
-  message that names a protocol tag is still refused without `Question: `.
-
-Local files are read with the standard library and pyarrow; `datasets` only loads hub datasets.
+Files are JSONL, JSON or Parquet (by extension), a directory of `{split}.jsonl|json|parquet`,
+or a Hugging Face Hub dataset when online. Rows are FlashRAG's `{"id", "question",
+"golden_answers"}` or verl-style (`prompt`, `reward_model.ground_truth`, `extra_info`), whose
+question is the `question` column, the text after the prompt's last `Question: `, or a user
+message that is the bare question.
 """
 
 from __future__ import annotations
@@ -51,23 +42,21 @@ def load_qa(
     split: str | None = None,
     data_source: str | None = None,
 ) -> list[QAExample]:
-    """Load a QA dataset as `QAExample`s, in file order.
+    """Loads a QA dataset as `QAExample`s, in file order.
 
     Args:
         path_or_name: A `.jsonl`, `.json` or `.parquet` file; a directory holding
             `{split}.jsonl|json|parquet`; or, without a file suffix, a Hub dataset name.
         split: For a directory or hub dataset, which split; None for a file.
         data_source: Label for rows without a `data_source` column. Default: the file's stem, or
-            its directory's name when the stem is a split name (`nq/test.jsonl` -> `nq`).
+            its directory's name when the stem is a split name.
 
     Returns:
-        One example per row. `id` is the row's `id`, else `{data_source}_{extra_info.index}`, else
-        `{data_source}_{row index}`. `prompt` is a verl row's templated prompt, else None.
+        One example per row; `id` is the row's, else `{data_source}_{index}`.
 
     Raises:
         FileNotFoundError: A missing file, or a directory without the requested split.
-        QADataError: An empty file, unparsable JSON, or a row without a usable question or golden
-            answers, naming the file, the line or row, and the key.
+        QADataError: An unreadable file or row, naming the file, the line or row, and the key.
         ValueError: `split` given for a file, or missing for a directory or hub dataset.
     """
     path = Path(path_or_name)
@@ -97,9 +86,7 @@ def load_qa(
 
 
 def write_qa_jsonl(examples: Iterable[QAExample], path: str | os.PathLike[str]) -> None:
-    """Write examples as FlashRAG JSONL rows (`id`, `question`, `golden_answers`, `data_source`, and
-    `prompt` when set) that `load_qa` reads back unchanged; parent directories are created.
-    """
+    """Writes examples as FlashRAG JSONL rows that `load_qa` reads back unchanged."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as f:
@@ -116,12 +103,7 @@ def write_qa_jsonl(examples: Iterable[QAExample], path: str | os.PathLike[str]) 
 
 
 def as_answer_list(value: object, *, where: str) -> list[str]:
-    """The non-empty answers of one string or a list, tuple or numpy array of strings.
-
-    Raises:
-        QADataError: Not a string or a sequence of strings, or no non-empty answer (`where` names
-            the file and line).
-    """
+    """The non-empty answers of a string or a sequence of strings; `QADataError` (at `where`) otherwise."""
     if isinstance(value, np.ndarray):
         value = value.tolist()
     answers = [value] if isinstance(value, str) else value
@@ -156,7 +138,7 @@ def _source_from_path(path: Path) -> str:
 
 
 def _read_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    """Yield (place, row) pairs, place being 'line N' (1-based) or 'row i' (0-based)."""
+    """(place, row) pairs, place being 'line N' (1-based) or 'row i' (0-based)."""
     if path.suffix == ".parquet":
         yield from _read_parquet(path)
         return

@@ -1,16 +1,10 @@
-"""A GenerationEngine backed by OpenAI-compatible servers: `vllm serve`, SGLang.
+"""A `GenerationEngine` backed by OpenAI-compatible servers: `vllm serve`, SGLang.
 
-Completion mode (the default) sends many prompts (strings or token-id lists) per `POST
-/v1/completions`; chat mode (`chat=True`) sends one conversation per `POST
-/v1/chat/completions`: the system message and the prompt as the user message. Requests run
-concurrently (`max_concurrency`), balanced over replicas, with the bounded retries of
-`simsearch.httpclient`; results come back in prompt order.
-
-Mapping onto `Completion`: the matched stop string is kept at the end of `text` (from vLLM's
-`stop_reason`, SGLang's `matched_stop`, or found at the end of the text); token ids come from
-vLLM's `return_token_ids`, else from re-tokenizing the text with `tokenizer` (which may differ
-from the sampled tokens); token-id prompts with neither raise. Every sampling value is sent
-(`NEUTRAL_SAMPLING` besides temperature and top-p), so a server's defaults never apply.
+Completion mode sends many prompts per `POST /v1/completions`; chat mode one conversation per
+`POST /v1/chat/completions`. Requests run concurrently over replicas with `simsearch.httpclient`'s
+bounded retries; results come back in prompt order. The matched stop string ends `text`; token
+ids are the server's when it returns them, else `tokenizer`'s re-tokenization of the text. Every
+sampling value is sent (`NEUTRAL_SAMPLING`), so a server's defaults never apply.
 """
 
 from __future__ import annotations
@@ -49,8 +43,6 @@ from temperature and top-p alone."""
 
 
 class TextTokenizer(Protocol):
-    """The part of a Hugging Face tokenizer this engine uses."""
-
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]: ...
 
 
@@ -70,11 +62,7 @@ def _server_root(base_url: str) -> str:
 def _resolve_stop(
     text: str, finish_reason: FinishReason, server_stop: object, stops: list[str], reported: bool
 ) -> tuple[str, str | None]:
-    """Returns the text with its stop string kept, and the stop string that ended it.
-
-    `server_stop` is the server's `stop_reason` / `matched_stop` when `reported`: a string is a
-    matched stop string, an int a stop token id, None the end-of-sequence token.
-    """
+    """The text with its stop string kept, and that stop string (`server_stop`: the server's report)."""
     if finish_reason != "stop":
         return text, None
     if reported:
@@ -112,19 +100,12 @@ class OpenAIEngine:
         """Creates the engine; no request is sent until `generate`.
 
         Args:
-            base_urls: Server roots, e.g. `["http://127.0.0.1:8000"]` (a trailing `/v1` is accepted);
-                several URLs are replicas of the same model.
+            base_urls: Server roots (a trailing `/v1` is accepted); several are replicas of one model.
             model: The served model name.
             tokenizer: Tokenizes the generated text when the server returns no token ids.
-            api_key_env: Environment variable holding the server's API key, sent as a Bearer token;
-                None for no authentication.
-            timeout_s: Timeout of each connect / read / write (leave room for long outputs).
-            max_retries: Retries of a failed request (across replicas) before raising.
-            backoff_s: Base of the exponential backoff between retries.
-            max_concurrency: Requests in flight at once.
+            api_key_env: Environment variable holding a Bearer token; None for no authentication.
             chat: Use `/v1/chat/completions` (string prompts).
             system_message: The chat system message; "" sends an empty one, None none.
-            max_prompts_per_request: Most prompts in one completions request.
             cooldown_s: How long a failed replica is avoided.
 
         Raises:
@@ -165,7 +146,6 @@ class OpenAIEngine:
         )
 
     def close(self) -> None:
-        """Closes the connection pool."""
         self._client.close()
 
     def __enter__(self) -> OpenAIEngine:
@@ -175,11 +155,7 @@ class OpenAIEngine:
         self.close()
 
     def generate(self, prompts: list[list[int]] | list[str], params: SamplingParams) -> list[Completion]:
-        """Generates `params.n` completions per prompt, prompt-major.
-
-        Args:
-            prompts: Token-id lists or strings (strings only when `chat=True`).
-            params: Sampling parameters; `max_new_tokens` is sent as `max_tokens`.
+        """Generates `params.n` completions per prompt, prompt-major (string prompts only in chat mode).
 
         Raises:
             GenerationServiceError: A request still fails after the bounded retries, or a server

@@ -1,16 +1,9 @@
 """What search cost: counts, latency and estimated dollars per engine, for every run.
 
-A `Ledger` holds one `EngineUsage` per named engine, fed by three wrappers:
-
-- `MeteredSearchEngine`, outermost: searches asked, latency of each `search` call, and cache
-  hits of a `CachedSearchEngine` just behind it;
-- `SentCounter`, in front of the engine itself: queries that reached it (what a web API bills);
-- `MeteredGenerator`, around a simulator's generator: calls, prompt and completion tokens, s.
-
-Prices: a web engine's price per 1,000 queries sent; local engines cost 0; a simulator costs its
-generation time times a user-set GPU-hour price. An unknown price is `None` ("unknown", never 0).
-Latency percentiles come from a histogram with 16 buckets per doubling (mergeable), within 2.2%
-of the nearest-rank value.
+A `Ledger` holds one `EngineUsage` per engine, fed by `MeteredSearchEngine` (outermost:
+searches, latency, cache hits), `SentCounter` (in front of the engine: queries that reached it)
+and `MeteredGenerator` (a simulator's calls, tokens and seconds). An unknown price is `None`
+("unknown"), never 0.
 """
 
 from __future__ import annotations
@@ -58,7 +51,7 @@ def default_query_price(kind: str) -> float | None:
 
 @dataclass
 class LatencyHistogram:
-    """Call latencies in log-spaced buckets: mergeable, bounded, percentiles within 2.2%."""
+    """Call latencies in log-spaced buckets: mergeable, bounded memory, percentiles within 2.2%."""
 
     buckets: dict[int, int] = field(default_factory=dict)
 
@@ -68,7 +61,6 @@ class LatencyHistogram:
         self.buckets[index] = self.buckets.get(index, 0) + 1
 
     def merge(self, other: LatencyHistogram) -> None:
-        """Adds another histogram's counts to this one."""
         for index, count in other.buckets.items():
             self.buckets[index] = self.buckets.get(index, 0) + count
 
@@ -109,7 +101,7 @@ class EngineUsage:
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
     def merge(self, other: EngineUsage) -> None:
-        """Adds another usage's counts (same engine: prices are kept)."""
+        """Adds another usage's counts (prices are kept)."""
         for name in COUNTERS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.latency.merge(other.latency)
@@ -154,10 +146,7 @@ class EngineUsage:
         return usage
 
     def metrics(self, name: str) -> dict[str, float]:
-        """Flat namespaced metrics (`search/<name>/...`, `simulator/<name>/...`, `cost/<name>/...`).
-
-        Unknown costs and empty percentiles are left out, never written as 0.
-        """
+        """Flat namespaced metrics; unknown costs and empty percentiles are left out, never 0."""
         out = {
             f"search/{name}/searches": float(self.searches),
             f"search/{name}/cache_hits": float(self.cache_hits),
@@ -227,7 +216,6 @@ class Ledger:
             return window
 
     def step_metrics(self) -> dict[str, float]:
-        """`take_window` as flat metrics for `metrics.jsonl`."""
         out: dict[str, float] = {}
         for name, usage in self.take_window().items():
             out.update(usage.metrics(name))
@@ -251,9 +239,7 @@ class SentCounter:
 
 
 class MeteredSearchEngine:
-    """The outermost `SearchEngine` layer: searches asked, call latency, and the hits of `cache` (the
-    cache directly behind), into `ledger` under `name`.
-    """
+    """The outermost layer: searches, call latency and the hits of `cache` (directly behind), into `ledger`."""
 
     def __init__(self, engine: SearchEngine, ledger: Ledger, name: str, *, cache: Any = None) -> None:
         self.engine, self.ledger, self.name, self.cache = engine, ledger, name, cache
@@ -269,11 +255,7 @@ class MeteredSearchEngine:
 
 
 class MeteredGenerator:
-    """A `GenerationEngine` that counts a simulator's calls, tokens and seconds.
-
-    String prompts are counted through `tokenizer`, else in `uncounted_prompts` (the total then
-    shows as unknown).
-    """
+    """A `GenerationEngine` that counts a simulator's calls, tokens (string prompts via `tokenizer`) and seconds."""
 
     def __init__(self, generator: GenerationEngine, ledger: Ledger, name: str, *, tokenizer: Any = None) -> None:
         self.generator, self.ledger, self.name, self.tokenizer = generator, ledger, name, tokenizer
@@ -307,11 +289,7 @@ COST_FILE = "cost.json"
 
 
 def merged_totals(previous: Mapping[str, Any] | None, current: Mapping[str, EngineUsage]) -> dict[str, EngineUsage]:
-    """This invocation's totals (`Ledger.total`) added to those earlier ones left in `cost.json`.
-
-    A resumed run paid for its earlier invocations too, so they are summed; prices are this
-    invocation's.
-    """
+    """This invocation's totals added to those of earlier invocations left in `cost.json` (current prices)."""
     totals = {name: _empty_like(usage) for name, usage in current.items()}
     for name, usage in current.items():
         totals[name].merge(usage)
@@ -336,9 +314,7 @@ def money(value: float | None) -> str:
 
 
 def simulator_line(totals: Mapping[str, EngineUsage]) -> str:
-    """A train run's summary line of simulated search: searches served, the web engines' estimated
-    price for them, and the simulator's own cost; empty when no simulator served searches.
-    """
+    """A train run's summary line of simulated search and its cost; empty when no simulator served searches."""
     sims = [u for u in totals.values() if u.kind == "simulator"]
     if not sims:
         return ""
@@ -366,9 +342,7 @@ def read_cost(run_dir: str | os.PathLike) -> dict[str, Any] | None:
 def write_cost(
     run_dir: str | os.PathLike, previous: Mapping[str, Any] | None, current: Mapping[str, EngineUsage]
 ) -> dict[str, EngineUsage]:
-    """Writes `cost.json` atomically: `previous` plus this invocation's totals; returns the merged
-    totals per engine.
-    """
+    """Writes `cost.json` atomically (`previous` plus this invocation's totals); returns the merged totals."""
     totals = merged_totals(previous, current)
     path = Path(run_dir) / COST_FILE
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,8 @@
 r"""BM25 over a local corpus with bm25s: the sparse real retriever.
 
-Tokenization is bm25s's (lowercase, `\w\w+` words, English stopwords, no stemming); defaults
-k1 = 0.9, b = 0.4. Only passages sharing a term with the query are returned, so a result list
-can be shorter than `top_k`. Ties are broken by corpus position. Building streams the passages;
-search reads titles and texts back from the corpus for the returned passages only;
-`load(..., mmap=True)` memory-maps the score matrix.
+bm25s tokenization (lowercase, `\w\w+` words, English stopwords, no stemming), k1 = 0.9,
+b = 0.4 by default. Only passages sharing a term with the query are returned, so a list can be
+shorter than `top_k`; ties go by corpus position.
 """
 
 from __future__ import annotations
@@ -24,11 +22,7 @@ FORMAT_VERSION = 1
 
 
 class BM25SearchEngine:
-    """A `SearchEngine` scoring a fixed corpus with BM25 (bm25s).
-
-    Build with `BM25SearchEngine.build(passages)` (then `save(dir)`), or reopen a saved index with
-    `BM25SearchEngine.load(dir, corpus_path)`.
-    """
+    """A `SearchEngine` scoring a fixed corpus with BM25; make one with `build` (then `save`) or `load`."""
 
     def __init__(
         self,
@@ -38,14 +32,7 @@ class BM25SearchEngine:
         *,
         stopwords: str,
     ) -> None:
-        """Wraps an indexed bm25s retriever; prefer `build` or `load`.
-
-        Args:
-            retriever: a bm25s index over `passages`, in the same order.
-            tokenizer: the tokenizer whose vocabulary the index uses.
-            passages: the corpus (a list, or a `JsonlCorpus` read on demand).
-            stopwords: the tokenizer's stopword setting, saved with the index.
-        """
+        """Wraps a bm25s index over `passages` (same order) and its tokenizer; prefer `build` or `load`."""
         self.retriever = retriever
         self.tokenizer = tokenizer
         self.passages = passages
@@ -61,14 +48,7 @@ class BM25SearchEngine:
         stopwords: str = "en",
         show_progress: bool = True,
     ) -> BM25SearchEngine:
-        """Indexes `passages` (iterated once; title line and text), ready to search.
-
-        Args:
-            passages: the corpus.
-            k1: BM25 term-frequency saturation.
-            b: BM25 length normalisation.
-            stopwords: "en" for bm25s's English list, "" for none.
-            show_progress: tqdm progress bars.
+        """Indexes `passages` (iterated once) with BM25 parameters `k1` and `b`; `stopwords` "en" or "".
 
         Raises:
             ValueError: empty corpus.
@@ -88,10 +68,7 @@ class BM25SearchEngine:
         return cls(retriever, tokenizer, passages, stopwords=stopwords)
 
     def save(self, index_dir: str | Path) -> None:
-        """Writes the index, the tokenizer and the corpus fingerprint to `index_dir`.
-
-        The passages themselves are not copied: `load` takes the corpus file.
-        """
+        """Writes the index, the tokenizer and the corpus fingerprint (not the passages) to `index_dir`."""
         index_dir = Path(index_dir)
         self.retriever.save(index_dir, show_progress=False)
         self.tokenizer.save_vocab(index_dir)
@@ -100,12 +77,7 @@ class BM25SearchEngine:
 
     @classmethod
     def load(cls, index_dir: str | Path, corpus_path: str | Path, *, mmap: bool = True) -> BM25SearchEngine:
-        """Reopens an index saved by `save`, over the corpus file it was built from.
-
-        Args:
-            index_dir: the directory given to `save`.
-            corpus_path: the JSONL corpus the index was built from.
-            mmap: memory-map the score matrix instead of reading it into memory.
+        """Reopens an index saved by `save` over its corpus file; `mmap` memory-maps the score matrix.
 
         Raises:
             FileNotFoundError: `index_dir` holds no simsearch BM25 index.
@@ -125,11 +97,7 @@ class BM25SearchEngine:
         return cls(retriever, tokenizer, passages, stopwords=meta["stopwords"])
 
     def search(self, requests: list[SearchRequest]) -> list[list[Document]]:
-        """Each request's best passages (simulator fields ignored).
-
-        Raises:
-            ValueError: a `top_k` below 1 or above the corpus size.
-        """
+        """Each request's best passages; `ValueError` unless 1 <= top_k <= corpus size."""
         check_top_k(requests, len(self.passages))
         # One tokenizer pass for the batch. update_vocab=False drops unknown words instead of
         # growing the vocabulary; allow_empty=False keeps a query without known words empty

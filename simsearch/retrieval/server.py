@@ -1,23 +1,12 @@
 """Any `SearchEngine` behind Search-R1's `POST /retrieve` protocol.
 
-Request: `{"queries": [str], "topk": int | null, "return_scores": bool}` plus optional simulator
-fields aligned with `queries`: `question` (list of str), `golden_answers` (list of lists),
-`noisy` (per query: a bool, all documents noisy or none, or an int, how many of top-k), or
-`p_noise` (one probability; the server flips one coin per query, ZeroSearch-style).
-Response: `{"result": [[{"document": {"id", "contents"}, "score": s}, ...], ...]}`, or plain
-document lists when `return_scores` is false, as Search-R1's retrieval server answers.
-
-Departures from Search-R1's server: concurrent HTTP requests are coalesced into one engine call
-(up to `max_batch` queries) instead of one call each; bad requests get a 4xx with a message;
-an optional bearer token guards `/retrieve`.
-
-Errors: a body that is not a valid request gets 4xx before the engine sees it (413 over the byte
-or query limits, 422 otherwise, `topk` over `max_top_k` included). A `ValueError` from the engine
-is a request it cannot honour (a `topk` over the corpus size, a simulator prompt missing its
-question): 422, and only for that request, because a coalesced call that fails so is re-run one
-request at a time. Any other engine failure (a simulator server down) is a 503 for every request
-of the call; the server keeps serving. Every answer is JSON: non-finite scores are sent as
-`null`, text that is not valid Unicode (a lone surrogate in a corpus) as `\\u` escapes.
+Request: `{"queries": [str], "topk": int | null, "return_scores": bool}`, plus optional
+simulator fields aligned with `queries`: `question`, `golden_answers`, `noisy` (per query: a bool,
+or how many of top-k) or `p_noise` (one probability, a coin per query). Response:
+`{"result": [[{"document": {"id", "contents"}, "score": s}, ...], ...]}` (plain document lists
+without `return_scores`), always valid JSON. An invalid body gets 413 (over the limits) or 422;
+a `ValueError` from the engine is a 422 for that request only; any other engine failure a 503
+for the call's requests, and the server keeps serving.
 """
 
 from __future__ import annotations
@@ -109,11 +98,7 @@ class ServerStats:
 
 
 class _Batcher:
-    """Coalesces queued requests into engine calls of at most `max_batch` queries.
-
-    One worker thread owns the engine, so engines need not be thread-safe; HTTP handlers wait
-    on futures without blocking the event loop.
-    """
+    """Coalesces queued requests into engine calls of at most `max_batch` queries, on one worker thread."""
 
     def __init__(self, engine: SearchEngine, max_batch: int, stats: ServerStats) -> None:
         self.engine = engine
@@ -163,7 +148,6 @@ class _Batcher:
                     item.loop.call_soon_threadsafe(_resolve, item.future, value, error)
 
     def _run(self, batch: list[_Pending]) -> list[tuple[list[list[Document]] | None, Exception | None]]:
-        """One engine call for the batch; each pending request's results or error."""
         flat = [request for item in batch for request in item.requests]
         try:
             results = self.engine.search(flat)
@@ -207,7 +191,7 @@ def _error(status: int, message: str) -> JSONResponse:
 
 
 def build_requests(body: RetrieveBody, default_top_k: int, rng: random.Random) -> list[SearchRequest]:
-    """Turn a validated body into engine requests; raises ValueError on misaligned fields."""
+    """Engine requests from a validated body; `ValueError` on misaligned fields."""
     n = len(body.queries)
     for name in ("question", "golden_answers", "noisy"):
         values = getattr(body, name)
@@ -250,7 +234,7 @@ class _Limits:
 
 
 async def _read_body(request: Request, limits: _Limits) -> RetrieveBody | JSONResponse:
-    """The validated body of a `/retrieve` request, or the 401 / 413 / 422 answer refusing it."""
+    """The validated body of a request, or the 401 / 413 / 422 answer refusing it."""
     if limits.token is not None:
         given = request.headers.get("authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {limits.token}".encode()):
@@ -311,15 +295,13 @@ def create_app(
     """A FastAPI app serving `engine` over `POST /retrieve` and `GET /health`.
 
     Args:
-        engine: any SearchEngine (retriever, cache, or simulator).
-        default_top_k: documents per query when a request leaves `topk` null.
-        max_batch: queries per engine call; concurrent requests are coalesced up to this.
-        max_queries_per_request: larger requests get 413.
-        max_body_bytes: larger bodies get 413 before they are parsed.
-        max_top_k: a larger `topk` gets 422; it bounds the documents (and bytes) one query
-            can ask for, whatever the corpus size.
-        token: when set, `/retrieve` requires `Authorization: Bearer <token>`.
-        seed: seeds the coin flips of `p_noise` requests.
+        default_top_k: Documents per query when a request leaves `topk` null.
+        max_batch: Queries per engine call; concurrent requests are coalesced up to this.
+        max_queries_per_request: Larger requests get 413.
+        max_body_bytes: Larger bodies get 413 before they are parsed.
+        max_top_k: A larger `topk` gets 422.
+        token: When set, `/retrieve` requires `Authorization: Bearer <token>`.
+        seed: Seeds the coin flips of `p_noise` requests.
     """
     if not 1 <= default_top_k <= max_top_k:
         raise ValueError(f"default_top_k={default_top_k} must lie in [1, max_top_k={max_top_k}]")

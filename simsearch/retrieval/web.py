@@ -1,8 +1,7 @@
 """Web search through Serper and SerpAPI (Google results): title + snippet documents.
 
-One HTTP request per query, concurrently (`max_concurrency`), with the bounded retries of
-`simsearch.httpclient`. The top-k documents are the first k organic results, in order:
-`Document(title, text=snippet, source, id=link)`. API keys come only from an environment
+One HTTP request per query, concurrently, with `simsearch.httpclient`'s bounded retries; the
+top-k documents are the first k organic results. API keys come only from the environment
 variable named in the constructor and never appear in a repr, a log line or an error.
 """
 
@@ -32,9 +31,7 @@ def _environment_proxy(url: str) -> str | None:
 
 
 class _QueryKeyTransport(httpx.BaseTransport):
-    """Adds `api_key=...` to each request's query string just before it is sent, below httpx's
-    request logging; resolves the proxy from the environment.
-    """
+    """Adds `api_key=...` to each request's query string below httpx's request logging."""
 
     def __init__(self, api_key: str, *, proxy: str | None, max_connections: int) -> None:
         self._api_key = api_key
@@ -56,8 +53,6 @@ class _QueryKeyTransport(httpx.BaseTransport):
 
 @dataclass(frozen=True)
 class _Bounds:
-    """How hard a web engine tries: as the engines' constructor arguments of the same names."""
-
     timeout_s: float
     max_retries: int
     backoff_s: float
@@ -68,15 +63,8 @@ class _Bounds:
 class _WebClient:
     """What both web engines are made of: the API key, the retry bounds and the connection pool.
 
-    Args:
-        engine: The engine's class name, for error messages and its repr.
-        api_key_env: The environment variable holding the key.
-        base_url: The search endpoint.
-        bounds: Timeouts, retries, backoff and concurrency.
-        key_in_query: Send the key as an `api_key` query parameter (SerpAPI).
-
-    Raises:
-        ValueError: The variable is not set, or a non-positive bound.
+    `key_in_query` sends the key as an `api_key` query parameter (SerpAPI). Raises `ValueError`
+    when the variable is unset or a bound is not positive.
     """
 
     def __init__(self, engine: str, api_key_env: str, base_url: str, bounds: _Bounds, *, key_in_query: bool) -> None:
@@ -104,7 +92,6 @@ class _WebClient:
         return f"{self.engine}(base_url={self.base_url!r}, api_key_env={self.api_key_env!r})"
 
     def request(self, method: str, **body: Any) -> dict[str, Any]:
-        """One query to the service (`body`: `json_body`, `params` or `headers`), with the bounded retries."""
         return request_json(
             self.client,
             method,
@@ -119,7 +106,7 @@ class _WebClient:
         )
 
     def documents(self, organic: Any, request: SearchRequest, source: str) -> list[Document]:
-        """The first `request.top_k` organic results, in the service's order, as documents."""
+        """The first `request.top_k` organic results, in order, as documents."""
         if not isinstance(organic, list):
             raise SearchServiceError(
                 f"{source} at {self.base_url} returned organic results that are not a list for query "
@@ -161,11 +148,7 @@ class SerperSearchEngine:
         """Creates the client and reads the Serper key from `api_key_env`.
 
         Args:
-            api_key_env: Environment variable holding the key.
-            base_url: The search endpoint.
-            timeout_s: Timeout of each connect / read / write.
             max_retries: Retries of a failed query before raising.
-            backoff_s: Base of the exponential backoff.
             max_concurrency: Queries in flight at once.
             max_retry_after_s: Cap on an honoured `Retry-After`.
 
@@ -179,15 +162,10 @@ class SerperSearchEngine:
         return repr(self._web)
 
     def close(self) -> None:
-        """Closes the connection pool."""
         self._web.client.close()
 
     def search(self, requests: list[SearchRequest]) -> list[list[Document]]:
-        """One Serper query per request, sent concurrently; the first top-k organic results.
-
-        Raises:
-            SearchServiceError: when a query fails after the bounded retries.
-        """
+        """One Serper query per request, concurrently; raises `SearchServiceError` after the bounded retries."""
         return run_concurrently(self._search_one, requests, self._web.bounds.max_concurrency)
 
     def _search_one(self, request: SearchRequest) -> list[Document]:
@@ -214,11 +192,7 @@ class SerpAPISearchEngine:
         max_concurrency: int = 4,
         max_retry_after_s: float = 60.0,
     ) -> None:
-        """Creates the client and reads the SerpAPI key from `api_key_env`; arguments as Serper's.
-
-        Raises:
-            ValueError: The variable is not set, or a non-positive bound.
-        """
+        """Creates the client and reads the SerpAPI key from `api_key_env`; arguments and errors as Serper's."""
         bounds = _Bounds(timeout_s, max_retries, backoff_s, max_concurrency, max_retry_after_s)
         self._web = _WebClient("SerpAPISearchEngine", api_key_env, base_url, bounds, key_in_query=True)
 
@@ -226,15 +200,14 @@ class SerpAPISearchEngine:
         return repr(self._web)
 
     def close(self) -> None:
-        """Closes the connection pool."""
         self._web.client.close()
 
     def search(self, requests: list[SearchRequest]) -> list[list[Document]]:
-        """One SerpAPI query per request, sent concurrently; the first top-k organic results.
+        """One SerpAPI query per request, concurrently.
 
         Raises:
-            SearchServiceError: when a query fails after the bounded retries, or SerpAPI
-                reports an error other than "no results".
+            SearchServiceError: a query fails after the bounded retries, or SerpAPI reports an error
+                other than "no results".
         """
         return run_concurrently(self._search_one, requests, self._web.bounds.max_concurrency)
 

@@ -1,24 +1,11 @@
 """What the simulator LLM is asked: useful / noisy prompt templates, in five presets.
 
-A preset turns one search request (query, question, gold answers, number of documents, useful
-or noisy) into the text the simulator continues; the simulator answers with numbered documents
-(`format_response`), which `simsearch.simulator.engine.parse_documents` reads back.
-
-Presets:
-
-- `zerosearch` (**compat**): ZeroSearch's SFT-mode prompt byte for byte; the noisy variant swaps
-  `useful` for `noisy`. Only the first gold answer is shown, and the wording asks for "five"
-  documents whatever `top_k` is. Sent as the user message after an empty system message
-  (`as_chat` / `chat_messages`).
-- `zerosearch-prompt`: for an instruct model used without fine-tuning; asks for `top_k`
-  documents.
-- `simsearch` (the default): our short template; asks for `top_k` documents in the exact format;
-  the question and answer lines are left out when the request does not carry them.
-- `simsearch-brief`: the same fields without instructions (`Query: {query}` then `Results:` or
-  `Noisy results:`), for a simulator fine-tuned on pairs rendered with it; its responses may
-  take any `render_documents` style.
-- `custom`: two user templates with the fields `{query}`, `{question}`, `{answers}` (joined by
-  "; ") and `{top_k}`; literal braces are written `{{` and `}}`.
+A preset turns one search request into the text the simulator continues; the simulator answers
+with numbered documents (`format_response`), which `engine.parse_documents` reads back. Presets:
+`zerosearch` (ZeroSearch's SFT prompt, byte for byte; send it through `as_chat`),
+`zerosearch-prompt` (for an instruct model without fine-tuning), `simsearch` (the default),
+`simsearch-brief` (fields only, for a simulator fine-tuned on it) and `custom` (two templates
+with the fields `{query}`, `{question}`, `{answers}` (joined by "; ") and `{top_k}`).
 """
 
 from __future__ import annotations
@@ -139,12 +126,7 @@ class PromptTemplates:
 
 
 def check_templates(templates: PromptTemplates) -> None:
-    """Rejects custom templates that `render` could not fill.
-
-    Raises:
-        ValueError: A template is empty, is not valid `str.format` syntax, or uses a field other
-            than {query}, {question}, {answers}, {top_k}; the message names the template.
-    """
+    """Rejects custom templates `render` could not fill (empty, bad `str.format` syntax, unknown field), naming it."""
     for name, template in (("useful", templates.useful), ("noisy", templates.noisy)):
         if not template.strip():
             raise ValueError(f"the custom {name} template is empty; write one with a {{query}} field")
@@ -163,8 +145,7 @@ def check_templates(templates: PromptTemplates) -> None:
 
 
 def format_response(documents: list[Document], style: RenderStyle = "search-r1") -> str:
-    """Writes documents (best first, numbered from 1) the way the simulator answers, without a
-    trailing newline; `style` is a `render_documents` style ("search-r1": `Doc i(Title: t) text`).
+    """Documents numbered from 1 as the simulator writes them (`style`: a `render_documents` style).
 
     Whitespace runs become single spaces, so `parse_documents` reads the same documents back.
     """
@@ -185,17 +166,13 @@ def render(
     """Renders the simulator prompt for one request (plain text, before any chat template).
 
     Args:
-        preset: One of `PRESETS`.
-        query: The policy's search query.
         question: The question the policy is answering, or None when unknown.
-        golden_answers: Its gold answers.
         noisy: Ask for noisy documents instead of useful ones.
-        top_k: Documents wanted.
         templates: The two templates; required by, and only accepted with, "custom".
 
     Raises:
-        ValueError: Unknown preset; `templates` missing for / given to the wrong preset; a
-            zerosearch prompt without the question or gold answer it needs.
+        ValueError: Unknown preset; `templates` missing or misplaced; a zerosearch prompt without
+            the question or gold answer it needs.
     """
     if preset not in PRESETS:
         raise ValueError(f"preset={preset!r} is not one of {', '.join(PRESETS)}")
@@ -208,8 +185,6 @@ def render(
 
 @dataclass(frozen=True)
 class _Ask:
-    """One `render` call's arguments, as every preset's renderer takes them."""
-
     query: str
     question: str | None
     golden_answers: list[str]
@@ -319,19 +294,14 @@ PRESETS: dict[str, PresetSpec] = {
 
 
 def chat_messages(prompt: str) -> list[dict[str, str]]:
-    """The conversation ZeroSearch sends the simulator: an empty system message, then the prompt.
-
-    Use it with an OpenAI-compatible `/v1/chat/completions` endpoint, or through `as_chat`.
-    """
+    """ZeroSearch's conversation for the simulator: an empty system message, then the prompt."""
     return [{"role": "system", "content": ""}, {"role": "user", "content": prompt}]
 
 
 def as_chat(prompt: str, tokenizer: PreTrainedTokenizerBase) -> str:
-    """`chat_messages(prompt)` through the simulator tokenizer's chat template, as text with the
-    generation prompt; tokenize it without adding special tokens.
+    """`chat_messages(prompt)` through the tokenizer's chat template, with the generation prompt.
 
-    Raises:
-        ValueError: The tokenizer has no chat template.
+    Tokenize the result without adding special tokens. Raises `ValueError` without a chat template.
     """
     if not tokenizer.chat_template:
         raise ValueError(

@@ -1,10 +1,8 @@
 """Supervised fine-tuning of the simulator: the SFT-specific pieces `simsearch simulator finetune` runs.
 
-Causal-LM SFT on `{prompt, response}` pairs with the loss on response tokens only (prompt
-positions labelled `IGNORE_INDEX`, -100). The prompt is tokenized exactly as the simulator
-engine tokenizes it at inference, the response separately, followed by eos. The loss is averaged
-over the response tokens of a whole optimizer step; batches are a pure function of (seed, step,
-rank). Optional `answer_weight` weighs response tokens that spell a gold answer more.
+The loss is on response tokens only, averaged over a whole optimizer step; the prompt is
+tokenized as the simulator engine tokenizes it at inference. Batches are a pure function of
+(seed, step, rank).
 """
 
 from __future__ import annotations
@@ -32,12 +30,10 @@ IGNORE_INDEX = -100
 
 
 def read_pairs(path: str | Path) -> list[dict]:
-    """Reads SFT pairs: a JSONL file of objects with string `prompt` and `response` fields (and an
-    optional `golden_answers` list of strings, kept; other fields dropped).
+    """SFT pairs from JSONL objects with string `prompt` and `response` (and optional `golden_answers`).
 
     Raises:
-        DataError: The file is missing or empty, or a line is malformed; the message names the
-            file and line.
+        DataError: The file is missing or empty, or a line is malformed, naming file and line.
     """
     source = Path(path)
     if not source.is_file():
@@ -67,8 +63,7 @@ def read_pairs(path: str | Path) -> list[dict]:
 class TokenizedPair:
     """One training sequence: prompt then response tokens, labels -100 on the prompt.
 
-    `weights` is each position's weight in the loss: 0 on the prompt, 1 on the response, the
-    answer weight on response tokens that spell a gold answer.
+    `weights` per position: 0 on the prompt, 1 on the response, `answer_weight` on answer tokens.
     """
 
     input_ids: list[int]
@@ -86,19 +81,13 @@ def tokenize_pair(
     answers: Sequence[str] = (),
     answer_weight: float = 1.0,
 ) -> TokenizedPair | None:
-    """Tokenizes one pair the way the simulator engine sees it at inference.
+    """Tokenizes one pair as the simulator engine sees it, eos after the response; None if no response token fits.
 
     Args:
-        tokenizer: The simulator's tokenizer (needs an eos token; a fast one for answers).
-        prompt: The rendered simulator prompt.
-        response: The documents the simulator should write.
         chat_template: Send the prompt through the chat template (`prompts.as_chat`).
         max_length: Longest sequence; the response is cut to fit.
         answers: Gold answers; response tokens overlapping a whole-word occurrence get
-            `answer_weight` (1 = no weighting).
-
-    Returns:
-        The pair, or None when the prompt alone leaves no room for a response token.
+            `answer_weight`.
     """
     if chat_template:
         prompt_ids = tokenizer(as_chat(prompt, tokenizer), add_special_tokens=False)["input_ids"]
@@ -164,15 +153,12 @@ def collate(batch: Sequence[TokenizedPair], pad_id: int) -> dict[str, torch.Tens
 
 
 def count_targets(weights: torch.Tensor) -> float:
-    """What a batch's loss is divided by: the summed weights of the positions after the one-token
-    shift (the number of response tokens when nothing is weighted)."""
+    """What a batch's loss is divided by: the summed weights of the positions after the one-token shift."""
     return float(weights[:, 1:].sum())
 
 
 def response_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Weighted sum (not mean) of next-token cross-entropies over labelled positions: logits
-    [B, T, V], labels [B, T] (-100: no loss), weights [B, T]. Divide by `count_targets`.
-    """
+    """Weighted sum of next-token cross-entropies: logits [B, T, V], labels [B, T] (-100: none), weights [B, T]."""
     shifted_logits = logits[:, :-1, :].float()  # [B, T-1, V]
     shifted_labels = labels[:, 1:]  # [B, T-1]
     token_loss = F.cross_entropy(
@@ -202,12 +188,10 @@ def step_batches(
     seed: int,
     lengths: Sequence[int] | None = None,
 ) -> list[list[int]]:
-    """The pair indices of optimizer step `step` for one rank: `grad_accum` micro-batches.
+    """The `grad_accum` micro-batches (pair indices) of optimizer step `step` for one rank.
 
-    Step s consumes positions [s·A·W·B, (s+1)·A·W·B) of an endless stream of epochs (epoch e a
-    permutation seeded by (seed, e)); micro-batch a of rank r holds the B positions from
-    ((s·A + a)·W + r)·B. With `lengths`, the rank's pairs are sorted longest first before being cut
-    into micro-batches (same pairs, same gradient, less padding).
+    Steps consume an endless stream of epochs, each a permutation seeded by (seed, epoch). With
+    `lengths`, the rank's pairs are sorted longest first before being cut (same gradient).
     """
     chosen = []
     for a in range(grad_accum):
@@ -219,11 +203,7 @@ def step_batches(
 
 
 def eval_batches(n: int, *, batch_size: int, rank: int, world_size: int) -> list[tuple[list[int], bool]]:
-    """A rank's share of a validation pass: (indices, counted) per batch.
-
-    Batch j of the pass goes to rank j mod W. Every rank gets the same number of batches (ZeRO-3
-    needs every rank in every forward); a rank short of work repeats batch 0 with counted=False.
-    """
+    """A rank's share of a validation pass: (indices, counted) per batch, the same count on every rank."""
     chunks = [list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
     per_rank = math.ceil(len(chunks) / world_size)
     out = []
