@@ -1,14 +1,9 @@
 """What every command checks before any work starts: its paths, a resume against the saved recipe,
 and its torch threads.
 
-Paths are checked by their recipe key (`data.train[0]`, `engines.bm25.corpus`), before a model
-loads and before anything is written to the run directory. Names that are not local paths pass
-through when they look like Hugging Face Hub names (`Qwen/Qwen2.5-3B`), which only the loaders can
-resolve (online).
-
-A run directory never lies: `train` and `simulator finetune` resumed from a checkpoint with a
-recipe that computes something else than the run's `recipe.yaml` are refused (`resume_changes`),
-unless the recipe says `resume: force`, which applies the change and records it in the run log.
+Paths are checked by recipe key before a model loads or the run directory is written; names that
+look like Hugging Face Hub names pass through. A resume whose recipe computes something else than
+the run's `recipe.yaml` is refused unless the recipe says `resume: force`, which records the change.
 """
 
 from __future__ import annotations
@@ -44,11 +39,7 @@ def set_threads(threads: int) -> None:
 
 
 def check_paths(recipe: Any) -> None:
-    """Checks every path the recipe names, before any model loads or any file is written.
-
-    Raises:
-        RecipeError: One line naming the key, the path and the fix.
-    """
+    """Checks every path the recipe names; `RecipeError` naming the key, the path and the fix."""
     for key, path, kind in recipe_paths(recipe):
         if kind == "model":
             _check_model(key, path)
@@ -175,14 +166,10 @@ FINETUNE_UNCOMPUTED = ("run_dir", "resume", "threads", "save_every", "eval_every
 
 
 def resume_changes(recipe: Any, saved_file: Path, uncomputed: tuple[str, ...]) -> dict[str, tuple[Any, Any]]:
-    """The keys whose value differs between `saved_file` (a run's recipe.yaml) and `recipe`.
+    """Dotted key -> (saved value, value now) for each key differing between `saved_file` and `recipe`.
 
-    Paths inside each recipe's run directory are compared relative to it (a moved run directory
-    is the same run); keys in `uncomputed` (or under them) are left out; a key the saved recipe
-    lacks (written by an older simsearch) counts only when the recipe sets it off its default.
-
-    Returns:
-        Dotted key -> (saved value, value now), in key order.
+    Paths inside each run directory compare relative to it; keys in `uncomputed` are left out; a key
+    the saved recipe lacks counts only when the recipe sets it off its default.
     """
     saved = yaml.safe_load(saved_file.read_text(encoding="utf-8")) or {}
     now: dict[str, Any] = OmegaConf.to_container(OmegaConf.structured(recipe))  # type: ignore[assignment]
@@ -200,14 +187,10 @@ def resume_changes(recipe: Any, saved_file: Path, uncomputed: tuple[str, ...]) -
 
 
 def check_resume(recipe: Any, run_dir: Path, uncomputed: tuple[str, ...]) -> dict[str, tuple[Any, Any]]:
-    """Refuses to resume a run from a checkpoint with a recipe that computes something else.
-
-    Returns:
-        The changes to apply and record ({} when nothing changed, nothing is resumed, or
-        `resume` is false).
+    """The changes a forced resume applies and records ({} when nothing changed or nothing resumes).
 
     Raises:
-        RecipeError: The recipe differs and `resume` is true; one line naming the keys and the two ways out.
+        RecipeError: The recipe differs and `resume` is true, naming the keys and the two ways out.
     """
     from simsearch.training.checkpoint import latest_checkpoint  # torch: the command imports it anyway
 
@@ -242,10 +225,7 @@ def steps_shape_schedules(recipe: TrainRecipe | FinetuneRecipe) -> bool:
 
 def save_recipe_and_changes(recipe: Any, run_dir: Path, step: int, changes: dict[str, tuple[Any, Any]],
                             command: str) -> None:  # fmt: skip
-    """Writes recipe.yaml and, for a forced resume, its changes to the run log (`recipe_changes.jsonl`).
-
-    Call it once the data and models have loaded: the run directory is written from here on.
-    """
+    """Writes recipe.yaml and a forced resume's changes (`recipe_changes.jsonl`); call once models have loaded."""
     from simsearch.training.runlog import log_recipe_change
 
     save_recipe(recipe, run_dir)
@@ -261,7 +241,6 @@ def _show(value: Any) -> str:
 
 
 def _flat(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """(dotted key, leaf value) pairs of nested dicts; lists are leaves."""
     if isinstance(value, dict):
         for key, item in value.items():
             yield from _flat(item, f"{prefix}{key}.")

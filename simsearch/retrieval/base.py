@@ -1,8 +1,4 @@
-"""The search-engine interface every real retriever and the simulator implement, and the
-helpers they share.
-
-How the documents an engine returns are shown to the policy lives in `data.rendering`.
-"""
+"""The search-engine interface every real retriever and the simulator implement, and shared helpers."""
 
 from __future__ import annotations
 
@@ -24,19 +20,7 @@ class SearchEngine(Protocol):
 
 
 def check_top_k(requests: list[SearchRequest], corpus_size: int) -> None:
-    """Rejects a `top_k` a corpus retriever cannot honour.
-
-    A retriever over a fixed corpus cannot return more passages than it holds, and silently
-    returning fewer would change what the policy sees without anyone noticing; both are input
-    errors (see `SearchRequest`).
-
-    Args:
-        requests: the batch.
-        corpus_size: number of passages in the index.
-
-    Raises:
-        ValueError: naming the first offending request, its query and the allowed range.
-    """
+    """Rejects a `top_k` outside [1, `corpus_size`] with a `ValueError` naming the first such request."""
     for i, request in enumerate(requests):
         if not 1 <= request.top_k <= corpus_size:
             raise ValueError(
@@ -46,18 +30,7 @@ def check_top_k(requests: list[SearchRequest], corpus_size: int) -> None:
 
 
 def select_top_k(scores: np.ndarray, k: int) -> np.ndarray:
-    """Positions of the `k` largest scores, best first; ties go to the lower position.
-
-    The tie rule makes results reproducible across runs, batch sizes and engines (argpartition
-    alone orders ties arbitrarily).
-
-    Args:
-        scores: one score per candidate. # [N]
-        k: how many to keep; more than N keeps all N.
-
-    Returns:
-        int64 positions into `scores`. # [min(k, N)]
-    """
+    """Positions of the `k` largest of [N] `scores`, best first, ties to the lower position: [min(k, N)] int64."""
     n = scores.shape[0]
     k = min(k, n)
     if k == 0:
@@ -82,15 +55,7 @@ def write_index_meta(meta_path: Path, format_version: int, passages: Sequence[Pa
 def read_index_meta(
     meta_path: Path, format_version: int, corpus_path: str | Path
 ) -> tuple[dict[str, Any], JsonlCorpus]:
-    """Reads a metadata file `write_index_meta` wrote and opens the corpus the index is said to be built from.
-
-    Args:
-        meta_path: The metadata file, in the index directory.
-        format_version: The index format this version of simsearch reads.
-        corpus_path: The JSONL corpus offered with the index.
-
-    Returns:
-        (the metadata, the corpus).
+    """(metadata, corpus) of an index: reads `write_index_meta`'s file and opens `corpus_path`.
 
     Raises:
         ValueError: the index was written in another format, or built for another corpus.

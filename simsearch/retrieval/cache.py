@@ -1,16 +1,8 @@
 """A persistent SQLite cache in front of any `SearchEngine`.
 
-Real retrievers are deterministic and the web ones are paid per call, so repeated queries
-(common across RL epochs and evaluation runs) should cost nothing. The cache key holds everything
-that can change an answer: a caller-chosen `namespace` naming the engine and its configuration,
-the query, `top_k`, and the simulator fields (`question`, `golden_answers`, `num_noisy`), so useful
-and noisy simulator results never mix and two engines never share entries.
-
-Putting the cache in front of the simulator freezes its (sampled) answer per key: the same query
-then always gets the same documents. That is the caller's choice, not a default.
-
-The database uses WAL mode, so readers do not block the writer and several processes (server
-workers) can share one file; one connection per instance, guarded by a lock, serves all threads.
+The key holds everything that can change an answer: the caller's `namespace` (the engine and
+its configuration), the query, `top_k` and the simulator fields. In front of the simulator the
+cache freezes its sampled answer per key. Several processes may share one file (WAL mode).
 """
 
 from __future__ import annotations
@@ -30,15 +22,7 @@ _SCHEMA = "CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, namespace T
 
 
 def cache_key(namespace: str, request: SearchRequest) -> str:
-    """The cache key of one request: a SHA-256 over every field that can change the answer.
-
-    Args:
-        namespace: the engine identity and configuration, e.g. a hash of its recipe section.
-        request: the search request.
-
-    Returns:
-        A hex digest.
-    """
+    """The hex SHA-256 key of one request in `namespace` (the engine's identity and configuration)."""
     fields = [
         namespace,
         request.query,
@@ -54,22 +38,12 @@ def cache_key(namespace: str, request: SearchRequest) -> str:
 class CachedSearchEngine:
     """A `SearchEngine` that answers from an SQLite file and asks `engine` only for misses.
 
-    `hits` and `misses` count requests: a request is a hit when its key was in the cache when the
-    batch arrived. Repeated keys inside one batch are searched once.
+    A request is a hit when its key was cached when the batch arrived; repeated keys in a batch are
+    searched once.
     """
 
     def __init__(self, engine: SearchEngine, path: str | Path, *, namespace: str) -> None:
-        """Opens (or creates) the cache file.
-
-        Args:
-            engine: the engine behind the cache.
-            path: the SQLite file; its parent directory is created if needed.
-            namespace: identifies `engine` and its configuration; entries of other namespaces in
-                the same file are never returned.
-
-        Raises:
-            ValueError: empty namespace.
-        """
+        """Opens (or creates) the cache file; `ValueError` on an empty `namespace`."""
         if not namespace:
             raise ValueError("namespace must name the engine and its configuration (e.g. a hash of its recipe section)")
         self.engine = engine
@@ -136,6 +110,5 @@ class CachedSearchEngine:
             }
 
     def close(self) -> None:
-        """Closes the database connection."""
         with self._lock:
             self._db.close()

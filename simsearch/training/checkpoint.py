@@ -1,13 +1,8 @@
 """Atomic checkpoints of a training run: model (HF format), trainer state, RNG.
 
-A checkpoint is written into a temporary directory next to its final place and renamed when
-complete, so a run killed mid-write never leaves a half checkpoint; `latest_checkpoint` only
-ever sees finished ones. Deleting works the same way in reverse: a checkpoint being replaced
-(the same step saved again) or pruned is first renamed out of sight (a `.step_*` name), then
-deleted, so a kill in the middle of a delete cannot leave a visible checkpoint with its
-trainer state but half its model. Hidden leftovers of killed runs are swept by the next save.
-Trainer state is loaded with `weights_only=True` (no pickle code execution) and models with
-safetensors.
+A checkpoint is written into a temporary directory and renamed when complete, and hidden before
+it is deleted, so a killed run never leaves a half checkpoint visible. Trainer state loads with
+`weights_only=True`, models with safetensors.
 """
 
 from __future__ import annotations
@@ -33,7 +28,6 @@ class CheckpointError(SimsearchError):
 
 
 def checkpoint_dir(run_dir: str | os.PathLike, step: int) -> Path:
-    """Where the checkpoint of `step` lives."""
     return Path(run_dir) / CHECKPOINTS / f"step_{step:07d}"
 
 
@@ -53,7 +47,6 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what `rng_state` captured."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(state["torch"])
@@ -68,19 +61,12 @@ def save_checkpoint(
     state: dict[str, Any],
     keep_last: int = 2,
 ) -> Path:
-    """Write `model` (save_pretrained), `tokenizer` and `state` atomically; prune old ones.
+    """Writes `model` (`save_pretrained`), `tokenizer` and `state` atomically; returns the directory.
 
     Args:
-        run_dir: the run directory.
-        step: the number of finished steps the checkpoint holds.
-        model: anything with `save_pretrained` (a transformers model or a PEFT model).
-        tokenizer: saved beside the model so the checkpoint loads on its own.
-        state: trainer state (optimizer and scheduler state dicts, curriculum, data order,
-            RNG, ...): tensors, numbers, strings, lists and dicts only.
-        keep_last: finished checkpoints to keep (older ones are deleted), 0 = all.
-
-    Returns:
-        The checkpoint directory.
+        step: The number of finished steps the checkpoint holds.
+        state: Trainer state: tensors, numbers, strings, lists and dicts only.
+        keep_last: Finished checkpoints to keep (older ones are deleted), 0 = all.
     """
     final = checkpoint_dir(run_dir, step)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -121,8 +107,7 @@ def load_state(checkpoint: str | os.PathLike) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: the checkpoint has no trainer state file.
-        CheckpointError: the file is corrupt, or holds objects that only an unsafe
-            (code-executing) unpickling could build; the message names the file.
+        CheckpointError: the file is corrupt or needs code-executing unpickling, naming the file.
     """
     path = Path(checkpoint) / STATE_FILE
     try:
