@@ -1,0 +1,202 @@
+"""The search tool as a chat-template tool call: its JSON schema, and one parser per call format.
+
+A turn in the `tool-call` protocol is an assistant message. It searches when it holds one or more
+calls of the `search` tool, in the format the model was taught (`TOOL_CALL_FORMATS`), and answers
+when it holds `<answer>…</answer>` instead. Text inside `<think>…</think>` is reasoning: a call or
+an answer written there is not acted on. A call that cannot be read (bad JSON, another tool's
+name, no `query`) is an invalid action with its reason; it is never executed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from simsearch.eval.metrics import ANSWER_CLOSE, ANSWER_OPEN
+
+SEARCH_TOOL = "search"
+THINK_BLOCK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
+
+
+def search_tool_schema(*, top_k: bool = False, description: str = "") -> dict[str, Any]:
+    """The search tool in the JSON-schema form chat templates take (`tools=[...]`).
+
+    Args:
+        top_k: Also offer an optional integer `top_k` argument (the number of results).
+        description: The tool's description; empty = a short default.
+    """
+    properties: dict[str, Any] = {"query": {"type": "string", "description": "What to search for."}}
+    if top_k:
+        properties["top_k"] = {"type": "integer", "description": "How many results to return.", "minimum": 1}
+    return {
+        "type": "function",
+        "function": {
+            "name": SEARCH_TOOL,
+            "description": description or "Search a corpus of passages and return the most relevant ones.",
+            "parameters": {"type": "object", "properties": properties, "required": ["query"]},
+        },
+    }
+
+
+@dataclass(frozen=True)
+class SearchCall:
+    """One readable call of the search tool."""
+
+    query: str
+    top_k: int | None = None
+
+
+@dataclass(frozen=True)
+class ToolTurn:
+    """What one assistant message asks for.
+
+    `kind` is "search" when at least one call is readable (`calls`, in order), "answer" when the
+    message answers (`answer`, stripped) and holds no readable call after its answer, else
+    "invalid". `errors` gives a reason for every call that could not be read, in any kind of turn.
+    """
+
+    kind: Literal["search", "answer", "invalid"]
+    calls: tuple[SearchCall, ...] = ()
+    answer: str = ""
+    errors: tuple[str, ...] = field(default_factory=tuple)
+
+
+def parse_hermes(text: str) -> tuple[list[tuple[int, Any]], list[str]]:
+    """Hermes calls (Qwen2.5, Qwen3): `<tool_call>{"name": …, "arguments": {…}}</tool_call>`, any number.
+
+    Returns the (end offset, decoded JSON) of every closed block outside `<think>`, and the
+    reasons of the blocks that could not be decoded (an unclosed block included).
+    """
+    visible = _blank_think(text)
+    found: list[tuple[int, Any]] = []
+    errors: list[str] = []
+    position = 0
+    while (start := visible.find("<tool_call>", position)) != -1:
+        close = visible.find("</tool_call>", start)
+        if close == -1:
+            errors.append("a <tool_call> is not closed")
+            break
+        body = visible[start + len("<tool_call>") : close]
+        position = close + len("</tool_call>")
+        try:
+            found.append((position, json.loads(body)))
+        except json.JSONDecodeError as err:
+            errors.append(f"tool call is not valid JSON ({err.msg})")
+    return found, errors
+
+
+def parse_llama3(text: str) -> tuple[list[tuple[int, Any]], list[str]]:
+    """Llama 3 JSON calls: `{"name": …, "parameters": {…}}`, several joined by `;` or new lines.
+
+    A leading `<|python_tag|>` is ignored. Returns the (end offset, decoded JSON) of each object
+    found outside `<think>` and `<answer>` blocks, and the reasons of the ones that could not be
+    decoded.
+    """
+    visible = _blank_think(_blank_answers(text.replace("<|python_tag|>", " " * len("<|python_tag|>"))))
+    decoder = json.JSONDecoder()
+    found: list[tuple[int, Any]] = []
+    errors: list[str] = []
+    position = 0
+    while (start := visible.find("{", position)) != -1:
+        try:
+            value, end = decoder.raw_decode(visible, start)
+        except json.JSONDecodeError as err:
+            errors.append(f"tool call is not valid JSON ({err.msg})")
+            break
+        found.append((end, value))
+        position = end
+    return found, errors
+
+
+TOOL_CALL_FORMATS: dict[str, Callable[[str], tuple[list[tuple[int, Any]], list[str]]]] = {
+    "hermes": parse_hermes,
+    "llama3": parse_llama3,
+}
+"""Every call format by its recipe name (`rollout.tool_format`)."""
+
+_ARGUMENT_KEYS = {"hermes": ("arguments", "parameters"), "llama3": ("parameters", "arguments")}
+
+
+def parse_turn(text: str, tool_format: str, *, allow_top_k: bool = False) -> ToolTurn:
+    """Reads one assistant message of the tool-call protocol.
+
+    Of a readable call and an answer, the one that ends last in the message decides the turn,
+    as the last closing tag does in the tag protocol.
+
+    Raises:
+        KeyError: `tool_format` is not a name in `TOOL_CALL_FORMATS`.
+    """
+    raw, errors = TOOL_CALL_FORMATS[tool_format](text)
+    calls: list[SearchCall] = []
+    last_call_end = -1
+    for end, value in raw:
+        call = _search_call(value, _ARGUMENT_KEYS[tool_format], allow_top_k)
+        if isinstance(call, str):
+            errors.append(call)
+        else:
+            calls.append(call)
+            last_call_end = end
+    answer = _last_answer(_blank_think(text))
+    if answer is not None and answer[0] > last_call_end:
+        return ToolTurn("answer", answer=answer[1], errors=tuple(errors))
+    if calls:
+        return ToolTurn("search", calls=tuple(calls), errors=tuple(errors))
+    if not errors and TOOL_CALL_FORMATS[tool_format](_think_only(text))[0]:
+        errors.append("a tool call inside <think> is not executed")
+    if not errors:
+        errors.append("neither a tool call nor an answer")
+    return ToolTurn("invalid", errors=tuple(errors))
+
+
+def _search_call(value: Any, argument_keys: tuple[str, ...], allow_top_k: bool) -> SearchCall | str:
+    """The call in one decoded JSON object, or the reason it is not a search call."""
+    if not isinstance(value, dict) or "name" not in value:
+        return "tool call has no name"
+    if value["name"] != SEARCH_TOOL:
+        return f"unknown tool {str(value['name'])[:40]!r} (the only tool is {SEARCH_TOOL!r})"
+    arguments = next((value[key] for key in argument_keys if key in value), None)
+    if isinstance(arguments, str):  # some models write the arguments as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return "tool call arguments are not valid JSON"
+    if not isinstance(arguments, dict):
+        return "tool call has no arguments object"
+    query = arguments.get("query")
+    if not isinstance(query, str) or not query.strip():
+        return "search call is missing its 'query' argument (a non-empty string)"
+    top_k = arguments.get("top_k")
+    if top_k is None or not allow_top_k:
+        return SearchCall(query.strip())
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        return "search call's 'top_k' must be an integer >= 1"
+    return SearchCall(query.strip(), top_k)
+
+
+def _last_answer(text: str) -> tuple[int, str] | None:
+    """(end offset, stripped content) of the last complete answer block, or None."""
+    close = text.rfind(ANSWER_CLOSE)
+    if close == -1:
+        return None
+    start = text.rfind(ANSWER_OPEN, 0, close)
+    if start == -1:
+        return None
+    return close + len(ANSWER_CLOSE), text[start + len(ANSWER_OPEN) : close].strip()
+
+
+def _blank_think(text: str) -> str:
+    """`text` with every `<think>` block (an unclosed one to the end) blanked out, offsets kept."""
+    return THINK_BLOCK.sub(lambda match: " " * len(match.group(0)), text)
+
+
+def _think_only(text: str) -> str:
+    """The content of `text`'s `<think>` blocks, each on its own line."""
+    return "\n".join(re.sub(r"^<think>|</think>$", "", match.group(0)) for match in THINK_BLOCK.finditer(text))
+
+
+def _blank_answers(text: str) -> str:
+    pattern = re.escape(ANSWER_OPEN) + ".*?" + re.escape(ANSWER_CLOSE)
+    return re.sub(pattern, lambda match: " " * len(match.group(0)), text, flags=re.DOTALL)
