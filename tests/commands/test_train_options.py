@@ -107,7 +107,7 @@ def test_mask_unfinished_leaves_unfinished_trajectories_out_of_the_loss_only(
     masked_total = 0
     for (scored_args, (scored, _)), (update_args, _), logged in zip(scored_calls, updates, rows, strict=True):
         trajectories = scored_args[1]
-        batch, trained = update_args[2].to("cpu"), update_args[3].cpu()
+        batch, trained = update_args[3].to("cpu"), update_args[4].cpu()
         unfinished = torch.tensor([t.finish in UNFINISHED for t in trajectories])
         assert logged["rollout/unfinished_share"] == pytest.approx(float(unfinished.float().mean()))
         unfinished = torch.tensor([t.finish in OVER_TURN for t in trajectories])  # give-ups are trained on

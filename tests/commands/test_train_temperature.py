@@ -39,7 +39,7 @@ def _record(monkeypatch: pytest.MonkeyPatch, name: str) -> list[tuple[tuple[Any,
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         out = real(*args, **kwargs)
-        calls.append((args, out))
+        calls.append((args + tuple(kwargs.values()), out))  # keyword arguments last, in order
         return out
 
     for home in homes:
@@ -99,7 +99,7 @@ def test_old_reference_and_current_logprobs_are_those_of_the_sampling_distributi
     # The update's own log-probs and entropy are tempered too: before the first optimizer step the
     # ratio to the old log-probs is 1 everywhere (approx_kl 0, nothing clipped).
     (args, (_, stats)) = losses[0]
-    assert args[5].temperature == T
+    assert args[7] == T  # actor_micro_loss(..., denominators, temperature=, token_sum_normalizer=)
     assert abs(stats["approx_kl"]) < 1e-5 and stats["clipfrac"] == 0.0
 
 
