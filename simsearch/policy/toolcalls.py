@@ -55,13 +55,13 @@ class ToolTurn:
 
     `kind` is "search" when at least one call is readable (`calls`, in order), "answer" when the
     message answers (`answer`, stripped) and holds no readable call after its answer, else
-    "invalid". `errors` gives a reason for every call that could not be read, in any kind of turn.
+    "invalid". `reasons` gives a reason for every call that could not be read, in any kind of turn.
     """
 
     kind: Literal["search", "answer", "invalid"]
     calls: tuple[SearchCall, ...] = ()
     answer: str = ""
-    errors: tuple[str, ...] = field(default_factory=tuple)
+    reasons: tuple[str, ...] = field(default_factory=tuple)
 
 
 def parse_hermes(text: str) -> tuple[list[tuple[int, Any]], list[str]]:
@@ -141,14 +141,14 @@ def parse_turn(text: str, tool_format: str, *, allow_top_k: bool = False) -> Too
             last_call_end = end
     answer = _last_answer(_blank_think(text))
     if answer is not None and answer[0] > last_call_end:
-        return ToolTurn("answer", answer=answer[1], errors=tuple(errors))
+        return ToolTurn("answer", answer=answer[1], reasons=tuple(errors))
     if calls:
-        return ToolTurn("search", calls=tuple(calls), errors=tuple(errors))
+        return ToolTurn("search", calls=tuple(calls), reasons=tuple(errors))
     if not errors and TOOL_CALL_FORMATS[tool_format](_think_only(text))[0]:
         errors.append("a tool call inside <think> is not executed")
     if not errors:
         errors.append("neither a tool call nor an answer")
-    return ToolTurn("invalid", errors=tuple(errors))
+    return ToolTurn("invalid", reasons=tuple(errors))
 
 
 def _search_call(value: Any, argument_keys: tuple[str, ...], allow_top_k: bool) -> SearchCall | str:

@@ -21,7 +21,7 @@ def hermes(*arguments: str) -> str:
 
 def test_hermes_one_call() -> None:
     turn = parse_turn("<think> find the founder </think>\n" + hermes('{"query": " Belsa founder "}'), "hermes")
-    assert (turn.kind, turn.calls, turn.errors) == ("search", (SearchCall("Belsa founder"),), ())
+    assert (turn.kind, turn.calls, turn.reasons) == ("search", (SearchCall("Belsa founder"),), ())
 
 
 def test_hermes_several_calls_in_one_turn_keep_their_order() -> None:
@@ -45,13 +45,13 @@ def test_hermes_several_calls_in_one_turn_keep_their_order() -> None:
 def test_hermes_unreadable_turns_are_invalid_with_a_reason(text: str, reason: str) -> None:
     turn = parse_turn(text, "hermes")
     assert turn.kind == "invalid" and turn.calls == ()
-    assert len(turn.errors) == 1 and reason in turn.errors[0], turn.errors
+    assert len(turn.reasons) == 1 and reason in turn.reasons[0], turn.reasons
 
 
 def test_a_readable_call_beside_an_unreadable_one_still_searches_and_counts_the_other() -> None:
     turn = parse_turn(hermes('{"query": "a"}') + '<tool_call>{"name": "browse"}</tool_call>', "hermes")
     assert turn.kind == "search" and [c.query for c in turn.calls] == ["a"]
-    assert len(turn.errors) == 1 and "unknown tool 'browse'" in turn.errors[0]
+    assert len(turn.reasons) == 1 and "unknown tool 'browse'" in turn.reasons[0]
 
 
 def test_an_answer_without_a_call_answers_and_the_later_of_call_and_answer_decides() -> None:
@@ -70,7 +70,7 @@ def test_arguments_as_a_json_string_and_top_k_when_offered() -> None:
     assert parse_turn(text, "hermes").calls == (SearchCall("a"),)  # top_k not offered: ignored
     assert parse_turn(text, "hermes", allow_top_k=True).calls == (SearchCall("a", 2),)
     bad = parse_turn(hermes('{"query": "a", "top_k": 0}'), "hermes", allow_top_k=True)
-    assert bad.kind == "invalid" and "top_k" in bad.errors[0]
+    assert bad.kind == "invalid" and "top_k" in bad.reasons[0]
 
 
 # --------------------------------------------------------------------------- llama 3 JSON
@@ -85,10 +85,10 @@ def test_llama3_calls_one_several_and_after_the_python_tag() -> None:
 
 
 def test_llama3_bad_calls_and_answers() -> None:
-    assert "not valid JSON" in parse_turn('{"name": "search", "parameters": {', "llama3").errors[0]
-    assert "unknown tool" in parse_turn('{"name": "calc", "parameters": {"x": 1}}', "llama3").errors[0]
+    assert "not valid JSON" in parse_turn('{"name": "search", "parameters": {', "llama3").reasons[0]
+    assert "unknown tool" in parse_turn('{"name": "calc", "parameters": {"x": 1}}', "llama3").reasons[0]
     turn = parse_turn('<answer> {"name": "search"} </answer>', "llama3")  # JSON inside an answer: no call
-    assert (turn.kind, turn.answer, turn.errors) == ("answer", '{"name": "search"}', ())
+    assert (turn.kind, turn.answer, turn.reasons) == ("answer", '{"name": "search"}', ())
 
 
 # --------------------------------------------------------------------------- the chat template
