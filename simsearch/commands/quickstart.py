@@ -511,8 +511,22 @@ def _report(
         "fidelity": summaries["rl_search"]["fidelity"],
     }
     (run / "report.json").write_text(json.dumps(result, indent=2) + "\n")
+    (run / "report.md").write_text(_report_markdown(recipe.smoke, em, baselines, diagnostics, wall_s, peak_rss_gb))
+    _plot_report(run, summaries)
+    return result
+
+
+def _report_markdown(
+    smoke: bool,
+    em: dict[str, dict[str, float]],
+    baselines: dict[str, float],
+    diagnostics: dict[str, dict[str, Any]],
+    wall_s: float,
+    peak_rss_gb: float,
+) -> str:
+    """report.md: the held-out exact-match table, the RL policy's baselines and the diagnostics."""
     lines = [
-        "# simsearch quickstart" + (" (smoke: a pipeline check, not a result)" if recipe.smoke else ""),
+        "# simsearch quickstart" + (" (smoke: a pipeline check, not a result)" if smoke else ""),
         "",
         "Held-out exact match (%), greedy; the RL policy only ever searched the simulator, and the",
         "no-search policy never got a search result (none: every search finds nothing).",
@@ -528,9 +542,12 @@ def _report(
         f"Wall time {wall_s / 60:.1f} min, peak memory {peak_rss_gb:.2f} GB.",
         "",
     ]
-    (run / "report.md").write_text("\n".join(lines))
-    # Engines as the groups, policies as the bars: does what was learned against the simulator
-    # carry over to real retrievers?
+    return "\n".join(lines)
+
+
+def _plot_report(run: Path, summaries: dict[str, dict]) -> None:
+    """bars.png (engines as the groups, policies as the bars: does what was learned against the
+    simulator carry over to real retrievers?) and curves.png (the training metrics)."""
     by_engine = {
         "datasets": list(ENGINES),
         "rows": {
@@ -547,7 +564,6 @@ def _report(
     rows = read_metrics(run / "train")
     if rows:
         report.plot_training_curves(rows, run / "curves.png")
-    return result
 
 
 def _diagnostic_lines(diagnostics: dict[str, dict[str, Any]]) -> list[str]:

@@ -1,21 +1,17 @@
 """`simsearch simulator finetune`: supervised fine-tuning of the simulator LLM.
 
-Reads top to bottom: setup (processes, model, data, optimizer, resume) → loop (accumulate,
-step, log, validate, checkpoint) → cleanup (final checkpoint). The loss is on response tokens
-only (see `simsearch.simulator.sft`). Full fine-tuning or LoRA (`lora.r > 0`); DeepSpeed ZeRO-2/3
-when `deepspeed.stage > 0`.
+Setup (processes, model, data, optimizer, resume) → loop (accumulate, step, log, validate,
+checkpoint) → cleanup. The loss is on response tokens only (`simulator.sft`). Full fine-tuning or
+LoRA (`lora.r > 0`); DeepSpeed ZeRO-2/3 when `deepspeed.stage > 0`.
 
 Launch:
     simsearch simulator finetune recipe.yaml                       # one process
     torchrun --nproc_per_node 2 -m simsearch.cli simulator finetune recipe.yaml deepspeed.stage=3
     deepspeed --num_gpus 8 --no_local_rank --module simsearch.cli simulator finetune recipe.yaml deepspeed.stage=2
 
-Run directory: `recipe.yaml`, `metrics.jsonl` (`losses/train`, `losses/val`, `optim/lr`,
-`optim/grad_norm`, `perf/tokens_per_s`), `checkpoints/step_N/` (`model/`: Hugging Face format,
-full weights, the LoRA adapter, or merged weights with the adapter in `model/adapter/` when
-`lora.merge_on_save`; `trainer_state.pt`), and with DeepSpeed `deepspeed/step_N/` (its
-partitioned optimizer state, referenced from the checkpoint). ZeroSearch's recipe: lr 1e-6,
-batch 2, 1000 steps.
+Run directory: `recipe.yaml`, `metrics.jsonl`, `checkpoints/step_N/` (`model/`: Hugging Face
+format, full, LoRA adapter, or merged with the adapter in `model/adapter/` when
+`lora.merge_on_save`; `trainer_state.pt`), with DeepSpeed `deepspeed/step_N/`.
 """
 
 from __future__ import annotations

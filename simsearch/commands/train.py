@@ -1,42 +1,21 @@
 """`simsearch train`: curriculum RL of a search agent (ZeroSearch, SSRL, Search-R1 baselines).
 
 Set-up (processes, data, models, engines, resume) → loop → clean-up. One step: this process's
-share of `prompts_per_step` questions from a seeded permutation per epoch; p_noise from the
-curriculum; `group_size` rollouts per question and their rewards (`policy.step.sample_step`; with
-`algorithm.dynamic_sampling`, DAPO's: groups whose rewards are all equal give way to the next questions'
-groups, rolled out in further rounds, `policy.sampling`); reference / old log-probs and values
-(`policy.update.forward_passes`); advantages (`algorithm.estimator`); the update
-(`policy.update.update`) and the weight sync (`policy.sync`); log, validate every `eval_every`
-steps (`policy.validation`), checkpoint every `save_every` steps (`training.session`).
+share of `prompts_per_step` questions; p_noise from the curriculum; rollouts and rewards
+(`policy.step.sample_step`, with DAPO's dynamic sampling `policy.sampling`); reference / old
+log-probs and values (`policy.update.forward_passes`); advantages; the update and the weight
+sync; log, validate every `eval_every` steps, checkpoint every `save_every` steps.
 
 Launch:
     simsearch train recipes/train/tiny_cpu.yaml
     torchrun --nproc_per_node 2 -m simsearch.cli train RECIPE deepspeed.stage=3
     deepspeed --num_gpus 8 --no_local_rank --module simsearch.cli train RECIPE
 
-Run directory: `recipe.yaml`, `metrics.jsonl` (+ `tensorboard/`; search counts, latency, cost;
-`time/rollout_s` the step's rollout rounds, `time/reward_s` their scoring, `time/update_s` the update),
-`cost.json` (totals over every invocation), `trajectories.jsonl` (samples for `simsearch view`),
-`checkpoints/step_N/` (`model/`: Hugging Face format, full or the LoRA adapter; `trainer_state.pt`:
-optimizer, scheduler, curriculum, data position, RNG, critic), with DeepSpeed `deepspeed/step_N/`.
-
-Departures from the textbook and from ZeroSearch's verl trainer:
-
-- Every trainer log-prob and the entropy are those of softmax(logits / `sampling.temperature`),
-  the distribution the rollout sampled from, as verl's actor (ZeroSearch's
-  `verl/workers/actor/dp_actor.py:100,136`, `verl/workers/fsdp_workers.py:461,492`); top-p is not
-  applied, as in verl; a temperature of 0 is refused (there is no distribution to train).
-- The LR schedule advances once per training step, not per optimizer step, as verl's
-  (`verl/workers/fsdp_workers.py:381`), so `optim.warmup_steps` counts training steps.
-- The KL term has the right sign (ZeroSearch's release pushed the policy away from the
-  reference); a dead search or simulator service stops the run with the last good checkpoint
-  named (ZeroSearch retried forever); validation keeps every question.
-- Sampling, noise coin flips and minibatch shuffles are seeded by (seed, step, process), so a
-  resumed run replays exactly what an uninterrupted one would have done (given the same recipe).
-- Under DeepSpeed, batch-wide statistics are per process (`policy.update`).
-- vLLM rollouts (GPU-only, docs/scaling.md) are trained with the trainer's log-probs, as in Search-R1
-  and ZeroSearch; `algorithm.tis_cap` > 0 corrects the gap by truncated importance sampling
-  (`policy.offpolicy`). Each process runs its own engine: no tensor parallelism with several.
+Run directory: `recipe.yaml`, `metrics.jsonl` (+ `tensorboard/`), `cost.json` (totals over every
+invocation), `trajectories.jsonl` (for `simsearch view`), `checkpoints/step_N/` (`model/` in
+Hugging Face format, full or LoRA adapter; `trainer_state.pt`), with DeepSpeed
+`deepspeed/step_N/`. A resumed run replays what an uninterrupted one would have done.
+Departures from ZeroSearch's trainer: docs/protocols.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Recipe sections → the objects they describe: generation engines, search engines, schedules.
 
-The one place where a config `kind` picks an implementation: `GENERATION_ENGINES` and
-`SEARCH_ENGINES` map each kind to the function that builds it. The kinds themselves are named by
-the libraries' recipe modules (`generation.recipe.GENERATION_KINDS`, `retrieval.recipe.SEARCH_KINDS`),
-which the recipe checks read; a test keeps each table's keys equal to its names. Everything is built
-at a command's setup, so a recipe naming a missing model, corpus or API key fails before any work starts.
+`GENERATION_ENGINES` and `SEARCH_ENGINES` map each engine kind the recipe modules name
+(`generation.recipe.GENERATION_KINDS`, `retrieval.recipe.SEARCH_KINDS`) to its builder; a test
+keeps them equal. Everything is built at a command's setup, so a missing model, corpus or API
+key fails before any work starts.
 """
 
 from __future__ import annotations

@@ -50,8 +50,7 @@ def policy_loss(
         loss_mask: `[B, L]` 1 at tokens trained on.
         alg: `clip_low`, `clip_high` (the ratio's range [1 - clip_low, 1 + clip_high]),
             `clip_ratio_c` (dual-clip bound, 0 = none), `ratio_level` and `loss_agg`.
-        denominator: see `losses.aggregate_loss`.
-        token_sum_normalizer: see `losses.aggregate_loss`.
+        denominator, token_sum_normalizer: see `losses.aggregate_loss`.
 
     Returns:
         The loss and stats `clipfrac`, `clipfrac_lower` (shares of valid tokens clipped, dual
@@ -151,24 +150,53 @@ def actor_micro_loss(
         "approx_kl": float(pstats["approx_kl"]),
         "tokens": float(mask.sum()),
     }
-    kl_coef = alg.kl_loss_coef
-    if ref_logp is not None:
-        kl, _ = kl_loss(logp, ref_logp, mask, alg.kl_estimator, alg.loss_agg, denominator, token_sum_normalizer)
-        stats["kl"] = float(kl.detach())
-        if kl_coef > 0:
-            loss = loss + kl_coef * kl
-    elif kl_coef > 0:
-        raise ValueError(f"actor_micro_loss: kl_coef={kl_coef} needs ref_logp")
-    valid = mask.bool()
-    if alg.entropy_coef > 0:
-        entropy = masked_sum(entropy_from_logits(logits, temperature=temperature), valid) / tokens
-        loss = loss - alg.entropy_coef * entropy
-        stats["entropy"] = float(entropy.detach())
-    else:
-        with torch.no_grad():
-            entropy = entropy_from_logits(logits.detach(), temperature=temperature)
-            stats["entropy"] = float(masked_sum(entropy, valid) / tokens)
+    kl_term = _kl_term(logp, ref_logp, mask, alg, denominator, token_sum_normalizer, stats)
+    if kl_term is not None:
+        loss = loss + kl_term
+    entropy_term = _entropy_term(logits, mask, alg.entropy_coef, tokens, temperature, stats)
+    if entropy_term is not None:
+        loss = loss - entropy_term
     return loss, stats
+
+
+def _kl_term(
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    mask: torch.Tensor,
+    alg: AlgorithmConfig,
+    denominator: float,
+    token_sum_normalizer: float | None,
+    stats: dict[str, float],
+) -> torch.Tensor | None:
+    """kl_coef x KL to the reference (None when kl_coef is 0); logs `kl` in `stats` whenever ref_logp is given."""
+    kl_coef = alg.kl_loss_coef
+    if ref_logp is None:
+        if kl_coef > 0:
+            raise ValueError(f"actor_micro_loss: kl_coef={kl_coef} needs ref_logp")
+        return None
+    kl, _ = kl_loss(logp, ref_logp, mask, alg.kl_estimator, alg.loss_agg, denominator, token_sum_normalizer)
+    stats["kl"] = float(kl.detach())
+    return kl_coef * kl if kl_coef > 0 else None
+
+
+def _entropy_term(
+    logits: torch.Tensor,
+    mask: torch.Tensor,
+    entropy_coef: float,
+    tokens: float,
+    temperature: float,
+    stats: dict[str, float],
+) -> torch.Tensor | None:
+    """entropy_coef x the token-mean entropy (None when entropy_coef is 0); logs `entropy`."""
+    valid = mask.bool()
+    if entropy_coef > 0:
+        entropy = masked_sum(entropy_from_logits(logits, temperature=temperature), valid) / tokens
+        stats["entropy"] = float(entropy.detach())
+        return entropy_coef * entropy
+    with torch.no_grad():
+        entropy = entropy_from_logits(logits.detach(), temperature=temperature)
+        stats["entropy"] = float(masked_sum(entropy, valid) / tokens)
+    return None
 
 
 def sequence_kl(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:

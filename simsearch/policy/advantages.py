@@ -1,50 +1,13 @@
 """Advantage estimators: rewards in, per-trajectory or per-token advantages out.
 
-Shapes: B = prompts x group size (every trajectory is one row), L = padded response length.
-Sequence-level estimators (GRPO, Dr.GRPO, REINFORCE, RLOO, stratified GRPO) return `[B]`;
-`broadcast_to_tokens` spreads them over the loss mask. Token-level estimators (REINFORCE++, GAE,
-IGPO) return `[B, L]` directly. Every estimator returns `(advantages, stats)` where `stats` maps a short
-name to a detached 0-d tensor; the entry module namespaces and logs them.
-
-Groups are given by `group_ids` `[B]` (any integers: the rows of one prompt need not be adjacent);
-no estimator reshapes to `[prompts, n]`, so a filtered or shuffled batch is still grouped right.
-
-Where this departs from the papers / from verl (the reference implementation the published
-search-agent systems ran on):
-
-- GRPO divides by the *unbiased* group std (Bessel's correction, `torch.std`'s default), as verl's
-  `compute_grpo_outcome_advantage` does, with eps = 1e-6 added to the std.
-- A group whose rewards are all equal gets advantage exactly 0 (we test max == min rather than
-  std == 0, because the float mean of equal rewards is not always exactly that reward).
-- A group of size 1 is an error for GRPO, Dr.GRPO and RLOO (verl silently uses mean 0 / std 1 for
-  it, i.e. plain REINFORCE without baseline for that row): sample at least 2 per prompt.
-- REINFORCE++ and GAE treat the *valid* tokens (mask 1) as the time axis. Retrieved
-  `<information>` tokens sit inside the response with mask 0; they are not actions, so they are
-  skipped: no discount, no value, no reward is applied at them and the return flows across them
-  unchanged. (verl's GAE does the same. verl's REINFORCE++ instead zeroes the running return at
-  every masked token, `verl/trainer/ppo/core_algos.py`,
-  `compute_reinforce_plus_plus_outcome_advantage`: reading backwards from the outcome reward it
-  meets the *last* retrieval block first, so every token before the last retrieval block gets no
-  outcome reward, only its KL penalties.) Masked positions get advantage 0 and return 0.
-- `masked_whiten` matches verl: unbiased masked variance, (x - mean) * rsqrt(var + 1e-8).
-- Stratified GRPO: strata are (group, number of search calls). A stratum of one trajectory has
-  A_SAN = 0 (it has no peer to compare with); std is unbiased as in GRPO, so with a single stratum
-  per group A_SAN equals A_GRPO.
-
-- IGPO (`igpo_advantages`; its information gains, extra forward passes, come from
-  `policy.infogain`, which depends on this module, not the reverse). Sources: the paper (Wang et
-  al. 2025, arXiv 2510.14967, section 3) for the method: a gain is the change in
-  exp(mean log-prob of the gold answer's tokens) over a turn, the final turn's reward is the
-  outcome (its F1, ours the recipe's reward), every turn reward of a group is z-scored jointly,
-  and a turn's advantage is the discounted sum of the normalized rewards from it on. The released
-  code (GuoqingWang1/IGPO bdceb82) for the settings (`policy_optimization.sh`: 32 prompts x 16
-  rollouts, lr 1e-6, KL as a loss term, temperature 1, up to 10 turns; gamma = 1 in
-  `verl/trainer/ppo/core_algos.py:193`) and the gain (`scrl/llm_agent/generation.py:416-422`,
-  a difference of probabilities). Not followed: that code's advantage (`core_algos.py:193-252`)
-  subtracts a group's mean return token position by token position and never divides by the std
-  it computes; we follow the paper. Our choices where neither says: the std divides by the count
-  of turn rewards (population std, not count - 1 as our GRPO), and a gain of exactly 0 is a turn
-  reward like any other. `AlgorithmConfig` refuses `kl_in_reward` with IGPO.
+Shapes: B = prompts x group size (one row per trajectory), L = padded response length.
+Sequence-level estimators (GRPO, Dr.GRPO, REINFORCE, RLOO, stratified GRPO) return `[B]`, spread
+over the loss mask by `broadcast_to_tokens`; token-level ones (REINFORCE++, GAE, IGPO) return
+`[B, L]`. Each returns `(advantages, stats)`, stats detached 0-d tensors. Groups are given by
+`group_ids` `[B]` (rows of a group need not be adjacent). A group of one is an error for GRPO,
+Dr.GRPO and RLOO; an all-equal group gets exactly 0. Retrieved tokens (mask 0) are skipped by
+the token-level estimators: advantage and return 0 there, the return flows across them.
+Departures from the papers and verl: docs/protocols.md.
 """
 
 from __future__ import annotations
@@ -185,8 +148,7 @@ def stratified_grpo_advantages(
         eps: added to both stds.
 
     Returns:
-        advantages `[B]` and stats `num_groups`, `zero_std_groups`, `num_strata`,
-        `singleton_strata`.
+        advantages `[B]`; stats `num_groups`, `zero_std_groups`, `num_strata`, `singleton_strata`.
     """
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"stratified_grpo_advantages: alpha must be in [0, 1], got {alpha}")
@@ -231,8 +193,7 @@ def reinforce_plus_plus_advantages(
     Args:
         rewards: `[B]` outcome reward per trajectory.
         loss_mask: `[B, L]` 1 at generated tokens, 0 at retrieved tokens and padding.
-        kl: `[B, L]` per-token KL estimate to the reference policy (`losses.kl_penalty`), needed
-            when `kl_coef` is non-zero.
+        kl: `[B, L]` per-token KL estimate (`losses.kl_penalty`), needed when `kl_coef` > 0.
         kl_coef: weight of the KL penalty in the reward (>= 0).
         gamma: discount per valid token.
 
@@ -277,12 +238,11 @@ def gae_advantages(
         lam: GAE lambda.
         kl: `[B, L]` per-token KL estimate, needed when `kl_coef` is non-zero.
         kl_coef: weight of the KL penalty in the reward (>= 0).
-        whiten: whiten the advantages over every valid token of the batch (verl always does;
-            the returns are never whitened).
+        whiten: whiten the advantages over every valid token of the batch (never the returns).
 
     Returns:
-        advantages `[B, L]`, returns `[B, L]` (both 0 at masked positions; returns are the critic's
-        regression targets) and stats `returns_mean`, `values_mean`.
+        advantages `[B, L]`, returns `[B, L]` (the critic's targets; both 0 at masked positions)
+        and stats `returns_mean`, `values_mean`.
     """
     token_rewards = _token_rewards(rewards, loss_mask, kl, kl_coef, "gae_advantages")
     _check_same_shape(values, loss_mask, "values", "loss_mask")
@@ -318,12 +278,9 @@ def igpo_advantages(
 ) -> tuple[torch.Tensor, Stats]:
     """IGPO (Wang et al. 2025): information-gain turn rewards, normalized per group, discounted over turns.
 
-    Row b has n_b turns (`turn_index` max + 1). Its turn rewards are r_k = gains[b, k] for the
-    turns k < n_b - 1 (the change in the policy's probability of the gold answer that turn k and
-    its information caused, `policy.infogain`) and r_{n_b - 1} = rewards[b], the outcome. Every
-    turn reward of a group is normalized jointly, r^_k = (r_k - mean) / (std + eps) (population
-    std; a flat group gets 0). Turn k's advantage A_k = sum_{j >= k} gamma^(j - k) r^_j goes to
-    every trained token of turn k; inserted tokens and padding get 0.
+    Row b's turn rewards are its gains (`policy.infogain`) for turns k < n_b - 1 and its outcome
+    for the last; a group's turn rewards are z-scored jointly (population std; flat group 0), and
+    turn k's advantage A_k = sum_{j >= k} gamma^(j - k) r^_j goes to its trained tokens.
 
     Args:
         rewards: `[B]` outcome reward per trajectory (the last turn's reward).
@@ -346,6 +303,21 @@ def igpo_advantages(
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"{fn}: gamma must be in [0, 1], got {gamma}")
     turns = (turn_index.max(dim=1).values + 1).clamp(min=1)  # [B] a row without tokens still has its outcome
+    turn_rewards, valid, last = _turn_rewards(rewards, gains, turns, fn)  # [B, K] each
+    normalized, stats = _joint_group_normalize(turn_rewards, valid, group_ids, eps)
+    advantages = _discounted_turn_sums(normalized, valid, gamma)  # [B, K]
+    token_adv = advantages.gather(1, turn_index.clamp(min=0).long())  # [B, L]
+    token_adv = torch.where(loss_mask.bool() & (turn_index >= 0), token_adv, torch.zeros_like(token_adv))
+    non_final = valid & ~last
+    stats["turns_mean"] = turns.to(rewards.dtype).mean()
+    stats["gain_mean"] = masked_mean(turn_rewards, non_final) if bool(non_final.any()) else rewards.new_zeros(())
+    return token_adv, stats
+
+
+def _turn_rewards(
+    rewards: torch.Tensor, gains: torch.Tensor, turns: torch.Tensor, fn: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`[B, K]` turn rewards (gains, then the outcome at each row's last turn; 0 past it), valid and last masks."""
     width = int(turns.max())
     if gains.dim() != 2 or gains.shape[0] != rewards.shape[0] or gains.shape[1] < width - 1:
         raise ValueError(f"{fn}: gains must be [B, >= {width - 1}] rows x turns, got {tuple(gains.shape)}")
@@ -358,18 +330,17 @@ def igpo_advantages(
     turn_rewards = torch.where(last, rewards.detach().unsqueeze(1), torch.where(valid, turn_rewards, 0.0))
     if not bool(torch.isfinite(turn_rewards).all()):
         raise ValueError(f"{fn}: gains contain NaN or inf at rows {_nonfinite_rows(turn_rewards.sum(dim=1))}")
-    normalized, stats = _joint_group_normalize(turn_rewards, valid, group_ids, eps)
+    return turn_rewards, valid, last
+
+
+def _discounted_turn_sums(normalized: torch.Tensor, valid: torch.Tensor, gamma: float) -> torch.Tensor:
+    """`[B, K]` A_k = sum_{j >= k} gamma^(j - k) normalized_j over each row's valid turns, 0 past them."""
     advantages = torch.zeros_like(normalized)  # [B, K]
-    carry = torch.zeros_like(rewards)  # [B] advantage of the next turn
-    for t in reversed(range(width)):
+    carry = normalized.new_zeros(normalized.shape[0])  # [B] advantage of the next turn
+    for t in reversed(range(normalized.shape[1])):
         carry = torch.where(valid[:, t], normalized[:, t] + gamma * carry, carry)
         advantages[:, t] = torch.where(valid[:, t], carry, torch.zeros_like(carry))
-    token_adv = advantages.gather(1, turn_index.clamp(min=0).long())  # [B, L]
-    token_adv = torch.where(loss_mask.bool() & (turn_index >= 0), token_adv, torch.zeros_like(token_adv))
-    non_final = valid & ~last
-    stats["turns_mean"] = turns.to(rewards.dtype).mean()
-    stats["gain_mean"] = masked_mean(turn_rewards, non_final) if bool(non_final.any()) else rewards.new_zeros(())
-    return token_adv, stats
+    return advantages
 
 
 def _joint_group_normalize(

@@ -85,16 +85,10 @@ def collate_trajectories(
 ) -> TrainBatch:
     """Pads trajectories into a `TrainBatch` (left-padded prompts, right-padded responses).
 
-    With `mask_unfinished` (Mini-o3's over-turn masking, Lai et al. 2025) a trajectory whose
-    finish is in `types.OVER_TURN` (no answer: the turns or the context ran out while it was still
-    searching), and with `mask_gave_up` also one that finished "gave_up", gets loss mask 0 on
-    every token, so it is left out of the loss, of its denominators, of the KL and entropy terms
-    and of the critic's loss, instead of being trained on its reward (0 without an answer). Its row
-    stays in the batch with its reward: sequence-level estimators (GRPO, RLOO,
-    ...) still count it in its group's statistics, as Mini-o3's trainer does (its
-    `compute_grpo_outcome_advantage` keeps over-turn rows in the group mean and std, the skip is
-    commented out; its actor zeroes their `response_mask`, `verl/workers/actor/dp_actor.py`);
-    token-level estimators (REINFORCE++, GAE) whiten over trained tokens and no longer see it.
+    With `mask_unfinished` (Mini-o3's over-turn masking) a trajectory whose finish is in
+    `types.OVER_TURN`, and with `mask_gave_up` also one that finished "gave_up", gets loss mask 0
+    on every token: it leaves the loss and its denominators, but its row and reward stay in the
+    batch, so sequence-level estimators still count it in its group's statistics.
 
     Args:
         trajectories: Finished trajectories; `prompt_id` becomes the group id.

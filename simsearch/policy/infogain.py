@@ -1,34 +1,13 @@
 """IGPO's information gains: how much each turn raised the policy's probability of the gold answer.
 
-A trajectory's response is cut into turns (`turn_starts`): a turn is a generated span and the
-span inserted after it (a search's results, or the corrective message after an invalid turn).
-With turn k starting at response position s_k (s_0 = 0), the policy's probability of the gold
-answer a after the prompt alone and after each non-final turn's information is
+A response is cut into turns (`turn_starts`, from the loss mask): a generated span and the span
+inserted after it. With turn k starting at response position s_k (s_0 = 0),
 
     p_k = exp( mean_j log pi(a_j | prompt, response[:s_k], <answer>, a_<j) ),   k = 0 .. n - 1
 
-by teacher forcing (Wang et al. 2025, "Information Gain-based Policy Optimization"): a probability,
-not a log-probability, length-normalized by the geometric mean over the answer's tokens. Turn k's
-information gain is p_{k+1} - p_k (k < n - 1); the final turn keeps the outcome reward, and
-`advantages.igpo_advantages` turns both into token advantages. Log-probs are those of
-softmax(logits / temperature), the distribution the rollout sampled from, as everywhere in the
-trainer.
-
-Departures from IGPO's code (GuoqingWang1/IGPO bdceb82, `scrl/llm_agent/generation.py`):
-
-- Its code appends a fixed sentence closing the model's thinking, then the gold answer on its
-  own line in its chat format; we append the templates' answer form, `<answer>` then ` gold`
-  (tag and answer tokenized apart, the answer with its leading space), right after the prefix.
-  Only the answer's tokens are scored, as there.
-- The gold answer is the example's first golden answer (IGPO's data have one). A trajectory
-  whose first golden answer is empty gets no gains (0).
-- Turn boundaries come from the loss mask (each generated token that follows an inserted one
-  starts a turn), never from re-tokenized text. Its trajectories end at an invalid turn; ours
-  go on after the corrective message, and that turn gets a gain like any other. In self-search
-  the policy's own `<information>` blocks (loss mask 0) end its turns the same way.
-- All probabilities of a step are measured after the rollout, in one batched pass of the policy
-  being trained (length-sorted micro-batches, the update's padding layout) rather than turn by
-  turn during the rollout: the same weights, so the same numbers.
+by teacher forcing on the first golden answer a (Wang et al. 2025), with log-probs of
+softmax(logits / temperature). Turn k's gain is p_{k+1} - p_k (k < n - 1); the final turn keeps
+the outcome reward (`advantages.igpo_advantages`). Departures: docs/protocols.md.
 """
 
 from __future__ import annotations

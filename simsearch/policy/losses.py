@@ -1,42 +1,11 @@
 """Loss terms of the policy update: clipped surrogate, KL to a reference, entropy, value loss.
 
 Every loss takes per-token tensors `[B, L]` with a loss mask (1 at tokens the policy generated,
-0 at prompt padding, retrieved `<information>` tokens and response padding) and returns
-`(scalar loss, stats)`, `stats` mapping a short name to a detached 0-d tensor (no `.item()`, so no
-device sync per micro-batch; the entry module namespaces and logs them). The optimizer minimizes
-(`policy.actor_loss.actor_micro_loss`, which combines these terms per micro-batch)
-
-    actor loss = policy_loss + kl_coef * KL - entropy_coef * entropy
-
-each term present only when its coefficient is > 0: the signs are fixed there (ZeroSearch's
-release flipped the sign of the KL term, pushing the policy *away* from the reference).
-
-Where this departs from the papers / matches verl:
-
-- The log-ratio logp - old_logp is clamped to [-20, 20] before `exp` (verl does the same); a token
-  that far off-policy is clipped by the surrogate anyway.
-- `k3` (verl's `low_var_kl`) clamps ref_logp - logp to [-20, 20] before `exp` and the estimate to
-  [-10, 10] (i.e. at most 10, since k3 >= 0), exactly as verl does; beyond the clamp the
-  gradient is 0.
-- Dual-clip PPO (verl's `clip_ratio_c`, `compute_policy_loss_vanilla` in
-  `verl/trainer/ppo/core_algos.py`) is off by default (`clip_ratio_c=0`), where verl defaults it
-  to 3.0: the reproduced systems' verl forks (ZeroSearch, Search-R1) predate it.
-- KL estimators keep verl's `kl_penalty` definitions under the names k1 (verl's "kl"), k2
-  ("mse"), k3 ("low_var_kl") and abs; verl's straight-through "+" variants are not offered.
-- Loss aggregation keeps verl's mode names. "seq-mean-token-sum-norm" (Dr.GRPO) here averages
-  over sequences of (token sum / a constant); verl sums over the micro-batch's sequences instead,
-  which differs by the factor B. Rows without a valid token are not counted as sequences.
-- Masked positions are selected away with `torch.where`, never multiplied by 0, so NaN or inf in
-  padding cannot reach the loss or the gradient: masked tokens get exactly zero gradient.
-- GSPO (`ratio_level="sequence"`, Zheng et al. 2025; verl's `compute_policy_loss_gspo` in
-  `verl/trainer/ppo/core_algos.py`): the sequence ratio averages the log-ratio over the row's
-  trained tokens (loss mask 1, so retrieved documents do not count towards |y_i|), and its log is
-  clamped to [-20, 20] like the token ratio (verl: at most 10). verl then always aggregates with
-  "seq-mean-token-mean" (the paper's objective) and has no dual clip; here `aggregation` and
-  `clip_ratio_c` apply as they do to token ratios (with "token-mean" a sequence weighs by its length).
-- `token_logprobs` and `entropy_from_logits` are custom autograd functions that work over chunks
-  of positions in float32, saving only the logits (no `[B, L, V]` float copy, no `log_softmax`
-  output kept for backward); bf16 logits still give float32 log-probs.
+0 at padding and retrieved `<information>` tokens) and returns `(scalar loss, stats)`, stats
+detached 0-d tensors. Masked positions are selected away with `torch.where`, so NaN or inf there
+cannot reach the loss or the gradient. Log-ratios are clamped to [-20, 20] before `exp`. KL
+estimators and aggregation modes keep verl's definitions and names; departures:
+docs/protocols.md.
 """
 
 from __future__ import annotations
@@ -85,12 +54,9 @@ def aggregate_loss(
         loss_mat: `[B, L]` per-token loss.
         loss_mask: `[B, L]` 1 at tokens that count.
         mode: a name in `LOSS_AGGREGATIONS` (the modes above).
-        denominator: the count the mode divides by (valid tokens for "token-mean", sequences for
-            "seq-mean-*"), when `loss_mat` is one micro-batch of a larger optimizer batch: pass
-            the whole batch's count so that summing the micro-batch losses gives the batch loss.
-            None counts them in `loss_mask`.
-        token_sum_normalizer: the constant of "seq-mean-token-sum-norm"; required by that mode
-            and rejected by the others.
+        denominator: the count the mode divides by (tokens or sequences) of the whole optimizer
+            batch, so micro-batch losses sum to the batch loss; None counts them in `loss_mask`.
+        token_sum_normalizer: the constant of "seq-mean-token-sum-norm" (that mode only).
 
     Returns:
         Scalar loss.
@@ -223,9 +189,6 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimato
       to [-10, 10], as verl does.
     - "abs": |d| (>= 0).
 
-    Use it as a loss term through `kl_loss`, or detached as a reward penalty for
-    `advantages.reinforce_plus_plus_advantages` / `advantages.gae_advantages`.
-
     Args:
         logp: `[B, L]` log-probs under the policy.
         ref_logp: `[B, L]` log-probs under the frozen reference (no grad is taken through it).
@@ -256,9 +219,7 @@ def kl_loss(
         ref_logp: `[B, L]` log-probs under the reference.
         loss_mask: `[B, L]` 1 at tokens trained on.
         estimator: A name of `KL_ESTIMATORS`; "k3" is the published systems' `low_var_kl`.
-        aggregation: see `aggregate_loss`.
-        denominator: see `aggregate_loss`.
-        token_sum_normalizer: see `aggregate_loss`.
+        aggregation, denominator, token_sum_normalizer: see `aggregate_loss`.
 
     Returns:
         The aggregated KL and stats `kl` (the same value, detached).
@@ -294,9 +255,7 @@ def value_loss(
         returns: `[B, L]` regression targets (`advantages.gae_advantages`' returns).
         loss_mask: `[B, L]` 1 at tokens trained on.
         clip_range: maximum move of the value per update before clipping applies (>= 0).
-        aggregation: see `aggregate_loss`.
-        denominator: see `aggregate_loss`.
-        token_sum_normalizer: see `aggregate_loss`.
+        aggregation, denominator, token_sum_normalizer: see `aggregate_loss`.
 
     Returns:
         The loss and stats `vf_clipfrac` (fraction of valid tokens where the clipped error is
@@ -341,9 +300,7 @@ def token_logprobs(
     Computed as z[label] - logsumexp(z), z = logits / temperature, in float32 (float64 for
     float64 logits), over `chunk_size` positions at a time; backward recomputes the softmax chunk
     by chunk from the saved logits. For logits of a causal LM, pass `logits[:, :-1]` and
-    `input_ids[:, 1:]`. The temperature is the rollout's sampling temperature, so the log-probs
-    are those of the distribution the tokens were drawn from (verl's actor divides its logits by
-    it, `verl/workers/actor/dp_actor.py`); top-p is not applied, as in verl.
+    `input_ids[:, 1:]`. Pass the rollout's temperature (top-p is not applied).
 
     Args:
         logits: `[B, L, V]` (any float dtype; a non-contiguous slice is fine, it is not copied).

@@ -1,22 +1,9 @@
-"""Correcting for the gap between the rollout engine's and the trainer's log-probabilities.
-
-When rollouts come from a different implementation of the policy than the one being trained
-(vLLM's kernels, bf16 sampling, a weight sync that lags), the tokens are sampled from
-pi_rollout while the loss assumes pi_trainer: even a nominally on-policy update is slightly
-off-policy. Truncated importance sampling (TIS; Yao et al., 2025, "Your efficient RL framework
-secretly brings you off-policy RL training") reweights each token's policy-gradient term by
+"""Truncated importance sampling (TIS) for the gap between the rollout engine and the trainer.
 
     w_t = min(pi_trainer(a_t) / pi_rollout(a_t), cap)
 
-computed without gradient. The cap bounds the variance a rare token with a large ratio would
-add; it biases the estimate only on those tokens.
-
-How to use it with `losses.policy_loss`: multiply the advantages by `w` before the loss. For
-w >= 0 this is exact for the clipped surrogate, since max(-A w r, -A w clip(r)) = w max(-A r,
--A clip(r)).
-
-Where this departs from verl / TRL: they apply the weight inside their loss functions; here it is
-a separate pure function so that the same losses serve rollouts from any engine.
+computed without gradient. Multiply the advantages by `w` before `losses.policy_loss`; for w >= 0
+this is exact for the clipped surrogate: max(-A w r, -A w clip(r)) = w max(-A r, -A clip(r)).
 """
 
 from __future__ import annotations

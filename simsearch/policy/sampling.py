@@ -1,32 +1,9 @@
 """DAPO's dynamic sampling: train on informative groups only, rolling out more prompts to find them.
 
-A group (the `group_size` trajectories of one prompt) is *flat* when its rewards are all equal:
-every sample right or every sample wrong. GRPO-style estimators give such a group zero advantage,
-so it adds no policy gradient and only dilutes the batch. DAPO (Yu et al. 2025, "dynamic
-sampling") drops flat groups and keeps sampling until the batch is full; `sample_informative`
-runs those rounds over a rollout callable and picks the groups to train on.
-
-Where this departs from verl's implementation (`recipe/dapo/dapo_ray_trainer.py:229-288` at verl
-246cac4, the last commit before the recipes moved to verl-recipe; `algorithm.filter_groups`):
-
-- The bound is mandatory: after `max_rounds` rounds the step trains on the informative groups it
-  found, however few (verl raises an error at `max_num_gen_batches`, or samples forever when it is
-  <= 0). With none at all it trains on the first round's groups, as the step would without
-  dynamic sampling (`Sampled.trained`): their GRPO advantages are zero, so only the KL and entropy
-  terms and the optimizer's momentum move the policy, but the step keeps its losses, its LR-schedule
-  step and, under DeepSpeed, the same collectives on every process. (Skipping the update instead
-  would give such a step no loss metrics and need every process to skip it together.)
-- Flat means exactly equal rewards (verl tests `np.std(rewards) > 0`, which can see equal floats
-  as different after rounding). As in verl, a group of one sample is never flat.
-- Which reward is the caller's: `simsearch train` passes the recipe's reward before DAPO's
-  overlong shaping (`policy.step.step_rewards`), as DAPO filters on accuracy
-  (`filter_groups.metric=acc` in verl's DAPO scripts), not on the shaped score: a group all right
-  or all wrong stays flat however its lengths differ.
-- Each round is one rollout call over a fixed number of prompts (the caller's choice; verl rolls
-  out a whole `gen_batch_size` each time); the informative groups beyond the target are dropped,
-  keeping the earliest (round, then order within the round), as verl's `batch[:traj_bsz]`.
-- verl fills one batch for all its data-parallel workers; in `simsearch train` each process fills
-  its own share (`policy.step.sample_step` then makes the processes agree on a size).
+A group is *flat* when its rewards are all exactly equal (a group of one never is); it adds no
+GRPO gradient. `sample_informative` runs up to `max_rounds` rollout rounds, keeps the earliest
+informative groups up to the target, and with none at all trains on the first round's groups.
+Departures from verl's DAPO: docs/protocols.md.
 """
 
 from __future__ import annotations

@@ -2,17 +2,9 @@
 
 The policy writes `<think>…</think>`, then either `<search>query</search>` (the rollout answers
 with `<information>documents</information>`) or `<answer>…</answer>`. Generation of one turn
-stops at the first `</search>` or `</answer>` (`STOP_STRINGS`).
-
-Departures from Search-R1 / ZeroSearch:
-
-- Every pattern matches across lines (DOTALL); SSRL's information regex lacked it, so
-  multi-line blocks were never found.
-- `parse_action` reads the last complete block of the turn, not the first match anywhere, and
-  an empty or whitespace-only query is an invalid action rather than a search for "".
-- `INVALID_ACTION_MESSAGE` is our own wording of ZeroSearch's corrective message (same meaning:
-  the action was invalid, the query goes in the search tags, the answer in the answer tags, try
-  again), written without literal tags so that it can never parse as an answer or a search.
+stops at the first `</search>` or `</answer>` (`STOP_STRINGS`). Patterns match across lines;
+`parse_action` reads the turn's last complete block; an empty query is an invalid action.
+Departures from Search-R1 / ZeroSearch: docs/protocols.md.
 """
 
 from __future__ import annotations

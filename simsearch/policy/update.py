@@ -1,22 +1,11 @@
 """The RL update of one training step, as functions over an explicit `Learner`.
 
 `forward_passes` computes what the update compares against (reference and old log-probs, critic
-values); `update` runs `ppo_epochs` passes over minibatches of micro-batches: masked actor loss
-(`batch.actor_micro_loss`), value loss, one optimizer step per minibatch, and the LR schedules
-once per training step, as verl's (ZeroSearch's `verl/workers/fsdp_workers.py:381`).
-
-Departures:
-- Old log-probs are recomputed only when a batch is reused (`ppo_epochs` > 1, several
-  minibatches, KL folded into the reward, or truncated importance sampling); otherwise the update
-  is on-policy and old = the current log-probs detached (ratio 1), exact and one forward pass less.
-- With neither KL loss nor entropy bonus (and no critic), rows whose advantages are all zero (GRPO
-  groups with equal rewards) skip the forward/backward; the loss denominators still count them,
-  so the gradient is the same. Under DeepSpeed the accumulation boundary is set at the last
-  micro-batch of each minibatch, and every process runs as many micro-batches (at least one),
-  topped up with skipped rows whose gradient is 0: their forward passes carry ZeRO's collectives.
-- Under DeepSpeed, batch-wide statistics (the REINFORCE baseline, REINFORCE++ / GAE whitening,
-  the token-mean denominator) are per process; groups never span processes, so GRPO, Dr.GRPO,
-  RLOO and stratified GRPO are exact. The reference is an unpartitioned copy.
+values; old log-probs only when the batch is reused, else the current ones detached); `update`
+runs `ppo_epochs` passes over minibatches of micro-batches: actor loss, value loss, one optimizer
+step per minibatch, the LR schedules once per training step. Rows with all-zero advantages may
+skip the forward/backward (same gradient). Under DeepSpeed, batch-wide statistics are per process.
+Departures: docs/protocols.md.
 """
 
 from __future__ import annotations

@@ -76,6 +76,47 @@ def exact_top_k(
     return best_idx, best_score
 
 
+def _encode_passages(
+    encoder: SentenceTransformer,
+    passages: Sequence[Passage],
+    dim: int,
+    index_dir: Path | None,
+    passage_prefix: str,
+    batch_size: int,
+    show_progress: bool,
+) -> np.ndarray:
+    """`[N, dim]` normalized embeddings, in memory or memory-mapped from `index_dir`'s embeddings file."""
+    out: np.ndarray
+    if index_dir is None:
+        out = np.empty((len(passages), dim), dtype=np.float32)
+    else:
+        index_dir.mkdir(parents=True, exist_ok=True)
+        # Written under a temporary name and renamed at the end, so an interrupted build
+        # never leaves a file that looks like a finished index.
+        tmp_path = index_dir / (EMBEDDINGS_FILE + ".partial")
+        out = np.lib.format.open_memmap(tmp_path, mode="w+", dtype=np.float32, shape=(len(passages), dim))
+    row = 0
+    with tqdm(total=len(passages), desc="Encode passages", unit="passage", disable=not show_progress) as bar:
+        for batch in _batches(passages, _ENCODE_CHUNK):
+            vectors = encoder.encode(
+                [passage_prefix + p.contents for p in batch],
+                batch_size=batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+            out[row : row + len(batch)] = vectors
+            row += len(batch)
+            bar.update(len(batch))
+    if index_dir is None:
+        return out
+    assert isinstance(out, np.memmap)
+    out.flush()
+    del out
+    tmp_path.replace(index_dir / EMBEDDINGS_FILE)
+    return np.load(index_dir / EMBEDDINGS_FILE, mmap_mode="r")
+
+
 def _batches(passages: Sequence[Passage], size: int) -> Iterator[list[Passage]]:
     it = iter(passages)  # a JsonlCorpus streams the file sequentially here
     while batch := list(islice(it, size)):
@@ -159,35 +200,9 @@ class DenseSearchEngine:
         dim = encoder.get_embedding_dimension()
         if dim is None:
             raise ValueError(f"{model}: the encoder does not report its embedding dimension")
-        out: np.ndarray
-        if index_dir is None:
-            out = np.empty((len(passages), dim), dtype=np.float32)
-        else:
-            index_dir = Path(index_dir)
-            index_dir.mkdir(parents=True, exist_ok=True)
-            # Written under a temporary name and renamed at the end, so an interrupted build
-            # never leaves a file that looks like a finished index.
-            tmp_path = index_dir / (EMBEDDINGS_FILE + ".partial")
-            out = np.lib.format.open_memmap(tmp_path, mode="w+", dtype=np.float32, shape=(len(passages), dim))
-        row = 0
-        with tqdm(total=len(passages), desc="Encode passages", unit="passage", disable=not show_progress) as bar:
-            for batch in _batches(passages, _ENCODE_CHUNK):
-                vectors = encoder.encode(
-                    [passage_prefix + p.contents for p in batch],
-                    batch_size=batch_size,
-                    normalize_embeddings=True,
-                    convert_to_numpy=True,
-                    show_progress_bar=False,
-                )
-                out[row : row + len(batch)] = vectors
-                row += len(batch)
-                bar.update(len(batch))
         if index_dir is not None:
-            assert isinstance(out, np.memmap)
-            out.flush()
-            del out
-            tmp_path.replace(index_dir / EMBEDDINGS_FILE)
-            out = np.load(index_dir / EMBEDDINGS_FILE, mmap_mode="r")
+            index_dir = Path(index_dir)
+        out = _encode_passages(encoder, passages, dim, index_dir, passage_prefix, batch_size, show_progress)
         engine = cls(
             encoder,
             out,

@@ -330,20 +330,28 @@ def create_app(
 
     @app.post("/retrieve")
     async def retrieve(request: Request) -> JSONResponse:
-        with stats.lock:
-            stats.http_requests += 1
-        body = await _read_body(request, limits)
-        if isinstance(body, JSONResponse):
-            return body
-        try:
-            requests = build_requests(body, default_top_k, rng)
-        except ValueError as err:
-            return _error(422, str(err))
-        results = await _search(batcher, requests)
-        if isinstance(results, JSONResponse):
-            return results
-        with stats.lock:
-            stats.queries += len(requests)
-        return _JSONResponse({"result": _result_payload(results, body.return_scores)})
+        return await _retrieve(request, batcher, limits, default_top_k, rng)
 
     return app
+
+
+async def _retrieve(
+    request: Request, batcher: _Batcher, limits: _Limits, default_top_k: int, rng: random.Random
+) -> JSONResponse:
+    """Answers one `POST /retrieve`: the body checked against `limits`, its queries searched by `batcher`."""
+    stats = batcher.stats
+    with stats.lock:
+        stats.http_requests += 1
+    body = await _read_body(request, limits)
+    if isinstance(body, JSONResponse):
+        return body
+    try:
+        requests = build_requests(body, default_top_k, rng)
+    except ValueError as err:
+        return _error(422, str(err))
+    results = await _search(batcher, requests)
+    if isinstance(results, JSONResponse):
+        return results
+    with stats.lock:
+        stats.queries += len(requests)
+    return _JSONResponse({"result": _result_payload(results, body.return_scores)})

@@ -1,19 +1,11 @@
 """Is the simulator a faithful search engine? Useful docs useful, noisy docs noisy, queries matter.
 
-`measure_fidelity` runs a simulator (and optionally a real retriever as reference) on held-out
-(question, gold answers, query) triples and reports, under `fidelity/...`:
-
-- `useful_contains_answer`, `noisy_contains_answer` and `gap` (their difference): the share of
-  useful (num_noisy = 0) and noisy (num_noisy = top_k) document sets that contain a gold answer
-  (`sft_data.contains_answer`);
-- `corrupted_contains_answer` and `query_sensitivity` = useful − corrupted, with each query
-  replaced by a corrupted one: the next example's differing query (wrapping around), while the
-  question and gold answers stay example i's;
-- with a reference: `reference_contains_answer`, `reference_corrupted_contains_answer`,
-  `reference_query_sensitivity`, and `agreement` (share of examples where simulator and
-  reference agree on whether the real query's documents contain the answer);
-- `format_valid`, `padded`, `unparsed`: shares of parsed sets, when the simulator is an
-  unwrapped `SimulatedSearchEngine`.
+`measure_fidelity` runs a simulator (and optionally a real retriever) on held-out (question, gold
+answers, query) triples; its `fidelity/...` metrics: the shares of useful, noisy and
+corrupted-query document sets that contain a gold answer (`sft_data.contains_answer`; a
+corrupted query is the next example's differing one), `gap` = useful - noisy,
+`query_sensitivity` = useful - corrupted; the reference's shares, sensitivity and `agreement`
+with the simulator; and the simulator's parse shares (`format_valid`, `padded`, `unparsed`).
 """
 
 from __future__ import annotations
@@ -82,22 +74,7 @@ def measure_fidelity(
         if not ex.golden_answers:
             raise ValueError(f"example {i} ({ex.question!r}) has no gold answer; fidelity needs one")
     n = len(examples)
-    corrupted = corrupt_queries([ex.query for ex in examples])
-
-    def request(ex: FidelityExample, query: str, num_noisy: int) -> SearchRequest:
-        return SearchRequest(
-            query=query,
-            top_k=top_k,
-            question=ex.question,
-            golden_answers=list(ex.golden_answers),
-            num_noisy=num_noisy,
-        )
-
-    requests = (
-        [request(ex, ex.query, 0) for ex in examples]
-        + [request(ex, ex.query, top_k) for ex in examples]
-        + [request(ex, q, 0) for ex, q in zip(examples, corrupted)]
-    )
+    requests = _fidelity_requests(examples, top_k)
     stats_before = Counter(simulator.stats) if isinstance(simulator, SimulatedSearchEngine) else None
     results = simulator.search(requests)
     hits = [contains_answer(docs, r.golden_answers) for docs, r in zip(results, requests)]
@@ -114,19 +91,53 @@ def measure_fidelity(
     )
     if stats_before is not None:
         assert isinstance(simulator, SimulatedSearchEngine)  # narrows the type for the checker
-        delta = Counter(simulator.stats)
-        delta.subtract(stats_before)
-        sets = delta["simulator/sets"]
-        for key in ("valid", "padded", "unparsed"):
-            name = "format_valid" if key == "valid" else key
-            metrics[f"fidelity/{name}"] = delta[f"simulator/{key}"] / sets if sets else 0.0
+        metrics.update(_parse_rates(simulator, stats_before))
     if reference is not None:
-        ref_requests = requests[:n] + requests[2 * n :]
-        ref_results = reference.search(ref_requests)
-        ref_hits = [contains_answer(d, r.golden_answers) for d, r in zip(ref_results, ref_requests)]
-        ref_real, ref_corrupt = ref_hits[:n], ref_hits[n:]
-        metrics["fidelity/reference_contains_answer"] = _rate(ref_real)
-        metrics["fidelity/reference_corrupted_contains_answer"] = _rate(ref_corrupt)
-        metrics["fidelity/reference_query_sensitivity"] = _rate(ref_real) - _rate(ref_corrupt)
-        metrics["fidelity/agreement"] = _rate([a == b for a, b in zip(useful, ref_real)])
+        metrics.update(_reference_metrics(reference, requests[:n] + requests[2 * n :], useful))
     return metrics
+
+
+def _fidelity_requests(examples: list[FidelityExample], top_k: int) -> list[SearchRequest]:
+    """The useful, then noisy, then corrupted-query request of every example, in that order."""
+    corrupted = corrupt_queries([ex.query for ex in examples])
+
+    def request(ex: FidelityExample, query: str, num_noisy: int) -> SearchRequest:
+        return SearchRequest(
+            query=query,
+            top_k=top_k,
+            question=ex.question,
+            golden_answers=list(ex.golden_answers),
+            num_noisy=num_noisy,
+        )
+
+    return (
+        [request(ex, ex.query, 0) for ex in examples]
+        + [request(ex, ex.query, top_k) for ex in examples]
+        + [request(ex, q, 0) for ex, q in zip(examples, corrupted)]
+    )
+
+
+def _parse_rates(simulator: SimulatedSearchEngine, stats_before: Counter[str]) -> dict[str, float]:
+    """Share of the simulator's document sets since `stats_before` that parsed, were padded, or did not parse."""
+    delta = Counter(simulator.stats)
+    delta.subtract(stats_before)
+    sets = delta["simulator/sets"]
+    rates: dict[str, float] = {}
+    for key in ("valid", "padded", "unparsed"):
+        name = "format_valid" if key == "valid" else key
+        rates[f"fidelity/{name}"] = delta[f"simulator/{key}"] / sets if sets else 0.0
+    return rates
+
+
+def _reference_metrics(reference: SearchEngine, requests: list[SearchRequest], useful: list[bool]) -> dict[str, float]:
+    """The reference's hit rates on the useful then corrupted `requests`, and its agreement with `useful`."""
+    n = len(useful)
+    results = reference.search(requests)
+    hits = [contains_answer(d, r.golden_answers) for d, r in zip(results, requests)]
+    real, corrupt = hits[:n], hits[n:]
+    return {
+        "fidelity/reference_contains_answer": _rate(real),
+        "fidelity/reference_corrupted_contains_answer": _rate(corrupt),
+        "fidelity/reference_query_sensitivity": _rate(real) - _rate(corrupt),
+        "fidelity/agreement": _rate([a == b for a, b in zip(useful, real)]),
+    }

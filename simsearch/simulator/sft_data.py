@@ -399,17 +399,27 @@ def build_sft_pairs(
         pairs = _labelled_pairs(kept, target, labeller, balance, seed, rendering, stats)
     else:
         pairs = _retrieved_pairs(kept, seed, rendering, stats)
-    useful_pairs = [p for p in pairs if p["label"] == "useful"]
-    stats["collect/useful_contains_answer"] = (
-        sum(p["contains_answer"] for p in useful_pairs) / len(useful_pairs) if useful_pairs else 0.0
-    )
     train, val = split_by_question(pairs, val_fraction, seed)
+    stats.update(_split_stats(pairs, train, val))
+    return SFTData(train=train, val=val, stats=stats)
+
+
+def _split_stats(
+    pairs: list[dict[str, Any]], train: list[dict[str, Any]], val: list[dict[str, Any]]
+) -> dict[str, float]:
+    """`collect/useful_contains_answer` over all pairs, and each split's size and share of useful pairs."""
+    useful_pairs = [p for p in pairs if p["label"] == "useful"]
+    stats = {
+        "collect/useful_contains_answer": (
+            sum(p["contains_answer"] for p in useful_pairs) / len(useful_pairs) if useful_pairs else 0.0
+        )
+    }
     for name, split in (("train", train), ("val", val)):
         stats[f"collect/{name}"] = float(len(split))
         stats[f"collect/{name}_useful_share"] = (
             sum(p["label"] == "useful" for p in split) / len(split) if split else 0.0
         )
-    return SFTData(train=train, val=val, stats=stats)
+    return stats
 
 
 def _count(stats: dict[str, float], key: str) -> None:

@@ -2,12 +2,8 @@
 
 A command opens a `Run` (process group, seed, the checkpoint it resumes from), wraps each model
 it trains in a `TrainedModel` (AdamW and its LR schedule, under DeepSpeed or not, restored from
-the checkpoint) and saves through `Run.save`, which writes the DeepSpeed partitions of every
-process and the atomic Hugging Face checkpoint on process 0.
-
-Departure from the usual DeepSpeed set-up: the LR schedule stays ours, outside DeepSpeed, unless
-the command steps the optimizer once per schedule step (`simulator finetune`); `train` steps it
-once per training step, after all of that step's minibatch updates.
+the checkpoint) and saves through `Run.save`. The LR schedule stays outside DeepSpeed unless the
+command steps it once per optimizer step (`simulator finetune`); `train` steps it once per step.
 """
 
 from __future__ import annotations
