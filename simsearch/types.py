@@ -122,7 +122,9 @@ class Turn:
     `documents` are what the search engine returned for `query`; `executed` is False for a
     search the rollout refused to run (one made in the final answer turn, over the turn budget).
     In self-search mode `self_queries` lists the queries the policy answered with its own
-    `<information>` inside this generation.
+    `<information>` inside this generation. In the tool-call protocol a search turn may make
+    several calls: `call_queries` holds their queries and `call_documents` their results, in order
+    (`query` and `documents` stay empty), and `call_reasons` says why a call could not be read.
     """
 
     text: str  # the generated text, ending with the stop string that ended it
@@ -132,6 +134,9 @@ class Turn:
     num_noisy: int = 0  # how many of the documents the engine was asked to make noisy
     executed: bool = False  # the search was run (action == "search" only)
     self_queries: list[str] = field(default_factory=list)
+    call_queries: list[str] = field(default_factory=list)  # tool-call protocol: the queries of its readable calls
+    call_documents: list[list[Document]] = field(default_factory=list)  # tool-call: results per call
+    call_reasons: list[str] = field(default_factory=list)  # tool-call: why calls could not be read
 
 
 @dataclass

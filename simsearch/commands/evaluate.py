@@ -26,6 +26,7 @@ from typing import Any
 from simsearch.commands import preflight
 from simsearch.config import EvalDataset, EvalRecipe, SearchConfig, save_recipe
 from simsearch.curriculum.schedules import num_noisy
+from simsearch.data.chat import check_tool_support
 from simsearch.data.qa import load_qa
 from simsearch.errors import DataError, RecipeError
 from simsearch.eval import report
@@ -41,6 +42,7 @@ from simsearch.fingerprints import digest
 from simsearch.generation.base import GenerationEngine
 from simsearch.policy.rag import rag_rows
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories
+from simsearch.policy.toolcalls import search_tool_schema
 from simsearch.retrieval import accounting
 from simsearch.retrieval.accounting import Ledger
 from simsearch.retrieval.base import SearchEngine
@@ -114,6 +116,8 @@ def _set_up(recipe: EvalRecipe) -> _Evaluation:
         for dataset in datasets
     }
     policy, tokenizer, _ = build_generation_engine(recipe.policy)
+    if recipe.rollout.protocol == "tool-call":  # before any row: a template without tools is named
+        check_tool_support(tokenizer, [search_tool_schema()])
     ledger, previous_cost = Ledger(), accounting.read_cost(run_dir)
     engines = {
         name: meter_search_engine(build_search_engine(cfg, seed=recipe.seed), cfg, ledger, name)
@@ -210,6 +214,8 @@ def plan_methods(recipe: EvalRecipe) -> list[Method]:
         "normalization": recipe.normalization,
     }
     rollout = {k: v for k, v in asdict(recipe.rollout).items() if k != "group_size"}
+    if recipe.rollout.protocol == "tags":  # fingerprints of tag runs stay those written before the protocols
+        del rollout["protocol"], rollout["tool_format"]
     methods = []
     if "direct" in recipe.baselines:
         methods.append(Method("direct", "direct", "", 0, "none", digest({**shared, "method": "direct"})))
@@ -393,6 +399,8 @@ def _rollout_settings(method: Method, recipe: EvalRecipe) -> RolloutSettings:
         top_k=cfg.top_k,
         rendering=cfg.rendering,
         self_search_real_share=real_search_share(rollout.template, cfg.kind),
+        protocol=rollout.protocol,
+        tool_format=rollout.tool_format,
     )
 
 
@@ -473,7 +481,11 @@ def build_summary(
         if sampling.temperature == 0
         else f"temperature {sampling.temperature:g}, top-p {sampling.top_p:g}",
         "samples per question": recipe.n,
-        "template": f"{recipe.rollout.template}, max_turns {recipe.rollout.max_turns}",
+        "template": (
+            f"{recipe.rollout.template}, max_turns {recipe.rollout.max_turns}"
+            if recipe.rollout.protocol == "tags"
+            else f"tool calls ({recipe.rollout.tool_format}), max_turns {recipe.rollout.max_turns}"
+        ),
         "max new tokens per turn": sampling.max_new_tokens,
         "seed": recipe.seed,
     }

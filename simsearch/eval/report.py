@@ -77,9 +77,12 @@ def document_record(document: Document) -> dict[str, Any]:
 
 
 def turn_record(turn: Turn) -> dict[str, Any]:
-    """A rollout turn as a JSON object."""
+    """A rollout turn as a JSON object; the tool-call fields only on a tool-call turn (when not empty)."""
     record = asdict(turn)
     record["documents"] = [document_record(d) for d in turn.documents]
+    for name in ("call_queries", "call_documents", "call_reasons"):
+        if not record[name]:
+            del record[name]
     return record
 
 

@@ -34,6 +34,37 @@ PAGE_FILE = "view.html"
 CORRECT_METRIC = "substring_em"
 
 
+def _documents(documents: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {
+            "title": doc.get("title", ""),
+            "text": doc.get("text", ""),
+            "source": doc.get("source", ""),
+            "noisy": bool(doc.get("noisy", False)),
+            "score": doc.get("score"),
+        }
+        for doc in documents
+    ]
+
+
+def _turn(turn: Mapping[str, Any]) -> dict[str, Any]:
+    """A turn's fields the page shows; a tool-call turn's `calls` pair each query with its results."""
+    results = turn.get("call_documents", [])
+    return {
+        "text": turn.get("text", ""),
+        "action": turn.get("action", ""),
+        "query": turn.get("query", ""),
+        "executed": bool(turn.get("executed", False)),
+        "num_noisy": int(turn.get("num_noisy", 0)),
+        "documents": _documents(turn.get("documents", [])),
+        "calls": [
+            {"query": query, "documents": _documents(results[i] if i < len(results) else [])}
+            for i, query in enumerate(turn.get("call_queries", []))
+        ],
+        "reasons": list(turn.get("call_reasons", [])),
+    }
+
+
 def _sample(sample: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of a sample the page shows."""
     return {
@@ -42,26 +73,7 @@ def _sample(sample: Mapping[str, Any]) -> dict[str, Any]:
         "num_searches": int(sample.get("num_searches", 0)),
         "scores": dict(sample.get("scores", {})),
         "reward": sample.get("reward"),
-        "turns": [
-            {
-                "text": turn.get("text", ""),
-                "action": turn.get("action", ""),
-                "query": turn.get("query", ""),
-                "executed": bool(turn.get("executed", False)),
-                "num_noisy": int(turn.get("num_noisy", 0)),
-                "documents": [
-                    {
-                        "title": doc.get("title", ""),
-                        "text": doc.get("text", ""),
-                        "source": doc.get("source", ""),
-                        "noisy": bool(doc.get("noisy", False)),
-                        "score": doc.get("score"),
-                    }
-                    for doc in turn.get("documents", [])
-                ],
-            }
-            for turn in sample.get("turns", [])
-        ],
+        "turns": [_turn(turn) for turn in sample.get("turns", [])],
     }
 
 
@@ -354,7 +366,27 @@ function renderList(shown) {
 function reasoning(text) {
   const thinks = [...text.matchAll(/<think>([\s\S]*?)(<\/think>|$)/g)].map((m) => m[1].trim());
   if (thinks.length) return thinks.join("\n");
-  return text.replace(/<search>[\s\S]*?(<\/search>|$)|<answer>[\s\S]*?(<\/answer>|$)/g, "").trim();
+  return text.replace(/<search>[\s\S]*?(<\/search>|$)|<answer>[\s\S]*?(<\/answer>|$)/g, "")
+    .replace(/<tool_call>[\s\S]*?(<\/tool_call>|$)/g, "").trim();
+}
+
+function renderSearch(box, executed, query, documents, noisy) {
+  const line = el("div", null);
+  line.appendChild(el("span", "label", executed ? "search " : "search (not run) "));
+  line.appendChild(el("span", "query", query));
+  if (noisy) line.appendChild(el("span", "noisy-tag", noisy + " asked noisy"));
+  box.appendChild(line);
+  if (documents.length) {
+    const docs = el("ol", "docs");
+    for (const doc of documents) {
+      const li = el("li", "doc" + (doc.noisy ? " noisy" : ""));
+      if (doc.title) li.appendChild(el("span", "title", doc.title + " "));
+      li.appendChild(el("span", "text", doc.text));
+      if (doc.noisy) li.appendChild(el("span", "noisy-tag", "noisy"));
+      docs.appendChild(li);
+    }
+    box.appendChild(docs);
+  }
 }
 
 function renderTurn(turn) {
@@ -364,26 +396,15 @@ function renderTurn(turn) {
     box.appendChild(el("div", "label", "reasoning"));
     box.appendChild(el("div", "reasoning", thought));
   }
-  if (turn.action === "search" || turn.query) {
-    const line = el("div", null);
-    line.appendChild(el("span", "label", turn.executed ? "search " : "search (not run) "));
-    line.appendChild(el("span", "query", turn.query));
-    if (turn.num_noisy) line.appendChild(el("span", "noisy-tag", turn.num_noisy + " asked noisy"));
-    box.appendChild(line);
-    if (turn.documents.length) {
-      const docs = el("ol", "docs");
-      for (const doc of turn.documents) {
-        const li = el("li", "doc" + (doc.noisy ? " noisy" : ""));
-        if (doc.title) li.appendChild(el("span", "title", doc.title + " "));
-        li.appendChild(el("span", "text", doc.text));
-        if (doc.noisy) li.appendChild(el("span", "noisy-tag", "noisy"));
-        docs.appendChild(li);
-      }
-      box.appendChild(docs);
-    }
+  if (turn.calls.length) {  // the tool-call protocol: each call with the tool message it got back
+    turn.calls.forEach((c, i) => renderSearch(box, turn.executed, "tool call " + (i + 1) + ": " + c.query,
+      c.documents, i === 0 ? turn.num_noisy : 0));
+  } else if (turn.action === "search" || turn.query) {
+    renderSearch(box, turn.executed, turn.query, turn.documents, turn.num_noisy);
   } else if (turn.action === "invalid") {
     box.appendChild(el("div", "label", "invalid action"));
   }
+  for (const reason of turn.reasons) box.appendChild(el("div", "label", "unreadable: " + reason));
   return box;
 }
 

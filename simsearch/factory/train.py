@@ -13,15 +13,19 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from simsearch.data.chat import check_tool_support
 from simsearch.errors import RecipeError
 from simsearch.factory.build import build_generation_engine, build_search_engine, meter_search_engine
 from simsearch.generation.hf import HFEngine
 from simsearch.models import load_model
+from simsearch.policy.advantages import ESTIMATORS
 from simsearch.policy.critic import ValueModel
 from simsearch.policy.order import rank_share
+from simsearch.policy.rewards import FORMAT_SCORES
 from simsearch.policy.rollout import RolloutSettings
 from simsearch.policy.step import Rollouts, StepRecipe
 from simsearch.policy.sync import RolloutWeights
+from simsearch.policy.toolcalls import search_tool_schema
 from simsearch.policy.update import Learner, UpdateShape
 from simsearch.policy.validation import Validation
 from simsearch.retrieval.accounting import Ledger
@@ -152,6 +156,8 @@ def rollout_settings(recipe: TrainRecipe, search: SearchConfig) -> RolloutSettin
         top_k=search.top_k,
         rendering=search.rendering,
         self_search_real_share=rollout.self_search_real_share,
+        protocol=rollout.protocol,
+        tool_format=rollout.tool_format,
     )
 
 
@@ -173,11 +179,41 @@ def update_shape(recipe: TrainRecipe, minibatch_rows: int) -> UpdateShape:
 
 
 def rollouts(recipe: TrainRecipe, generator: Any, tokenizer: Any, search: Any, rank: int) -> Rollouts:
-    """What each step's rollout rounds run with: the step's recipe sections, the engines, the loop's limits."""
+    """What each step's rollout rounds run with: the step's recipe sections, the engines, the loop's limits.
+
+    Raises:
+        RecipeError: The tool-call protocol with what it does not support yet (IGPO, the tag format
+            rewards), or with a chat template that has no tool support.
+    """
+    check_protocol(recipe, tokenizer)
     step_recipe = StepRecipe(recipe.algorithm, recipe.rollout, recipe.reward, recipe.sampling, recipe.prompts_per_step,
                              recipe.seed)  # fmt: skip
     return Rollouts(step_recipe, generator, tokenizer, search, rollout_settings(recipe, recipe.search),
                     recipe.curriculum.granularity, rank)  # fmt: skip
+
+
+def check_protocol(recipe: TrainRecipe, tokenizer: Any) -> None:
+    """Refuses what `rollout.protocol` cannot run with; a tool-call template must have tool support."""
+    protocol = recipe.rollout.protocol
+    weights = recipe.reward.resolved_weights()
+    tag_formats = sorted(name for name in weights if name in FORMAT_SCORES)
+    if protocol == "tags":
+        if "toolcall_format" in weights:
+            raise RecipeError(
+                "reward.weights.toolcall_format scores tool calls: use it with rollout.protocol=tool-call"
+            )
+        return
+    if ESTIMATORS[recipe.algorithm.estimator].information_gain:
+        raise RecipeError(
+            f"algorithm.estimator={recipe.algorithm.estimator} is not supported yet with rollout.protocol=tool-call "
+            "(its turn rewards read tag-protocol queries); use rollout.protocol=tags"
+        )
+    if tag_formats:
+        raise RecipeError(
+            f"reward.weights {tag_formats} score Search-R1 tags, which rollout.protocol=tool-call does not "
+            "write: use reward.weights.toolcall_format instead"
+        )
+    check_tool_support(tokenizer, [search_tool_schema()])
 
 
 def save_training(

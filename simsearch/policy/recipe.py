@@ -14,6 +14,7 @@ from simsearch.data.templates import TEMPLATE_NAMES
 from simsearch.errors import RecipeError
 from simsearch.eval.metrics import NORMALIZATIONS
 from simsearch.policy.rewards import REWARD_NAMES
+from simsearch.policy.toolcalls import PROTOCOLS, TOOL_CALL_FORMATS
 
 RECIPE_TEMPLATES = tuple(name for name in TEMPLATE_NAMES if name not in ("direct", "rag"))
 """Policy templates a recipe may name; `simsearch eval` runs the direct and RAG baselines itself."""
@@ -32,9 +33,22 @@ class RolloutConfig:
     max_context_tokens: int = 4096  # prompt + response tokens per trajectory
     group_size: int = 5  # rollouts per prompt (GRPO's G)
     self_search_real_share: float = 0.0  # self-search: share of questions whose searches `search` answers
+    # How the policy searches, from simsearch.policy.toolcalls.PROTOCOLS: tags (Search-R1's <search> tags in
+    # the text) or tool-call (the search tool in the model's own chat template; `template` is then unused)
+    protocol: str = "tags"
+    # tool-call only: how the model writes a call, from simsearch.policy.toolcalls.TOOL_CALL_FORMATS
+    # (hermes: Qwen2.5 / Qwen3 <tool_call> JSON, verl's `format: hermes`; llama3: Llama 3.1 JSON)
+    tool_format: str = "hermes"
 
     def check(self, key: str) -> None:
         check_choice(f"{key}.template", self.template, RECIPE_TEMPLATES)
+        check_choice(f"{key}.protocol", self.protocol, tuple(PROTOCOLS))
+        check_choice(f"{key}.tool_format", self.tool_format, tuple(TOOL_CALL_FORMATS))
+        if self.protocol == "tool-call" and self.template == "self-search":
+            raise RecipeError(
+                f"{key}.template=self-search is not supported yet with {key}.protocol=tool-call; "
+                f"use {key}.protocol=tags for self-search"
+            )
         check_positive(f"{key}.group_size", self.group_size)
         if self.max_turns < 0:
             raise RecipeError(f"{key}.max_turns={self.max_turns} must be >= 0")

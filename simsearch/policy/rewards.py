@@ -10,6 +10,8 @@ normalization the caller names, so training rewards and evaluation tables can ne
   SSRL's) and `substring_em` (what ZeroSearch reports as "EM").
 - Format rewards (`FORMAT_SCORES`): `format`, ours, inspired by SSRL's (`format_score`), and
   `ssrl_format`, SSRL's own rule reproduced exactly (`ssrl_format_score`, compat).
+- `toolcall_format` (`TURN_SCORES`): the tool-call protocol's format reward, on the turn records
+  (`toolcall_format_score`): 1 when every turn is a readable call and the last one answers.
 - `weighted_reward` combines them, e.g. SSRL's `{"em": 0.9, "ssrl_format": 0.1}`, and returns the
   per-component values and their batch means for logging (`reward/f1`, `reward/format`, ...).
 
@@ -35,6 +37,7 @@ from simsearch.eval.metrics import (
     substring_exact_match,
 )
 from simsearch.policy.tags import TAG_NAMES
+from simsearch.types import Turn
 
 PLACEHOLDERS: dict[str, tuple[str, ...]] = {
     "search": ("query",),
@@ -209,6 +212,18 @@ def ssrl_format_score(response: str) -> float:
     return min(0.5 * num_think, 1.0) * balance
 
 
+def toolcall_format_score(turns: Sequence[Turn]) -> float:
+    """The tool-call protocol's format reward for one trajectory (`toolcall_format`).
+
+    1.0 when the trajectory is well formed: every turn before the last is a search whose calls
+    could all be read, and the last turn answers with no unreadable call in it; else 0.0.
+    """
+    if not turns or turns[-1].action != "answer":
+        return 0.0
+    well_formed = all(turn.action == "search" for turn in turns[:-1])
+    return 1.0 if well_formed and not any(turn.call_reasons for turn in turns) else 0.0
+
+
 def _check_batch(responses: Sequence[str], golden_answers: Sequence[Sequence[str]]) -> None:
     if len(responses) != len(golden_answers):
         raise ValueError(
@@ -222,11 +237,12 @@ def _answer_rewards(
     responses: Sequence[str],
     golden_answers: Sequence[Sequence[str]],
     normalization: str,
+    answers: Sequence[str | None] | None = None,
 ) -> list[float]:
     _check_batch(responses, golden_answers)
-    return [
-        metric(extract_answer(r), golds, normalization=normalization) for r, golds in zip(responses, golden_answers)
-    ]
+    if answers is None:
+        answers = [extract_answer(r) for r in responses]
+    return [metric(answer, golds, normalization=normalization) for answer, golds in zip(answers, golden_answers)]
 
 
 def f1_rewards(
@@ -314,7 +330,12 @@ FORMAT_SCORES: dict[str, Callable[[str], float]] = {
 }
 """Reward components scored on the response's tags alone, by name."""
 
-REWARD_NAMES: tuple[str, ...] = (*ANSWER_METRICS, *FORMAT_SCORES)
+TURN_SCORES: dict[str, Callable[[Sequence[Turn]], float]] = {
+    "toolcall_format": toolcall_format_score,
+}
+"""Reward components scored on a trajectory's turn records, by name."""
+
+REWARD_NAMES: tuple[str, ...] = (*ANSWER_METRICS, *FORMAT_SCORES, *TURN_SCORES)
 """Every reward component name: the keys `reward.weights` accepts."""
 
 
@@ -334,12 +355,21 @@ class RewardOutput:
 
 
 def _component(
-    name: str, responses: Sequence[str], golden_answers: Sequence[Sequence[str]], normalization: str
+    name: str,
+    responses: Sequence[str],
+    golden_answers: Sequence[Sequence[str]],
+    normalization: str,
+    answers: Sequence[str | None] | None,
+    turns: Sequence[Sequence[Turn]] | None,
 ) -> list[float]:
     if name in ANSWER_METRICS:
-        return _answer_rewards(ANSWER_METRICS[name], responses, golden_answers, normalization)
+        return _answer_rewards(ANSWER_METRICS[name], responses, golden_answers, normalization, answers)
     if name in FORMAT_SCORES:
         return [FORMAT_SCORES[name](response) for response in responses]
+    if name in TURN_SCORES:
+        if turns is None:
+            raise ValueError(f"reward {name!r} is scored on turn records: pass turns=")
+        return [TURN_SCORES[name](trajectory_turns) for trajectory_turns in turns]
     raise ValueError(f"unknown reward {name!r} in the reward weights; use one of {list(REWARD_NAMES)}")
 
 
@@ -349,6 +379,8 @@ def weighted_reward(
     golden_answers: Sequence[Sequence[str]],
     *,
     normalization: str = "unicode",
+    answers: Sequence[str | None] | None = None,
+    turns: Sequence[Sequence[Turn]] | None = None,
 ) -> RewardOutput:
     """Weighted sum of reward components, e.g. SSRL's `{"em": 0.9, "ssrl_format": 0.1}`.
 
@@ -358,6 +390,9 @@ def weighted_reward(
         golden_answers: Gold answers, one list per example.
         normalization: How answer components normalize answers, a name from
             `simsearch.eval.metrics.NORMALIZATIONS`.
+        answers: The answer of each response when the caller read it already (the tool-call
+            protocol reads it from the final assistant message); None = `extract_answer(response)`.
+        turns: Each response's turn records, for `TURN_SCORES` components.
 
     Returns:
         The totals, the unweighted component values and their batch means.
@@ -376,7 +411,11 @@ def weighted_reward(
     for name, weight in weights.items():
         if not math.isfinite(weight):
             raise ValueError(f"reward weight for {name!r} must be finite, got {weight}")
-    components = {name: _component(name, responses, golden_answers, normalization) for name in weights}
+    if answers is not None:
+        _check_batch(answers, golden_answers)  # type: ignore[arg-type]  # only the lengths are compared
+    if turns is not None:
+        _check_batch(turns, golden_answers)  # type: ignore[arg-type]  # only the lengths are compared
+    components = {name: _component(name, responses, golden_answers, normalization, answers, turns) for name in weights}
     total = [sum(weights[name] * values[i] for name, values in components.items()) for i in range(len(responses))]
     stats = {"reward/mean": sum(total) / len(total)}
     for name, values in components.items():

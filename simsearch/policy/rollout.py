@@ -11,6 +11,14 @@
    corrective message (mask 0). An answer ends the trajectory.
 4. After `max_turns` such turns, one final turn in which a search is not run.
 
+With `protocol="tool-call"` the same loop runs in the model's own chat format: the prompt is the
+chat template's rendering of the question with the search tool offered (`data.chat`), each turn
+is generated up to the end-of-turn token and read by `toolcalls.parse_turn`, every call of every
+row of the turn goes in the one `search` call, and the text the template adds after a turn (the
+end of the assistant message, one tool message per call, the next assistant header) is
+tokenized and appended with mask 0. An unreadable turn gets `TOOL_CALL_CORRECTION` as a tool
+message (mask 0), so the context stays the template's rendering of the conversation.
+
 Loss masks are built from the token ids of each appended segment as it is appended: generated
 ids get 1, inserted ids 0. Nothing is ever decoded and re-tokenized to find them. That is where
 SSRL went wrong (masks rebuilt by re-tokenizing decoded text drift at segment boundaries where
@@ -58,6 +66,7 @@ from typing import cast
 
 from transformers import PreTrainedTokenizerBase
 
+from simsearch.data.chat import ToolConversation, check_tool_support
 from simsearch.data.rendering import (
     INFORMATION_CLOSE,
     INFORMATION_OPEN,
@@ -79,6 +88,7 @@ from simsearch.policy.tags import (
     information_spans,
     parse_action,
 )
+from simsearch.policy.toolcalls import PROTOCOLS, TOOL_CALL_FORMATS, parse_turn, search_tool_schema
 from simsearch.retrieval.base import SearchEngine
 from simsearch.types import (
     FINISHES,
@@ -103,6 +113,19 @@ SELF_SEARCH_STOPS: tuple[str, ...] = (ANSWER_STOP,)
 _EMPTY_OBSERVATION = wrap_information("")
 _OBSERVATION_TAIL = _EMPTY_OBSERVATION[_EMPTY_OBSERVATION.index(INFORMATION_CLOSE) :]
 
+TOOL_CALL_PROMPT = (
+    "Answer the given question. You can call the search tool as many times as you want to find "
+    "the facts you need. When you know the answer, give it inside <answer> and </answer>, without "
+    "detailed illustrations, for example <answer> Beijing </answer>. Question: {question}"
+)
+"""The user message of the tool-call protocol (its tool is `toolcalls.search_tool_schema()`)."""
+
+TOOL_CALL_CORRECTION = (
+    "Your reply could not be used ({reasons}). To search, call the search tool; to answer, "
+    "put the answer between <answer> and </answer>."
+)
+"""The tool message an unreadable tool-call turn gets (the tag protocol's INVALID_ACTION_MESSAGE)."""
+
 
 @dataclass
 class RolloutSettings:
@@ -119,6 +142,8 @@ class RolloutSettings:
         self_search_real_share: Self-search only: share of questions whose searches are
             answered by the real `search` engine instead of the policy itself (1 in evaluation
             on a real engine).
+        protocol: A name in `toolcalls.PROTOCOLS`; "tool-call" ignores `template`.
+        tool_format: tool-call only: a name in `toolcalls.TOOL_CALL_FORMATS`.
     """
 
     template: TemplateName = "search-r1"
@@ -128,8 +153,18 @@ class RolloutSettings:
     top_k: int = 3
     rendering: RenderStyle = "search-r1"
     self_search_real_share: float = 0.0
+    protocol: str = "tags"
+    tool_format: str = "hermes"
 
     def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"RolloutSettings.protocol={self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
+        if self.tool_format not in TOOL_CALL_FORMATS:
+            raise ValueError(
+                f"RolloutSettings.tool_format={self.tool_format!r} is not one of {', '.join(TOOL_CALL_FORMATS)}"
+            )
+        if self.tool_call and self.self_search:
+            raise ValueError("RolloutSettings: template='self-search' is not supported yet with protocol='tool-call'")
         if self.template not in ROLLOUT_TEMPLATES:
             raise ValueError(f"RolloutSettings.template={self.template!r} is not one of {', '.join(ROLLOUT_TEMPLATES)}")
         if self.max_turns < 0:
@@ -149,6 +184,11 @@ class RolloutSettings:
     def self_search(self) -> bool:
         """Whether the policy answers its own searches."""
         return self.template == "self-search"
+
+    @property
+    def tool_call(self) -> bool:
+        """Whether the policy calls the search tool in its chat template's format."""
+        return self.protocol == "tool-call"
 
 
 @dataclass
@@ -209,6 +249,8 @@ def generate_trajectories(
             results, or a `noise` count outside [0, top_k].
     """
     _check_arguments(examples, search, settings, sampling, group_size, rng)
+    if settings.tool_call:
+        check_tool_support(tokenizer, [search_tool_schema()])
     clock = _Clock(started=time.perf_counter())
     tokens = _TokenCache(tokenizer, settings.max_obs_tokens)
     rollouts = _start(examples, tokens, settings, group_size, rng, sampling.logprobs)
@@ -242,12 +284,17 @@ def score_trajectories(
 
     Returns:
         Per-trajectory totals and components, plus `reward/...` batch means.
+
+    The answer components score `Trajectory.answer` (for the tag protocol, the last answer of the
+    response; for tool-call, the answer of the final assistant message).
     """
     return weighted_reward(
         weights,
         [trajectory.response_text for trajectory in trajectories],
         [trajectory.example.golden_answers for trajectory in trajectories],
         normalization=normalization,
+        answers=[trajectory.answer for trajectory in trajectories],
+        turns=[trajectory.turns for trajectory in trajectories],
     )
 
 
@@ -269,6 +316,8 @@ class _Rollout:
     num_invalid: int = 0
     over_budget: bool = False
     finish: TrajectoryFinish | None = None
+    conversation: ToolConversation | None = None  # the tool-call protocol's chat, else None
+    pending: tuple[str, str] = ("", "")  # tool-call: the last turn's (generated text, message content)
 
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
@@ -277,6 +326,8 @@ class _Rollout:
         return self.prompt_ids + self.response_ids
 
     def stops(self) -> tuple[str, ...]:
+        if self.conversation is not None:
+            return ()  # a tool-call turn ends at the model's end-of-turn token
         return SELF_SEARCH_STOPS if self.self_search else SEARCH_STOPS
 
     def append(self, ids: list[int], mask: list[int], logprobs: list[float] | None) -> None:
@@ -341,6 +392,11 @@ class _TokenCache:
         room = self.max_obs_tokens - len(self.tail_ids)
         head_ids = self.tokenizer(heads, add_special_tokens=False)["input_ids"]
         return [ids[:room] + self.tail_ids for ids in head_ids]
+
+    def cut_text(self, text: str) -> str:
+        """`text` cut to its first `max_obs_tokens` tokens (a tool message's result)."""
+        ids = self.encode(text)
+        return encodable(text) if len(ids) <= self.max_obs_tokens else self.decode(ids[: self.max_obs_tokens])
 
     def self_search_mask(self, ids: list[int]) -> list[int]:
         """Loss mask of one self-search generation: 0 on the `<information>` blocks it wrote.
@@ -447,8 +503,11 @@ def _start(
     """Tokenizes each prompt once and opens `group_size` rollouts per example."""
     rollouts = []
     for prompt_id, example in enumerate(examples):
-        # Rendered and tokenized as the template's reference does (chat template, special tokens).
-        prompt_ids = encode_prompt(example.question, template=settings.template, tokenizer=tokens.tokenizer)
+        if settings.tool_call:
+            prompt_ids = tokens.encode(_conversation(tokens, example).text)
+        else:
+            # Rendered and tokenized as the template's reference does (chat template, special tokens).
+            prompt_ids = encode_prompt(example.question, template=settings.template, tokenizer=tokens.tokenizer)
         if len(prompt_ids) >= settings.max_context_tokens:
             raise DataError(
                 f"example {prompt_id} (id {example.id!r}): the prompt has {len(prompt_ids)} tokens, "
@@ -465,9 +524,16 @@ def _start(
                     prompt_ids=list(prompt_ids),  # each trajectory owns its lists
                     self_search=settings.self_search and not real,
                     logprobs=[] if logprobs else None,
+                    conversation=_conversation(tokens, example) if settings.tool_call else None,
                 )
             )
     return rollouts
+
+
+def _conversation(tokens: _TokenCache, example: QAExample) -> ToolConversation:
+    """A fresh tool-call conversation: the question as the user message, the search tool offered."""
+    question = [{"role": "user", "content": TOOL_CALL_PROMPT.format(question=example.question)}]
+    return ToolConversation(tokens.tokenizer, [search_tool_schema()], question)
 
 
 def _generate_turn(
@@ -534,6 +600,8 @@ def _take_turn(
     final: bool,
 ) -> bool:
     """Appends one generated turn and acts on it; True when it asks for a search to be run."""
+    if rollout.conversation is not None:
+        return _take_tool_turn(rollout, completion, tokens, settings, final)
     room = settings.max_context_tokens - rollout.length()
     ids, text, logprobs = completion.token_ids, completion.text, completion.logprobs
     cut = len(ids) > room
@@ -574,6 +642,52 @@ def _take_turn(
     return False
 
 
+def _take_tool_turn(
+    rollout: _Rollout, completion: Completion, tokens: _TokenCache, settings: RolloutSettings, final: bool
+) -> bool:
+    """`_take_turn` for the tool-call protocol: one assistant message, read by `parse_turn`."""
+    room = settings.max_context_tokens - rollout.length()
+    ids, logprobs = completion.token_ids, completion.logprobs
+    cut = len(ids) > room
+    if cut:
+        ids = ids[:room]
+        logprobs = None if logprobs is None else logprobs[:room]
+    rollout.append(ids, [1] * len(ids), logprobs)
+    # The context's text grows by exactly the decoded ids; the message content is that less the
+    # end-of-turn token the template writes itself.
+    generated = tokens.decode(ids)
+    eos = tokens.tokenizer.eos_token
+    content = generated[: -len(eos)] if eos and generated.endswith(eos) else generated
+    rollout.pending = (generated, content)
+    parsed = parse_turn(content, settings.tool_format)
+    rollout.turns.append(
+        Turn(
+            text=content,
+            action=parsed.kind,
+            call_queries=[call.query for call in parsed.calls],
+            call_reasons=list(parsed.reasons),
+        )
+    )
+    if cut:
+        rollout.finish = "context"
+    elif parsed.kind == "answer":
+        rollout.finish = "answer"
+    elif parsed.kind == "search" and final:
+        rollout.over_budget = True
+        rollout.finish = "max_turns"
+    elif parsed.kind == "search":
+        return True
+    else:
+        rollout.num_invalid += 1
+        if final:
+            rollout.finish = "length" if completion.finish_reason == "length" else "gave_up"
+        else:
+            assert rollout.conversation is not None  # _take_turn sends only tool-call rollouts here
+            correction = TOOL_CALL_CORRECTION.format(reasons="; ".join(parsed.reasons))
+            _insert(rollout, tokens.encode(rollout.conversation.add_turn(generated, content, [correction])), settings)
+    return False
+
+
 def _insert(rollout: _Rollout, ids: list[int], settings: RolloutSettings) -> None:
     """Appends inserted ids (mask 0) if at least one token of room stays; else ends the rollout."""
     if rollout.length() + len(ids) >= settings.max_context_tokens:
@@ -590,16 +704,16 @@ def _run_searches(
     noise: Callable[[int], int] | None,
     clock: _Clock,
 ) -> None:
-    """Runs all searches of a turn in one engine call and inserts the observations."""
+    """Runs all searches of a turn, every call of every row, in one engine call; inserts the results."""
     requests = []
-    for rollout, turn in searches:
+    for rollout, turn, query in _queries(searches):
         num_noisy = 0 if noise is None else noise(settings.top_k)
         if not 0 <= num_noisy <= settings.top_k:
             raise ValueError(f"noise({settings.top_k}) returned {num_noisy}; it must lie in [0, top_k]")
-        turn.num_noisy = num_noisy
+        turn.num_noisy += num_noisy
         requests.append(
             SearchRequest(
-                query=turn.query,
+                query=query,
                 top_k=settings.top_k,
                 question=rollout.example.question,
                 golden_answers=list(rollout.example.golden_answers),
@@ -612,10 +726,30 @@ def _run_searches(
     if len(results) != len(requests):
         raise ValueError(f"the search engine returned {len(results)} result lists for {len(requests)} requests")
     blocks = [render_documents(documents, settings.rendering) for documents in results]
-    for (rollout, turn), documents, ids in zip(searches, results, tokens.observations(blocks)):
-        turn.documents = list(documents)
+    tagged = [i for i, (rollout, _, _) in enumerate(_queries(searches)) if rollout.conversation is None]
+    observations = dict(zip(tagged, tokens.observations([blocks[i] for i in tagged]))) if tagged else {}
+    position = 0
+    for rollout, turn in searches:
         turn.executed = True
-        _insert(rollout, ids, settings)
+        if rollout.conversation is None:
+            turn.documents = list(results[position])
+            _insert(rollout, observations[position], settings)
+            position += 1
+            continue
+        calls = range(position, position + len(turn.call_queries))
+        position += len(turn.call_queries)
+        turn.call_documents = [list(results[i]) for i in calls]
+        added = rollout.conversation.add_turn(*rollout.pending, [tokens.cut_text(blocks[i]) for i in calls])
+        _insert(rollout, tokens.encode(added), settings)
+
+
+def _queries(searches: list[tuple[_Rollout, Turn]]) -> list[tuple[_Rollout, Turn, str]]:
+    """Every query to run, in order: a tag turn's one query, each call of a tool-call turn."""
+    return [
+        (rollout, turn, query)
+        for rollout, turn in searches
+        for query in (turn.call_queries if rollout.conversation is not None else [turn.query])
+    ]
 
 
 def _finish(rollouts: list[_Rollout], tokens: _TokenCache, settings: RolloutSettings, clock: _Clock) -> RolloutResult:
@@ -628,7 +762,7 @@ def _finish(rollouts: list[_Rollout], tokens: _TokenCache, settings: RolloutSett
     trajectories = []
     for rollout, text in zip(rollouts, texts):
         assert rollout.finish is not None  # the final turn finishes every rollout
-        executed = sum(turn.executed for turn in rollout.turns)
+        executed = sum(max(1, len(turn.call_queries)) for turn in rollout.turns if turn.executed)
         self_answered = sum(len(turn.self_queries) for turn in rollout.turns)
         trajectories.append(
             Trajectory(
@@ -639,7 +773,7 @@ def _finish(rollouts: list[_Rollout], tokens: _TokenCache, settings: RolloutSett
                 loss_mask=rollout.loss_mask,
                 turns=rollout.turns,
                 response_text=text,
-                answer=extract_answer(text),
+                answer=_answer(rollout, text, settings),
                 num_searches=executed + self_answered,
                 num_invalid=rollout.num_invalid,
                 finish=rollout.finish,
@@ -657,15 +791,26 @@ def _finish(rollouts: list[_Rollout], tokens: _TokenCache, settings: RolloutSett
     return RolloutResult(trajectories=trajectories, metrics=metrics, timings=timings)
 
 
+def _answer(rollout: _Rollout, text: str, settings: RolloutSettings) -> str | None:
+    """The tag protocol's last answer of the response; tool-call's answer of the final assistant message."""
+    if rollout.conversation is None:
+        return extract_answer(text)
+    last = rollout.turns[-1] if rollout.turns else None
+    if last is None or last.action != "answer":
+        return None
+    return parse_turn(last.text, settings.tool_format).answer
+
+
 def _metrics(
     trajectories: list[Trajectory], rollouts: list[_Rollout], settings: RolloutSettings, clock: _Clock
 ) -> dict[str, float]:
     count = len(trajectories)
     executed = [turn for t in trajectories for turn in t.turns if turn.executed]
+    searched = sum(max(1, len(turn.call_queries)) for turn in executed)
     metrics = {
         "search/calls_per_traj": sum(t.num_searches for t in trajectories) / count,
         "search/noisy_share": (
-            sum(turn.num_noisy for turn in executed) / (len(executed) * settings.top_k) if executed else 0.0
+            sum(turn.num_noisy for turn in executed) / (searched * settings.top_k) if executed else 0.0
         ),
         "rollout/invalid_actions": sum(t.num_invalid for t in trajectories) / count,
         "rollout/over_budget_searches": sum(r.over_budget for r in rollouts) / count,
@@ -679,6 +824,8 @@ def _metrics(
     for reason in FINISHES:
         metrics[f"rollout/finish_{reason}"] = sum(t.finish == reason for t in trajectories) / count
     metrics["rollout/unfinished_share"] = sum(t.finish in UNFINISHED for t in trajectories) / count
+    if settings.tool_call:
+        metrics["rollout/call_errors"] = sum(len(turn.call_reasons) for t in trajectories for turn in t.turns) / count
     if settings.self_search:
         metrics["search/self_calls_per_traj"] = (
             sum(len(turn.self_queries) for t in trajectories for turn in t.turns) / count

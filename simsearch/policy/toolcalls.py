@@ -17,6 +17,12 @@ from typing import Any, Literal
 
 from simsearch.eval.metrics import ANSWER_CLOSE, ANSWER_OPEN
 
+PROTOCOLS: dict[str, str] = {
+    "tags": "Search-R1's <search>, <information> and <answer> tags in the generated text",
+    "tool-call": "the search tool called in the chat template's own format (rollout.tool_format)",
+}
+"""Every agent-loop protocol by its recipe name (`rollout.protocol`), with what it is."""
+
 SEARCH_TOOL = "search"
 THINK_BLOCK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
 

@@ -226,7 +226,7 @@ def test_ssrl_format_think_limit_counts_the_string() -> None:
 
 def test_ssrl_format_rewards_batch_and_name() -> None:
     assert ssrl_format_rewards([GOOD, "<think>a</think></think><answer>b</answer>", "nothing"]) == [1.0, 0.5, 0.0]
-    assert REWARD_NAMES == ("f1", "em", "substring_em", "format", "ssrl_format")
+    assert REWARD_NAMES == ("f1", "em", "substring_em", "format", "ssrl_format", "toolcall_format")
 
 
 # --- outcome rewards ---------------------------------------------------------------------------
