@@ -229,24 +229,20 @@ def generate_trajectories(
         search: Answers the searches; may be None only when no search can be run (self-search
             without a real share, or `max_turns=0`).
         settings: The loop's limits, template and rendering.
-        sampling: Per-turn sampling. `stop` and `n` must be left at their defaults (the rollout
-            sets them); `max_new_tokens` applies to each turn; with a `seed`, generate call c of
-            the rollout uses seed + c, so turns do not replay one random stream.
+        sampling: Per-turn sampling; `stop` and `n` left at their defaults (the rollout sets them);
+            `max_new_tokens` is per turn; with a `seed`, generate call c uses seed + c.
         group_size: Rollouts per example (GRPO's G).
-        noise: `noise(top_k)` gives how many documents of one search must be noisy (the
-            curriculum decides, the engine obeys); None means always 0.
-        rng: Draws which questions use real search when 0 < `self_search_real_share` < 1;
-            required then, unused otherwise.
+        noise: `noise(top_k)`: how many documents of one search must be noisy (None: always 0).
+        rng: Draws the questions that use real search (needed when 0 < `self_search_real_share` < 1).
 
     Returns:
-        The trajectories plus batch metrics (`search/*`, `rollout/*`, `perf/prompt_tokens`,
-        `perf/decoded_tokens`; `_metrics` lists them).
+        The trajectories and the batch's metrics (`_metrics` lists their keys).
 
     Raises:
         DataError: an example whose prompt leaves no room under `max_context_tokens`.
         NonFiniteError: the policy's logits were inf or nan (names the call and the questions).
-        ValueError: an argument the loop cannot honour, an engine returning the wrong number of
-            results, or a `noise` count outside [0, top_k].
+        ValueError: an argument the loop cannot honour, or an engine's result count or a `noise`
+            count out of range.
     """
     _check_arguments(examples, search, settings, sampling, group_size, rng)
     if settings.tool_call:
