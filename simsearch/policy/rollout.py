@@ -20,9 +20,7 @@ tokenized and appended with mask 0. An unreadable turn gets `TOOL_CALL_CORRECTIO
 message (mask 0), so the context stays the template's rendering of the conversation.
 
 Loss masks are built from the token ids of each appended segment as it is appended: generated
-ids get 1, inserted ids 0. Nothing is ever decoded and re-tokenized to find them. That is where
-SSRL went wrong (masks rebuilt by re-tokenizing decoded text drift at segment boundaries where
-tokens merge) and ZeroSearch too (masks derived from pad-token equality).
+ids get 1, inserted ids 0; nothing is decoded and re-tokenized to find them.
 
 Self-search (SSRL): with template "self-search" the policy writes its query, its own
 `<information>` and its answer in one generation (stop only at `</answer>`), and the
@@ -31,29 +29,6 @@ information it wrote gets mask 0. With `self_search_real_share` > 0, that share 
 `search`: the sim-to-real bridge during training. At share 1 every search is real, which is
 how `simsearch eval` runs a self-search policy on a real engine (SSRL's sim-to-real evaluation:
 generation cut at `</search>`, real results inserted, up to `max_turns` searches).
-
-Departures from Search-R1 / ZeroSearch / SSRL:
-
-- A search in the final turn is not run: the trajectory ends without an answer and is counted
-  (`rollout/over_budget_searches`). ZeroSearch ran it and silently discarded the results.
-- A final turn that ends with neither a search nor an answer (and was not cut by
-  `max_new_tokens`) finishes "gave_up", apart from "max_turns" (a search over the budget), so
-  over-turn masking can tell a give-up from a trajectory still calling a tool.
-- An over-long observation is cut to `max_obs_tokens` but keeps its closing `</information>\\n\\n`
-  tokens, so the structure the policy sees stays valid (Search-R1 cut the closing tag off).
-- A trajectory that would outgrow `max_context_tokens` stops (finish "context"); its last
-  generation is cut to fit. Search-R1 instead truncated the rolling context.
-- `max_turns` counts every non-final turn, invalid ones included (as Search-R1 does). In
-  self-search mode a generation that ends without an answer is an invalid turn and gets the
-  corrective message and another try; `max_turns=0` gives SSRL's single generation.
-- The prompt is rendered from `QAExample.question` with `data.templates.encode_prompt`, never
-  taken from `QAExample.prompt` (the verl rows' own templated text): the template stays a recipe
-  choice, and training and evaluation prompts cannot drift apart.
-- The first turn asks the engine for `n=group_size` samples per question, so an engine that
-  shares the prompt's prefill across samples (HFEngine, vLLM) processes each prompt once.
-- Which questions use real search in self-search mode is drawn per question, not per
-  trajectory, so a GRPO group never mixes real and self-written results (the policy cannot
-  know in advance which it will get, and mixed groups would bias its advantages).
 """
 
 from __future__ import annotations
