@@ -5,10 +5,13 @@ The processes are started as `srun` starts a job's tasks, one per rank with RANK
 the environment, so each one's exit status and stderr can be checked. Only rank 1 is signalled: rank 0, which holds
 the run log and prints the resume line, learns of the stop through `Stop.agreed` alone, the hardest case for the
 agreement (a node preempted alone; when Slurm signals every task, each process has its own flag as well).
+The second test launches under torchrun and signals its workers, then torchrun (which forwards SIGTERM to them), as
+Slurm signals every process of a `srun torchrun` step: a known bug, marked xfail.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -47,7 +50,13 @@ def _launch(tmp_path: Path, args: list[str], name: str) -> list[subprocess.Popen
 
 
 def _finish(ranks: list[subprocess.Popen]) -> list[int]:
-    return [process.wait(timeout=240) for process in ranks]
+    """The ranks' exit statuses; a rank still running after 240 s (its peer gone, it waits on gloo) is killed."""
+    try:
+        return [process.wait(timeout=240) for process in ranks]
+    finally:
+        for process in ranks:
+            if process.poll() is None:
+                process.kill()
 
 
 def _stderr(tmp_path: Path, name: str) -> list[str]:
@@ -89,3 +98,43 @@ def test_sigterm_to_one_rank_then_resume_replays_the_uninterrupted_run(world: Pa
     final = f"checkpoints/step_{STEPS:07d}"
     mine, theirs = _weights(stopped / final / "model"), _weights(whole / final / "model")
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+@pytest.mark.slow  # ~30 s: one launch under torchrun
+@pytest.mark.timeout(600)
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: under torchrun, Slurm's SIGTERM to every process of the step plus torchrun's forwarded SIGTERM make "
+    "a second signal in each worker, and preempt.Stop.handle then exits at once (stop_now): no checkpoint, step lost",
+)
+def test_sigterm_to_torchrun_and_its_workers_as_slurm_sends_it_stops_after_a_step(world: Path, tmp_path: Path) -> None:  # noqa: F811
+    recipe, run = tmp_path / "recipe.yaml", tmp_path / "run"
+    recipe.write_text("seed: 0\n")
+    (tmp_path / "launch.py").write_text(LAUNCHER)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    args = _command(world, run, recipe, **EXTRA)[3:]
+    with open(tmp_path / "err", "w") as err:
+        torchrun = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(PROCESSES), "--master_addr",
+             "127.0.0.1", "--master_port", port, str(tmp_path / "launch.py"), *args],
+            stdout=subprocess.DEVNULL, stderr=err, env=_env(),
+        )  # fmt: skip
+    try:
+        while not (run / "metrics.jsonl").is_file() or not read_metrics(run):
+            assert torchrun.poll() is None, (tmp_path / "err").read_text()[-3000:]
+            time.sleep(0.02)
+        workers = subprocess.run(["pgrep", "-P", str(torchrun.pid)], capture_output=True, text=True).stdout.split()
+        for pid in map(int, workers):  # Slurm (proctrack/cgroup) signals every process of the step; the order of
+            os.kill(pid, signal.SIGTERM)  # arrival varies: here the workers' first, so the race cannot hide the bug
+        while (tmp_path / "err").read_text().count("SIGTERM received") < PROCESSES and torchrun.poll() is None:
+            time.sleep(0.02)
+        torchrun.send_signal(signal.SIGTERM)  # torchrun forwards it to its workers
+        torchrun.wait(timeout=240)
+    finally:
+        if torchrun.poll() is None:
+            torchrun.kill()
+    stderr = (tmp_path / "err").read_text()
+    assert "stopped at once" not in stderr, stderr[-3000:]
+    assert latest_checkpoint(run) is not None and "resume: simsearch train" in stderr
