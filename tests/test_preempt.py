@@ -1,4 +1,5 @@
-"""`training.preempt` in a child process: a signal only asks; a second signal or the grace period stops at once."""
+"""`training.preempt` in a child process: a signal only asks; a second signal or the grace period stops at once.
+And when a step in flight is abandoned at a turn boundary (`Stop.abandon_at_turn`, `rollout.RolloutStopped`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,20 @@ import subprocess
 import sys
 import time
 
-from simsearch.training.preempt import STOP_STATUS, resume_command
+import pytest
+
+from simsearch.policy.rollout import RolloutSettings, RolloutStopped, generate_trajectories
+from simsearch.training.preempt import FIRST_STEP_SHARE, STOP_STATUS, Stop, resume_command
+from simsearch.types import SamplingParams
+from tests.policy.test_rollout import (  # noqa: F401  (tokenizer: the fixture)
+    ANSWER_TURN,
+    EXAMPLES,
+    SEARCH_TURN,
+    RecordingSearch,
+    ScriptedPolicy,
+    by_turn,
+    tokenizer,
+)
 
 CHILD = """
 import sys, time
@@ -65,3 +79,55 @@ def test_the_resume_command_names_the_saved_recipe() -> None:
     assert resume_command("train", Path("runs/a"), resume_false=True, world=2) == (
         "simsearch train runs/a/recipe.yaml resume=true (under the same launcher, 2 processes)"
     )
+
+
+def _signalled_stop(grace_s: float, seconds_ago: float, step_s: float | None) -> Stop:
+    stop = Stop(grace_s, lambda: "", "simsearch test")
+    stop.signal_name, stop.received_at, stop.step_s = "SIGTERM", time.monotonic() - seconds_ago, step_s
+    return stop
+
+
+def test_a_step_is_abandoned_when_the_rest_of_the_grace_period_is_shorter_than_a_step() -> None:
+    # 10 s of grace, the signal 7 s ago: 3 s left. A step of 5 s cannot finish; one of 2 s can.
+    assert _signalled_stop(10.0, 7.0, step_s=5.0).abandon_at_turn()
+    assert not _signalled_stop(10.0, 7.0, step_s=2.0).abandon_at_turn()
+    # No step finished yet: a step is taken as FIRST_STEP_SHARE (half) of the grace, 5 s > 3 s left.
+    assert FIRST_STEP_SHARE == 0.5 and _signalled_stop(10.0, 7.0, step_s=None).abandon_at_turn()
+    assert not _signalled_stop(10.0, 4.0, step_s=None).abandon_at_turn()  # 6 s left > 5 s
+    # Never without a signal, nor without a grace period (0: the step always finishes).
+    assert not Stop(10.0, lambda: "", "simsearch test").abandon_at_turn()
+    assert not _signalled_stop(0.0, 100.0, step_s=5.0).abandon_at_turn()
+
+
+def _rollout(tokenizer, should_stop):  # noqa: F811
+    """(result, policy, search) of one question that searches, then answers (two turns)."""
+    policy, search = ScriptedPolicy(tokenizer, by_turn(SEARCH_TURN, ANSWER_TURN)), RecordingSearch()
+    result = generate_trajectories(
+        EXAMPLES[:1], policy=policy, tokenizer=tokenizer, search=search, settings=RolloutSettings(top_k=1),
+        sampling=SamplingParams(temperature=0.0, max_new_tokens=200), should_stop=should_stop,
+    )  # fmt: skip
+    return result, policy, search
+
+
+def test_the_rollout_stops_at_the_first_turn_boundary_should_stop_says(tokenizer) -> None:  # noqa: F811
+    policy, search = ScriptedPolicy(tokenizer, by_turn(SEARCH_TURN, ANSWER_TURN)), RecordingSearch()
+    asked: list[int] = []
+
+    def after_the_first_turn() -> bool:
+        asked.append(len(policy.calls))  # generate calls made so far
+        return len(asked) > 1
+
+    with pytest.raises(RolloutStopped) as stopped:
+        generate_trajectories(
+            EXAMPLES[:1], policy=policy, tokenizer=tokenizer, search=search, settings=RolloutSettings(top_k=1),
+            sampling=SamplingParams(temperature=0.0, max_new_tokens=200), should_stop=after_the_first_turn,
+        )  # fmt: skip
+    # Asked before turn 0 (no call yet) and before turn 1: turn 0 ran, its search answered; turn 1 never started.
+    assert stopped.value.turn == 1 and asked == [0, 1]
+    assert (len(policy.calls), len(search.calls)) == (1, 1)
+
+
+def test_a_rollout_never_told_to_stop_is_the_same_as_one_not_asked(tokenizer) -> None:  # noqa: F811
+    asked, _, _ = _rollout(tokenizer, lambda: False)
+    plain, _, _ = _rollout(tokenizer, None)
+    assert asked.trajectories == plain.trajectories and asked.metrics == plain.metrics

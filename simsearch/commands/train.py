@@ -21,6 +21,7 @@ Departures from ZeroSearch's trainer: docs/protocols.md.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
@@ -38,14 +39,14 @@ from simsearch.factory import train as rl
 from simsearch.factory.build import build_schedule, build_search_engine, meter_search_engine
 from simsearch.policy import step as steps
 from simsearch.policy.records import search_usage, trajectory_rows
-from simsearch.policy.rollout import RolloutResult
+from simsearch.policy.rollout import RolloutResult, RolloutStopped
 from simsearch.policy.sync import RolloutWeights, sync_rollout_weights
 from simsearch.policy.update import Learner, UpdateShape, forward_passes, update
 from simsearch.policy.validation import Validation, validate
 from simsearch.retrieval import accounting
 from simsearch.retrieval.accounting import EngineUsage, Ledger
 from simsearch.training import preempt
-from simsearch.training.checkpoint import checkpoint_dir
+from simsearch.training.checkpoint import checkpoint_dir, rng_state, set_rng_state
 from simsearch.training.distributed import mean_over_ranks
 from simsearch.training.runlog import METRICS_FILE, RunLogger, read_metrics
 from simsearch.training.session import Run, open_run
@@ -84,13 +85,15 @@ class _Progress:
     last_dir: Path | None
     step: int  # the step in flight (0-based), named by the error of a failed step
     metrics: dict[str, float] = field(default_factory=dict)  # stays empty when a finished run is resumed
+    rng: dict[str, Any] = field(default_factory=dict)  # the RNG states at the start of the step in flight
 
 
 def main(recipe: TrainRecipe) -> dict[str, float]:
     """Trains the policy the recipe describes; returns the last step's metrics.
 
     On SIGTERM or SIGINT it finishes the step in flight, saves it and exits with status 143
-    (`training.preempt`).
+    (`training.preempt`); alone (one process), a step that cannot finish in the grace period is
+    abandoned at a turn boundary of its rollout instead, and the last finished step saved.
     """
     t = _set_up(recipe)
     run = t.run
@@ -108,13 +111,21 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
 
 
 def _train(t: _Training, p: _Progress, stop: preempt.Stop) -> None:
-    """The loop: a step, its log, validation and periodic checkpoint; a signal ends it after the step."""
+    """The loop: a step, its log, validation and periodic checkpoint; a signal ends it after the step.
+
+    Alone, the rollout asks `stop.abandon_at_turn` at each turn boundary (every process would have
+    to agree at the same boundary, and their turns do not line up).
+    """
     recipe, run = t.recipe, t.run
     progress = tqdm(range(run.start, recipe.steps), initial=run.start, total=recipe.steps, disable=run.rank != 0,
                     desc="train")  # fmt: skip
+    should_stop = stop.abandon_at_turn if run.world == 1 else None
     for step in progress:
-        p.step = step
-        p.metrics, p.position = _step(t, step, p.position)
+        p.step, p.rng, began = step, rng_state(), time.monotonic()
+        try:
+            p.metrics, p.position = _step(t, step, p.position, should_stop)
+        except RolloutStopped as stopped:
+            _abandon(t, p, stop, stopped.turn)
         if t.logger is not None:
             progress.set_postfix(reward=f"{p.metrics['reward/mean']:.3f}", kl=f"{p.metrics.get('losses/kl', 0.0):.4f}",
                                  p_noise=f"{p.metrics['curriculum/p_noise']:.2f}",
@@ -122,16 +133,23 @@ def _train(t: _Training, p: _Progress, stop: preempt.Stop) -> None:
         done = step + 1
         if recipe.save_every and done % recipe.save_every == 0:
             p.last_dir, p.last_saved = _save(t, done, p.position), done
+        stop.step_s = time.monotonic() - began  # its checkpoint included
         if done < recipe.steps and stop.agreed(run.world):  # every process stops after the same step
             _stop(t, p, stop, done)
 
 
-def _step(t: _Training, step: int, position: int) -> tuple[dict[str, float], int]:
-    """One training step (rollout, update, weight sync, validation, log); its metrics and the next data position."""
+def _step(
+    t: _Training, step: int, position: int, should_stop: Callable[[], bool] | None
+) -> tuple[dict[str, float], int]:
+    """One training step (rollout, update, weight sync, validation, log); its metrics and the next data position.
+
+    Raises:
+        RolloutStopped: `should_stop` said so at a turn boundary; nothing of the step was kept.
+    """
     recipe, run = t.recipe, t.run
     began = time.perf_counter()
     p_noise = t.schedule(step)  # the curriculum decides how noisy search is, in every round
-    sample = _sample(t, position, p_noise, step)
+    sample = _sample(t, position, p_noise, step, should_stop)
     position, result, scored = position + sample.prompts, sample.result, sample.scored
     rollout_s = time.perf_counter() - began - sample.metrics["time/reward_s"]  # rounds, without scoring
     alg = recipe.algorithm
@@ -171,6 +189,29 @@ def _stop(t: _Training, p: _Progress, stop: preempt.Stop, done: int) -> None:
                                     world=t.run.world)  # fmt: skip
     preempt.exit_stopped(stop, f"after step {done}/{t.recipe.steps}: checkpoint {p.last_dir}", resume,
                          rank=t.run.rank)  # fmt: skip
+
+
+def _abandon(t: _Training, p: _Progress, stop: preempt.Stop, turn: int) -> None:
+    """After a signal, at a turn boundary: the step in flight dropped, the last finished one saved, exit 143.
+
+    Nothing of the dropped step was kept (model, optimizer, curriculum, data position); its
+    checkpoint holds the RNG states of the dropped step's start, so a resume replays that step.
+    Its searches were made: they count in `cost.json`.
+    """
+    done = p.step
+    if p.last_saved != done and done > 0:
+        set_rng_state(p.rng)
+        p.last_dir, p.last_saved = _save(t, done, p.position), done
+    search_usage(t.ledger, t.run_usage, t.run.world)
+    if t.logger is not None:
+        accounting.write_cost(t.run.run_dir, t.previous_cost, t.run_usage)
+        t.logger.close()
+    kept = f"checkpoint {p.last_dir}" if p.last_dir is not None else "no step had finished, nothing saved"
+    what = (f"in step {done + 1}/{t.recipe.steps}, which could not finish in the grace period: abandoned at a "
+            f"turn boundary (before turn {turn}), replayed on resume; {kept}")  # fmt: skip
+    resume = preempt.resume_command("train", t.run.run_dir, resume_false=t.recipe.resume == "false",
+                                    world=t.run.world)  # fmt: skip
+    preempt.exit_stopped(stop, what, resume, rank=t.run.rank)
 
 
 def _stopped_by(err: ServiceError | NonFiniteError, recipe: TrainRecipe, p: _Progress) -> SimsearchError:
@@ -227,9 +268,11 @@ def _set_up(recipe: TrainRecipe) -> _Training:
                      validation, ledger, logger, previous_cost, {})  # fmt: skip
 
 
-def _sample(t: _Training, position: int, p_noise: float, step: int) -> steps.StepSample:
+def _sample(
+    t: _Training, position: int, p_noise: float, step: int, should_stop: Callable[[], bool] | None
+) -> steps.StepSample:
     """The step's rollout rounds from data position `position`, each search with p_noise (`steps.sample_step`)."""
-    rollout = partial(steps.rollout_round, t.rollouts, p_noise, step)
+    rollout = partial(steps.rollout_round, t.rollouts, p_noise, step, should_stop=should_stop)
     with t.generation():
         sample = steps.sample_step(t.rollouts.recipe, rollout, t.train_data, position, t.share, t.run.world,
                                    t.shape.minibatch_rows)  # fmt: skip

@@ -183,6 +183,18 @@ class RolloutResult:
     timings: dict[str, float]
 
 
+class RolloutStopped(Exception):
+    """`generate_trajectories` stopped at a turn boundary because its `should_stop` said so.
+
+    Attributes:
+        turn: The turn that was about to start (0-based; 0: before the first).
+    """
+
+    def __init__(self, turn: int) -> None:
+        super().__init__(f"rollout stopped before turn {turn}")
+        self.turn = turn
+
+
 def generate_trajectories(
     examples: Sequence[QAExample],
     *,
@@ -194,6 +206,7 @@ def generate_trajectories(
     group_size: int = 1,
     noise: Callable[[int], int] | None = None,
     rng: random.Random | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> RolloutResult:
     """Rolls the policy out on every example, `group_size` times each.
 
@@ -209,6 +222,7 @@ def generate_trajectories(
         group_size: Rollouts per example (GRPO's G).
         noise: `noise(top_k)`: how many documents of one search must be noisy (None: always 0).
         rng: Draws the questions that use real search (needed when 0 < `self_search_real_share` < 1).
+        should_stop: Asked at each turn boundary, before each turn (a preemption's early stop).
 
     Returns:
         The trajectories and the batch's metrics (`_metrics` lists their keys).
@@ -216,25 +230,25 @@ def generate_trajectories(
     Raises:
         DataError: an example whose prompt leaves no room under `max_context_tokens`.
         NonFiniteError: the policy's logits were inf or nan (names the call and the questions).
+        RolloutStopped: `should_stop()` said True at a turn boundary; nothing is returned.
         ValueError: an argument the loop cannot honour, or an engine's result count or a `noise`
             count out of range.
     """
-    _check_arguments(examples, search, settings, sampling, group_size, rng)
-    if settings.tool_call:
-        check_tool_support(tokenizer, [search_tool_schema()])
+    _check_arguments(examples, tokenizer, search, settings, sampling, group_size, rng)
     clock = _Clock(started=time.perf_counter())
     tokens = _TokenCache(tokenizer, settings.max_obs_tokens)
     rollouts = _start(examples, tokens, settings, group_size, rng, sampling.logprobs)
 
     for turn in range(settings.max_turns + 1):
-        final = turn == settings.max_turns
         active = [rollout for rollout in rollouts if rollout.finish is None]
         if not active:
             break
+        if should_stop is not None and should_stop():
+            raise RolloutStopped(turn)
         completions = _generate_turn(policy, active, sampling, settings, group_size, turn == 0, clock)
         searches: list[tuple[_Rollout, Turn]] = []
         for rollout, completion in zip(active, completions):
-            if _take_turn(rollout, completion, tokens, settings, final):
+            if _take_turn(rollout, completion, tokens, settings, turn == settings.max_turns):
                 searches.append((rollout, rollout.turns[-1]))
         if searches:
             assert search is not None  # _check_arguments: searches happen only with an engine
@@ -436,6 +450,7 @@ def _decode_offsets(decode: Callable[[list[int]], str], ids: list[int]) -> tuple
 
 def _check_arguments(
     examples: Sequence[QAExample],
+    tokenizer: PreTrainedTokenizerBase,
     search: SearchEngine | None,
     settings: RolloutSettings,
     sampling: SamplingParams,
@@ -461,6 +476,8 @@ def _check_arguments(
             "self_search_real_share is between 0 and 1: pass rng=random.Random(seed) to draw "
             "which questions use real search"
         )
+    if settings.tool_call:
+        check_tool_support(tokenizer, [search_tool_schema()])
 
 
 def _start(

@@ -75,11 +75,15 @@ class Rollouts:
     rank: int
 
 
-def rollout_round(r: Rollouts, p_noise: float, step: int, examples: list[Any], round_: int) -> RolloutResult:
+def rollout_round(
+    r: Rollouts, p_noise: float, step: int, examples: list[Any], round_: int,
+    should_stop: Callable[[], bool] | None = None,
+) -> RolloutResult:  # fmt: skip
     """`group_size` trajectories per question, each search call with num_noisy(p_noise, top_k) noisy documents.
 
     Sampling and coin flips are seeded by (seed, step, process, round); round 0 draws what a step
-    without dynamic sampling draws.
+    without dynamic sampling draws. `should_stop` is asked before each turn, so also between
+    dynamic sampling's rounds (`rollout.RolloutStopped`).
     """
     recipe, key = r.recipe, f"{step}:{r.rank}" + (f":{round_}" if round_ else "")
     noise_rng = random.Random(f"noise:{recipe.seed}:{key}")
@@ -92,7 +96,7 @@ def rollout_round(r: Rollouts, p_noise: float, step: int, examples: list[Any], r
         examples, policy=r.generator, tokenizer=r.tokenizer, search=r.search, settings=r.settings,
         sampling=sampling, group_size=recipe.rollout.group_size,
         noise=lambda top_k: num_noisy(p_noise, top_k, r.granularity, noise_rng),
-        rng=random.Random(f"real:{recipe.seed}:{key}"),
+        rng=random.Random(f"real:{recipe.seed}:{key}"), should_stop=should_stop,
     )  # fmt: skip
 
 

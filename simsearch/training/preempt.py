@@ -5,6 +5,10 @@ writes its checkpoint, prints one line naming it and the command that resumes, a
 `STOP_STATUS`. Under DeepSpeed the processes agree on the step each step (`Stop.agreed`: the
 maximum of their flags), so all of them stop after the same one.
 
+A step that cannot finish in the grace period is abandoned instead (`Stop.abandon_at_turn`, asked
+by `train`'s rollout at each turn boundary, single-process runs only): the command then saves the
+last finished step and exits, and a resume replays the abandoned one from its start.
+
 Two things stop the process at once, with `os._exit` and without touching a file, so the last
 finished checkpoint (written atomically, `training.checkpoint`) stays the last good one: a second
 signal, and the grace period running out before the step in flight is done (a timer thread, so
@@ -30,6 +34,9 @@ import torch
 from simsearch.training.checkpoint import latest_checkpoint
 from simsearch.training.distributed import all_reduce_max
 
+FIRST_STEP_SHARE = 0.5
+"""Before any step finished in this process, a step is taken to need this share of the grace period."""
+
 STOP_STATUS = 143
 """Exit status of a run stopped by a signal: 128 + SIGTERM, what Slurm and Kubernetes expect."""
 
@@ -46,6 +53,7 @@ class Stop:
         prog: The command's name as its lines start ("simsearch train").
         signal_name: The first signal received ("SIGTERM"), or None.
         received_at: `time.monotonic()` when it came.
+        step_s: Seconds the last finished step took (the loop sets it), or None before the first.
     """
 
     def __init__(self, grace_s: float, last_good: Callable[[], str], prog: str) -> None:
@@ -54,6 +62,7 @@ class Stop:
         self.prog = prog
         self.signal_name: str | None = None
         self.received_at = 0.0
+        self.step_s: float | None = None
         self._timer: threading.Timer | None = None
 
     @property
@@ -68,6 +77,20 @@ class Stop:
         if agreed and not self.requested:  # another process was signalled: stop with it
             self.signal_name, self.received_at = "a signal to another process", time.monotonic()
         return agreed
+
+    def abandon_at_turn(self) -> bool:
+        """At a turn boundary: whether to abandon the step in flight rather than finish it.
+
+        True once a signal came and the rest of the grace period is shorter than a step
+        (`step_estimate_s`); never without a signal or a grace period.
+        """
+        if not self.requested or self.grace_s <= 0:
+            return False
+        return self.grace_s - self.seconds() < self.step_estimate_s()
+
+    def step_estimate_s(self) -> float:
+        """What a step takes: the last finished one, or `FIRST_STEP_SHARE` of the grace period before one."""
+        return self.step_s if self.step_s is not None else FIRST_STEP_SHARE * self.grace_s
 
     def handle(self, signum: int, frame: FrameType | None = None) -> None:
         """The handler of both signals: the first asks for a stop, the second stops at once."""
