@@ -12,7 +12,7 @@ import time
 import pytest
 
 from simsearch.policy.rollout import RolloutSettings, RolloutStopped, generate_trajectories
-from simsearch.training.preempt import FIRST_STEP_SHARE, STOP_STATUS, Stop, resume_command
+from simsearch.training.preempt import FIRST_STEP_SHARE, REPEAT_WINDOW_S, STOP_STATUS, Stop, resume_command
 from simsearch.types import SamplingParams
 from tests.policy.test_rollout import (  # noqa: F401  (tokenizer: the fixture)
     ANSWER_TURN,
@@ -28,27 +28,30 @@ CHILD = """
 import sys, time
 from simsearch.training.preempt import exit_stopped, stop_on_signals
 
-grace, checks = float(sys.argv[1]), sys.argv[2] == "checks"
+grace, checks, step_s = float(sys.argv[1]), sys.argv[2] == "checks", float(sys.argv[3])
 with stop_on_signals(grace, lambda: "the last good checkpoint is X", "simsearch test") as stop:
     print("ready", flush=True)
     for step in range(600):
-        time.sleep(0.05)  # a step that ends every 50 ms, or never asks (checks=False)
+        time.sleep(step_s)  # a step that ends every step_s seconds, or never asks (checks=False)
         if checks and stop.agreed(1):
             exit_stopped(stop, f"after step {step + 1}", "simsearch test again")
 print("finished", flush=True)
 """
 
 
-def _signalled(grace: float, checks: bool, signals: int) -> tuple[int, str, float]:
-    """(exit status, stderr, seconds from the first signal to the exit) of CHILD sent `signals` SIGTERMs."""
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(grace), "checks" if checks else "no"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+def _signalled(grace: float, checks: bool, signals: int, gap: float = 0.01, step_s: float = 0.05,
+               env: dict[str, str] | None = None) -> tuple[int, str, float]:  # fmt: skip
+    """(exit status, stderr, seconds from the first signal to the exit) of CHILD sent `signals` SIGTERMs, `gap` s
+    apart, its steps `step_s` long."""
+    environment = {key: value for key, value in os.environ.items() if key != "TORCHELASTIC_RUN_ID"}
+    environment.update({"OMP_NUM_THREADS": "1", **(env or {})})
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(grace), "checks" if checks else "no", str(step_s)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)  # fmt: skip
     assert child.stdout is not None and child.stdout.readline() == "ready\n"
     began = time.monotonic()
     for _ in range(signals):
         child.send_signal(signal.SIGTERM)
-        time.sleep(0.01)
+        time.sleep(gap)
     _, stderr = child.communicate(timeout=60)
     return child.returncode, stderr, time.monotonic() - began
 
@@ -61,9 +64,23 @@ def test_the_first_signal_lets_the_step_finish_then_exits_with_143() -> None:
 
 
 def test_a_second_signal_stops_at_once() -> None:
-    status, stderr, seconds = _signalled(grace=0.0, checks=False, signals=2)
+    status, stderr, seconds = _signalled(grace=0.0, checks=False, signals=2, gap=REPEAT_WINDOW_S + 0.3)
     assert status == STOP_STATUS and seconds < 10
     assert "stopped at once by a second SIGTERM; the step in flight is lost; the last good checkpoint is X" in stderr
+
+
+def test_the_same_signal_delivered_twice_at_once_is_one_request() -> None:
+    # Slurm signals every process of a job step, and a launcher forwards the same SIGTERM: milliseconds apart.
+    status, stderr, _ = _signalled(grace=30.0, checks=True, signals=2)
+    assert status == STOP_STATUS and "the same request delivered twice" in stderr
+    assert "stopped at once" not in stderr and "simsearch test: stopped by SIGTERM after step" in stderr
+
+
+def test_under_torchrun_a_repeated_sigterm_is_always_the_same_request() -> None:
+    status, stderr, _ = _signalled(grace=30.0, checks=True, signals=2, gap=REPEAT_WINDOW_S + 0.3,
+                                   step_s=REPEAT_WINDOW_S + 1.0, env={"TORCHELASTIC_RUN_ID": "test"})  # fmt: skip
+    assert status == STOP_STATUS and "stopped at once" not in stderr
+    assert "simsearch test: stopped by SIGTERM after step" in stderr
 
 
 def test_the_grace_period_stops_a_step_that_does_not_end() -> None:

@@ -13,7 +13,9 @@ Two things stop the process at once, with `os._exit` and without touching a file
 finished checkpoint (written atomically, `training.checkpoint`) stays the last good one: a second
 signal, and the grace period running out before the step in flight is done (a timer thread, so
 it fires even while the main thread is inside a long forward pass). Steps finished after that
-checkpoint are lost, as after a SIGKILL.
+checkpoint are lost, as after a SIGKILL. A repeat of the first signal is the same request
+delivered twice, not a second one, when it comes within `REPEAT_WINDOW_S` or under torchrun
+(`_same_request`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ STOP_STATUS = 143
 """Exit status of a run stopped by a signal: 128 + SIGTERM, what Slurm and Kubernetes expect."""
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+REPEAT_WINDOW_S = 1.0
+"""A repeat of the first signal within this many seconds is the same request delivered twice (Slurm
+signals every process of a job step, and a launcher may forward the same signal to its workers)."""
 
 
 class Stop:
@@ -95,6 +101,10 @@ class Stop:
     def handle(self, signum: int, frame: FrameType | None = None) -> None:
         """The handler of both signals: the first asks for a stop, the second stops at once."""
         name = signal.Signals(signum).name
+        if self.requested and self._same_request(name):
+            print(f"{self.prog}: {name} again, the same request delivered twice: still finishing the step in flight",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            return
         if self.requested:
             self.stop_now(f"a second {name}")
         self.signal_name, self.received_at = name, time.monotonic()
@@ -104,6 +114,14 @@ class Stop:
             self._timer = threading.Timer(self.grace_s, self.stop_now, args=(f"the {self.grace_s:g} s grace period",))
             self._timer.daemon = True
             self._timer.start()
+
+    def _same_request(self, name: str) -> bool:
+        """A repeat of the first signal soon after it, or any repeated SIGTERM under torchrun (which forwards
+        the SIGTERM it gets to workers that Slurm has already signalled)."""
+        if name != self.signal_name:
+            return False
+        torchrun = name == "SIGTERM" and "TORCHELASTIC_RUN_ID" in os.environ
+        return torchrun or time.monotonic() - self.received_at < REPEAT_WINDOW_S
 
     def stop_now(self, why: str) -> None:
         """Exits with `STOP_STATUS` without writing anything; the line names the last good checkpoint."""

@@ -6,7 +6,7 @@ the environment, so each one's exit status and stderr can be checked. Only rank 
 the run log and prints the resume line, learns of the stop through `Stop.agreed` alone, the hardest case for the
 agreement (a node preempted alone; when Slurm signals every task, each process has its own flag as well).
 The second test launches under torchrun and signals its workers, then torchrun (which forwards SIGTERM to them), as
-Slurm signals every process of a `srun torchrun` step: a known bug, marked xfail.
+Slurm signals every process of a `srun torchrun` step: each worker gets SIGTERM twice, one request.
 """
 
 from __future__ import annotations
@@ -102,11 +102,6 @@ def test_sigterm_to_one_rank_then_resume_replays_the_uninterrupted_run(world: Pa
 
 @pytest.mark.slow  # ~30 s: one launch under torchrun
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: under torchrun, Slurm's SIGTERM to every process of the step plus torchrun's forwarded SIGTERM make "
-    "a second signal in each worker, and preempt.Stop.handle then exits at once (stop_now): no checkpoint, step lost",
-)
 def test_sigterm_to_torchrun_and_its_workers_as_slurm_sends_it_stops_after_a_step(world: Path, tmp_path: Path) -> None:  # noqa: F811
     recipe, run = tmp_path / "recipe.yaml", tmp_path / "run"
     recipe.write_text("seed: 0\n")
