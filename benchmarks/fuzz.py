@@ -7,6 +7,7 @@ The generators are those of `tests/reliability/test_fuzz.py` (hypothesis strateg
 drawn first and then run outside hypothesis, so a failing case is counted rather than shrunk:
 
 - `tags`: tag parsing, answer extraction and the format reward on tagged text;
+- `tool_calls`: the hermes and llama3 tool-call parsers on call soups (`policy.toolcalls.parse_turn`);
 - `recipes`: recipe YAML (or bytes that are not UTF-8) and command-line overrides, every schema;
 - `qa_jsonl`, `qa_parquet`: QA files in JSONL, and in Parquet (the rows as pyarrow takes them,
   else as text; or bytes that are not Parquet at all);
@@ -58,14 +59,15 @@ from simsearch.models import EOS_TOKEN, PAD_TOKEN, train_tokenizer  # noqa: E402
 from simsearch.policy.rewards import format_score  # noqa: E402
 from simsearch.policy.rollout import _TokenCache  # noqa: E402
 from simsearch.policy.tags import extract_queries, information_spans, parse_action  # noqa: E402
+from simsearch.policy.toolcalls import TOOL_CALL_FORMATS, parse_turn  # noqa: E402
 from simsearch.retrieval.bm25 import BM25SearchEngine  # noqa: E402
 from simsearch.retrieval.server import create_app  # noqa: E402
 from simsearch.types import Passage  # noqa: E402
 from tests.reliability import test_fuzz as gen  # noqa: E402
 from tests.servers import serve_in_thread  # noqa: E402
 
-FULL = {"tags": 2000, "recipes": 1500, "qa_jsonl": 1500, "qa_parquet": 1000, "corpus": 1500, "retrieve": 1500,
-        "tokenizer": 1000}  # fmt: skip
+FULL = {"tags": 2000, "tool_calls": 1000, "recipes": 1500, "qa_jsonl": 1500, "qa_parquet": 1000, "corpus": 1500,
+        "retrieve": 1500, "tokenizer": 1000}  # fmt: skip
 TINY = {name: 40 for name in FULL}
 EXAMPLES_KEPT = 5
 
@@ -119,6 +121,12 @@ def draw(strategy: st.SearchStrategy, count: int, start_seed: int) -> list[Any]:
 
 def run_tags(text: str) -> None:
     parse_action(text), extract_queries(text), information_spans(text), extract_answer(text), format_score(text)
+
+
+def run_tool_calls(case: tuple[str, bool]) -> None:
+    text, allow_top_k = case
+    for tool_format in TOOL_CALL_FORMATS:
+        parse_turn(text, tool_format, allow_top_k=allow_top_k)
 
 
 def recipe_cases() -> st.SearchStrategy:
@@ -267,6 +275,7 @@ def run_targets(counts: dict[str, int], start_seed: int, max_s: float, workdir: 
     with retrieve_server() as (client, url):
         targets: dict[str, tuple[st.SearchStrategy, Callable[[Any], None]]] = {
             "tags": (gen.tagged_text, run_tags),
+            "tool_calls": (st.tuples(gen.tool_call_text, st.booleans()), run_tool_calls),
             "recipes": (recipe_cases(), lambda case: run_recipe(workdir, case)),
             "qa_jsonl": (qa_jsonl_cases(), lambda case: run_qa_jsonl(workdir, case)),
             "qa_parquet": (qa_parquet_cases(), lambda case: run_qa_parquet(workdir, case)),

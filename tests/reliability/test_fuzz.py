@@ -49,6 +49,7 @@ from simsearch.policy.tags import (
     information_spans,
     parse_action,
 )
+from simsearch.policy.toolcalls import TOOL_CALL_FORMATS, parse_turn
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.retrieval.server import create_app
 from simsearch.simulator.engine import PAD_TEXT, parse_documents
@@ -100,6 +101,12 @@ any_char = st.one_of(st.characters(), st.sampled_from(AWKWARD_CHARS))
 any_text = st.text(any_char, max_size=40)
 tag_free_text = any_text.filter(lambda t: "<" not in t and ">" not in t)
 tagged_text = st.lists(st.one_of(st.sampled_from(TAG_PIECES), any_text), max_size=12).map("".join)
+TOOL_CALL_PIECES = [
+    "<tool_call>", "</tool_call>", '{"name": "search", "arguments": {"query": "', '"}}', '{"name": ',
+    '"search"', '"lookup"', ', "parameters": {"query": ', '"top_k": ', "2", "-1", "true", '"a"', "{", "}", "[", "]",
+    ", ", ": ", ";", "<|python_tag|>", "<think>", "</think>", "<answer>", "</answer>", "\\", '\\"', "null", "\n",
+]  # fmt: skip
+tool_call_text = st.lists(st.one_of(st.sampled_from(TOOL_CALL_PIECES), any_text), max_size=16).map("".join)
 
 json_scalars = st.one_of(
     st.none(),
@@ -140,6 +147,18 @@ def test_tag_parsers_accept_any_text(text: str) -> None:
         assert text.startswith("<information>", start)
         assert text.endswith("</information>", 0, end) or end == len(text)
         position = end
+
+
+@fuzz("fast", 300)
+@given(tool_call_text, st.booleans())
+def test_tool_call_parsers_accept_any_text(text: str, allow_top_k: bool) -> None:
+    for tool_format in TOOL_CALL_FORMATS:
+        turn = parse_turn(text, tool_format, allow_top_k=allow_top_k)
+        assert turn.kind in ("search", "answer", "invalid")
+        assert (turn.kind == "search") == bool(turn.calls) or turn.kind == "answer"
+        assert all(call.query and call.query == call.query.strip() for call in turn.calls)
+        assert all(call.top_k is None or (allow_top_k and call.top_k >= 1) for call in turn.calls)
+        assert turn.kind != "invalid" or turn.reasons  # an invalid turn always says why
 
 
 @fuzz("fast", 500)
