@@ -602,6 +602,9 @@ def load_recipe(schema: type[R], path: str | os.PathLike | None, overrides: Sequ
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or "?"
         raise RecipeError(f"{where}: key {key}: {_first_line(err)}") from None
+    except TypeError as err:  # OmegaConf's merge of a mapping where the schema has a list, or the other way
+        shape = f"a section has the wrong shape for the recipe ({_first_line(err)})"
+        raise RecipeError(f"{where}: {shape}; its keys: `simsearch config COMMAND RECIPE --doc`") from None
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
@@ -650,6 +653,12 @@ def _remove(merged: DictConfig, key: str) -> None:
 
 
 def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
+    for override in overrides:  # bytes the shell passed that are not UTF-8 arrive as lone surrogates
+        try:
+            override.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise RecipeError(f"override {override!r} holds bytes that are not UTF-8 (at character {err.start}); "
+                              "write it in UTF-8") from None  # fmt: skip
     try:
         return OmegaConf.from_dotlist(list(overrides))
     except yaml.YAMLError:

@@ -255,3 +255,17 @@ def test_mask_gave_up_needs_over_turn_masking(train_yaml: Path) -> None:
         load_recipe(TrainRecipe, train_yaml, ["algorithm.mask_gave_up=true"])
     recipe = load_recipe(TrainRecipe, train_yaml, ["algorithm.mask_gave_up=true", "algorithm.mask_unfinished=true"])
     assert recipe.algorithm.mask_gave_up and not TrainRecipe(run_dir="x").algorithm.mask_gave_up
+
+
+def test_an_override_with_bytes_that_are_not_utf8_is_a_recipe_error() -> None:
+    # Found by benchmarks/fuzz.py: argv bytes that are not UTF-8 arrive as lone surrogates.
+    with pytest.raises(RecipeError, match=r"override 'search.nope=\]\\udcec' holds bytes that are not UTF-8"):
+        load_recipe(TrainRecipe, None, ["search.nope=]\udcec"])
+
+
+def test_a_mapping_where_the_schema_has_a_list_is_a_recipe_error(tmp_path) -> None:
+    # Found by benchmarks/fuzz.py: OmegaConf's merge raised a bare TypeError.
+    path = tmp_path / "collect.yaml"
+    path.write_text("policy:\n  base_urls:\n    x: {}\n")
+    with pytest.raises(RecipeError, match=r"collect.yaml: a section has the wrong shape"):
+        load_recipe(CollectRecipe, path)
