@@ -96,7 +96,7 @@ def _parse_blocks(text: str) -> list[_Block] | None:
 
 
 def format_score(response: str) -> float:
-    """Our format reward for one response (`format`), inspired by SSRL's (`ssrl_format_score`).
+    """Our format reward in [0, 1] for one response, not its prompt (`format`), inspired by SSRL's.
 
     The score is 0 unless every rule holds (leading and trailing whitespace of the response is
     ignored; plain text between blocks is allowed):
@@ -116,12 +116,6 @@ def format_score(response: str) -> float:
     Then, with T think blocks and S search blocks,
     score = min(0.5·T, 1) · min(T, S + 1) / max(T, S + 1): one think and no search scores 0.5,
     one think per search plus one before the answer scores 1.
-
-    Args:
-        response: The response text (not the prompt).
-
-    Returns:
-        The format score in [0, 1].
     """
     text = response.strip()
     if not (text.startswith("<think>") and text.endswith("</answer>")):
@@ -152,7 +146,7 @@ def format_score(response: str) -> float:
 
 
 def ssrl_format_score(response: str) -> float:
-    """SSRL's format reward for one response, reproduced exactly (compat; `ssrl_format`).
+    """SSRL's format reward in [0, 1] for one response, not its prompt, reproduced exactly (compat; `ssrl_format`).
 
     The score is 0 when any of these holds (the response is stripped of surrounding whitespace first):
 
@@ -172,12 +166,6 @@ def ssrl_format_score(response: str) -> float:
 
     Otherwise, with T occurrences of `<think>` and S of `<search>`,
     score = min(0.5·T, 1) · min(T, S + 1) / max(T, S + 1).
-
-    Args:
-        response: The response text (not the prompt).
-
-    Returns:
-        The format score in [0, 1].
     """
     text = response.strip()
     if any(tag not in _SSRL_ALLOWED for tag in _SSRL_ANY_TAG.findall(text)):

@@ -9,13 +9,9 @@ A step that cannot finish in the grace period is abandoned instead (`Stop.abando
 by `train`'s rollout at each turn boundary, single-process runs only): the command then saves the
 last finished step and exits, and a resume replays the abandoned one from its start.
 
-Two things stop the process at once, with `os._exit` and without touching a file, so the last
-finished checkpoint (written atomically, `training.checkpoint`) stays the last good one: a second
-signal, and the grace period running out before the step in flight is done (a timer thread, so
-it fires even while the main thread is inside a long forward pass). Steps finished after that
-checkpoint are lost, as after a SIGKILL. A repeat of the first signal is the same request
-delivered twice, not a second one, when it comes within `REPEAT_WINDOW_S` or under torchrun
-(`_same_request`).
+A second signal (not a repeat of the first: `_same_request`) or the grace period running out
+(a timer thread: it fires inside a long forward pass too) stops the process at once with
+`os._exit`, writing nothing, so the last finished checkpoint stays the last good one.
 """
 
 from __future__ import annotations
