@@ -590,13 +590,8 @@ def _take_turn(
     """Appends one generated turn and acts on it; True when it asks for a search to be run."""
     if rollout.conversation is not None:
         return _take_tool_turn(rollout, completion, tokens, settings, final)
-    room = settings.max_context_tokens - rollout.length()
-    ids, text, logprobs = completion.token_ids, completion.text, completion.logprobs
-    cut = len(ids) > room
-    if cut:
-        ids = ids[:room]
-        logprobs = None if logprobs is None else logprobs[:room]
-        text = tokens.decode(ids)
+    ids, logprobs, cut = _fit(rollout, completion, settings)
+    text = tokens.decode(ids) if cut else completion.text
     mask = tokens.self_search_mask(ids) if rollout.self_search else [1] * len(ids)
     rollout.append(ids, mask, logprobs)
 
@@ -611,7 +606,26 @@ def _take_turn(
         self_queries=extract_queries(text) if rollout.self_search else [],
     )
     rollout.turns.append(turn)
+    outcome = _settle(rollout, kind, cut, final, completion)
+    if outcome == "retry":
+        _insert(rollout, tokens.invalid_ids, settings)
+    return outcome == "search"
 
+
+def _fit(
+    rollout: _Rollout, completion: Completion, settings: RolloutSettings
+) -> tuple[list[int], list[float] | None, bool]:
+    """The turn's ids and log-probs cut to the room left in the context, and whether they were cut."""
+    room = settings.max_context_tokens - rollout.length()
+    ids, logprobs = completion.token_ids, completion.logprobs
+    if len(ids) <= room:
+        return ids, logprobs, False
+    return ids[:room], None if logprobs is None else logprobs[:room], True
+
+
+def _settle(rollout: _Rollout, kind: str, cut: bool, final: bool, completion: Completion) -> str:
+    """Sets the trajectory's finish for a turn of `kind`; returns "search" (the search is to be run),
+    "retry" (an invalid turn with turns left: the caller appends its correction) or "done"."""
     if cut:
         rollout.finish = "context"
     elif kind == "answer":
@@ -620,26 +634,20 @@ def _take_turn(
         rollout.over_budget = True  # not run: the turn budget is spent
         rollout.finish = "max_turns"
     elif kind == "search":
-        return True
+        return "search"
     else:
         rollout.num_invalid += 1
-        if final:
-            rollout.finish = "length" if completion.finish_reason == "length" else "gave_up"
-        else:
-            _insert(rollout, tokens.invalid_ids, settings)
-    return False
+        if not final:
+            return "retry"
+        rollout.finish = "length" if completion.finish_reason == "length" else "gave_up"
+    return "done"
 
 
 def _take_tool_turn(
     rollout: _Rollout, completion: Completion, tokens: _TokenCache, settings: RolloutSettings, final: bool
 ) -> bool:
     """`_take_turn` for the tool-call protocol: one assistant message, read by `parse_turn`."""
-    room = settings.max_context_tokens - rollout.length()
-    ids, logprobs = completion.token_ids, completion.logprobs
-    cut = len(ids) > room
-    if cut:
-        ids = ids[:room]
-        logprobs = None if logprobs is None else logprobs[:room]
+    ids, logprobs, cut = _fit(rollout, completion, settings)
     rollout.append(ids, [1] * len(ids), logprobs)
     # The context's text grows by exactly the decoded ids; the message content is that less the
     # end-of-turn token the template writes itself.
@@ -656,24 +664,12 @@ def _take_tool_turn(
             call_reasons=list(parsed.reasons),
         )
     )
-    if cut:
-        rollout.finish = "context"
-    elif parsed.kind == "answer":
-        rollout.finish = "answer"
-    elif parsed.kind == "search" and final:
-        rollout.over_budget = True
-        rollout.finish = "max_turns"
-    elif parsed.kind == "search":
-        return True
-    else:
-        rollout.num_invalid += 1
-        if final:
-            rollout.finish = "length" if completion.finish_reason == "length" else "gave_up"
-        else:
-            assert rollout.conversation is not None  # _take_turn sends only tool-call rollouts here
-            correction = TOOL_CALL_CORRECTION.format(reasons="; ".join(parsed.reasons))
-            _insert(rollout, tokens.encode(rollout.conversation.add_turn(generated, content, [correction])), settings)
-    return False
+    outcome = _settle(rollout, parsed.kind, cut, final, completion)
+    if outcome == "retry":
+        assert rollout.conversation is not None  # _take_turn sends only tool-call rollouts here
+        correction = TOOL_CALL_CORRECTION.format(reasons="; ".join(parsed.reasons))
+        _insert(rollout, tokens.encode(rollout.conversation.add_turn(generated, content, [correction])), settings)
+    return outcome == "search"
 
 
 def _insert(rollout: _Rollout, ids: list[int], settings: RolloutSettings) -> None:
