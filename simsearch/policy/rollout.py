@@ -624,8 +624,7 @@ def _fit(
 
 
 def _settle(rollout: _Rollout, kind: str, cut: bool, final: bool, completion: Completion) -> str:
-    """Sets the trajectory's finish for a turn of `kind`; returns "search" (the search is to be run),
-    "retry" (an invalid turn with turns left: the caller appends its correction) or "done"."""
+    """Sets the finish a turn of `kind` gives: "search" (to run), "retry" (invalid, turns left) or "done"."""
     if cut:
         rollout.finish = "context"
     elif kind == "answer":
