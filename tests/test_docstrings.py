@@ -1,7 +1,7 @@
 """No file of `simsearch/` cites another repository by file and line, or by commit.
 
 Provenance (which repository, which file and line, which commit) belongs in docs/protocols.md;
-the code's docstrings and comments give the contract (STYLE.md, conventions 12 and 15).
+the code's docstrings and comments give the contract.
 """
 
 from __future__ import annotations

@@ -27,28 +27,12 @@ import transformers
 from safetensors.torch import load_file
 
 from simsearch.cli import main as cli
-from tests.toy_world import build_world
+from tests.toy_world import TRAIN_SETTINGS, build_world
 
 RECORD = Path(__file__).parent / "data" / "fixtures" / "same_behaviour.json"
 
-COMMON = {
-    "search.kind": "bm25",
-    "search.top_k": 1,
-    "sampling.max_new_tokens": 16,
-    "rollout.max_turns": 1,
-    "rollout.group_size": 4,
-    "rollout.max_obs_tokens": 64,
-    "rollout.max_context_tokens": 256,
-    "prompts_per_step": 2,
-    "micro_batch_size": 4,
-    "steps": 3,
-    "save_every": 3,
-    "tensorboard": "false",
-    "optim.lr": 1e-3,
-    "curriculum.p_end": 0.5,
-    "threads": 1,
-}
-"""The settings every run shares (the toy world's, as tests/commands/test_train.py trains it)."""
+COMMON = {**TRAIN_SETTINGS, "steps": 3, "save_every": 3, "threads": 1}
+"""The settings every run shares: the toy world's, three steps, a checkpoint at the end, one thread."""
 
 RUNS: dict[str, dict[str, object]] = {
     "grpo": {"algorithm.estimator": "grpo", "eval_every": 1, "algorithm.loss_agg": "seq-mean-token-mean"},

@@ -1,4 +1,4 @@
-"""No function of `simsearch/` is over 60 lines (STYLE.md, convention 14), from `def` to its last line."""
+"""No function of `simsearch/` is over 60 lines, from `def` to its last line."""
 
 from __future__ import annotations
 

@@ -20,6 +20,23 @@ from simsearch.types import Document, Passage
 COLORS = ("red", "blue")
 QUESTIONS = [(f"What color is item {i}?", COLORS[i % 2]) for i in range(16)]
 SEARCH_TURN = "<think> look </think>\n<search> item color </search>"
+TRAIN_SETTINGS: dict[str, object] = {
+    "search.kind": "bm25",
+    "search.top_k": 1,
+    "sampling.max_new_tokens": 16,
+    "rollout.max_turns": 1,
+    "rollout.group_size": 4,
+    "rollout.max_obs_tokens": 64,
+    "rollout.max_context_tokens": 256,
+    "prompts_per_step": 2,
+    "micro_batch_size": 4,
+    "steps": 2,
+    "save_every": 0,
+    "tensorboard": "false",
+    "optim.lr": 1e-3,
+    "curriculum.p_end": 0.5,
+}
+"""`simsearch train` overrides that fit the toy world (besides its paths): one search, groups of 4, two steps."""
 
 
 def item_passage(i: int, answer: str) -> Passage:

@@ -36,7 +36,7 @@ from simsearch.retrieval.server import create_app
 from simsearch.training.checkpoint import latest_checkpoint, load_state
 from simsearch.training.runlog import read_metrics
 from tests.servers import serve_in_thread
-from tests.toy_world import QUESTIONS, build_world, item_passage
+from tests.toy_world import QUESTIONS, TRAIN_SETTINGS, build_world, item_passage
 
 # DeepSpeed's shared-memory allreduce is a C++ extension compiled on first use (minutes on a fresh
 # machine); switched off, gloo does the collectives.
@@ -62,21 +62,8 @@ def _overrides(world: Path, run_dir: Path, **extra: object) -> list[str]:
         "run_dir": run_dir,
         "policy.model.path": world / "policy",
         "data.train": f"[{world / 'train.jsonl'}]",
-        "search.kind": "bm25",
         "search.corpus": world / "corpus.jsonl",
-        "search.top_k": 1,
-        "sampling.max_new_tokens": 16,
-        "rollout.max_turns": 1,
-        "rollout.group_size": 4,
-        "rollout.max_obs_tokens": 64,
-        "rollout.max_context_tokens": 256,
-        "prompts_per_step": 2,
-        "micro_batch_size": 4,
-        "steps": 2,
-        "save_every": 0,
-        "tensorboard": "false",
-        "optim.lr": 1e-3,
-        "curriculum.p_end": 0.5,
+        **TRAIN_SETTINGS,
     }
     base.update(extra)
     return [f"{key}={value}" for key, value in base.items()]
