@@ -195,12 +195,14 @@ def check_resume(recipe: Any, run_dir: Path, uncomputed: tuple[str, ...]) -> dic
     from simsearch.training.checkpoint import latest_checkpoint  # torch: the command imports it anyway
 
     saved = run_dir / "recipe.yaml"
-    if recipe.resume == "false" or not saved.is_file() or latest_checkpoint(run_dir) is None:
+    if recipe.resume == "false" or not saved.is_file():
         return {}
     changes = resume_changes(recipe, saved, uncomputed)
     if "steps" in changes and not steps_shape_schedules(recipe):
         del changes["steps"]  # a longer (or shorter) run of the same steps: the run goes on as it was
-    if changes and recipe.resume != "force":
+    if not changes or latest_checkpoint(run_dir) is None:  # no checkpoint: nothing resumes
+        return {}
+    if recipe.resume != "force":
         listed = ", ".join(f"{key} ({_show(old)} -> {_show(new)})" for key, (old, new) in changes.items())
         raise RecipeError(
             f"{run_dir} was trained with another recipe ({saved}): {listed}; use a new run_dir, or "
@@ -223,17 +225,24 @@ def steps_shape_schedules(recipe: TrainRecipe | FinetuneRecipe) -> bool:
     return curriculum.total_steps == 0 and curve is not None and "total_steps" in signature(curve).parameters
 
 
-def save_recipe_and_changes(recipe: Any, run_dir: Path, step: int, changes: dict[str, tuple[Any, Any]],
-                            command: str) -> None:  # fmt: skip
-    """Writes recipe.yaml and a forced resume's changes (`recipe_changes.jsonl`); call once models have loaded."""
+def start_records(recipe: Any, run_dir: Path, step: int, changes: dict[str, tuple[Any, Any]],
+                  command: str) -> dict[str, Any] | None:  # fmt: skip
+    """Writes recipe.yaml and a forced resume's changes (`recipe_changes.jsonl`); call once models have loaded.
+
+    Returns:
+        The cost earlier invocations recorded in the run directory (`accounting.read_cost`), or None.
+    """
+    from simsearch.retrieval.accounting import read_cost
     from simsearch.training.runlog import log_recipe_change
 
     save_recipe(recipe, run_dir)
+    previous_cost = read_cost(run_dir)
     if changes:
         path = log_recipe_change(run_dir, step, changes)
         keys = ", ".join(changes)
         print(f"simsearch {command}: resumed at step {step} with a changed {keys} (resume=force; recorded in {path})",
               flush=True)  # fmt: skip
+    return previous_cost
 
 
 def _show(value: Any) -> str:

@@ -83,7 +83,7 @@ def main(recipe: FinetuneRecipe) -> Path:
     start = run.start
     run.restore_rng()
     if run.rank == 0:  # the data and the model loaded: now the run directory is written
-        preflight.save_recipe_and_changes(recipe, run.run_dir, start, changes, "simulator finetune")
+        preflight.start_records(recipe, run.run_dir, start, changes, "simulator finetune")
     sft = _SFT(recipe, run, trained, tokenizer, deepspeed_device() if use_ds else torch.device(recipe.model.device))
     logger = RunLogger(run.run_dir, resume_step=start) if run.rank == 0 else None
     if logger is not None and start == 0:

@@ -244,11 +244,9 @@ def _set_up(recipe: TrainRecipe) -> _Training:
     changes = preflight.check_resume(recipe, Path(recipe.run_dir), preflight.TRAIN_UNCOMPUTED)
     run = open_run(recipe.run_dir, seed=recipe.seed, deepspeed=recipe.deepspeed.stage > 0,
                    resume=recipe.resume != "false", task="training")  # fmt: skip
-    share, shape = rl.process_shape(recipe, run.rank, run.world)
     train_data = [example for path in recipe.data.train for example in load_qa(path)]
     val_data = [ex for path in recipe.data.val for ex in load_qa(path)[: recipe.data.val_size or None]]
-    rows = shape.minibatch_rows or (share.stop - share.start) * recipe.rollout.group_size
-    learner, weights, tokenizer = rl.load_learner(recipe, run, rows)
+    share, shape, learner, weights, tokenizer = rl.load_learner(recipe, run)
     ledger = Ledger()
     search = meter_search_engine(build_search_engine(recipe.search, seed=recipe.seed + run.rank), recipe.search,
                                  ledger, "search")  # fmt: skip
@@ -256,12 +254,10 @@ def _set_up(recipe: TrainRecipe) -> _Training:
     rollouts = rl.rollouts(recipe, weights.generator, tokenizer, search, run.rank)
     schedule = build_schedule(recipe.curriculum, recipe.steps)
     sync_rollout_weights(weights)  # a resumed DeepSpeed run restored its weights after the copy was taken
-    previous_cost = accounting.read_cost(run.run_dir) if run.rank == 0 else None
     if run.state is not None:
         schedule.load_state_dict(run.state["curriculum"])
     run.restore_rng()
-    if run.rank == 0:
-        preflight.save_recipe_and_changes(recipe, run.run_dir, run.start, changes, "train")
+    previous_cost = preflight.start_records(recipe, run.run_dir, run.start, changes, "train") if run.rank == 0 else None
     logger = RunLogger(run.run_dir, resume_step=run.start, tensorboard=recipe.tensorboard,
                        wandb_project=recipe.wandb_project) if run.rank == 0 else None  # fmt: skip
     return _Training(recipe, run, learner, weights, tokenizer, shape, rollouts, schedule, share, train_data,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -38,17 +38,24 @@ if TYPE_CHECKING:
     from simsearch.simulator.recipe import SearchConfig
 
 
-def load_learner(recipe: TrainRecipe, run: Run, rows: int) -> tuple[Learner, RolloutWeights, Any]:
+class Learning(NamedTuple):
+    """What `load_learner` builds: this process's questions and update shape, the models, the rollout engine."""
+
+    share: slice  # this process's questions of each step
+    shape: UpdateShape
+    learner: Learner
+    weights: RolloutWeights
+    tokenizer: Any
+
+
+def load_learner(recipe: TrainRecipe, run: Run) -> Learning:
     """The policy (resumed), its reference and critic, trained as the recipe says, and its rollout engine.
 
-    Args:
-        recipe: The recipe.
-        run: The run (resume state, processes).
-        rows: This process's rows per optimizer step (DeepSpeed's accumulation is counted from it).
-
-    Returns:
-        (learner, rollout weights, tokenizer).
+    Raises:
+        RecipeError: The minibatch size does not split the processes' trajectories (`process_shape`).
     """
+    share, shape = process_shape(recipe, run.rank, run.world)
+    rows = shape.minibatch_rows or (share.stop - share.start) * recipe.rollout.group_size  # DeepSpeed accumulation
     use_ds, lora, model = recipe.deepspeed.stage > 0, recipe.lora.r > 0, recipe.policy.model
     state = run.state
     # Resumed weights (full or the LoRA adapter) load here; under DeepSpeed `TrainedModel.restore` below.
@@ -60,7 +67,12 @@ def load_learner(recipe: TrainRecipe, run: Run, rows: int) -> tuple[Learner, Rol
     if recipe.algorithm.kl_coef > 0 and not lora:
         reference, _ = load_model(model.path, dtype=model.dtype)
         reference.requires_grad_(False)
-    critic = _load_critic(recipe) if recipe.algorithm.estimator == "ppo" else None
+    critic = None
+    if recipe.algorithm.estimator == "ppo":  # a copy of the base with a value head
+        base, _ = load_model(model.path, dtype=model.dtype)
+        if recipe.gradient_checkpointing:
+            base.gradient_checkpointing_enable()
+        critic = ValueModel(base.base_model, base.config.hidden_size)
     if critic is not None and state is not None and not use_ds:
         critic.load_state_dict(state["critic"])
     use_vllm = recipe.policy.kind == "vllm"
@@ -89,14 +101,7 @@ def load_learner(recipe: TrainRecipe, run: Run, rows: int) -> tuple[Learner, Rol
     if recipe.bf16 and not use_ds and not autocast and run.rank == 0:
         print(f"simsearch train: bf16 is not supported on {device}; training in float32")
     learner = Learner(actor, trained_critic, reference, lora, device, autocast, run.rank, run.world)
-    return learner, _rollout_weights(recipe, run, actor, rollout_copy, tokenizer), tokenizer
-
-
-def _load_critic(recipe: TrainRecipe) -> ValueModel:
-    base, _ = load_model(recipe.policy.model.path, dtype=recipe.policy.model.dtype)
-    if recipe.gradient_checkpointing:
-        base.gradient_checkpointing_enable()
-    return ValueModel(base.base_model, base.config.hidden_size)
+    return Learning(share, shape, learner, _rollout_weights(recipe, run, actor, rollout_copy, tokenizer), tokenizer)
 
 
 def _rollout_weights(
@@ -147,18 +152,7 @@ def build_validation(recipe: TrainRecipe, examples: list[Any], search: Any, ledg
 
 def rollout_settings(recipe: TrainRecipe, search: SearchConfig) -> RolloutSettings:
     """The rollout's settings for one search engine."""
-    rollout = recipe.rollout
-    return RolloutSettings(
-        template=rollout.template,  # checked by the recipe
-        max_turns=rollout.max_turns,
-        max_obs_tokens=rollout.max_obs_tokens,
-        max_context_tokens=rollout.max_context_tokens,
-        top_k=search.top_k,
-        rendering=search.rendering,
-        self_search_real_share=rollout.self_search_real_share,
-        protocol=rollout.protocol,
-        tool_format=rollout.tool_format,
-    )
+    return RolloutSettings(recipe.rollout, search.top_k, search.rendering)
 
 
 def _bf16_supported(device: torch.device) -> bool:
