@@ -42,7 +42,7 @@ from generate import bare_loop  # sibling module: benchmarks/ is on sys.path (py
 from transformers import AutoTokenizer
 
 from simsearch.commands import train
-from simsearch.config import TrainRecipe, load_recipe
+from simsearch.config import RolloutConfig, TrainRecipe, load_recipe
 from simsearch.generation.hf import HFEngine
 from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories
@@ -220,7 +220,8 @@ def rollout(args: argparse.Namespace, model_dir: Path, world: World, compile: bo
     search = BM25SearchEngine.build(world.passages, show_progress=False)
     group = 4
     examples = world.train[: max(1, args.batch // group)]
-    settings = RolloutSettings(template="search-r1", max_turns=2, max_obs_tokens=512, max_context_tokens=2048, top_k=3)
+    limits = RolloutConfig(template="search-r1", max_turns=2, max_obs_tokens=512, max_context_tokens=2048)
+    settings = RolloutSettings(limits, top_k=3, rendering="search-r1")
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, seed=0)
     kwargs = dict(policy=engine, tokenizer=tokenizer, search=search, settings=settings, group_size=group)
     generate_trajectories(examples, sampling=SamplingParams(temperature=1.0, max_new_tokens=4), **kwargs)  # warm-up

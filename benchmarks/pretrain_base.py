@@ -30,6 +30,7 @@ import time
 
 import torch
 
+from simsearch.config import RolloutConfig
 from simsearch.data.templates import SEARCH_R1_TEMPLATE
 from simsearch.eval.metrics import exact_match
 from simsearch.generation.hf import HFEngine
@@ -114,7 +115,7 @@ def main() -> None:
 
     # 3. Held-out rollouts with real BM25.
     engine = HFEngine(model, tokenizer, batch_size=64)
-    settings = RolloutSettings(template="search-r1", max_turns=1, top_k=3)
+    settings = RolloutSettings(RolloutConfig(template="search-r1", max_turns=1), top_k=3, rendering="search-r1")
     began = time.perf_counter()
     greedy = generate_trajectories(
         world.test, policy=engine, tokenizer=tokenizer, search=search, settings=settings,

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from simsearch.config import RolloutConfig
 from simsearch.data.templates import SEARCH_R1_TEMPLATE
 from simsearch.generation.hf import HFEngine
 from simsearch.models import build_tiny_model, load_model, train_tokenizer
@@ -163,7 +164,7 @@ def main() -> None:
         "on": RecordingEngine(HFEngine(model, tokenizer, batch_size=64, prefix_cache=True)),
         "off": RecordingEngine(HFEngine(model, tokenizer, batch_size=64, prefix_cache=False)),
     }
-    settings = RolloutSettings(template="search-r1", max_turns=1, top_k=3)
+    settings = RolloutSettings(RolloutConfig(template="search-r1", max_turns=1), top_k=3, rendering="search-r1")
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, seed=args.seed)
     questions = world.train[: args.questions]
 

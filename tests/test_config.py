@@ -82,6 +82,27 @@ def test_invalid_choice_names_the_nested_key(train_yaml: Path) -> None:
         load_recipe(TrainRecipe, train_yaml, ["curriculum.p_end=1.5"])
 
 
+def test_the_rollout_section_is_checked_with_the_recipe(train_yaml: Path) -> None:
+    refused = {
+        r"rollout\.template='rag' is not one of": ["rollout.template=rag"],
+        r"rollout\.template='direct' is not one of": ["rollout.template=direct"],  # eval's baseline only
+        r"rollout\.protocol='xml' is not one of": ["rollout.protocol=xml"],
+        r"rollout\.tool_format='mistral' is not one of": ["rollout.tool_format=mistral"],
+        r"rollout\.template=self-search is not supported yet with rollout\.protocol=tool-call": [
+            "rollout.template=self-search",
+            "rollout.protocol=tool-call",
+        ],
+        r"rollout\.max_turns=-1 must be >= 0": ["rollout.max_turns=-1"],
+        r"rollout\.self_search_real_share=1\.5 must lie in": ["rollout.self_search_real_share=1.5"],
+        r"rollout\.self_search_real_share=0\.5 only applies to rollout\.template=self-search": [
+            "rollout.self_search_real_share=0.5"
+        ],
+    }
+    for message, overrides in refused.items():
+        with pytest.raises(RecipeError, match=message):
+            load_recipe(TrainRecipe, train_yaml, overrides)
+
+
 def test_engine_needs_what_it_uses(train_yaml: Path) -> None:
     with pytest.raises(RecipeError, match=r"search\.simulator\.generation\.model\.path"):
         load_recipe(TrainRecipe, train_yaml, ["search.kind=simulator"])

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from simsearch.policy.rollout import RolloutSettings, RolloutStopped, generate_trajectories
+from simsearch.policy.rollout import RolloutStopped, generate_trajectories
 from simsearch.training.preempt import FIRST_STEP_SHARE, REPEAT_WINDOW_S, STOP_STATUS, Stop, resume_command
 from simsearch.types import SamplingParams
 from tests.policy.test_rollout import (  # noqa: F401  (tokenizer: the fixture)
@@ -21,6 +21,7 @@ from tests.policy.test_rollout import (  # noqa: F401  (tokenizer: the fixture)
     RecordingSearch,
     ScriptedPolicy,
     by_turn,
+    make_settings,
     tokenizer,
 )
 
@@ -120,7 +121,7 @@ def _rollout(tokenizer, should_stop):  # noqa: F811
     """(result, policy, search) of one question that searches, then answers (two turns)."""
     policy, search = ScriptedPolicy(tokenizer, by_turn(SEARCH_TURN, ANSWER_TURN)), RecordingSearch()
     result = generate_trajectories(
-        EXAMPLES[:1], policy=policy, tokenizer=tokenizer, search=search, settings=RolloutSettings(top_k=1),
+        EXAMPLES[:1], policy=policy, tokenizer=tokenizer, search=search, settings=make_settings(top_k=1),
         sampling=SamplingParams(temperature=0.0, max_new_tokens=200), should_stop=should_stop,
     )  # fmt: skip
     return result, policy, search
@@ -136,7 +137,7 @@ def test_the_rollout_stops_at_the_first_turn_boundary_should_stop_says(tokenizer
 
     with pytest.raises(RolloutStopped) as stopped:
         generate_trajectories(
-            EXAMPLES[:1], policy=policy, tokenizer=tokenizer, search=search, settings=RolloutSettings(top_k=1),
+            EXAMPLES[:1], policy=policy, tokenizer=tokenizer, search=search, settings=make_settings(top_k=1),
             sampling=SamplingParams(temperature=0.0, max_new_tokens=200), should_stop=after_the_first_turn,
         )  # fmt: skip
     # Asked before turn 0 (no call yet) and before turn 1: turn 0 ran, its search answered; turn 1 never started.

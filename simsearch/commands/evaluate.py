@@ -383,25 +383,13 @@ def _run_chunk(
 def _rollout_settings(method: Method, recipe: EvalRecipe) -> RolloutSettings:
     """The rollout of a row: the `direct` template without search, or the recipe's on the row's engine."""
     rollout = recipe.rollout
-    if method.kind == "direct":
-        return RolloutSettings(
-            template="direct",
-            max_turns=0,
-            max_obs_tokens=rollout.max_obs_tokens,
-            max_context_tokens=rollout.max_context_tokens,
-        )
+    if method.kind == "direct":  # no turn searches, so the search section's defaults go unread
+        search = SearchConfig()
+        direct = replace(rollout, template="direct", max_turns=0, protocol="tags")
+        return RolloutSettings(direct, search.top_k, search.rendering)
     cfg = recipe.engines[method.engine]
-    return RolloutSettings(
-        template=rollout.template,
-        max_turns=rollout.max_turns,
-        max_obs_tokens=rollout.max_obs_tokens,
-        max_context_tokens=rollout.max_context_tokens,
-        top_k=cfg.top_k,
-        rendering=cfg.rendering,
-        self_search_real_share=real_search_share(rollout.template, cfg.kind),
-        protocol=rollout.protocol,
-        tool_format=rollout.tool_format,
-    )
+    share = real_search_share(rollout.template, cfg.kind)
+    return RolloutSettings(replace(rollout, self_search_real_share=share), cfg.top_k, cfg.rendering)
 
 
 def _noise(share: float, rng: random.Random) -> Callable[[int], int]:

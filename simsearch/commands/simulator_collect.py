@@ -101,14 +101,7 @@ def _collect(
     recipe: CollectRecipe, examples: list[QAExample], policy: GenerationEngine, tokenizer: Any, search: SearchEngine
 ) -> list[SearchRecord]:
     """Rolls the policy out with the real retriever, `batch_size` questions at a time; every executed search."""
-    settings = RolloutSettings(
-        template=recipe.rollout.template,
-        max_turns=recipe.rollout.max_turns,
-        max_obs_tokens=recipe.rollout.max_obs_tokens,
-        max_context_tokens=recipe.rollout.max_context_tokens,
-        top_k=recipe.search.top_k,
-        rendering=recipe.search.rendering,
-    )
+    settings = RolloutSettings(recipe.rollout, recipe.search.top_k, recipe.search.rendering)
     sampling = SamplingParams(
         temperature=recipe.sampling.temperature,
         top_p=recipe.sampling.top_p,

@@ -50,10 +50,11 @@ from simsearch.data.rendering import (
     render_documents,
     wrap_information,
 )
-from simsearch.data.templates import TEMPLATE_NAMES, TemplateName, encode_prompt
+from simsearch.data.templates import TEMPLATE_NAMES, encode_prompt
 from simsearch.errors import DataError, NonFiniteError
 from simsearch.eval.metrics import extract_answer
 from simsearch.generation.base import GenerationEngine
+from simsearch.policy.recipe import RolloutConfig
 from simsearch.policy.rewards import RewardOutput, weighted_reward
 from simsearch.policy.tags import (
     ANSWER_STOP,
@@ -63,7 +64,7 @@ from simsearch.policy.tags import (
     information_spans,
     parse_action,
 )
-from simsearch.policy.toolcalls import PROTOCOLS, TOOL_CALL_FORMATS, parse_turn, search_tool_schema
+from simsearch.policy.toolcalls import parse_turn, search_tool_schema
 from simsearch.retrieval.base import SearchEngine
 from simsearch.types import (
     FINISHES,
@@ -102,68 +103,30 @@ TOOL_CALL_CORRECTION = (
 """The tool message an unreadable tool-call turn gets (the tag protocol's INVALID_ACTION_MESSAGE)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class RolloutSettings:
-    """How the agent loop runs; mirrors `config.RolloutConfig` plus the search fields it needs.
+    """How the agent loop runs: the recipe's rollout section on one search engine.
 
     Attributes:
-        template: Policy prompt, one of `ROLLOUT_TEMPLATES`; "self-search" switches on the
-            self-search mode.
-        max_turns: Turns that may search before the final answer turn (ZeroSearch paper: 2).
-        max_obs_tokens: Most tokens of one inserted `<information>` block, tags included.
-        max_context_tokens: Most prompt + response tokens of one trajectory.
-        top_k: Documents per search.
-        rendering: How documents are shown to the policy (`data.rendering.render_documents`).
-        self_search_real_share: Self-search only: share of questions whose searches are
-            answered by the real `search` engine instead of the policy itself (1 in evaluation
-            on a real engine).
-        protocol: A name in `toolcalls.PROTOCOLS`; "tool-call" ignores `template`.
-        tool_format: tool-call only: a name in `toolcalls.TOOL_CALL_FORMATS`.
+        rollout: The recipe's section as it is (checked with the recipe); `group_size` is unused
+            here (`generate_trajectories` takes it).
+        top_k: Documents per search (the engine's `SearchConfig.top_k`).
+        rendering: How documents are shown to the policy (`SearchConfig.rendering`).
     """
 
-    template: TemplateName = "search-r1"
-    max_turns: int = 2
-    max_obs_tokens: int = 512
-    max_context_tokens: int = 4096
-    top_k: int = 3
-    rendering: RenderStyle = "search-r1"
-    self_search_real_share: float = 0.0
-    protocol: str = "tags"
-    tool_format: str = "hermes"
-
-    def __post_init__(self) -> None:
-        if self.protocol not in PROTOCOLS:
-            raise ValueError(f"RolloutSettings.protocol={self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
-        if self.tool_format not in TOOL_CALL_FORMATS:
-            raise ValueError(
-                f"RolloutSettings.tool_format={self.tool_format!r} is not one of {', '.join(TOOL_CALL_FORMATS)}"
-            )
-        if self.tool_call and self.self_search:
-            raise ValueError("RolloutSettings: template='self-search' is not supported yet with protocol='tool-call'")
-        if self.template not in ROLLOUT_TEMPLATES:
-            raise ValueError(f"RolloutSettings.template={self.template!r} is not one of {', '.join(ROLLOUT_TEMPLATES)}")
-        if self.max_turns < 0:
-            raise ValueError(f"RolloutSettings.max_turns={self.max_turns} must be >= 0")
-        for name in ("max_obs_tokens", "max_context_tokens", "top_k"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"RolloutSettings.{name}={getattr(self, name)} must be >= 1")
-        if not 0.0 <= self.self_search_real_share <= 1.0:
-            raise ValueError(f"RolloutSettings.self_search_real_share={self.self_search_real_share} must lie in [0, 1]")
-        if self.self_search_real_share > 0 and self.template != "self-search":
-            raise ValueError(
-                "RolloutSettings.self_search_real_share only applies to template='self-search'; "
-                "set it to 0 or switch the template"
-            )
+    rollout: RolloutConfig
+    top_k: int
+    rendering: RenderStyle
 
     @property
     def self_search(self) -> bool:
         """Whether the policy answers its own searches."""
-        return self.template == "self-search"
+        return self.rollout.template == "self-search"
 
     @property
     def tool_call(self) -> bool:
         """Whether the policy calls the search tool in its chat template's format."""
-        return self.protocol == "tool-call"
+        return self.rollout.protocol == "tool-call"
 
 
 @dataclass
@@ -236,10 +199,10 @@ def generate_trajectories(
     """
     _check_arguments(examples, tokenizer, search, settings, sampling, group_size, rng)
     clock = _Clock(started=time.perf_counter())
-    tokens = _TokenCache(tokenizer, settings.max_obs_tokens)
+    tokens = _TokenCache(tokenizer, settings.rollout.max_obs_tokens)
     rollouts = _start(examples, tokens, settings, group_size, rng, sampling.logprobs)
 
-    for turn in range(settings.max_turns + 1):
+    for turn in range(settings.rollout.max_turns + 1):
         active = [rollout for rollout in rollouts if rollout.finish is None]
         if not active:
             break
@@ -248,7 +211,7 @@ def generate_trajectories(
         completions = _generate_turn(policy, active, sampling, settings, group_size, turn == 0, clock)
         searches: list[tuple[_Rollout, Turn]] = []
         for rollout, completion in zip(active, completions):
-            if _take_turn(rollout, completion, tokens, settings, turn == settings.max_turns):
+            if _take_turn(rollout, completion, tokens, settings, turn == settings.rollout.max_turns):
                 searches.append((rollout, rollout.turns[-1]))
         if searches:
             assert search is not None  # _check_arguments: searches happen only with an engine
@@ -465,13 +428,16 @@ def _check_arguments(
         raise ValueError(f"SamplingParams.n={sampling.n}: leave n at 1 and set group_size for samples per question")
     if sampling.stop:
         raise ValueError(f"SamplingParams.stop={sampling.stop}: leave it empty, the rollout sets the stop strings")
-    can_search = settings.max_turns > 0 and (not settings.self_search or settings.self_search_real_share > 0)
+    cfg = settings.rollout
+    if cfg.template not in ROLLOUT_TEMPLATES:  # the recipe checks its own; evaluate's baselines add "direct"
+        raise ValueError(f"template={cfg.template!r} is not one of {', '.join(ROLLOUT_TEMPLATES)}")
+    can_search = cfg.max_turns > 0 and (not settings.self_search or cfg.self_search_real_share > 0)
     if search is None and can_search:
         raise ValueError(
-            f"template={settings.template!r} with max_turns={settings.max_turns} runs searches: "
+            f"template={cfg.template!r} with max_turns={cfg.max_turns} runs searches: "
             "pass a search engine (or use template='self-search' with self_search_real_share=0)"
         )
-    if 0 < settings.self_search_real_share < 1 and rng is None:
+    if 0 < cfg.self_search_real_share < 1 and rng is None:
         raise ValueError(
             "self_search_real_share is between 0 and 1: pass rng=random.Random(seed) to draw "
             "which questions use real search"
@@ -495,14 +461,14 @@ def _start(
             prompt_ids = tokens.encode(_conversation(tokens, example).text)
         else:
             # Rendered and tokenized as the template's reference does (chat template, special tokens).
-            prompt_ids = encode_prompt(example.question, template=settings.template, tokenizer=tokens.tokenizer)
-        if len(prompt_ids) >= settings.max_context_tokens:
+            prompt_ids = encode_prompt(example.question, template=settings.rollout.template, tokenizer=tokens.tokenizer)
+        if len(prompt_ids) >= settings.rollout.max_context_tokens:
             raise DataError(
                 f"example {prompt_id} (id {example.id!r}): the prompt has {len(prompt_ids)} tokens, "
-                f"leaving no room under max_context_tokens={settings.max_context_tokens}; raise "
+                f"leaving no room under max_context_tokens={settings.rollout.max_context_tokens}; raise "
                 "max_context_tokens or shorten the question"
             )
-        share = settings.self_search_real_share
+        share = settings.rollout.self_search_real_share
         real = share >= 1 or (share > 0 and rng is not None and rng.random() < share)
         for _ in range(group_size):
             rollouts.append(
@@ -542,7 +508,7 @@ def _generate_turn(
         rows = [active[i] for i in indices]
         # The call runs to the largest room any row has; rows with less are cut afterwards
         # (`_take_turn`), which keeps one call per turn.
-        room = max(settings.max_context_tokens - row.length() for row in rows)
+        room = max(settings.rollout.max_context_tokens - row.length() for row in rows)
         params = replace(
             sampling,
             stop=list(stops),
@@ -616,7 +582,7 @@ def _fit(
     rollout: _Rollout, completion: Completion, settings: RolloutSettings
 ) -> tuple[list[int], list[float] | None, bool]:
     """The turn's ids and log-probs cut to the room left in the context, and whether they were cut."""
-    room = settings.max_context_tokens - rollout.length()
+    room = settings.rollout.max_context_tokens - rollout.length()
     ids, logprobs = completion.token_ids, completion.logprobs
     if len(ids) <= room:
         return ids, logprobs, False
@@ -654,7 +620,7 @@ def _take_tool_turn(
     eos = tokens.tokenizer.eos_token
     content = generated[: -len(eos)] if eos and generated.endswith(eos) else generated
     rollout.pending = (generated, content)
-    parsed = parse_turn(content, settings.tool_format)
+    parsed = parse_turn(content, settings.rollout.tool_format)
     rollout.turns.append(
         Turn(
             text=content,
@@ -673,7 +639,7 @@ def _take_tool_turn(
 
 def _insert(rollout: _Rollout, ids: list[int], settings: RolloutSettings) -> None:
     """Appends inserted ids (mask 0) if at least one token of room stays; else ends the rollout."""
-    if rollout.length() + len(ids) >= settings.max_context_tokens:
+    if rollout.length() + len(ids) >= settings.rollout.max_context_tokens:
         rollout.finish = "context"
         return
     rollout.append(ids, [0] * len(ids), None)
@@ -781,7 +747,7 @@ def _answer(rollout: _Rollout, text: str, settings: RolloutSettings) -> str | No
     last = rollout.turns[-1] if rollout.turns else None
     if last is None or last.action != "answer":
         return None
-    return parse_turn(last.text, settings.tool_format).answer
+    return parse_turn(last.text, settings.rollout.tool_format).answer
 
 
 def _metrics(

@@ -9,10 +9,10 @@ import torch
 
 from simsearch.policy.collate import collate_rollout_logprobs, collate_trajectories
 from simsearch.policy.offpolicy import truncated_is_weights
-from simsearch.policy.rollout import RolloutSettings, generate_trajectories
+from simsearch.policy.rollout import generate_trajectories
 from simsearch.types import SamplingParams, Trajectory
 from tests.policy.test_batch import PAD, trajectory
-from tests.policy.test_rollout import ANSWER_TURN, EXAMPLES, SEARCH_TURN, RecordingSearch, ScriptedPolicy
+from tests.policy.test_rollout import ANSWER_TURN, EXAMPLES, SEARCH_TURN, RecordingSearch, ScriptedPolicy, make_settings
 from tests.policy.test_rollout import tokenizer as tokenizer  # the module-scoped fixture
 
 
@@ -89,7 +89,7 @@ def test_real_rollouts_of_one_and_two_turns_align(tokenizer) -> None:
     policy = ScriptedPolicy(tokenizer, script, logprob=0.5)
     result = generate_trajectories(
         EXAMPLES[:2], policy=policy, tokenizer=tokenizer, search=RecordingSearch(),
-        settings=RolloutSettings(), sampling=SamplingParams(temperature=0.0, max_new_tokens=200, logprobs=True),
+        settings=make_settings(), sampling=SamplingParams(temperature=0.0, max_new_tokens=200, logprobs=True),
     )  # fmt: skip
     two, one = result.trajectories
     assert len(two.turns) == 2 and len(one.turns) == 1

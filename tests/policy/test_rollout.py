@@ -10,10 +10,12 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import torch
 
+from simsearch.config import RolloutConfig, SearchConfig
 from simsearch.data.rendering import render_documents, wrap_information
 from simsearch.data.templates import SEARCH_R1_TEMPLATE, SELF_SEARCH_TEMPLATE
 from simsearch.errors import DataError
@@ -139,6 +141,12 @@ def segments(ids: list[int], mask: list[int]) -> list[tuple[int, list[int]]]:
     return runs
 
 
+def make_settings(**fields: Any) -> RolloutSettings:
+    """`RolloutSettings` from RolloutConfig fields plus `top_k` / `rendering`; the sections' defaults elsewhere."""
+    search = SearchConfig(**{name: fields.pop(name) for name in ("top_k", "rendering") if name in fields})
+    return RolloutSettings(RolloutConfig(**fields), search.top_k, search.rendering)
+
+
 def run(tokenizer, script, *, examples=EXAMPLES[:1], search=None, group_size=1, **settings):
     policy = ScriptedPolicy(tokenizer, script)
     search = RecordingSearch() if search is None else search
@@ -147,7 +155,7 @@ def run(tokenizer, script, *, examples=EXAMPLES[:1], search=None, group_size=1, 
         policy=policy,
         tokenizer=tokenizer,
         search=search,
-        settings=RolloutSettings(**settings),
+        settings=make_settings(**settings),
         sampling=SamplingParams(temperature=0.0, max_new_tokens=200),
         group_size=group_size,
     )
@@ -280,7 +288,7 @@ def test_final_turn_that_runs_out_of_tokens_finishes_with_length(tokenizer):
         policy=policy,
         tokenizer=tokenizer,
         search=None,
-        settings=RolloutSettings(max_turns=0),
+        settings=make_settings(max_turns=0),
         sampling=SamplingParams(max_new_tokens=10),
     )
     traj = result.trajectories[0]
@@ -323,7 +331,7 @@ def test_each_generate_call_gets_its_own_seed(tokenizer):
         policy=policy,
         tokenizer=tokenizer,
         search=RecordingSearch(),
-        settings=RolloutSettings(),
+        settings=make_settings(),
         sampling=SamplingParams(seed=7),
     )
     assert [params.seed for _, params in policy.calls] == [7, 8]
@@ -338,7 +346,7 @@ def test_noise_sets_num_noisy_per_search(tokenizer):
         policy=policy,
         tokenizer=tokenizer,
         search=search,
-        settings=RolloutSettings(top_k=3),
+        settings=make_settings(top_k=3),
         sampling=SamplingParams(),
         noise=lambda top_k: next(counts),
     )
@@ -354,7 +362,7 @@ def test_logprobs_are_aligned_and_zero_on_inserted_tokens(tokenizer):
         policy=policy,
         tokenizer=tokenizer,
         search=RecordingSearch(),
-        settings=RolloutSettings(),
+        settings=make_settings(),
         sampling=SamplingParams(logprobs=True),
     )
     traj = result.trajectories[0]
@@ -451,7 +459,7 @@ def test_self_search_with_real_share_inserts_real_results(tokenizer):
         policy=policy,
         tokenizer=tokenizer,
         search=search,
-        settings=RolloutSettings(template="self-search", self_search_real_share=1.0, top_k=1),
+        settings=make_settings(template="self-search", self_search_real_share=1.0, top_k=1),
         sampling=SamplingParams(),
         group_size=2,
     )
@@ -477,7 +485,7 @@ def test_self_search_real_share_is_drawn_per_question(tokenizer):
         policy=policy,
         tokenizer=tokenizer,
         search=search,
-        settings=RolloutSettings(template="self-search", self_search_real_share=0.5),
+        settings=make_settings(template="self-search", self_search_real_share=0.5),
         sampling=SamplingParams(),
         group_size=2,
         rng=random.Random(3),
@@ -501,22 +509,14 @@ def test_search_template_without_engine_is_rejected(tokenizer):
             policy=ScriptedPolicy(tokenizer, by_turn(ANSWER_TURN)),
             tokenizer=tokenizer,
             search=None,
-            settings=RolloutSettings(),
+            settings=make_settings(),
             sampling=SamplingParams(),
         )
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"template": "rag"}, "template"),
-        ({"max_turns": -1}, "max_turns"),
-        ({"self_search_real_share": 0.5}, "self-search"),
-    ],
-)
-def test_settings_reject_bad_values(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        RolloutSettings(**kwargs)
+def test_a_template_the_loop_cannot_start_from_is_rejected(tokenizer):
+    with pytest.raises(ValueError, match="template='rag' is not one of"):
+        run(tokenizer, by_turn(ANSWER_TURN), template="rag")
 
 
 def test_score_trajectories_uses_the_response_answer(tokenizer):
@@ -580,7 +580,7 @@ def test_two_turns_end_to_end_with_a_tiny_model(tokenizer):
             policy=HFEngine(model, tokenizer),
             tokenizer=tokenizer,
             search=search,
-            settings=RolloutSettings(top_k=1, max_turns=2),
+            settings=make_settings(top_k=1, max_turns=2),
             sampling=SamplingParams(temperature=0.0, max_new_tokens=40, logprobs=True),
             group_size=2,
         )

@@ -17,14 +17,13 @@ from simsearch.policy.rewards import toolcall_format_score
 from simsearch.policy.rollout import (
     TOOL_CALL_CORRECTION,
     TOOL_CALL_PROMPT,
-    RolloutSettings,
     generate_trajectories,
     score_trajectories,
 )
 from simsearch.policy.toolcalls import search_tool_schema
 from simsearch.types import Document, QAExample, SamplingParams
 from tests.chat_templates import HERMES_SPECIALS, HERMES_TEMPLATE, LLAMA3_SPECIALS, LLAMA3_TEMPLATE, tokenizer
-from tests.policy.test_rollout import RecordingSearch, ScriptedPolicy, documents
+from tests.policy.test_rollout import RecordingSearch, ScriptedPolicy, documents, make_settings
 
 EXAMPLES = [QAExample(id=f"q{i}", question=f"Who founded the Belsa rope works {i}?", golden_answers=["Rell"])
             for i in range(2)]  # fmt: skip
@@ -70,7 +69,7 @@ def run(tok, tool_format, script, *, examples=EXAMPLES, max_turns=4, **settings)
         policy=policy,
         tokenizer=tok,
         search=search,
-        settings=RolloutSettings(
+        settings=make_settings(
             protocol="tool-call",
             tool_format=tool_format,
             max_turns=max_turns,
@@ -166,7 +165,7 @@ def test_an_answer_inside_a_tool_result_is_not_the_answer(chat) -> None:
     policy = ScriptedPolicy(tok, lambda context, n, sample: [cases["one"], "no idea"][n] + tok.eos_token)
     result = generate_trajectories(
         EXAMPLES[:1], policy=policy, tokenizer=tok, search=AnsweringSearch(),
-        settings=RolloutSettings(protocol="tool-call", tool_format=tool_format, max_turns=1),
+        settings=make_settings(protocol="tool-call", tool_format=tool_format, max_turns=1),
         sampling=SamplingParams(max_new_tokens=400),
     )  # fmt: skip
     trajectory = result.trajectories[0]
@@ -182,17 +181,8 @@ def test_a_template_without_tool_support_fails_before_any_work() -> None:
     search = RecordingSearch()
     with pytest.raises(ChatTemplateError, match=r"runs/quickstart/base's chat template .* ignores `tools`"):
         generate_trajectories(EXAMPLES, policy=policy, tokenizer=tok, search=search,
-                              settings=RolloutSettings(protocol="tool-call"), sampling=SamplingParams())  # fmt: skip
+                              settings=make_settings(protocol="tool-call"), sampling=SamplingParams())  # fmt: skip
     assert policy.calls == [] and search.calls == []
-
-
-def test_settings_refuse_unknown_protocols_and_self_search() -> None:
-    with pytest.raises(ValueError, match="protocol='xml'"):
-        RolloutSettings(protocol="xml")
-    with pytest.raises(ValueError, match="tool_format='mistral'"):
-        RolloutSettings(tool_format="mistral")
-    with pytest.raises(ValueError, match="not supported yet"):
-        RolloutSettings(protocol="tool-call", template="self-search")
 
 
 def test_a_tiny_model_through_hf_engine_keeps_the_context_and_the_masks(chat) -> None:
@@ -204,7 +194,7 @@ def test_a_tiny_model_through_hf_engine_keeps_the_context_and_the_masks(chat) ->
         policy=HFEngine(model, tok),
         tokenizer=tok,
         search=RecordingSearch(),
-        settings=RolloutSettings(protocol="tool-call", tool_format=tool_format, max_turns=2),
+        settings=make_settings(protocol="tool-call", tool_format=tool_format, max_turns=2),
         sampling=SamplingParams(temperature=1.0, max_new_tokens=12, seed=0),
         group_size=2,
     )
