@@ -520,10 +520,14 @@ class QuickstartRecipe:
     two_search_share: float = 0.0  # pretraining traces that search twice before answering (the multi-turn format)
     year_tokens: bool = True  # every year of the world one token of the tiny tokenizer (else four digit tokens)
     city_tokens: bool = True  # every city name one token (else the BPE's pieces)
+    # how the policy searches in every stage (rollout.protocol): tags, or tool-call (the base learns
+    # Hermes tool calls in a ChatML template of its own, models.TINY_TOOL_TEMPLATE)
+    protocol: str = "tags"
     # torch threads (0 = torch's default: every core); 1 gives the same floats on any number of cores
     threads: int = 1
 
     def check(self, key: str) -> None:
+        check_choice("protocol", self.protocol, ("tags", "tool-call"))
         for name in (
             "n_entities",
             "n_train_entities",

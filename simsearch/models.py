@@ -43,6 +43,21 @@ TINY_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
 
+# The tiny tool-calling tokenizer (the quickstart's `protocol: tool-call`): ChatML turns ending in
+# <|im_end|> (its eos), calls in <tool_call> tags as Qwen2.5's, results in a `tool` turn; the tools
+# are named, not spelled out, as a tiny model cannot read their JSON schemas. Written here.
+TOOL_SPECIAL_TOKENS = (PAD_TOKEN, "<|im_end|>", "<|im_start|>", "<tool_call>", "</tool_call>", "<tool_response>",
+                       "</tool_response>", "<think>", "</think>", "<answer>", "</answer>")  # fmt: skip
+TINY_TOOL_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\ntools:{% for tool in tools %} {{ tool['function']['name'] }}{% endfor %}"
+    "<|im_end|>\n{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'tool' %}<|im_start|>tool\n<tool_response>{{ message['content'] }}</tool_response>"
+    "{% else %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}{% endif %}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
 _DTYPES: dict[str, torch.dtype | str] = {
     "auto": "auto",
     "float32": torch.float32,
@@ -121,8 +136,9 @@ def train_tokenizer(
     texts: list[str],
     vocab_size: int = 1000,
     special_tokens: tuple[str, ...] = SPECIAL_TOKENS,
+    chat_template: str = TINY_CHAT_TEMPLATE,
 ) -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer trained on `texts` (Qwen2's pre-tokenization, `TINY_CHAT_TEMPLATE`).
+    """A byte-level BPE tokenizer trained on `texts` (Qwen2's pre-tokenization) with `chat_template`.
 
     Special tokens (default: pad, eos and the eight tag tokens) get ids 0, 1, 2, ... in order and
     are never split; decoding gives back the exact NFC text. `vocab_size` counts them and the 256
@@ -161,7 +177,7 @@ def train_tokenizer(
         eos_token=eos,
         extra_special_tokens=others,
     )
-    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    tokenizer.chat_template = chat_template
     return tokenizer
 
 

@@ -26,7 +26,7 @@ from typing import Any
 from simsearch.commands import preflight
 from simsearch.config import EvalDataset, EvalRecipe, SearchConfig, save_recipe
 from simsearch.curriculum.schedules import num_noisy
-from simsearch.data.chat import check_tool_support
+from simsearch.data.chat import check_tool_support, search_tool_schema
 from simsearch.data.qa import load_qa
 from simsearch.errors import DataError, RecipeError
 from simsearch.eval import report
@@ -42,7 +42,6 @@ from simsearch.fingerprints import digest
 from simsearch.generation.base import GenerationEngine
 from simsearch.policy.rag import rag_rows
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories
-from simsearch.policy.toolcalls import search_tool_schema
 from simsearch.retrieval import accounting
 from simsearch.retrieval.accounting import Ledger
 from simsearch.retrieval.base import SearchEngine

@@ -34,13 +34,21 @@ from simsearch.config import (
     load_recipe,
     save_recipe,
 )
+from simsearch.data.chat import tool_call_messages, write_call
 from simsearch.data.templates import render_prompt
 from simsearch.errors import RecipeError, SimsearchError
 from simsearch.eval import report
 from simsearch.eval.view import write_page
 from simsearch.factory.build import build_search_engine
 from simsearch.fingerprints import claim_stage, digest, finish_stage
-from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
+from simsearch.models import (
+    TINY_TOOL_TEMPLATE,
+    TOOL_SPECIAL_TOKENS,
+    build_tiny_model,
+    load_model,
+    save_tiny,
+    train_tokenizer,
+)
 from simsearch.policy.tags import extract_queries
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.simulator.prompts import render as render_simulator_prompt
@@ -57,6 +65,10 @@ ENGINES = ("simulator", "bm25", "dense", "none")  # none: every search finds not
 # score would be the base's search habit plus 50 steps of noise, not what RL without search learns.
 POLICY_ENGINES = {"base": ENGINES, "rl_search": ENGINES, "rl_nosearch": ("none",)}
 POLICIES = tuple(POLICY_ENGINES)
+
+TOOL_CALL_EXTRA_TOKENS = 12
+"""How many more tokens a Hermes call and its end-of-turn token take than `<search> … </search>` with
+the tiny tokenizer: `protocol: tool-call` raises every stage's `sampling.max_new_tokens` by that much."""
 
 # Every stage for a step or two: a check that the pipeline holds together, not a result.
 SMOKE = {
@@ -84,7 +96,12 @@ class _Pipeline:
         smoke = SMOKE.get(name.removesuffix("_nosearch"), []) if self.recipe.smoke else []
         # The quickstart's thread count, not the stage recipe's own: it changes the floats, so it is fingerprinted.
         threads = [f"threads={self.recipe.threads}"]
-        stage: Any = load_recipe(schema, self.recipes / f"{name}.yaml", [*overrides, *smoke, *threads])
+        # Every stage with a rollout; only when not the default, so tags runs keep their fingerprints.
+        tool_call = self.recipe.protocol != "tags" and name != "simulator"
+        protocol = [f"rollout.protocol={self.recipe.protocol}"] if tool_call else []
+        stage: Any = load_recipe(schema, self.recipes / f"{name}.yaml", [*overrides, *smoke, *threads, *protocol])
+        if tool_call:  # the same room for the query and the answer as a tag turn has
+            stage.sampling.max_new_tokens += TOOL_CALL_EXTRA_TOKENS
         recipe = _inside(asdict(stage), str(self.run))
         fingerprint = digest({"stage": name, "inputs": inputs, "recipe": recipe})
         if not claim_stage(Path(stage.run_dir), fingerprint):
@@ -114,7 +131,7 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     clock = _StageClock()
     pipeline, rl_recipe, world, world_fp, base_fp = _first_stages(recipe, clock)
     run = pipeline.run
-    reading = _base_reading(run / "base", world, rl_recipe)
+    reading = _base_reading(run / "base", world, rl_recipe, recipe.protocol)
     clock.start("collect", "3/6 simulator SFT data (base policy x real BM25)")
     collect_fp = _collect_stage(pipeline, base_fp)
     clock.start("simulator_sft", "4/6 simulator fine-tuning")
@@ -341,11 +358,13 @@ def _base_settings(recipe: QuickstartRecipe, rl: TrainRecipe) -> dict[str, Any]:
     if recipe.two_search_share:  # only when set: one-search bases keep the fingerprint they had before
         settings["two_search_share"] = recipe.two_search_share
     settings.update(template=rl.rollout.template, top_k=rl.search.top_k, rendering=rl.search.rendering)
+    if recipe.protocol != "tags":
+        settings["protocol"] = recipe.protocol
     settings["trace_corpus"] = "background people and cities"  # `trace_passages`
     return settings
 
 
-def _base_reading(base: Path, world: World, rl: TrainRecipe) -> dict[str, dict[str, float]]:
+def _base_reading(base: Path, world: World, rl: TrainRecipe, protocol: str) -> dict[str, dict[str, float]]:
     """The base model's reading of held-out results per relation (`reading_accuracy`), cached in base/."""
     path = base / "reading.json"
     if path.is_file():
@@ -354,7 +373,7 @@ def _base_reading(base: Path, world: World, rl: TrainRecipe) -> dict[str, dict[s
     engine = BM25SearchEngine.build(world.passages, show_progress=False)
     reading = reading_accuracy(
         model, tokenizer, world, engine, world.test,
-        top_k=rl.search.top_k, template=rl.rollout.template, rendering=rl.search.rendering,
+        top_k=rl.search.top_k, template=rl.rollout.template, rendering=rl.search.rendering, protocol=protocol,
     )  # fmt: skip
     path.write_text(json.dumps(reading, indent=2) + "\n")
     return reading
@@ -365,7 +384,10 @@ def _query_naming(eval_dir: Path, world: World) -> dict[str, dict[str, float]]:
     rows = [json.loads(line) for line in examples_file(eval_dir, "bm25", "heldout").read_text().splitlines()]
     kinds: dict[str, list[float]] = {kind: [] for kind in QUERY_NAMING}
     for row in rows:
-        queries = extract_queries(row["samples"][0]["response"])
+        sample = row["samples"][0]  # a tool-call turn's calls, else the tags in the response
+        queries = [q for turn in sample["turns"] for q in turn.get("call_queries", [])] or extract_queries(
+            sample["response"]
+        )
         kinds[query_naming(queries[0] if queries else "", world.facts[row["id"]].entity)].append(row["scores"]["em"])
     return {
         kind: {"share": len(ems) / len(rows), "em": sum(ems) / len(ems) if ems else 0.0} for kind, ems in kinds.items()
@@ -410,9 +432,10 @@ def _pretrain_base(
 ) -> None:
     tokenizer = base_tokenizer(recipe, world, rl)
     model = build_tiny_model(tokenizer, hidden=128, layers=4, heads=4, kv_heads=2, ffn=384, seed=recipe.seed)
-    # Smoke: just enough (40 x 16 traces at a high rate) that the base emits searches.
+    # Smoke: just enough (40 x 16 traces at a high rate; four times that for Hermes calls, twice the tokens
+    # of a tag search) that the base emits searches.
     drill_steps, steps, batch_size, lr = (
-        (2, 40, 16, 5e-3)
+        (2, 160 if recipe.protocol == "tool-call" else 40, 16, 5e-3)
         if recipe.smoke
         else (recipe.drill_steps, recipe.pretrain_steps, recipe.pretrain_batch_size, recipe.pretrain_lr)
     )
@@ -439,8 +462,13 @@ def base_tokenizer(recipe: QuickstartRecipe, world: World, rl: TrainRecipe) -> P
     simulator_prompt = render_simulator_prompt(
         "simsearch", query="", question="", golden_answers=[""], noisy=False, top_k=3
     )
-    texts = world.texts_for_tokenizer() + [render_prompt("", template=rl.rollout.template), simulator_prompt] * 100
-    tokenizer = train_tokenizer(texts, vocab_size=recipe.vocab_size)
+    if recipe.protocol == "tool-call":  # the user message and the call's JSON, as the rollout writes them
+        policy_texts = [tool_call_messages("", rl.rollout.template)[0]["content"], write_call("", "hermes")]
+        texts = world.texts_for_tokenizer() + [*policy_texts, simulator_prompt] * 100
+        tokenizer = train_tokenizer(texts, recipe.vocab_size, TOOL_SPECIAL_TOKENS, TINY_TOOL_TEMPLATE)
+    else:
+        texts = world.texts_for_tokenizer() + [render_prompt("", template=rl.rollout.template), simulator_prompt] * 100
+        tokenizer = train_tokenizer(texts, vocab_size=recipe.vocab_size)
     tokenizer.add_tokens([*(YEARS if recipe.year_tokens else ()), *(world.cities if recipe.city_tokens else ())])
     return tokenizer
 
@@ -471,6 +499,7 @@ def base_traces(
         rendering=rl.search.rendering,
         two_search_share=recipe.two_search_share,
         query_mix=recipe.query_mix,
+        protocol=recipe.protocol,
     )
 
 

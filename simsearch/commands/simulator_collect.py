@@ -24,7 +24,7 @@ from tqdm import tqdm
 from simsearch.commands import preflight
 from simsearch.config import CollectRecipe, save_recipe
 from simsearch.data.qa import load_qa
-from simsearch.errors import RecipeError, SimsearchError
+from simsearch.errors import SimsearchError
 from simsearch.factory.build import build_generation_engine, build_search_engine
 from simsearch.generation.base import GenerationEngine
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories
@@ -47,11 +47,6 @@ from simsearch.types import QAExample, SamplingParams
 def main(recipe: CollectRecipe) -> dict[str, float]:
     """Collect, label and write the pairs; returns the collection statistics."""
     run_dir = Path(recipe.run_dir)
-    if recipe.rollout.protocol != "tags":  # its records read the tag protocol's one query a turn
-        raise RecipeError(
-            f"rollout.protocol={recipe.rollout.protocol} is not supported yet by `simsearch simulator collect`; "
-            "collect with rollout.protocol=tags (the simulator answers queries, whatever protocol wrote them)"
-        )
     preflight.set_threads(recipe.threads)
     preflight.check_paths(recipe)
     policy, tokenizer, _ = build_generation_engine(recipe.policy)
@@ -67,7 +62,8 @@ def main(recipe: CollectRecipe) -> dict[str, float]:
     if not records:
         raise SimsearchError(
             f"collect: the policy ran no search on {len(examples)} questions, so there is nothing to "
-            "learn from; check that policy.model.path is a model that emits <search> ... </search>"
+            "learn from; check that policy.model.path is a model that searches in rollout.protocol's format "
+            f"({recipe.rollout.protocol})"
         )
     if recipe.contrast_queries:
         records += contrast_records(

@@ -9,9 +9,61 @@ messages, the next assistant header) is the text a rollout appends and masks out
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from simsearch.errors import RecipeError
+
+SEARCH_TOOL = "search"
+"""The search tool's name in every schema, call and parser."""
+
+
+def search_tool_schema(*, top_k: bool = False, description: str = "") -> dict[str, Any]:
+    """The search tool in the JSON-schema form chat templates take (`tools=[...]`).
+
+    Args:
+        top_k: Also offer an optional integer `top_k` argument (the number of results).
+        description: The tool's description; empty = a short default.
+    """
+    properties: dict[str, Any] = {"query": {"type": "string", "description": "What to search for."}}
+    if top_k:
+        properties["top_k"] = {"type": "integer", "description": "How many results to return.", "minimum": 1}
+    return {
+        "type": "function",
+        "function": {
+            "name": SEARCH_TOOL,
+            "description": description or "Search a corpus of passages and return the most relevant ones.",
+            "parameters": {"type": "object", "properties": properties, "required": ["query"]},
+        },
+    }
+
+
+TOOL_CALL_PROMPT = (
+    "Answer the given question. You can call the search tool as many times as you want to find "
+    "the facts you need. When you know the answer, give it inside <answer> and </answer>, without "
+    "detailed illustrations, for example <answer> Beijing </answer>. Question: {question}"
+)
+"""The user message of the tool-call protocol (its tool is `search_tool_schema()`)."""
+
+TOOL_CALL_BRIEF_PROMPT = (
+    "Call the search tool, read its results, answer inside <answer> and </answer>. Question: {question}"
+)
+"""The same in one sentence, for tiny models: the user message when `rollout.template` is search-r1-brief."""
+
+
+def tool_call_messages(question: str, template: str) -> list[dict[str, str]]:
+    """The conversation before the first assistant turn: the question as the user message."""
+    prompt = TOOL_CALL_BRIEF_PROMPT if template == "search-r1-brief" else TOOL_CALL_PROMPT
+    return [{"role": "user", "content": prompt.format(question=question)}]
+
+
+def write_call(query: str, tool_format: str) -> str:
+    """The text a model writes to call the search tool with `query` in `tool_format` (what `parse_turn` reads)."""
+    if tool_format == "hermes":
+        return f"<tool_call>{json.dumps({'name': SEARCH_TOOL, 'arguments': {'query': query}})}</tool_call>"
+    if tool_format == "llama3":
+        return json.dumps({"name": SEARCH_TOOL, "parameters": {"query": query}})
+    raise ValueError(f"tool_format={tool_format!r} is not one of hermes, llama3")
 
 
 class ChatTemplateError(RecipeError):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from simsearch.data.chat import check_tool_support
+from simsearch.data.chat import check_tool_support, search_tool_schema
 from simsearch.errors import RecipeError
 from simsearch.factory.build import build_generation_engine, build_search_engine, meter_search_engine
 from simsearch.generation.hf import HFEngine
@@ -25,7 +25,6 @@ from simsearch.policy.rewards import FORMAT_SCORES
 from simsearch.policy.rollout import RolloutSettings
 from simsearch.policy.step import Rollouts, StepRecipe
 from simsearch.policy.sync import RolloutWeights
-from simsearch.policy.toolcalls import search_tool_schema
 from simsearch.policy.update import Learner, UpdateShape
 from simsearch.policy.validation import Validation
 from simsearch.retrieval.accounting import Ledger

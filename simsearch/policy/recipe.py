@@ -34,7 +34,8 @@ class RolloutConfig:
     group_size: int = 5  # rollouts per prompt (GRPO's G)
     self_search_real_share: float = 0.0  # self-search: share of questions whose searches `search` answers
     # How the policy searches, from simsearch.policy.toolcalls.PROTOCOLS: tags (Search-R1's <search> tags in
-    # the text) or tool-call (the search tool in the model's own chat template; `template` is then unused)
+    # the text) or tool-call (the search tool in the model's own chat template; `template` then only picks the user
+    # message: search-r1-brief one sentence, any other the full one)
     protocol: str = "tags"
     # tool-call only: how the model writes a call, from simsearch.policy.toolcalls.TOOL_CALL_FORMATS
     # (hermes: Qwen2.5 / Qwen3 <tool_call> JSON, verl's `format: hermes`; llama3: Llama 3.1 JSON)
@@ -49,7 +50,8 @@ class RolloutConfig:
                 f"{key}.template=self-search is not supported yet with {key}.protocol=tool-call; "
                 f"use {key}.protocol=tags for self-search"
             )
-        check_positive(f"{key}.group_size", self.group_size)
+        for name in ("group_size", "max_obs_tokens", "max_context_tokens"):
+            check_positive(f"{key}.{name}", getattr(self, name))
         if self.max_turns < 0:
             raise RecipeError(f"{key}.max_turns={self.max_turns} must be >= 0")
         check_range(f"{key}.self_search_real_share", self.self_search_real_share, 0.0, 1.0)

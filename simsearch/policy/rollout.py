@@ -41,7 +41,7 @@ from typing import cast
 
 from transformers import PreTrainedTokenizerBase
 
-from simsearch.data.chat import ToolConversation, check_tool_support
+from simsearch.data.chat import ToolConversation, check_tool_support, search_tool_schema, tool_call_messages
 from simsearch.data.rendering import (
     INFORMATION_CLOSE,
     INFORMATION_OPEN,
@@ -64,7 +64,7 @@ from simsearch.policy.tags import (
     information_spans,
     parse_action,
 )
-from simsearch.policy.toolcalls import parse_turn, search_tool_schema
+from simsearch.policy.toolcalls import parse_turn
 from simsearch.retrieval.base import SearchEngine
 from simsearch.types import (
     FINISHES,
@@ -88,13 +88,6 @@ SELF_SEARCH_STOPS: tuple[str, ...] = (ANSWER_STOP,)
 # compat wrapper rather than spelled out, so the two cannot disagree.
 _EMPTY_OBSERVATION = wrap_information("")
 _OBSERVATION_TAIL = _EMPTY_OBSERVATION[_EMPTY_OBSERVATION.index(INFORMATION_CLOSE) :]
-
-TOOL_CALL_PROMPT = (
-    "Answer the given question. You can call the search tool as many times as you want to find "
-    "the facts you need. When you know the answer, give it inside <answer> and </answer>, without "
-    "detailed illustrations, for example <answer> Beijing </answer>. Question: {question}"
-)
-"""The user message of the tool-call protocol (its tool is `toolcalls.search_tool_schema()`)."""
 
 TOOL_CALL_CORRECTION = (
     "Your reply could not be used ({reasons}). To search, call the search tool; to answer, "
@@ -457,8 +450,9 @@ def _start(
     """Tokenizes each prompt once and opens `group_size` rollouts per example."""
     rollouts = []
     for prompt_id, example in enumerate(examples):
-        if settings.tool_call:
-            prompt_ids = tokens.encode(_conversation(tokens, example).text)
+        conversation = _conversation(tokens, example, settings)
+        if conversation is not None:
+            prompt_ids = tokens.encode(conversation.text)
         else:
             # Rendered and tokenized as the template's reference does (chat template, special tokens).
             prompt_ids = encode_prompt(example.question, template=settings.rollout.template, tokenizer=tokens.tokenizer)
@@ -478,16 +472,18 @@ def _start(
                     prompt_ids=list(prompt_ids),  # each trajectory owns its lists
                     self_search=settings.self_search and not real,
                     logprobs=[] if logprobs else None,
-                    conversation=_conversation(tokens, example) if settings.tool_call else None,
+                    conversation=_conversation(tokens, example, settings),
                 )
             )
     return rollouts
 
 
-def _conversation(tokens: _TokenCache, example: QAExample) -> ToolConversation:
-    """A fresh tool-call conversation: the question as the user message, the search tool offered."""
-    question = [{"role": "user", "content": TOOL_CALL_PROMPT.format(question=example.question)}]
-    return ToolConversation(tokens.tokenizer, [search_tool_schema()], question)
+def _conversation(tokens: _TokenCache, example: QAExample, settings: RolloutSettings) -> ToolConversation | None:
+    """A fresh tool-call conversation, the question as the user message and the search tool offered; None for tags."""
+    if not settings.tool_call:
+        return None
+    messages = tool_call_messages(example.question, settings.rollout.template)
+    return ToolConversation(tokens.tokenizer, [search_tool_schema()], messages)
 
 
 def _generate_turn(

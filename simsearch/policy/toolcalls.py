@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from simsearch.data.chat import SEARCH_TOOL
 from simsearch.eval.metrics import ANSWER_CLOSE, ANSWER_OPEN
 
 PROTOCOLS: dict[str, str] = {
@@ -23,28 +24,7 @@ PROTOCOLS: dict[str, str] = {
 }
 """Every agent-loop protocol by its recipe name (`rollout.protocol`), with what it is."""
 
-SEARCH_TOOL = "search"
 THINK_BLOCK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
-
-
-def search_tool_schema(*, top_k: bool = False, description: str = "") -> dict[str, Any]:
-    """The search tool in the JSON-schema form chat templates take (`tools=[...]`).
-
-    Args:
-        top_k: Also offer an optional integer `top_k` argument (the number of results).
-        description: The tool's description; empty = a short default.
-    """
-    properties: dict[str, Any] = {"query": {"type": "string", "description": "What to search for."}}
-    if top_k:
-        properties["top_k"] = {"type": "integer", "description": "How many results to return.", "minimum": 1}
-    return {
-        "type": "function",
-        "function": {
-            "name": SEARCH_TOOL,
-            "description": description or "Search a corpus of passages and return the most relevant ones.",
-            "parameters": {"type": "object", "properties": properties, "required": ["query"]},
-        },
-    }
 
 
 @dataclass(frozen=True)

@@ -71,13 +71,19 @@ def records_from_trajectories(
     for t in trajectories:
         correct = metric(t.answer, t.example.golden_answers) == 1.0
         for turn in t.turns:
-            if turn.action == "search" and turn.executed:
+            if turn.action != "search" or not turn.executed:
+                continue
+            # A tool-call turn's calls, one record each; a tag turn's one query.
+            searches = (
+                zip(turn.call_queries, turn.call_documents) if turn.call_queries else [(turn.query, turn.documents)]
+            )
+            for query, documents in searches:
                 records.append(
                     SearchRecord(
                         question=t.example.question,
                         golden_answers=list(t.example.golden_answers),
-                        query=turn.query,
-                        documents=list(turn.documents),
+                        query=query,
+                        documents=list(documents),
                         answered_correctly=correct,
                     )
                 )

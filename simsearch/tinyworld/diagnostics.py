@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from simsearch.data.chat import ToolConversation, search_tool_schema, tool_call_messages, write_call
 from simsearch.data.rendering import RenderStyle, render_documents, wrap_information
 from simsearch.data.templates import TemplateName, render_prompt
 from simsearch.eval.metrics import extract_answer
@@ -47,6 +48,7 @@ def reading_accuracy(
     template: TemplateName,
     rendering: RenderStyle,
     batch_size: int = 64,
+    protocol: str = "tags",
 ) -> dict[str, dict[str, float]]:
     """How well a base model reads results, per relation: what RL has to start from.
 
@@ -70,6 +72,7 @@ def reading_accuracy(
         template: The policy prompt template, as in RL.
         rendering: How results are shown, as in RL.
         batch_size: Prompts per generation batch.
+        protocol: "tags", or "tool-call": the search a Hermes call, the results a tool message.
 
     Returns:
         {relation: {"copied", "invented", "right", "questions"}} plus the same under "all".
@@ -77,15 +80,32 @@ def reading_accuracy(
     examples = [example for example in examples if world.facts[example.id].relation != TWO_HOP]
     names = [world.facts[example.id].entity for example in examples]
     documents = engine.search([SearchRequest(query=name, top_k=top_k) for name in names])
-    prompt_ids = tokenizer([render_prompt(e.question, template=template) for e in examples])["input_ids"]
-    # The turns carry no BOS/EOS, as in the rollout.
-    search_ids = tokenizer([f"<search> {name} </search>" for name in names], add_special_tokens=False)["input_ids"]
-    observations = [wrap_information(render_documents(docs, rendering)) for docs in documents]
-    observation_ids = tokenizer(observations, add_special_tokens=False)["input_ids"]
-    contexts = [p + s + o for p, s, o in zip(prompt_ids, search_ids, observation_ids)]
+    if protocol == "tool-call":
+        contexts = [_tool_call_context(tokenizer, e.question, name, docs, template, rendering)
+                    for e, name, docs in zip(examples, names, documents)]  # fmt: skip
+    else:
+        prompt_ids = tokenizer([render_prompt(e.question, template=template) for e in examples])["input_ids"]
+        # The turns carry no BOS/EOS, as in the rollout.
+        searches = [f"<search> {name} </search>" for name in names]
+        search_ids = tokenizer(searches, add_special_tokens=False)["input_ids"]
+        observations = [wrap_information(render_documents(docs, rendering)) for docs in documents]
+        observation_ids = tokenizer(observations, add_special_tokens=False)["input_ids"]
+        contexts = [p + s + o for p, s, o in zip(prompt_ids, search_ids, observation_ids)]
     params = SamplingParams(temperature=0.0, max_new_tokens=24, stop=["</answer>"])
     completions = HFEngine(model, tokenizer, batch_size=batch_size, prefix_cache=False).generate(contexts, params)
     return score_reading(world, examples, documents, [completion.text for completion in completions])
+
+
+def _tool_call_context(
+    tokenizer: PreTrainedTokenizerBase, question: str, name: str, documents: list[Document], template: TemplateName,
+    rendering: RenderStyle,
+) -> list[int]:  # fmt: skip
+    """The tool-call rollout's context after one search of `name` and its results."""
+    conversation = ToolConversation(tokenizer, [search_tool_schema()], tool_call_messages(question, template))
+    call = write_call(name, "hermes")
+    prompt, generated = conversation.text, call + tokenizer.eos_token
+    added = conversation.add_turn(generated, call, [render_documents(documents, rendering)])
+    return [i for text in (prompt, generated, added) for i in tokenizer.encode(text, add_special_tokens=False)]
 
 
 def score_reading(

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
+from simsearch.data.chat import ToolConversation, search_tool_schema, tool_call_messages, write_call
 from simsearch.data.rendering import RenderStyle, render_documents, wrap_information
 from simsearch.data.templates import TemplateName, render_prompt
 from simsearch.retrieval.base import SearchEngine
@@ -88,6 +89,7 @@ def make_traces(
     redraw_empty: bool = True,
     rendering: RenderStyle = "search-r1",
     two_search_share: float = 0.0,
+    protocol: str = "tags",
 ) -> list[Trace]:
     """Builds `n` pretraining traces, in draw order; a share of 0 draws nothing (same traces as without it).
 
@@ -101,12 +103,16 @@ def make_traces(
         reading_share: Share of reading traces (search the entity name, answer the gold value).
         redraw_empty: Redraw a query that finds nothing; False answers a value of the asked kind.
         two_search_share: Share of traces that search a person's name from the first results.
+        protocol: "tags", or "tool-call": the turns as the tool-call rollout writes them (Hermes
+            calls, the tokenizer's chat template around them, each assistant turn ending in eos).
 
     Raises:
         ValueError: A bad argument, a question not of `world`, or queries still finding nothing
             after redraws.
     """
     _check_trace_args(n, top_k, query_mix, template, typed_answer_share, reading_share, two_search_share)
+    if protocol not in ("tags", "tool-call"):
+        raise ValueError(f"protocol={protocol!r} is not one of tags, tool-call")
     pool = _question_pool(world, examples)
     rng = random.Random(seed)
     searcher = _Searcher(rng, engine, top_k, query_mix, redraw_empty)
@@ -116,7 +122,10 @@ def make_traces(
     results = [[*docs, *second.get(i, _NO_SEARCH).documents] for i, docs in enumerate(first.documents)]
     candidates = [[v for doc in docs for v in value_spans(doc.text, world.cities)] for docs in results]
     answers = _draw_answers(rng, world, chosen, first.queries, results, candidates, typed_answer_share, reading)
-    pieces = _tokenize_pieces(tokenizer, pool, first, second, answers, template, rendering)
+    if protocol == "tool-call":
+        pieces = _tool_call_pieces(tokenizer, chosen, first, second, answers, template, rendering)
+    else:
+        pieces = _tokenize_pieces(tokenizer, pool, first, second, answers, template, rendering)
     return [
         _assemble_trace(pieces, i, example, first, second, answers[i], candidates[i], reading[i])
         for i, example in enumerate(chosen)
@@ -351,6 +360,42 @@ def _tokenize_pieces(
         second_search_ids=dict(zip(second, searches([s.query for s in second.values()]))),
         second_head_ids=dict(zip(second, heads([s.documents for s in second.values()]))),
     )
+
+
+def _tool_call_pieces(
+    tokenizer: PreTrainedTokenizerBase,
+    chosen: Sequence[QAExample],
+    first: _Searches,
+    second: dict[int, _Search],
+    answers: Sequence[str],
+    template: TemplateName,
+    rendering: RenderStyle,
+) -> _TracePieces:
+    """`_tokenize_pieces` for the tool-call protocol: each trace's conversation rendered turn by turn, as
+    the rollout renders it (`data.chat.ToolConversation`); an observation is all the template adds."""
+    tools, eos = [search_tool_schema()], tokenizer.eos_token
+    prompts: dict[str, list[int]] = {}
+    searches, heads, second_searches, second_heads = [], [], {}, {}
+    for i, example in enumerate(chosen):
+        conversation = ToolConversation(tokenizer, tools, tool_call_messages(example.question, template))
+        prompts.setdefault(example.id, _encode(tokenizer, [conversation.text])[0])
+        turns = [(first.queries[i], first.documents[i])]
+        if i in second:
+            turns.append((second[i].query, second[i].documents))
+        for turn, (query, documents) in enumerate(turns):
+            call = write_call(query, "hermes")
+            added = conversation.add_turn(call + eos, call, [render_documents(documents, rendering)])
+            search_ids, head_ids = _encode(tokenizer, [call + eos, added])
+            if turn == 0:
+                searches.append(search_ids)
+                heads.append(head_ids)
+            else:
+                second_searches[i], second_heads[i] = search_ids, head_ids
+    return _TracePieces(
+        prompt_ids=prompts, search_ids=searches, head_ids=heads, tail_ids=[],
+        answer_ids=_encode(tokenizer, [f"<answer> {a} </answer>{eos}" for a in answers]),
+        second_search_ids=second_searches, second_head_ids=second_heads,
+    )  # fmt: skip
 
 
 def _assemble_trace(

@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 from simsearch.commands import quickstart
 from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.errors import RecipeError
+from simsearch.models import TINY_TOOL_TEMPLATE
 from simsearch.tinyworld.diagnostics import QUERY_NAMING
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "quickstart"
@@ -235,3 +236,23 @@ def test_every_stage_runs_at_the_quickstarts_thread_count(tmp_path: Path) -> Non
     seen: list = []
     pipeline.stage("train", TrainRecipe, seen.append, [], [f"run_dir={tmp_path / 'train'}"])
     assert [stage.threads for stage in seen] == [3]  # train.yaml's own default is 1
+
+
+@pytest.mark.slow
+def test_the_tool_call_quickstart_searches_with_tool_calls_in_every_stage(tmp_path: Path) -> None:
+    # protocol=tool-call: a base whose template offers tools, pretrained on Hermes calls; collect,
+    # RL and evaluation run the tool-call rollout with the call's extra tokens; the report is whole.
+    result = _smoke(tmp_path, "protocol=tool-call")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "base")
+    assert tokenizer.chat_template == TINY_TOOL_TEMPLATE and tokenizer.eos_token == "<|im_end|>"
+    for stage in ("collect", "train", "train_nosearch", "eval/rl_search"):
+        recipe = (tmp_path / stage / "recipe.yaml").read_text()
+        assert "protocol: tool-call" in recipe, stage
+    train = load_recipe(TrainRecipe, tmp_path / "train" / "recipe.yaml")
+    shipped = load_recipe(TrainRecipe, RECIPES / "train.yaml")
+    assert train.sampling.max_new_tokens == shipped.sampling.max_new_tokens + quickstart.TOOL_CALL_EXTRA_TOKENS
+    assert json.loads((tmp_path / "collect" / "stats.json").read_text())["collect/records"] > 0
+    rows = [json.loads(line) for line in (tmp_path / "train" / "trajectories.jsonl").read_text().splitlines()]
+    calls = [q for row in rows for turn in row["turns"] for q in turn.get("call_queries", [])]
+    assert calls and all("<search>" not in row["response"] for row in rows)
+    assert set(result["em"]["rl_search"]) == {"simulator", "bm25", "dense", "none"}

@@ -9,18 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from simsearch.data.chat import ChatTemplateError
+from simsearch.data.chat import TOOL_CALL_PROMPT, ChatTemplateError, search_tool_schema
 from simsearch.data.rendering import render_documents
 from simsearch.generation.hf import HFEngine
 from simsearch.models import TINY_CHAT_TEMPLATE, build_tiny_model
 from simsearch.policy.rewards import toolcall_format_score
-from simsearch.policy.rollout import (
-    TOOL_CALL_CORRECTION,
-    TOOL_CALL_PROMPT,
-    generate_trajectories,
-    score_trajectories,
-)
-from simsearch.policy.toolcalls import search_tool_schema
+from simsearch.policy.rollout import TOOL_CALL_CORRECTION, generate_trajectories, score_trajectories
 from simsearch.types import Document, QAExample, SamplingParams
 from tests.chat_templates import HERMES_SPECIALS, HERMES_TEMPLATE, LLAMA3_SPECIALS, LLAMA3_TEMPLATE, tokenizer
 from tests.policy.test_rollout import RecordingSearch, ScriptedPolicy, documents, make_settings

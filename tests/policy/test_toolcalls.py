@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from simsearch.data.chat import ChatTemplateError, ToolConversation, check_tool_support
+from simsearch.data.chat import ChatTemplateError, ToolConversation, check_tool_support, search_tool_schema
 from simsearch.models import TINY_CHAT_TEMPLATE
-from simsearch.policy.toolcalls import SearchCall, parse_turn, search_tool_schema
+from simsearch.policy.toolcalls import SearchCall, parse_turn
 from tests.chat_templates import HERMES_SPECIALS, HERMES_TEMPLATE, LLAMA3_SPECIALS, LLAMA3_TEMPLATE, tokenizer
 
 TOOLS = [search_tool_schema()]

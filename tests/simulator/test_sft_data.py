@@ -297,6 +297,20 @@ def test_records_from_trajectories_keep_executed_searches_only() -> None:
     ]
 
 
+def test_records_from_tool_call_trajectories_keep_each_executed_call() -> None:
+    # A tool-call turn may hold several calls: each executed call is one record, in order.
+    trajectory = _trajectory("Capital of France?", "Paris", "Paris", [])
+    trajectory.turns = [
+        Turn(text="..", action="search", executed=True, call_queries=["capital france", "lyon"],
+             call_documents=[[PARIS], [LYON]]),
+        Turn(text="..", action="search", executed=False, call_queries=["never run"], call_documents=[]),
+    ]  # fmt: skip
+    assert records_from_trajectories([trajectory]) == [
+        SearchRecord("Capital of France?", ["Paris"], "capital france", [PARIS], answered_correctly=True),
+        SearchRecord("Capital of France?", ["Paris"], "lyon", [LYON], answered_correctly=True),
+    ]
+
+
 def _trajectory(question: str, gold: str, answer: str | None, searches: list[tuple[str, list[Document]]]) -> Trajectory:
     turns = [Turn(text="..", action="search", query=q, documents=docs, executed=True) for q, docs in searches]
     return Trajectory(

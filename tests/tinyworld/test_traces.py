@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from simsearch.data.chat import search_tool_schema, tool_call_messages, write_call
 from simsearch.data.rendering import render_documents, wrap_information
 from simsearch.data.templates import render_prompt
+from simsearch.models import TINY_TOOL_TEMPLATE, TOOL_SPECIAL_TOKENS, train_tokenizer
+from simsearch.policy.toolcalls import parse_turn
 from simsearch.tinyworld.traces import copy_mask, make_copy_drills, make_traces
 from simsearch.tinyworld.values import RELATION_KINDS, value_kind, value_spans
 from simsearch.tinyworld.world import RELATIONS, build_world
@@ -259,3 +262,51 @@ def test_copy_drills_repeat_a_random_run_and_train_only_on_the_repeat(tokenizer)
         assert drill.loss_mask == [0] * 13 + [1] * 11
         assert drill.copy_mask == [0] * 24 and drill.example is None
     assert len({tuple(d.input_ids) for d in drills}) == 50
+
+
+@pytest.fixture(scope="module")
+def tool_tokenizer(world):
+    return train_tokenizer(world.texts_for_tokenizer(300), 600, TOOL_SPECIAL_TOKENS, TINY_TOOL_TEMPLATE)
+
+
+@pytest.mark.parametrize("two_search_share", [0.0, 1.0])
+def test_a_tool_call_trace_is_the_conversation_the_rollout_renders(world, tool_tokenizer, two_search_share):
+    # The trace's text is apply_chat_template of the whole conversation (the calls as assistant
+    # messages, the results as tool messages, the answer last), and exactly the assistant turns
+    # (each ending in eos) are in the loss; each call parses back to the trace's query.
+    tok, example = tool_tokenizer, world.train[0]
+    name = world.facts[example.id].entity
+    docs = [Document(title=f'"{name}"', text=f"{name} was born in {world.cities[0]} and works as a baker.")]
+    (trace,) = make_traces(
+        world, RecordingEngine(docs), tok, n=1, seed=0, top_k=2, query_mix=(1.0, 0.0, 0.0), examples=[example],
+        protocol="tool-call", template="search-r1-brief", two_search_share=two_search_share,
+    )  # fmt: skip
+
+    queries = [trace.query] + ([trace.second_query] if two_search_share else [])
+    messages = tool_call_messages(example.question, "search-r1-brief")
+    for query in queries:
+        messages += [{"role": "assistant", "content": write_call(query, "hermes")},
+                     {"role": "tool", "content": render_documents(docs)}]  # fmt: skip
+    messages.append({"role": "assistant", "content": f"<answer> {trace.answer} </answer>"})
+    rendered = tok.apply_chat_template(messages, tools=[search_tool_schema()], tokenize=False)
+    assert tok.decode(trace.input_ids, skip_special_tokens=False) + "\n" == rendered
+
+    trained = [i for i, m in zip(trace.input_ids, trace.loss_mask) if m]
+    turns = [write_call(q, "hermes") + tok.eos_token for q in queries] + [
+        f"<answer> {trace.answer} </answer>{tok.eos_token}"
+    ]
+    assert trained == [i for turn in turns for i in tok.encode(turn, add_special_tokens=False)]
+    for query in queries:
+        parsed = parse_turn(write_call(query, "hermes"), "hermes")
+        assert parsed.kind == "search" and [call.query for call in parsed.calls] == [query]
+
+
+def test_tool_call_traces_keep_the_tag_traces_draws(world, tokenizer, tool_tokenizer, engine):
+    # The protocol changes only how the turns are written: the same questions, queries and answers.
+    tags = make_traces(world, engine, tokenizer, n=40, seed=5, reading_share=0.5, two_search_share=0.3)
+    calls = make_traces(world, engine, tool_tokenizer, n=40, seed=5, reading_share=0.5, two_search_share=0.3,
+                        protocol="tool-call")  # fmt: skip
+    draws = [(t.example.id, t.query, t.second_query, t.answer, t.reading) for t in tags]
+    assert draws == [(t.example.id, t.query, t.second_query, t.answer, t.reading) for t in calls]
+    with pytest.raises(ValueError, match="protocol='xml'"):
+        make_traces(world, engine, tokenizer, n=1, seed=0, protocol="xml")

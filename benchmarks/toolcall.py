@@ -1,0 +1,269 @@
+"""Native tool calling against Search-R1's tags, on the same tiny worlds: the quickstart run both ways.
+
+    python benchmarks/toolcall.py --seeds 0 1 2 --jobs 2 --threads 1     # the reporting worlds
+    python benchmarks/toolcall.py --tags-dir 'runs/controls/world_{seed}/quickstart' --tags-commit abc1234
+    python benchmarks/toolcall.py --smoke                                 # a pipeline check
+    python benchmarks/toolcall.py --seeds 0 1 2 --aggregate               # worlds run in parts, summarized
+
+Per world (seed), `simsearch quickstart` twice in RUN_DIR/world_SEED: `tags/` (the default
+protocol) and `tool-call/` (`protocol=tool-call`: the base pretrained on Hermes tool calls in a
+ChatML template of its own, then the same collect, simulator, RL and evaluation recipes with
+`rollout.protocol=tool-call` and 12 more new tokens a turn for the call's JSON). Everything else
+is shared: the world, the recipes, the budget and the seed. `--tags-dir` points at finished tag
+runs instead (reused stage by stage through their fingerprints), made at `--tags-commit`.
+
+Prints, per world and as mean ± sd, the held-out EM (greedy) of the base and of the RL policy on
+BM25, dense retrieval and the simulator for each protocol, the paired difference tool-call minus
+tags with a 95% bootstrap interval over worlds, and, of the tool-call policy's held-out turns on
+BM25, the share of calls it wrote that could not be read (`toolcall_invalid_call_share`: bad
+JSON, another tool, no query). The last line is one JSON object with `tags_em_bm25` and
+`toolcall_em_bm25` (the RL policies, means over worlds), `toolcall_minus_tags_bm25` (mean,
+ci_low, ci_high), `toolcall_invalid_call_share`, `within_5_points`, `wall_s`, `provenance` and the
+detail per world. The tables also go into the results block of docs/toolcall.md (`--out`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
+from benchlib import difference_cell, difference_figures, mean_sd, measured_at, provenance, replace_block
+
+PROTOCOLS = ("tags", "tool-call")
+POLICIES = ("base", "rl_search")
+ENGINES = ("bm25", "dense", "simulator")
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = _parse(argv)
+    if args.one_world is not None:
+        run_world(args.one_world, args)
+        return {}
+    began = time.perf_counter()
+    if args.aggregate:
+        worlds = {seed: _finished_world(args.run_dir, seed) for seed in args.seeds}
+    else:
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            worlds = dict(zip(args.seeds, pool.map(lambda seed: _world_in_subprocess(seed, args), args.seeds)))
+    figures = summarize(worlds, smoke=args.smoke, wall_s=time.perf_counter() - began)
+    commits = {protocol: sorted({w["commit"][protocol] for w in worlds.values()}) for protocol in PROTOCOLS}
+    figures["provenance"] = {**provenance(), "torch_threads": args.threads, "jobs": args.jobs, "commits": commits}
+    for line in doc_lines(figures, args):
+        print(line)
+    write_doc(args.out, doc_lines(figures, args))
+    print(f"toolcall: {args.out}", flush=True)
+    print(json.dumps(figures))
+    return figures
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", help="one world per seed (default 0 1 2; smoke 0)")
+    parser.add_argument("--jobs", type=int, default=1, help="worlds run at once, each in its own process")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per world (0 = every core)")
+    parser.add_argument("--run-dir", default="", help="parent of the worlds' runs (runs/toolcall; smoke: a temp dir)")
+    parser.add_argument("--tags-dir", default="", help="finished tag quickstart runs, '{seed}' filled in")
+    parser.add_argument("--tags-commit", default="", help="the commit the --tags-dir runs were made at")
+    parser.add_argument("--smoke", action="store_true", help="every stage for a step or two")
+    parser.add_argument("--out", default="", help="the doc whose results block is rewritten (docs/toolcall.md)")
+    parser.add_argument("--aggregate", action="store_true", help="run nothing: summarize RUN_DIR's finished worlds")
+    parser.add_argument("--one-world", type=int, default=None, help=argparse.SUPPRESS)  # a worker's seed
+    args = parser.parse_args(argv)
+    args.seeds = args.seeds or ([0] if args.smoke else [0, 1, 2])
+    if bool(args.tags_dir) != bool(args.tags_commit):
+        parser.error("--tags-dir and --tags-commit go together: the reused runs' figures are of their commit")
+    smoke_dir = tempfile.mkdtemp(prefix="toolcall-smoke-") if args.smoke and not args.run_dir else ""
+    args.run_dir = Path(args.run_dir or smoke_dir or "runs/toolcall")
+    args.out = Path(args.out or (args.run_dir / "toolcall.md" if args.smoke else "docs/toolcall.md"))
+    return args
+
+
+def _world_in_subprocess(seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One world in a worker process (its own threads); returns its toolcall.json."""
+    command = [
+        sys.executable, __file__, "--one-world", str(seed), "--run-dir", str(args.run_dir),
+        "--threads", str(args.threads), "--tags-dir", args.tags_dir, "--tags-commit", args.tags_commit,
+        *(["--smoke"] if args.smoke else []),
+    ]  # fmt: skip
+    log = args.run_dir / f"world_{seed}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"world {seed}: running (log: {log})", flush=True)
+    with log.open("w") as out:
+        subprocess.run(command, check=True, stdout=out, stderr=subprocess.STDOUT)
+    result = _finished_world(args.run_dir, seed)
+    rl = {protocol: result["em"][protocol]["rl_search"]["bm25"] for protocol in PROTOCOLS}
+    print(
+        f"world {seed}: done, RL policy's BM25 EM: tags {rl['tags']:.1f}, tool-call {rl['tool-call']:.1f}", flush=True
+    )
+    return result
+
+
+def _finished_world(run_dir: Path, seed: int) -> dict[str, Any]:
+    path = run_dir / f"world_{seed}" / "toolcall.json"
+    if not path.is_file():
+        raise SystemExit(f"toolcall: world {seed} has no {path}; run it first (--seeds {seed})")
+    return json.loads(path.read_text())
+
+
+# --------------------------------------------------------------------------- one world (a worker)
+
+
+def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The quickstart with each protocol; writes and returns toolcall.json."""
+    from simsearch.commands import quickstart
+    from simsearch.config import QuickstartRecipe, load_recipe
+
+    root = args.run_dir / f"world_{seed}"
+    dirs = {"tags": Path(args.tags_dir.format(seed=seed)) if args.tags_dir else root / "tags",
+            "tool-call": root / "tool-call"}  # fmt: skip
+    result: dict[str, Any] = {"seed": seed, "commit": {}, "em": {}, "wall_s": {}, "machine": {}}
+    here = provenance()["commit"]  # the code this world runs, before anything can change it
+    for protocol, run in dirs.items():
+        recipe = load_recipe(
+            QuickstartRecipe, None,
+            [f"run_dir={run}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}",
+             f"protocol={protocol}"],
+        )  # fmt: skip
+        report = quickstart.main(recipe)
+        # Reused tag runs are stage by stage what they measured, at the commit they ran at.
+        result["commit"][protocol] = args.tags_commit if protocol == "tags" and args.tags_dir else here
+        result["em"][protocol] = {policy: report["em"][policy] for policy in POLICIES}
+        result["wall_s"][protocol] = report["wall_s"]
+        result["machine"][protocol] = report["machine"]
+    result["tool_calls"] = tool_call_counts(quickstart_eval(dirs["tool-call"]))
+    (root / "toolcall.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def quickstart_eval(run: Path) -> Path:
+    """The held-out BM25 rows of a quickstart run's RL policy."""
+    from simsearch.commands.evaluate import examples_file
+
+    return examples_file(run / "eval" / "rl_search", "bm25", "heldout")
+
+
+def tool_call_counts(examples: Path) -> dict[str, int]:
+    """Of the held-out trajectories' turns: calls read and run, calls that could not be read, turns."""
+    counts = {"calls": 0, "unreadable_calls": 0, "turns": 0, "invalid_turns": 0}
+    for line in examples.read_text().splitlines():
+        for turn in json.loads(line)["samples"][0]["turns"]:
+            counts["turns"] += 1
+            counts["calls"] += len(turn.get("call_queries", []))
+            counts["unreadable_calls"] += len(turn.get("call_reasons", []))
+            counts["invalid_turns"] += turn["action"] == "invalid"
+    return counts
+
+
+# --------------------------------------------------------------------------- over worlds
+
+
+def summarize(worlds: dict[int, dict[str, Any]], *, smoke: bool, wall_s: float) -> dict[str, Any]:
+    """The JSON figures: per-protocol means, the paired difference with its interval, the invalid calls."""
+    seeds = list(worlds)
+
+    def column(protocol: str, policy: str, engine: str) -> list[float]:
+        return [worlds[s]["em"][protocol][policy][engine] for s in seeds]
+
+    means = {
+        protocol: {
+            policy: {e: round(mean_sd(column(protocol, policy, e))[0], 2) for e in ENGINES} for policy in POLICIES
+        }
+        for protocol in PROTOCOLS
+    }
+    diffs = {
+        e: [t - g for t, g in zip(column("tool-call", "rl_search", e), column("tags", "rl_search", e))] for e in ENGINES
+    }
+    counts = [worlds[s]["tool_calls"] for s in seeds]
+    written = sum(c["calls"] + c["unreadable_calls"] for c in counts)
+    unreadable, invalid, turns = (sum(c[key] for c in counts) for key in ("unreadable_calls", "invalid_turns", "turns"))
+    gap = difference_figures(diffs["bm25"])
+    return {
+        "seeds": seeds,
+        "smoke": smoke,
+        "tags_em_bm25": means["tags"]["rl_search"]["bm25"],
+        "toolcall_em_bm25": means["tool-call"]["rl_search"]["bm25"],
+        "toolcall_minus_tags_bm25": gap,
+        "toolcall_invalid_call_share": round(unreadable / written, 4) if written else None,
+        "toolcall_invalid_turn_share": round(invalid / turns, 4) if turns else None,
+        "within_5_points": abs(gap["mean"]) <= 5.0,
+        "wall_s": round(wall_s, 1),
+        "em_mean": means,
+        "toolcall_minus_tags": {e: difference_figures(diffs[e]) for e in ENGINES},
+        "by_world": {str(s): worlds[s] for s in seeds},
+    }
+
+
+def _mean(values: list[float]) -> float:
+    return round(mean_sd(values)[0], 2)
+
+
+def doc_lines(figures: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """The results as Markdown: provenance, per world, means ± sd, the paired differences, invalid calls."""
+    worlds = figures["by_world"]
+    where = figures["provenance"]
+    commits = "; ".join(f"{protocol} runs at {', '.join(c)}" for protocol, c in where["commits"].items())
+    smoke = " (smoke: a pipeline check, not a result)" if figures["smoke"] else ""
+    lines = [
+        f"Command: `python benchmarks/toolcall.py --seeds {' '.join(worlds)} --jobs {args.jobs} "
+        f"--threads {args.threads}`{smoke}. {measured_at(where)} The quickstart runs: {commits}.",
+        "",
+        "Held-out EM (%), greedy; RL policy (base in brackets), BM25 / dense / simulator:",
+        "",
+        "| world | tags | tool-call | tool-call minus tags (BM25) |",
+        "|---|---|---|---|",
+    ]
+    for seed, world in worlds.items():
+        cells = [_em_cell(world["em"][protocol]) for protocol in PROTOCOLS]
+        gap = world["em"]["tool-call"]["rl_search"]["bm25"] - world["em"]["tags"]["rl_search"]["bm25"]
+        lines.append(f"| {seed} | {cells[0]} | {cells[1]} | {gap:+.1f} |")
+    lines += ["", "| | " + " | ".join(ENGINES) + " |", "|---|" + "---|" * len(ENGINES)]
+    for protocol in PROTOCOLS:
+        for policy in POLICIES:
+            values = [[w["em"][protocol][policy][e] for w in worlds.values()] for e in ENGINES]
+            lines.append(f"| {protocol} {policy} | " + " | ".join(_mean_sd(v) for v in values) + " |")
+    diff_cells = []
+    for e in ENGINES:
+        diffs = [w["em"]["tool-call"]["rl_search"][e] - w["em"]["tags"]["rl_search"][e] for w in worlds.values()]
+        diff_cells.append(difference_cell(diffs))
+    lines.append("| tool-call minus tags (RL) | " + " | ".join(diff_cells) + " |")
+    share = figures["toolcall_invalid_call_share"]
+    lines += [
+        "",
+        f"Tool calls the tool-call policy wrote on held-out BM25 questions that could not be read: "
+        f"{_percent(share)}; turns that were invalid actions (no readable call "
+        f"and no answer): {_percent(figures['toolcall_invalid_turn_share'])}.",
+    ]
+    return lines
+
+
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.1f}%"
+
+
+def _em_cell(em: dict[str, dict[str, float]]) -> str:
+    return " / ".join(f"{em['rl_search'][e]:.1f} ({em['base'][e]:.1f})" for e in ENGINES)
+
+
+def _mean_sd(values: list[float]) -> str:
+    mean, sd = mean_sd(values)
+    return f"{mean:.1f} ± {sd:.1f}"
+
+
+def write_doc(out: Path, lines: list[str]) -> None:
+    """Rewrites the `results` block of `out` (created from a bare page when missing)."""
+    text = out.read_text() if out.is_file() else "# Tool calling\n\n<!-- results -->\n<!-- /results -->\n"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(replace_block(text, "results", "\n" + "\n".join(lines) + "\n"))
+
+
+if __name__ == "__main__":
+    main()
