@@ -123,8 +123,9 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     from simsearch.config import QuickstartRecipe, load_recipe
 
     root = args.run_dir / f"world_{seed}"
-    dirs = {"tags": Path(args.tags_dir.format(seed=seed)) if args.tags_dir else root / "tags",
-            "tool-call": root / "tool-call"}  # fmt: skip
+    # Tool calls first: a reused tag run may still be finishing elsewhere.
+    dirs = {"tool-call": root / "tool-call",
+            "tags": Path(args.tags_dir.format(seed=seed)) if args.tags_dir else root / "tags"}  # fmt: skip
     result: dict[str, Any] = {"seed": seed, "commit": {}, "em": {}, "wall_s": {}, "machine": {}}
     here = provenance()["commit"]  # the code this world runs, before anything can change it
     for protocol, run in dirs.items():
