@@ -1,35 +1,42 @@
 """Rollout throughput with and without prefix reuse: trajectories/s of a 2-turn rollout, split
 into generation, search and assembly.
 
-Run:  python benchmarks/rollout.py [--questions 4] [--group-size 16] [--repeats 5]
-          [--threads 1]
+Run:  python benchmarks/rollout.py [--protocol tags|tool-call] [--questions 4] [--group-size 16]
+          [--repeats 5] [--threads 1]
       python benchmarks/rollout.py --model runs/base   # a model saved by
                                                        # benchmarks/pretrain_base.py --save runs/base
 
 Setup (seed 0): the tiny world (`tinyworld.world`, 940 passages), real BM25 over it
 (`retrieval.bm25`, top 3), a 1000-token byte-level BPE and the 0.92M-parameter Qwen2 of the
 quickstart's base policy (`models.build_tiny_model`). So that the policy actually searches and
-answers, it is first pretrained briefly on the tag format (`tinyworld.traces` traces,
-`tinyworld.pretrain.pretrain`, 40 steps x 16 by default: enough to search on most trajectories,
-not to answer well; `--pretrain-steps 0` keeps the random weights, which never search), unless
-`--model` loads a saved one. `--threads` sets
-torch's thread count (0 = torch's default); on a loaded machine 1 thread can be much faster.
+answers, it is first pretrained briefly in its protocol (`tinyworld.traces` traces,
+`tinyworld.pretrain.pretrain`, x 16 at lr 3e-3; 40 steps for tags and 160 for tool-call by
+default, as Hermes calls take longer to come out well formed: enough to search on most
+trajectories, not to answer well; `--pretrain-steps 0` keeps the random weights, which never
+search), unless `--model` loads a saved one (for tool-call, its tokenizer's chat template must
+take tools, else the rollout raises `ChatTemplateError`). `--threads` sets torch's thread count
+(0 = torch's default); on a loaded machine 1 thread can be much faster.
+
+`--protocol tool-call` measures `rollout.protocol: tool-call` (Hermes calls): the BPE carries
+`models.TOOL_SPECIAL_TOKENS` and `TINY_TOOL_TEMPLATE`, turns end at eos and get 44 new tokens by
+default (32 plus the 12 more a Hermes call and its eos take than a tag search), and the output adds
+the share of trajectories that searched and the counts of invalid turns and call errors (reuse on).
 
 Measured: `generate_trajectories` on `--questions` x `--group-size` trajectories (default 4 x 16
 = 64), `max_turns=1` (one search turn, then the answer turn), temperature 1, 32 new tokens per
-turn, through two HFEngines (batch 64) over the same model: prefix reuse on (the default; the
+tag turn, through two HFEngines (batch 64) over the same model: prefix reuse on (the default; the
 answer turn prefills only the information block on top of the kept first turn) and off. One
 warm-up rollout per mode, then `--repeats` timed rollouts per mode, interleaved (on, off, then
 off, on, ...) so that load on this shared machine hits both alike; the table shows each mode's
 median run. Both modes sample from the same seed, so they generate the same trajectories
 (barring float rounding flipping a sample), which the output checks.
 
-Time is split as the rollout reports it: policy generation (every `generate` call), search
-(every `search` call) and assembly (everything else: tokenizing prompts and observations, masks,
-parsing, decoding response texts, metrics). Generation is further split into prompt processing
-and decoding by replaying every generate call of the median run with `max_new_tokens=1` (prefill
-plus one sampled token), each replay preceded, with reuse on, by an untimed full replay of the
-call before it (so the kept sequences are the ones the rollout had), and taking the rest as
+Time is split as the rollout reports it: policy generation (every `generate` call), search (every
+`search` call) and assembly (everything else: rendering and tokenizing prompts and observations,
+masks, parsing, decoding response texts, metrics). Generation is further split into prompt
+processing and decoding by replaying every generate call of the median run with `max_new_tokens=1`
+(prefill plus one sampled token), each replay preceded, with reuse on, by an untimed full replay
+of the call before it (so the kept sequences are the ones the rollout had), and taking the rest as
 decoding. Token counts come from the engine's `stats` (`prefill_slots` counts padding too: the
 prefill compute).
 
@@ -47,11 +54,13 @@ import time
 from dataclasses import dataclass, field, replace
 
 import torch
+from transformers import PreTrainedTokenizerFast
 
 from simsearch.config import RolloutConfig
+from simsearch.data.chat import tool_call_messages, write_call
 from simsearch.data.templates import SEARCH_R1_TEMPLATE
 from simsearch.generation.hf import HFEngine
-from simsearch.models import build_tiny_model, load_model, train_tokenizer
+from simsearch.models import TINY_TOOL_TEMPLATE, TOOL_SPECIAL_TOKENS, build_tiny_model, load_model, train_tokenizer
 from simsearch.policy.rollout import RolloutResult, RolloutSettings, generate_trajectories
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.tinyworld.pretrain import pretrain
@@ -61,6 +70,9 @@ from simsearch.types import Completion, SamplingParams
 
 TEMPLATE_COPIES = 100  # as benchmarks/pretrain_base.py: the prompt's words become single tokens
 MODES = ("on", "off")
+# Per protocol: pretraining steps, new tokens per turn. A Hermes call and its end-of-turn token take
+# 12 tokens more than a tag search, and more pretraining before most are well formed.
+PROTOCOL_DEFAULTS = {"tags": (40, 32), "tool-call": (160, 32 + 12)}
 
 
 @dataclass
@@ -98,10 +110,15 @@ def prefill_seconds(engine: HFEngine, calls: list[tuple[list[list[int]], Samplin
     return seconds
 
 
+def median_run(runs: list[Run]) -> Run:
+    """The median run by total time (the upper one of an even count)."""
+    return sorted(runs, key=lambda run: run.total_s)[len(runs) // 2]
+
+
 def mode_figures(runs: list[Run], engine: HFEngine) -> dict[str, float]:
     """The median run's figures (by total time) plus the spread of all runs."""
     ordered = sorted(runs, key=lambda run: run.total_s)
-    median = ordered[len(ordered) // 2]
+    median = median_run(runs)
     prefill_s = prefill_seconds(engine, median.calls)
     t = median.result.timings
     m = median.result.metrics
@@ -129,17 +146,41 @@ def mode_figures(runs: list[Run], engine: HFEngine) -> dict[str, float]:
     }
 
 
+def build_tokenizer(world_texts: list[str], tool_call: bool) -> PreTrainedTokenizerFast:
+    """The 1000-token BPE: the tag prompt's words, or (tool-call) the user message's and a Hermes call's, whole."""
+    if not tool_call:
+        return train_tokenizer(world_texts + [SEARCH_R1_TEMPLATE.format(question="")] * TEMPLATE_COPIES, 1000)
+    policy_texts = [tool_call_messages("", "search-r1")[0]["content"], write_call("", "hermes")]
+    texts = world_texts + policy_texts * TEMPLATE_COPIES
+    return train_tokenizer(texts, 1000, TOOL_SPECIAL_TOKENS, TINY_TOOL_TEMPLATE)
+
+
+def call_figures(result: RolloutResult) -> dict[str, float]:
+    """Whether the policy really called the tool: share of trajectories that searched, invalid turns."""
+    trajectories = result.trajectories
+    return {
+        "searched_share": sum(t.num_searches > 0 for t in trajectories) / len(trajectories),
+        "invalid_turns": sum(t.num_invalid for t in trajectories),
+        "call_errors": sum(len(turn.call_reasons) for t in trajectories for turn in t.turns),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--questions", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=16)
-    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--protocol", choices=list(PROTOCOL_DEFAULTS), default="tags", help="rollout.protocol")
+    parser.add_argument("--new-tokens", type=int, help="per turn (default: 32 for tags, 44 for tool-call)")
     parser.add_argument("--repeats", type=int, default=5, help="timed rollouts per mode (median kept)")
-    parser.add_argument("--pretrain-steps", type=int, default=40)
+    parser.add_argument("--pretrain-steps", type=int, help="x 16 traces (default: 40 for tags, 160 for tool-call)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--model", default="", help="a saved tiny model directory (skips pretraining)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    pretrain_steps, new_tokens = PROTOCOL_DEFAULTS[args.protocol]
+    args.pretrain_steps = pretrain_steps if args.pretrain_steps is None else args.pretrain_steps
+    args.new_tokens = new_tokens if args.new_tokens is None else args.new_tokens
+    tool_call = args.protocol == "tool-call"
     torch.manual_seed(args.seed)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -151,12 +192,12 @@ def main() -> None:
         model, tokenizer = load_model(args.model)
         pretrain_s = 0.0
     else:
-        texts = world.texts_for_tokenizer() + [SEARCH_R1_TEMPLATE.format(question="")] * TEMPLATE_COPIES
-        tokenizer = train_tokenizer(texts, vocab_size=1000)
+        tokenizer = build_tokenizer(world.texts_for_tokenizer(), tool_call)
         model = build_tiny_model(tokenizer, seed=args.seed)
         began = time.perf_counter()
         if args.pretrain_steps:
-            traces = make_traces(world, search, tokenizer, n=16 * args.pretrain_steps, seed=args.seed)
+            n = 16 * args.pretrain_steps
+            traces = make_traces(world, search, tokenizer, n=n, seed=args.seed, protocol=args.protocol)
             pretrain(model, traces, steps=args.pretrain_steps, batch_size=16, lr=3e-3,
                      copy_loss_weight=1.0, seed=args.seed, progress=False)  # fmt: skip
         pretrain_s = time.perf_counter() - began
@@ -164,7 +205,8 @@ def main() -> None:
         "on": RecordingEngine(HFEngine(model, tokenizer, batch_size=64, prefix_cache=True)),
         "off": RecordingEngine(HFEngine(model, tokenizer, batch_size=64, prefix_cache=False)),
     }
-    settings = RolloutSettings(RolloutConfig(template="search-r1", max_turns=1), top_k=3, rendering="search-r1")
+    rollout_config = RolloutConfig(template="search-r1", max_turns=1, protocol=args.protocol)
+    settings = RolloutSettings(rollout_config, top_k=3, rendering="search-r1")
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, seed=args.seed)
     questions = world.train[: args.questions]
 
@@ -195,7 +237,8 @@ def main() -> None:
     paired = sorted(b.total_s / a.total_s for a, b in zip(runs["on"], runs["off"]))
 
     count = len(warm["on"].result.trajectories)
-    print(f"rollout: {args.questions} questions x group {args.group_size} = {count} trajectories, "
+    protocol = f", protocol {args.protocol}" if tool_call else ""  # the tag run's output as it was
+    print(f"rollout{protocol}: {args.questions} questions x group {args.group_size} = {count} trajectories, "
           f"max_turns=1, {args.new_tokens} new tokens/turn, median of {args.repeats} per mode "
           f"(interleaved), {torch.get_num_threads()} torch threads")  # fmt: skip
     print(f"{'stage':<28}{'reuse on':>10}{'share':>8}{'reuse off':>11}{'share':>8}")
@@ -212,6 +255,10 @@ def main() -> None:
     print(f"prefix reuse speedup {speedup:.2f}x (median totals; paired run ratios "
           f"{[round(x, 2) for x in paired]}); same trajectories on/off: {same}; "
           f"searches/traj {on['searches_per_traj']:.2f}, answer rate {on['answer_rate']:.2f}")  # fmt: skip
+    calls = call_figures(median_run(runs["on"]).result) if tool_call else {}
+    if calls:
+        print(f"tool calls (reuse on): {calls['searched_share']:.0%} of trajectories searched; "
+              f"{calls['invalid_turns']} invalid turns, {calls['call_errors']} call errors")  # fmt: skip
 
     summary: dict[str, object] = {
         "trajectories": count,
@@ -233,6 +280,7 @@ def main() -> None:
             )
         },
         "same_trajectories": same,
+        **({"protocol": args.protocol, **calls} if tool_call else {}),
         "pretrain_s": pretrain_s,
         "torch_threads": torch.get_num_threads(),
         "search_engine": "bm25 (bm25s) over the tiny world, 940 passages",
