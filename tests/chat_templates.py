@@ -2,7 +2,8 @@
 
 `HERMES_TEMPLATE` follows the layout of Qwen2.5's and Qwen3's templates (ChatML turns, the tools
 listed in the system turn, calls in `<tool_call>` tags, results as `<tool_response>` in a user
-turn); `LLAMA3_TEMPLATE` that of Llama 3.1's (header tokens, JSON calls, results in an `ipython`
+turn; with `enable_thinking=False` an empty think block opens every assistant turn, as Qwen3's);
+`LLAMA3_TEMPLATE` that of Llama 3.1's (header tokens, JSON calls, results in an `ipython`
 turn). Neither is a copy of the real template.
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 from simsearch.models import PAD_TOKEN, train_tokenizer
 
 HERMES_TEMPLATE = """\
+{%- set no_thinking = enable_thinking is defined and not enable_thinking -%}
+{%- set think = "<think>\n\n</think>\n\n" -%}
 {%- if tools -%}
 <|im_start|>system{{ "\n" }}You may call the functions below. Their signatures:{{ "\n" }}<tools>
 {%- for tool in tools %}{{ "\n" }}{{ tool | tojson }}{% endfor %}{{ "\n" }}</tools>{{ "\n" -}}
@@ -22,10 +25,12 @@ Call one with <tool_call>{"name": function name, "arguments": arguments as JSON}
 <tool_response>{{ "\n" }}{{ message.content }}{{ "\n" }}</tool_response>
 {%- if loop.last or messages[loop.index0 + 1].role != "tool" %}<|im_end|>{{ "\n" }}{% else %}{{ "\n" }}{% endif -%}
 {%- else -%}
-<|im_start|>{{ message.role }}{{ "\n" }}{{ message.content }}<|im_end|>{{ "\n" }}
+{%- set empty_think = message.role == "assistant" and no_thinking and "</think>" not in message.content -%}
+<|im_start|>{{ message.role }}{{ "\n" }}{% if empty_think %}{{ think }}{% endif -%}
+{{ message.content }}<|im_end|>{{ "\n" }}
 {%- endif -%}
 {%- endfor -%}
-{%- if add_generation_prompt %}<|im_start|>assistant{{ "\n" }}{% endif -%}
+{%- if add_generation_prompt %}<|im_start|>assistant{{ "\n" }}{% if no_thinking %}{{ think }}{% endif %}{% endif -%}
 """
 
 

@@ -94,6 +94,9 @@ def test_the_rollout_section_is_checked_with_the_recipe(train_yaml: Path) -> Non
         ],
         r"rollout\.max_turns=-1 must be >= 0": ["rollout.max_turns=-1"],
         r"rollout\.max_obs_tokens=0 must be": ["rollout.max_obs_tokens=0"],
+        r"rollout\.chat_template_kwargs apply to rollout\.protocol=tool-call": [
+            "rollout.chat_template_kwargs={enable_thinking: false}"
+        ],
         r"rollout\.max_context_tokens=0 must be": ["rollout.max_context_tokens=0"],
         r"rollout\.self_search_real_share=1\.5 must lie in": ["rollout.self_search_real_share=1.5"],
         r"rollout\.self_search_real_share=0\.5 only applies to rollout\.template=self-search": [

@@ -116,7 +116,7 @@ def _set_up(recipe: EvalRecipe) -> _Evaluation:
     }
     policy, tokenizer, _ = build_generation_engine(recipe.policy)
     if recipe.rollout.protocol == "tool-call":  # before any row: a template without tools is named
-        check_tool_support(tokenizer, [search_tool_schema()])
+        check_tool_support(tokenizer, [search_tool_schema()], recipe.rollout.chat_template_kwargs)
     ledger, previous_cost = Ledger(), accounting.read_cost(run_dir)
     engines = {
         name: meter_search_engine(build_search_engine(cfg, seed=recipe.seed), cfg, ledger, name)

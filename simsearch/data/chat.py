@@ -77,7 +77,9 @@ def template_name(tokenizer: Any) -> str:
     return f"{getattr(tokenizer, 'name_or_path', '') or 'the tokenizer'}'s chat template ({first!r}…)"
 
 
-def check_tool_support(tokenizer: Any, tools: list[dict[str, Any]]) -> None:
+def check_tool_support(
+    tokenizer: Any, tools: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None
+) -> None:
     """Raises `ChatTemplateError` unless the template renders `tools` and a `tool` message.
 
     A template ignores the tools when the prompt rendered with them equals the one without.
@@ -88,9 +90,9 @@ def check_tool_support(tokenizer: Any, tools: list[dict[str, Any]]) -> None:
     user = [{"role": "user", "content": "q"}]
     calling = [*user, {"role": "assistant", "content": "a"}, {"role": "tool", "content": "RESULT-7"}]
     try:
-        with_tools = _render(tokenizer, user, tools, generation_prompt=True)
-        without = _render(tokenizer, user, None, generation_prompt=True)
-        tool_message = _render(tokenizer, calling, tools, generation_prompt=True)
+        with_tools = _render(tokenizer, user, tools, template_kwargs)
+        without = _render(tokenizer, user, None, template_kwargs)
+        tool_message = _render(tokenizer, calling, tools, template_kwargs)
     except Exception as err:  # a template raises whatever its author chose (jinja errors, exceptions)
         raise ChatTemplateError(f"{template_name(tokenizer)} cannot render a tool conversation: {err}") from err
     if with_tools == without:
@@ -107,13 +109,16 @@ class ToolConversation:
         tokenizer: Any tokenizer with `apply_chat_template`.
         tools: The tools' JSON schemas (see `policy.toolcalls.search_tool_schema`).
         messages: The conversation before the first assistant turn (system and user).
+        template_kwargs: Extra arguments of the template (`rollout.chat_template_kwargs`).
     """
 
-    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]], messages: list[dict[str, Any]]) -> None:
+    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]], messages: list[dict[str, Any]],
+                 template_kwargs: dict[str, Any] | None = None) -> None:  # fmt: skip
         self.tokenizer = tokenizer
         self.tools = tools
         self.messages = list(messages)
-        self.text = _render(tokenizer, self.messages, tools, generation_prompt=True)
+        self.template_kwargs = template_kwargs
+        self.text = _render(tokenizer, self.messages, tools, template_kwargs)
 
     def add_turn(self, generated: str, content: str, results: list[str]) -> str:
         """Records one assistant turn and its tool results; returns the text the template adds after it.
@@ -129,7 +134,7 @@ class ToolConversation:
         """
         self.messages.append({"role": "assistant", "content": content})
         self.messages += [{"role": "tool", "content": result} for result in results]
-        rendered = _render(self.tokenizer, self.messages, self.tools, generation_prompt=True)
+        rendered = _render(self.tokenizer, self.messages, self.tools, self.template_kwargs)
         before = self.text + generated
         if not rendered.startswith(before):
             raise ChatTemplateError(
@@ -141,7 +146,7 @@ class ToolConversation:
 
 
 def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-            *, generation_prompt: bool) -> str:  # fmt: skip
-    text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation_prompt,
-                                         tokenize=False)  # fmt: skip
+            template_kwargs: dict[str, Any] | None) -> str:  # fmt: skip
+    text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
+                                         **(template_kwargs or {}))  # fmt: skip
     return str(text)

@@ -18,7 +18,6 @@ from simsearch.errors import RecipeError
 from simsearch.factory.build import build_generation_engine, build_search_engine, meter_search_engine
 from simsearch.generation.hf import HFEngine
 from simsearch.models import load_model
-from simsearch.policy.advantages import ESTIMATORS
 from simsearch.policy.critic import ValueModel
 from simsearch.policy.order import rank_share
 from simsearch.policy.rewards import FORMAT_SCORES
@@ -175,8 +174,7 @@ def rollouts(recipe: TrainRecipe, generator: Any, tokenizer: Any, search: Any, r
     """What each step's rollout rounds run with: the step's recipe sections, the engines, the loop's limits.
 
     Raises:
-        RecipeError: The tool-call protocol with what it does not support yet (IGPO, the tag format
-            rewards), or with a chat template that has no tool support.
+        RecipeError: tool-call with the tag format rewards, or with a template without tool support.
     """
     check_protocol(recipe, tokenizer)
     step_recipe = StepRecipe(recipe.algorithm, recipe.rollout, recipe.reward, recipe.sampling, recipe.prompts_per_step,
@@ -196,17 +194,12 @@ def check_protocol(recipe: TrainRecipe, tokenizer: Any) -> None:
                 "reward.weights.toolcall_format scores tool calls: use it with rollout.protocol=tool-call"
             )
         return
-    if ESTIMATORS[recipe.algorithm.estimator].information_gain:
-        raise RecipeError(
-            f"algorithm.estimator={recipe.algorithm.estimator} is not supported yet with rollout.protocol=tool-call "
-            "(its turn rewards read tag-protocol queries); use rollout.protocol=tags"
-        )
     if tag_formats:
         raise RecipeError(
             f"reward.weights {tag_formats} score Search-R1 tags, which rollout.protocol=tool-call does not "
             "write: use reward.weights.toolcall_format instead"
         )
-    check_tool_support(tokenizer, [search_tool_schema()])
+    check_tool_support(tokenizer, [search_tool_schema()], recipe.rollout.chat_template_kwargs)
 
 
 def save_training(

@@ -8,6 +8,7 @@ when it runs, which keeps `import simsearch.config` (and `simsearch --help`) tor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from simsearch.checks import check_choice, check_positive, check_range
 from simsearch.data.templates import TEMPLATE_NAMES
@@ -40,6 +41,8 @@ class RolloutConfig:
     # tool-call only: how the model writes a call, from simsearch.policy.toolcalls.TOOL_CALL_FORMATS
     # (hermes: Qwen2.5 / Qwen3 <tool_call> JSON, verl's `format: hermes`; llama3: Llama 3.1 JSON)
     tool_format: str = "hermes"
+    # tool-call only: extra arguments of the chat template, e.g. {enable_thinking: false} (Qwen3, thinking off)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def check(self, key: str) -> None:
         check_choice(f"{key}.template", self.template, RECIPE_TEMPLATES)
@@ -49,6 +52,11 @@ class RolloutConfig:
             raise RecipeError(
                 f"{key}.template=self-search is not supported yet with {key}.protocol=tool-call; "
                 f"use {key}.protocol=tags for self-search"
+            )
+        if self.chat_template_kwargs and self.protocol != "tool-call":
+            raise RecipeError(
+                f"{key}.chat_template_kwargs apply to {key}.protocol=tool-call (the conversation rendered by the "
+                f"chat template); with {key}.protocol={self.protocol} leave them empty"
             )
         for name in ("group_size", "max_obs_tokens", "max_context_tokens"):
             check_positive(f"{key}.{name}", getattr(self, name))

@@ -436,7 +436,7 @@ def _check_arguments(
             "which questions use real search"
         )
     if settings.tool_call:
-        check_tool_support(tokenizer, [search_tool_schema()])
+        check_tool_support(tokenizer, [search_tool_schema()], cfg.chat_template_kwargs)
 
 
 def _start(
@@ -483,7 +483,7 @@ def _conversation(tokens: _TokenCache, example: QAExample, settings: RolloutSett
     if not settings.tool_call:
         return None
     messages = tool_call_messages(example.question, settings.rollout.template)
-    return ToolConversation(tokens.tokenizer, [search_tool_schema()], messages)
+    return ToolConversation(tokens.tokenizer, [search_tool_schema()], messages, settings.rollout.chat_template_kwargs)
 
 
 def _generate_turn(

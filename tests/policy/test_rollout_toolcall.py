@@ -13,6 +13,7 @@ from simsearch.data.chat import TOOL_CALL_PROMPT, ChatTemplateError, search_tool
 from simsearch.data.rendering import render_documents
 from simsearch.generation.hf import HFEngine
 from simsearch.models import TINY_CHAT_TEMPLATE, build_tiny_model
+from simsearch.policy.infogain import gold_queries
 from simsearch.policy.rewards import toolcall_format_score
 from simsearch.policy.rollout import TOOL_CALL_CORRECTION, generate_trajectories, score_trajectories
 from simsearch.types import Document, QAExample, SamplingParams
@@ -198,3 +199,22 @@ def test_a_tiny_model_through_hf_engine_keeps_the_context_and_the_masks(chat) ->
         assert trajectory.finish in ("answer", "max_turns", "gave_up", "context", "length")
         if len(trajectory.turns) > 1:  # a corrective tool message was inserted, masked out
             assert 0 in trajectory.loss_mask
+
+
+def test_chat_template_kwargs_reach_every_rendering_and_igpo_measures_after_each_tool_message() -> None:
+    # Qwen3's thinking off: the template's empty think block in every prompt the policy sees; and
+    # IGPO's gold-answer contexts end where an assistant turn starts (the prompt, then after the
+    # tool message and the next assistant header).
+    tok = tokenizer(HERMES_TEMPLATE, HERMES_SPECIALS)
+    script = [call("hermes", "Belsa founder"), "<answer> Rell </answer>"]
+    result, policy, _ = run(tok, "hermes", lambda context, n, sample: script[n], examples=EXAMPLES[:1],
+                            max_turns=1, chat_template_kwargs={"enable_thinking": False})  # fmt: skip
+    prompts = [tok.decode(calls[0][0], skip_special_tokens=False) for calls in policy.calls]
+    assert all(p.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n") for p in prompts)
+    messages = [{"role": "user", "content": TOOL_CALL_PROMPT.format(question=EXAMPLES[0].question)}]
+    assert prompts[0] == tok.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=False,
+                                                 enable_thinking=False)  # fmt: skip
+
+    trajectory = result.trajectories[0]
+    contexts = [tok.decode(q.context, skip_special_tokens=False) for q in gold_queries([trajectory], tok)]
+    assert contexts == prompts and len(contexts) == 2
