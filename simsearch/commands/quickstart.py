@@ -384,14 +384,17 @@ def _query_naming(eval_dir: Path, world: World) -> dict[str, dict[str, float]]:
     rows = [json.loads(line) for line in examples_file(eval_dir, "bm25", "heldout").read_text().splitlines()]
     kinds: dict[str, list[float]] = {kind: [] for kind in QUERY_NAMING}
     for row in rows:
-        sample = row["samples"][0]  # a tool-call turn's calls, else the tags in the response
-        queries = [q for turn in sample["turns"] for q in turn.get("call_queries", [])] or extract_queries(
-            sample["response"]
-        )
-        kinds[query_naming(queries[0] if queries else "", world.facts[row["id"]].entity)].append(row["scores"]["em"])
+        kinds[query_naming(_first_query(row["samples"][0]), world.facts[row["id"]].entity)].append(row["scores"]["em"])
     return {
         kind: {"share": len(ems) / len(rows), "em": sum(ems) / len(ems) if ems else 0.0} for kind, ems in kinds.items()
     }
+
+
+def _first_query(sample: dict[str, Any]) -> str:
+    # Its first tool call, else its first <search> tag ("" for none).
+    calls = [q for turn in sample["turns"] for q in turn.get("call_queries", [])]
+    queries = calls or extract_queries(sample["response"])
+    return queries[0] if queries else ""
 
 
 def _machine() -> dict[str, Any]:

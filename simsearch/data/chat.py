@@ -1,10 +1,10 @@
-"""A tool-calling conversation rendered by the tokenizer's own chat template, one turn at a time.
+"""The tool-call protocol's texts (the search tool, the user message, a call) and its conversation.
 
 The policy's context is always exactly `apply_chat_template(messages, tools=…,
-add_generation_prompt=True)` of the conversation so far: each assistant message holds the text
-the policy generated, verbatim, and each search result goes back as a `tool` message. What the
-template adds between one generation and the next (the end of the assistant turn, the tool
-messages, the next assistant header) is the text a rollout appends and masks out of the loss.
+add_generation_prompt=True)` of the conversation so far, grown one turn at a time: each assistant
+message holds the text the policy generated, verbatim, and each search result goes back as a
+`tool` message. What the template adds between one generation and the next (the end of the
+assistant turn, the tool messages, the next assistant header) is appended and masked out of the loss.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class ToolConversation:
 
     Args:
         tokenizer: Any tokenizer with `apply_chat_template`.
-        tools: The tools' JSON schemas (see `policy.toolcalls.search_tool_schema`).
+        tools: The tools' JSON schemas (see `search_tool_schema`).
         messages: The conversation before the first assistant turn (system and user).
         template_kwargs: Extra arguments of the template (`rollout.chat_template_kwargs`).
     """

@@ -239,6 +239,7 @@ def test_every_stage_runs_at_the_quickstarts_thread_count(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a whole pipeline for a step or two: minutes on a busy 2-core machine
 def test_the_tool_call_quickstart_searches_with_tool_calls_in_every_stage(tmp_path: Path) -> None:
     # protocol=tool-call: a base whose template offers tools, pretrained on Hermes calls; collect,
     # RL and evaluation run the tool-call rollout with the call's extra tokens; the report is whole.

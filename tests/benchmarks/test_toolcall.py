@@ -1,0 +1,79 @@
+"""benchmarks/toolcall.py: its figures by hand, its count of unreadable calls, and `--smoke` end to end."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.benchmark_scripts import load_benchmark
+
+toolcall = load_benchmark("toolcall")
+
+KEYS = {"tags_em_bm25", "toolcall_em_bm25", "toolcall_invalid_call_share"}  # the issue's keys
+
+
+def _world(seed: int, tags: float, calls: float, counts: dict[str, int]) -> dict:
+    def em(rl: float) -> dict:
+        return {
+            "base": dict.fromkeys(toolcall.ENGINES, 5.0),
+            "rl_search": {"bm25": rl, "dense": rl / 2, "simulator": rl},
+        }
+
+    protocols = {"tags": em(tags), "tool-call": em(calls)}
+    return {"seed": seed, "commit": {"tags": "abc", "tool-call": "def"}, "em": protocols, "tool_calls": counts}
+
+
+def test_the_figures_pair_the_protocols_world_by_world() -> None:
+    counts = [{"calls": 90, "unreadable_calls": 10, "turns": 200, "invalid_turns": 4},
+              {"calls": 30, "unreadable_calls": 0, "turns": 100, "invalid_turns": 2},
+              {"calls": 60, "unreadable_calls": 10, "turns": 100, "invalid_turns": 0}]  # fmt: skip
+    worlds = {0: _world(0, 50, 46, counts[0]), 1: _world(1, 40, 40, counts[1]), 2: _world(2, 60, 50, counts[2])}
+    figures = toolcall.summarize(worlds, smoke=False, wall_s=1.0)
+    assert figures["tags_em_bm25"] == 50.0 and figures["toolcall_em_bm25"] == 45.33
+    assert figures["toolcall_minus_tags_bm25"]["mean"] == pytest.approx(-4.67, abs=0.01)
+    assert figures["toolcall_minus_tags_bm25"]["ci_low"] == -10.0 and figures["within_5_points"] is True
+    # 20 unreadable of the 200 calls written (180 read); 6 invalid of 400 turns.
+    assert figures["toolcall_invalid_call_share"] == 0.1
+    assert figures["toolcall_invalid_turn_share"] == 0.015
+    figures["provenance"] = {"commit": "def", "cpu": "cpu", "cores": 2, "torch_threads": 1,
+                             "commits": {"tags": ["abc"], "tool-call": ["def"]}}  # fmt: skip
+    lines = toolcall.doc_lines(figures, argparse.Namespace(jobs=1, threads=1))
+    assert "| 2 | 60.0 (5.0) / 30.0 (5.0) / 60.0 (5.0) | 50.0 (5.0) / 25.0 (5.0) / 50.0 (5.0) | -10.0 |" in lines
+    # Differences -4, 0, -10: the interval (-10 to 0) holds 0.
+    assert (
+        "| tool-call minus tags (RL) | no measurable difference (-4.7; -10.0 to 0.0) | no measurable difference "
+        "(-2.3; -5.0 to 0.0) | no measurable difference (-4.7; -10.0 to 0.0) |"
+    ) in lines
+    assert "tags runs at abc; tool-call runs at def" in lines[0]
+
+
+def test_unreadable_calls_are_counted_from_the_turn_records(tmp_path: Path) -> None:
+    rows = [
+        {"samples": [{"turns": [{"action": "search", "call_queries": ["a", "b"]},
+                                {"action": "invalid", "call_reasons": ["not valid JSON"]},
+                                {"action": "answer"}]}]},
+        {"samples": [{"turns": [{"action": "invalid"}, {"action": "answer"}]}]},
+    ]  # fmt: skip
+    path = tmp_path / "examples.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert toolcall.tool_call_counts(path) == {"calls": 2, "unreadable_calls": 1, "turns": 5, "invalid_turns": 2}
+
+
+def test_reused_tag_runs_need_their_commit() -> None:
+    with pytest.raises(SystemExit):
+        toolcall._parse(["--tags-dir", "runs/controls/world_{seed}/quickstart"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # two quickstart smokes: minutes on a busy 2-core machine
+def test_smoke_runs_both_protocols_and_prints_the_keys(tmp_path: Path, capsys) -> None:
+    figures = toolcall.main(["--smoke", "--run-dir", str(tmp_path)])
+    assert set(figures) >= KEYS and figures["smoke"] is True
+    world = json.loads((tmp_path / "world_0" / "toolcall.json").read_text())
+    assert world["tool_calls"]["calls"] + world["tool_calls"]["unreadable_calls"] > 0
+    assert (tmp_path / "world_0" / "tool-call" / "report.json").is_file()
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
+    assert "| tool-call minus tags (RL) |" in (tmp_path / "toolcall.md").read_text()
