@@ -88,10 +88,6 @@ def test_the_rollout_section_is_checked_with_the_recipe(train_yaml: Path) -> Non
         r"rollout\.template='direct' is not one of": ["rollout.template=direct"],  # eval's baseline only
         r"rollout\.protocol='xml' is not one of": ["rollout.protocol=xml"],
         r"rollout\.tool_format='mistral' is not one of": ["rollout.tool_format=mistral"],
-        r"rollout\.template=self-search is not supported yet with rollout\.protocol=tool-call": [
-            "rollout.template=self-search",
-            "rollout.protocol=tool-call",
-        ],
         r"rollout\.max_turns=-1 must be >= 0": ["rollout.max_turns=-1"],
         r"rollout\.max_obs_tokens=0 must be": ["rollout.max_obs_tokens=0"],
         r"rollout\.chat_template_kwargs apply to rollout\.protocol=tool-call": [

@@ -51,9 +51,18 @@ TOOL_CALL_BRIEF_PROMPT = (
 """The same in one sentence, for tiny models: the user message when `rollout.template` is search-r1-brief."""
 
 
+TOOL_CALL_SELF_SEARCH_PROMPT = (
+    "Answer the question below, using your own knowledge as the search engine. Whenever you are missing a "
+    "fact, call the search tool, and right after the call write the results it would return, as well as you "
+    "can recall them, inside <tool_response> and </tool_response>. When you know enough, give only the final "
+    "answer, a few words at most, inside <answer> and </answer>. Question: {question}"
+)
+
+
 def tool_call_messages(question: str, template: str) -> list[dict[str, str]]:
     """The conversation before the first assistant turn: the question as the user message."""
-    prompt = TOOL_CALL_BRIEF_PROMPT if template == "search-r1-brief" else TOOL_CALL_PROMPT
+    prompts = {"search-r1-brief": TOOL_CALL_BRIEF_PROMPT, "self-search": TOOL_CALL_SELF_SEARCH_PROMPT}
+    prompt = prompts.get(template, TOOL_CALL_PROMPT)
     return [{"role": "user", "content": prompt.format(question=question)}]
 
 

@@ -36,7 +36,7 @@ class RolloutConfig:
     self_search_real_share: float = 0.0  # self-search: share of questions whose searches `search` answers
     # How the policy searches, from simsearch.policy.toolcalls.PROTOCOLS: tags (Search-R1's <search> tags in
     # the text) or tool-call (the search tool in the model's own chat template; `template` then only picks the user
-    # message: search-r1-brief one sentence, any other the full one)
+    # message: search-r1-brief one sentence, self-search SSRL's in the tool format, any other the full one)
     protocol: str = "tags"
     # tool-call only: how the model writes a call, from simsearch.policy.toolcalls.TOOL_CALL_FORMATS
     # (hermes: Qwen2.5 / Qwen3 <tool_call> JSON, verl's `format: hermes`; llama3: Llama 3.1 JSON)
@@ -48,11 +48,6 @@ class RolloutConfig:
         check_choice(f"{key}.template", self.template, RECIPE_TEMPLATES)
         check_choice(f"{key}.protocol", self.protocol, tuple(PROTOCOLS))
         check_choice(f"{key}.tool_format", self.tool_format, tuple(TOOL_CALL_FORMATS))
-        if self.protocol == "tool-call" and self.template == "self-search":
-            raise RecipeError(
-                f"{key}.template=self-search is not supported yet with {key}.protocol=tool-call; "
-                f"use {key}.protocol=tags for self-search"
-            )
         if self.chat_template_kwargs and self.protocol != "tool-call":
             raise RecipeError(
                 f"{key}.chat_template_kwargs apply to {key}.protocol=tool-call (the conversation rendered by the "

@@ -64,7 +64,7 @@ from simsearch.policy.tags import (
     information_spans,
     parse_action,
 )
-from simsearch.policy.toolcalls import parse_turn
+from simsearch.policy.toolcalls import TOOL_RESPONSE_TAGS, parse_self_search_turn, parse_turn
 from simsearch.retrieval.base import SearchEngine
 from simsearch.types import (
     FINISHES,
@@ -339,22 +339,26 @@ class _TokenCache:
         ids = self.encode(text)
         return encodable(text) if len(ids) <= self.max_obs_tokens else self.decode(ids[: self.max_obs_tokens])
 
-    def self_search_mask(self, ids: list[int]) -> list[int]:
-        """Loss mask of one self-search generation: 0 on the `<information>` blocks it wrote.
+    def self_search_mask(
+        self, ids: list[int], tags: tuple[str, str] = (INFORMATION_OPEN, INFORMATION_CLOSE)
+    ) -> list[int]:
+        """Loss mask of one self-search generation: 0 on the `<information>` (or `tags`) blocks it wrote.
 
         When both tags are single tokens and the text holds no other spelling of them, the
         blocks are found by id. Otherwise character spans of the blocks are mapped to tokens
         through incremental decoding offsets; a token that overlaps a block at all is masked,
         so no imagined document text reaches the loss.
         """
-        if self.open_id is not None and self.close_id is not None:
+        opening, closing = tags
+        open_id, close_id = (
+            (self.open_id, self.close_id) if opening == INFORMATION_OPEN else map(self._single_token, tags)
+        )
+        if open_id is not None and close_id is not None:
             text = self.decode(ids)
-            if text.count(INFORMATION_OPEN) == ids.count(self.open_id) and text.count(INFORMATION_CLOSE) == ids.count(
-                self.close_id
-            ):
-                return _mask_by_id(ids, self.open_id, self.close_id)
+            if text.count(opening) == ids.count(open_id) and text.count(closing) == ids.count(close_id):
+                return _mask_by_id(ids, open_id, close_id)
         text, ends = _decode_offsets(self.decode, ids)
-        spans = information_spans(text)
+        spans = information_spans(text, tags)
         mask = []
         start = 0
         for end in ends:
@@ -609,20 +613,27 @@ def _take_tool_turn(
 ) -> bool:
     """`_take_turn` for the tool-call protocol: one assistant message, read by `parse_turn`."""
     ids, logprobs, cut = _fit(rollout, completion, settings)
-    rollout.append(ids, [1] * len(ids), logprobs)
+    # A self-search policy's own results (<tool_response> blocks it wrote) stay out of the loss.
+    rollout.append(ids, tokens.self_search_mask(ids, TOOL_RESPONSE_TAGS) if rollout.self_search else [1] * len(ids),
+                   logprobs)  # fmt: skip
     # The context's text grows by exactly the decoded ids; the message content is that less the
     # end-of-turn token the template writes itself.
     generated = tokens.decode(ids)
     eos = tokens.tokenizer.eos_token
     content = generated[: -len(eos)] if eos and generated.endswith(eos) else generated
     rollout.pending = (generated, content)
-    parsed = parse_turn(content, settings.rollout.tool_format)
+    own: list[str] = []
+    if rollout.self_search:
+        parsed, own = parse_self_search_turn(content, settings.rollout.tool_format)
+    else:
+        parsed = parse_turn(content, settings.rollout.tool_format)
     rollout.turns.append(
         Turn(
             text=content,
             action=parsed.kind,
             call_queries=[call.query for call in parsed.calls],
             call_reasons=list(parsed.reasons),
+            self_queries=own,
         )
     )
     outcome = _settle(rollout, parsed.kind, cut, final, completion)

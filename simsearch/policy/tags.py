@@ -111,8 +111,10 @@ def extract_queries(text: str) -> list[str]:
     return [query for query in queries if query]
 
 
-def information_spans(text: str) -> list[tuple[int, int]]:
-    """Character spans of `<information>…</information>` blocks, tags included.
+def information_spans(
+    text: str, tags: tuple[str, str] = (INFORMATION_OPEN, INFORMATION_CLOSE)
+) -> list[tuple[int, int]]:
+    """Character spans of `tags` blocks (`<information>…</information>` by default), tags included.
 
     Self-search rollouts use these to mask the policy's own imagined documents out of the loss.
     An `<information>` opened but never closed (generation ran out of tokens) runs to the end
@@ -124,11 +126,12 @@ def information_spans(text: str) -> list[tuple[int, int]]:
     Returns:
         `(start, end)` pairs, `text[start:end]` being the block, in order and non-overlapping.
     """
+    opening, closing = tags
     spans: list[tuple[int, int]] = []
     position = 0
-    while (start := text.find(INFORMATION_OPEN, position)) != -1:
-        close = text.find(INFORMATION_CLOSE, start + len(INFORMATION_OPEN))
-        end = len(text) if close == -1 else close + len(INFORMATION_CLOSE)
+    while (start := text.find(opening, position)) != -1:
+        close = text.find(closing, start + len(opening))
+        end = len(text) if close == -1 else close + len(closing)
         spans.append((start, end))
         position = end
     return spans

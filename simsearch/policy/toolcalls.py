@@ -25,6 +25,9 @@ PROTOCOLS: dict[str, str] = {
 """Every agent-loop protocol by its recipe name (`rollout.protocol`), with what it is."""
 
 THINK_BLOCK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
+# What a self-search policy writes its own results in, right after its call (SSRL's <information>).
+TOOL_RESPONSE_TAGS = ("<tool_response>", "</tool_response>")
+_RESPONSE_BLOCK = re.compile(r"<tool_response>.*?(</tool_response>|$)", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,19 @@ def parse_turn(text: str, tool_format: str, *, allow_top_k: bool = False) -> Too
     if not errors:
         errors.append("neither a tool call nor an answer")
     return ToolTurn("invalid", reasons=tuple(errors))
+
+
+def parse_self_search_turn(text: str, tool_format: str) -> tuple[ToolTurn, list[str]]:
+    """`parse_turn` outside the results a self-search message wrote (a last call is invalid); its calls' queries."""
+    visible = _RESPONSE_BLOCK.sub(lambda match: " " * len(match.group(0)), text)
+    turn = parse_turn(visible, tool_format)
+    raw, _ = TOOL_CALL_FORMATS[tool_format](visible)
+    calls = [
+        c for _, value in raw if isinstance(c := _search_call(value, _ARGUMENT_KEYS[tool_format], False), SearchCall)
+    ]
+    if turn.kind == "search":
+        turn = ToolTurn("invalid", reasons=(*turn.reasons, "a call with no answer after its own results"))
+    return turn, [call.query for call in calls]
 
 
 def _search_call(value: Any, argument_keys: tuple[str, ...], allow_top_k: bool) -> SearchCall | str:

@@ -371,8 +371,7 @@ def _tool_call_pieces(
     template: TemplateName,
     rendering: RenderStyle,
 ) -> _TracePieces:
-    """`_tokenize_pieces` for the tool-call protocol: each trace's conversation rendered turn by turn, as
-    the rollout renders it (`data.chat.ToolConversation`); an observation is all the template adds."""
+    """`_tokenize_pieces` for tool calls: each conversation rendered turn by turn, as the rollout renders it."""
     tools, eos = [search_tool_schema()], tokenizer.eos_token
     prompts: dict[str, list[int]] = {}
     searches, heads, second_searches, second_heads = [], [], {}, {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from simsearch.data.chat import TOOL_CALL_PROMPT, ChatTemplateError, search_tool_schema
+from simsearch.data.chat import TOOL_CALL_PROMPT, TOOL_CALL_SELF_SEARCH_PROMPT, ChatTemplateError, search_tool_schema
 from simsearch.data.rendering import render_documents
 from simsearch.generation.hf import HFEngine
 from simsearch.models import TINY_CHAT_TEMPLATE, build_tiny_model
@@ -218,3 +218,36 @@ def test_chat_template_kwargs_reach_every_rendering_and_igpo_measures_after_each
     trajectory = result.trajectories[0]
     contexts = [tok.decode(q.context, skip_special_tokens=False) for q in gold_queries([trajectory], tok)]
     assert contexts == prompts and len(contexts) == 2
+
+
+def test_self_search_writes_its_own_results_masked_and_searches_nothing(chat) -> None:
+    # SSRL in the tool format: the call, the results the policy wrote in <tool_response> (out of the
+    # loss), the answer, all in one assistant message; the engine is never called. A message that
+    # stops after its own results without answering is invalid (a corrective tool message follows).
+    tool_format, tok = chat
+    own = "<tool_response> Doc 1: Rell founded the Belsa rope works. </tool_response>"
+    script = [
+        call(tool_format, "Belsa founder") + own,
+        call(tool_format, "Belsa founder") + own + " <answer> Rell </answer>",
+    ]
+    result, policy, search = run(tok, tool_format, lambda context, n, sample: script[n], examples=EXAMPLES[:1],
+                                 max_turns=1, template="self-search")  # fmt: skip
+    trajectory = result.trajectories[0]
+    assert search.calls == [] and [turn.action for turn in trajectory.turns] == ["invalid", "answer"]
+    assert trajectory.answer == "Rell" and trajectory.turns[1].self_queries == ["Belsa founder"]
+    assert "no answer after its own results" in trajectory.turns[0].call_reasons[-1]
+    prompt = tok.decode(policy.calls[0][0][0], skip_special_tokens=False)
+    assert TOOL_CALL_SELF_SEARCH_PROMPT.format(question=EXAMPLES[0].question) in prompt
+    trained = tok.decode(
+        [i for i, m in zip(trajectory.response_ids, trajectory.loss_mask) if m], skip_special_tokens=False
+    )
+    assert "Rell founded" not in trained and trained.count("<answer> Rell </answer>") == 1
+    masked = tok.decode([i for i, m in zip(trajectory.response_ids, trajectory.loss_mask) if not m],
+                        skip_special_tokens=False)  # fmt: skip
+    assert masked.count("Rell founded the Belsa rope works") == 2
+
+    # With every search real, the same prompt's calls go to the engine as tool messages.
+    script = [call(tool_format, "Belsa founder"), "<answer> Rell </answer>"]
+    result, _, search = run(tok, tool_format, lambda context, n, sample: script[n], examples=EXAMPLES[:1],
+                            max_turns=1, template="self-search", self_search_real_share=1.0)  # fmt: skip
+    assert len(search.calls) == 1 and result.trajectories[0].turns[0].call_queries == ["Belsa founder"]
