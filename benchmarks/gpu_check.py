@@ -10,15 +10,23 @@ policy is a Qwen2 of `--shape` with random weights and a byte-level BPE trained 
 - train_hf:   `simsearch train` with the hf engine (REINFORCE, BM25, 2 turns, bf16 and gradient
               checkpointing on a GPU), 3 steps; the mean step time after the first.
 - zero2/zero3: the same job under DeepSpeed ZeRO-2 and ZeRO-3 in one process (torchrun), 2 steps.
-- generation: HFEngine vs a bare KV-cached greedy loop vs `model.generate` vs HFEngine(compile=True),
-              `--batch` prompts of `--prompt-tokens`, `--new-tokens` new, greedy, best of 2.
+- generation: HFEngine vs a bare KV-cached greedy loop vs `model.generate`, `--batch` prompts of
+              `--prompt-tokens`, `--new-tokens` new, greedy, best of 2.
+- compiled:   HFEngine(compile=True) on the same prompts: its compile time, tokens/s, and whether its
+              greedy tokens equal the eager engine's.
 - rollout:    `generate_trajectories` on `--batch` trajectories, BM25 search, sampling at temperature 1:
               the policy's decoded tokens over its generate time (search time left out), and the mean
               rows each decode step served.
+- quickstart: the quickstart's RL stage (recipes/quickstart/train.yaml, `--quickstart-steps` steps) and
+              its evaluation (eval.yaml on BM25 and the simulator), policy and simulator on `--device`:
+              the base, simulator and world of the finished quickstart run `--quickstart-run`, or else
+              the base of a smoke quickstart (it seldom searches) as policy and, untrained, as simulator.
 - vllm:       the vLLM engine on the generation prompts, when `vllm` imports.
 
-A part that cannot run here (no vLLM, `--skip`) reports null, and `skipped` says why. The last line
-printed is one JSON object (keys: FIGURES plus `skipped` and the shape).
+Parts run in that order. A part that cannot run here (no vLLM, `--skip`) reports null and `skipped`
+says why; a part that fails reports null, `failed` holds its error, the other parts still run, and
+the exit status is 1. The last line printed is one JSON object (keys: FIGURES plus `skipped`,
+`failed` and the shape).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,8 +50,8 @@ import transformers
 from generate import bare_loop  # sibling module: benchmarks/ is on sys.path (python benchmarks/x.py)
 from transformers import AutoTokenizer
 
-from simsearch.commands import train
-from simsearch.config import RolloutConfig, TrainRecipe, load_recipe
+from simsearch.commands import evaluate, quickstart, train
+from simsearch.config import EvalRecipe, QuickstartRecipe, RolloutConfig, TrainRecipe, load_recipe
 from simsearch.generation.hf import HFEngine
 from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories
@@ -55,7 +64,7 @@ SHAPES: dict[str, dict[str, int]] = {
     "0.5b": dict(hidden=896, layers=24, heads=14, kv_heads=2, ffn=4864, vocab=8000),  # Qwen2.5-0.5B's body
     "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=600),
 }
-PARTS = ("train_hf", "zero2", "zero3", "generation", "rollout", "vllm")
+PARTS = ("generation", "compiled", "rollout", "train_hf", "quickstart", "zero2", "zero3", "vllm")
 FIGURES = (
     "train_hf_step_s", "train_zero2_step_s", "train_zero3_step_s", "rollout_tokens_per_s", "engine_tokens_per_s",
     "bare_loop_tokens_per_s", "compiled_tokens_per_s", "rollout_over_engine", "compiled_over_bare_loop",
@@ -177,16 +186,11 @@ def random_prompts(args: argparse.Namespace, tokenizer: Any, vocab: int) -> torc
 
 
 def generation(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
-    """Engine vs bare loop vs `model.generate` vs the compiled engine, greedy, on equal-length prompts."""
+    """Engine vs bare loop vs `model.generate`, greedy, on equal-length prompts."""
     model, tokenizer = load_policy(args, model_dir)
     prompts = random_prompts(args, tokenizer, model.get_input_embeddings().num_embeddings)
-    prompt_ids, device = prompts.tolist(), torch.device(args.device)
-    params = SamplingParams(temperature=0.0, max_new_tokens=args.new_tokens, stop=["</answer>"])
     engine = HFEngine(model, tokenizer, batch_size=args.batch, prefix_cache=False)
-    compiled = HFEngine(model, tokenizer, batch_size=args.batch, prefix_cache=False, compile=True)
-
-    def run_engine(e: HFEngine) -> int:
-        return sum(len(c.token_ids) for c in e.generate(prompt_ids, params))
+    device = torch.device(args.device)
 
     def run_generate() -> int:
         ids = prompts.to(device)
@@ -197,20 +201,36 @@ def generation(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
             )  # fmt: skip
         return int(out.shape[0] * (out.shape[1] - ids.shape[1]))
 
-    figures: dict[str, Any] = {
-        "engine_tokens_per_s": best_rate(lambda: run_engine(engine)),
+    return {
+        "engine_tokens_per_s": best_rate(lambda: engine_tokens(engine, prompts, args)),
         "bare_loop_tokens_per_s": best_rate(lambda: bare_loop(model, prompts.to(device), args.new_tokens)),
         "generate_tokens_per_s": best_rate(run_generate),
     }
-    if "compiled" not in args.skip:
-        began = time.perf_counter()
-        run_engine(compiled)  # compiles this batch's shapes
-        figures["compile_s"] = time.perf_counter() - began
-        figures["compiled_tokens_per_s"] = best_rate(lambda: run_engine(compiled))
-        same = [c.token_ids for c in compiled.generate(prompt_ids, params)]
-        figures["compiled_same_greedy_tokens"] = same == [c.token_ids for c in engine.generate(prompt_ids, params)]
-        figures["compiled_over_bare_loop"] = figures["compiled_tokens_per_s"] / figures["bare_loop_tokens_per_s"]
+
+
+def compiled(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
+    """HFEngine(compile=True) on the generation prompts: compile time, tokens/s, greedy tokens as eager's."""
+    model, tokenizer = load_policy(args, model_dir)
+    prompts = random_prompts(args, tokenizer, model.get_input_embeddings().num_embeddings)
+    engine = HFEngine(model, tokenizer, batch_size=args.batch, prefix_cache=False, compile=True)
+    began = time.perf_counter()
+    engine_tokens(engine, prompts, args)  # compiles this batch's shapes
+    figures: dict[str, Any] = {"compile_s": time.perf_counter() - began}
+    figures["compiled_tokens_per_s"] = best_rate(lambda: engine_tokens(engine, prompts, args))
+    eager = HFEngine(model, tokenizer, batch_size=args.batch, prefix_cache=False)
+    params = greedy(args)
+    same = [c.token_ids for c in engine.generate(prompts.tolist(), params)]
+    figures["compiled_same_greedy_tokens"] = same == [c.token_ids for c in eager.generate(prompts.tolist(), params)]
     return figures
+
+
+def greedy(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_new_tokens=args.new_tokens, stop=["</answer>"])
+
+
+def engine_tokens(engine: HFEngine, prompts: torch.Tensor, args: argparse.Namespace) -> int:
+    """Tokens `engine` generates for `prompts`, greedy."""
+    return sum(len(c.token_ids) for c in engine.generate(prompts.tolist(), greedy(args)))
 
 
 def rollout(args: argparse.Namespace, model_dir: Path, world: World, compile: bool) -> dict[str, Any]:
@@ -236,6 +256,45 @@ def rollout(args: argparse.Namespace, model_dir: Path, world: World, compile: bo
     }
 
 
+def quickstart_rl(args: argparse.Namespace, world: World, data: dict[str, Path], work: Path) -> dict[str, Any]:
+    """The quickstart's train.yaml and eval.yaml on `--device` (module docstring); step time and eval time."""
+    recipes, root = Path(quickstart.__file__).resolve().parents[2] / "recipes" / "quickstart", work / "quickstart"
+    if args.quickstart_run:
+        done = Path(args.quickstart_run)
+        base, simulator = done / "base", quickstart.final_model(done / "simulator")
+        data = {name: done / "world" / f"{name}.jsonl" for name in ("corpus", "train", "test")}
+    else:
+        smoke = load_recipe(QuickstartRecipe, None, ["smoke=true", f"run_dir={root}"])
+        base = simulator = root / "base"
+        quickstart.pretrain_base(
+            smoke, world, world.background or world.train, load_recipe(TrainRecipe, recipes / "train.yaml"), base
+        )
+    run, steps, on = root / "train", args.quickstart_steps, args.device
+    train.main(load_recipe(TrainRecipe, recipes / "train.yaml", [f"{key}={value}" for key, value in {
+        "run_dir": run, "policy.model.path": base, "policy.model.device": on, "data.train": f"[{data['train']}]",
+        "search.simulator.generation.model.path": simulator, "search.simulator.generation.model.device": on,
+        "search.cache": root / "simulator.sqlite", "steps": steps, "save_every": steps, "threads": 0,
+    }.items()]))  # fmt: skip
+    rows = read_metrics(run)
+    began = time.perf_counter()
+    recipe = load_recipe(EvalRecipe, recipes / "eval.yaml", [f"{key}={value}" for key, value in {
+        "run_dir": root / "eval", "policy.model.path": quickstart.final_model(run), "policy.model.device": on,
+        "datasets": f"[{{name: heldout, path: {data['test']}, limit: {args.batch}}}]",
+        "engines.simulator.simulator.generation.model.path": simulator,
+        "engines.simulator.simulator.generation.model.device": on, "engines.bm25.corpus": data["corpus"],
+        "engines.bm25.index_dir": root / "bm25", "training_run": "''", "baselines": "[]", "fidelity_size": 0,
+        "threads": 0,
+    }.items()])  # fmt: skip
+    # BM25 and the simulator: the dense retriever's model is not a GPU question (nor on every GPU machine).
+    recipe.engines = {name: recipe.engines[name] for name in ("simulator", "bm25")}
+    evaluate.main(recipe)
+    return {
+        "quickstart_rl_s_per_step": mean_step_s(run),
+        "quickstart_searches_per_trajectory": statistics.fmean(row["search/calls_per_traj"] for row in rows),
+        "quickstart_eval_s": time.perf_counter() - began,
+    }
+
+
 def vllm_generation(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     """The in-process vLLM engine on the generation benchmark's shape (GPU and vLLM only)."""
     from simsearch.config import GenerationConfig, ModelConfig
@@ -245,8 +304,7 @@ def vllm_generation(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]
                            gpu_memory_utilization=0.3)  # fmt: skip
     engine, tokenizer, _ = build_generation_engine(cfg)
     prompts = random_prompts(args, tokenizer, len(tokenizer)).tolist()
-    params = SamplingParams(temperature=0.0, max_new_tokens=args.new_tokens)
-    rate = best_rate(lambda: sum(len(c.token_ids) for c in engine.generate(prompts, params)))
+    rate = best_rate(lambda: sum(len(c.token_ids) for c in engine.generate(prompts, greedy(args))))
     return {"vllm_tokens_per_s": rate}
 
 
@@ -260,6 +318,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=256, help="per turn in training and rollouts")
     parser.add_argument("--prompts-per-step", type=int, default=16)
+    parser.add_argument("--quickstart-steps", type=int, default=20, help="RL steps of the quickstart part")
+    parser.add_argument("--quickstart-run", default="", help="a finished quickstart run for the quickstart part")
     parser.add_argument("--work-dir", default="", help="where runs go (default: a temporary directory)")
     parser.add_argument("--part-timeout-s", type=int, default=300, help="most seconds one ZeRO launch may take")
     args = parser.parse_args(argv)
@@ -278,29 +338,42 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     data = world.write(work / "world")
     model = Path(args.model) if args.model else build_policy(SHAPES[args.shape], world, work / "policy")
     parts: dict[str, Callable[[], dict[str, Any]]] = {
+        "generation": lambda: generation(args, model),
+        "compiled": lambda: compiled(args, model),
+        "rollout": lambda: rollout(args, model, world, compile=False),
         "train_hf": lambda: train_hf(args, model, data, work),
+        "quickstart": lambda: quickstart_rl(args, world, data, work),
         "zero2": lambda: train_zero(2, args, model, data, work),
         "zero3": lambda: train_zero(3, args, model, data, work),
-        "generation": lambda: generation(args, model),
-        "rollout": lambda: rollout(args, model, world, compile=False),
         "vllm": lambda: vllm_generation(args, model),
     }
     figures: dict[str, Any] = dict.fromkeys(FIGURES)
     skipped: dict[str, str] = {name: "--skip" for name in args.skip}
     if "vllm" not in args.skip and not _imports("vllm"):
         skipped["vllm"] = "vllm does not import here"
-    skipped["quickstart"] = "the quickstart's RL stage on CUDA is not wired into this check yet (docs/scaling.md)"
+    failed: dict[str, str] = {}
     for name, part in parts.items():
         if name in skipped:
             continue
         start = time.perf_counter()
-        found = part()
+        try:
+            found = part()
+        except Exception as error:  # one part's failure must not cost the other parts' figures
+            traceback.print_exc()
+            failed[name] = f"{type(error).__name__}: {error}"[-2000:]
+            print(f"gpu_check: {name} FAILED after {time.perf_counter() - start:.1f} s: {failed[name]}", flush=True)
+            continue
         print(f"gpu_check: {name} in {time.perf_counter() - start:.1f} s: {json.dumps(found)}", flush=True)
         figures.update(found)
-    if figures["rollout_tokens_per_s"] is not None and figures["engine_tokens_per_s"] is not None:
-        figures["rollout_over_engine"] = figures["rollout_tokens_per_s"] / figures["engine_tokens_per_s"]
+    for ratio, top, bottom in (
+        ("rollout_over_engine", "rollout_tokens_per_s", "engine_tokens_per_s"),
+        ("compiled_over_bare_loop", "compiled_tokens_per_s", "bare_loop_tokens_per_s"),
+    ):
+        if figures.get(top) is not None and figures.get(bottom) is not None:
+            figures[ratio] = figures[top] / figures[bottom]
     figures["wall_s"] = time.perf_counter() - began
-    summary = {**figures, "shape": args.model or args.shape, "device": args.device, "skipped": skipped}
+    summary = {**figures, "shape": args.model or args.shape, "device": args.device}
+    summary.update(skipped=skipped, failed=failed)
     print(json.dumps(summary))
     return summary
 
@@ -314,4 +387,4 @@ def _imports(name: str) -> bool:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(1 if main()["failed"] else 0)

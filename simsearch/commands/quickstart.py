@@ -236,7 +236,7 @@ def _base_stage(pipeline: _Pipeline, world: World, world_fp: str, rl_recipe: Tra
     if not claim_stage(base, base_fp):
         # The base LM learns from questions about the background entities, the simulator from
         # the training questions (the world RL asks about); test entities stay unseen by both.
-        _pretrain_base(pipeline.recipe, world, world.background or world.train, rl_recipe, base)
+        pretrain_base(pipeline.recipe, world, world.background or world.train, rl_recipe, base)
         finish_stage(base, base_fp)
     return base_fp
 
@@ -430,9 +430,10 @@ def final_model(train_run: Path) -> Path:
     return checkpoint / "model"
 
 
-def _pretrain_base(
+def pretrain_base(
     recipe: QuickstartRecipe, world: World, questions: list[QAExample], rl: TrainRecipe, out: Path
 ) -> None:
+    """The base policy of `recipe`: its tokenizer, copy drills, then traces of `questions`; saved to `out`."""
     tokenizer = base_tokenizer(recipe, world, rl)
     model = build_tiny_model(tokenizer, hidden=128, layers=4, heads=4, kv_heads=2, ffn=384, seed=recipe.seed)
     # Smoke: just enough (40 x 16 traces at a high rate; four times that for Hermes calls, twice the tokens

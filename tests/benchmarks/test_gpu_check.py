@@ -21,7 +21,8 @@ def test_gpu_check_runs_every_part_on_cpu_and_ends_with_its_json(tmp_path: Path)
     # ZeRO-3 on CPU is tested in tests/commands/test_train.py and the compiled engine in
     # tests/generation/test_hf.py (a compile takes ~40 s on CPU); both are skipped here for time.
     args = ["--device", "cpu", "--shape", "tiny", "--new-tokens", "8", "--batch", "8", "--prompt-tokens", "16",
-            "--prompts-per-step", "2", "--skip", "zero3", "compiled", "--work-dir", str(tmp_path)]  # fmt: skip
+            "--prompts-per-step", "2", "--quickstart-steps", "2", "--skip", "zero3", "compiled",
+            "--work-dir", str(tmp_path)]  # fmt: skip
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=280, env=env)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -30,14 +31,18 @@ def test_gpu_check_runs_every_part_on_cpu_and_ends_with_its_json(tmp_path: Path)
     assert "torch " in facts and "transformers " in facts and "deepspeed " in facts
     summary = json.loads(lines[-1])
     ran = ("train_hf_step_s", "train_zero2_step_s", "rollout_tokens_per_s", "engine_tokens_per_s",
-           "bare_loop_tokens_per_s", "rollout_over_engine", "wall_s")  # fmt: skip
+           "bare_loop_tokens_per_s", "rollout_over_engine", "quickstart_rl_s_per_step", "wall_s")  # fmt: skip
     assert all(math.isfinite(summary[key]) and summary[key] > 0 for key in ran), summary
     assert summary["rollout_over_engine"] == pytest.approx(
         summary["rollout_tokens_per_s"] / summary["engine_tokens_per_s"], rel=1e-9
     )
-    for key in ("train_zero3_step_s", "compiled_tokens_per_s", "compiled_over_bare_loop", "quickstart_rl_s_per_step"):
+    for key in ("train_zero3_step_s", "compiled_tokens_per_s", "compiled_over_bare_loop"):
         assert summary[key] is None
-    assert set(summary["skipped"]) == {"zero3", "compiled", "vllm", "quickstart"}
+    assert set(summary["skipped"]) == {"zero3", "compiled", "vllm"} and summary["failed"] == {}
+    # The quickstart part trained its 2 steps and evaluated the policy on BM25 and the simulator.
+    assert [r["step"] for r in read_metrics(tmp_path / "quickstart" / "train")] == [1, 2]
+    rows = json.loads((tmp_path / "quickstart" / "eval" / "summary.json").read_text())["rows"]
+    assert set(rows) == {"bm25", "simulator"} and all(r["results"]["heldout"]["questions"] == 8 for r in rows.values())
     # The parts really trained: 3 hf steps and 2 ZeRO-2 steps, each logged with a finite loss.
     assert [r["step"] for r in read_metrics(tmp_path / "train_hf")] == [1, 2, 3]
     zero2 = read_metrics(tmp_path / "zero2")
