@@ -16,7 +16,8 @@ policy is a Qwen2 of `--shape` with random weights and a byte-level BPE trained 
               greedy tokens equal the eager engine's.
 - rollout:    `generate_trajectories` on `--batch` trajectories, BM25 search, sampling at temperature 1:
               the policy's decoded tokens over its generate time (search time left out), and the mean
-              rows each decode step served.
+              rows each decode step served, the time a decode step took, the longest context;
+              with `--profile`, torch.profiler's costliest ops over it (also in rollout_profile.txt).
 - quickstart: the quickstart's RL stage (recipes/quickstart/train.yaml, `--quickstart-steps` steps) and
               its evaluation (eval.yaml on BM25 and the simulator), policy and simulator on `--device`:
               the base, simulator and world of the finished quickstart run `--quickstart-run`, or else
@@ -41,7 +42,8 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -201,8 +203,10 @@ def generation(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
             )  # fmt: skip
         return int(out.shape[0] * (out.shape[1] - ids.shape[1]))
 
+    engine_rate = best_rate(lambda: engine_tokens(engine, prompts, args))
     return {
-        "engine_tokens_per_s": best_rate(lambda: engine_tokens(engine, prompts, args)),
+        "engine_tokens_per_s": engine_rate,
+        "engine_ms_per_decode_step": 1000 * args.batch / engine_rate,
         "bare_loop_tokens_per_s": best_rate(lambda: bare_loop(model, prompts.to(device), args.new_tokens)),
         "generate_tokens_per_s": best_rate(run_generate),
     }
@@ -233,10 +237,10 @@ def engine_tokens(engine: HFEngine, prompts: torch.Tensor, args: argparse.Namesp
     return sum(len(c.token_ids) for c in engine.generate(prompts.tolist(), greedy(args)))
 
 
-def rollout(args: argparse.Namespace, model_dir: Path, world: World, compile: bool) -> dict[str, Any]:
+def rollout(args: argparse.Namespace, model_dir: Path, world: World, work: Path) -> dict[str, Any]:
     """Policy tokens/s inside a rollout of `--batch` trajectories (search time left out)."""
     model, tokenizer = load_policy(args, model_dir)
-    engine = HFEngine(model, tokenizer, batch_size=args.batch, compile=compile)
+    engine = HFEngine(model, tokenizer, batch_size=args.batch)
     search = BM25SearchEngine.build(world.passages, show_progress=False)
     group = 4
     examples = world.train[: max(1, args.batch // group)]
@@ -246,14 +250,35 @@ def rollout(args: argparse.Namespace, model_dir: Path, world: World, compile: bo
     kwargs = dict(policy=engine, tokenizer=tokenizer, search=search, settings=settings, group_size=group)
     generate_trajectories(examples, sampling=SamplingParams(temperature=1.0, max_new_tokens=4), **kwargs)  # warm-up
     engine.stats = dict.fromkeys(engine.stats, 0)
-    result = generate_trajectories(examples, sampling=sampling, **kwargs)
-    decoded = result.metrics["perf/decoded_tokens"]
+    with profiled(args.profile, work / "rollout_profile.txt"):
+        result = generate_trajectories(examples, sampling=sampling, **kwargs)
+    decoded, generate_s = result.metrics["perf/decoded_tokens"], result.timings["time/generate_s"]
     return {
-        "rollout_tokens_per_s": decoded / result.timings["time/generate_s"],
+        "rollout_tokens_per_s": decoded / generate_s,
         "rollout_rows_per_decode_step": engine.stats["decoded_tokens"] / max(1, engine.stats["decode_steps"]),
-        "rollout_generate_s": result.timings["time/generate_s"],
+        "rollout_ms_per_decode_step": 1000 * generate_s / max(1, engine.stats["decode_steps"]),
+        "rollout_longest_context": max(len(t.prompt_ids) + len(t.response_ids) for t in result.trajectories),
+        "rollout_generate_s": generate_s,
         "rollout_search_s": result.timings["time/search_s"],
     }
+
+
+@contextmanager
+def profiled(on: bool, out: Path) -> Iterator[None]:
+    """With `on`, torch.profiler over the block: its 25 costliest ops (device time first) printed and saved."""
+    if not on:
+        yield
+        return
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profile:
+        yield
+    synchronize()
+    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    table = profile.key_averages().table(sort_by=key, row_limit=25)
+    out.write_text(table)
+    print(table, flush=True)
 
 
 def quickstart_rl(args: argparse.Namespace, world: World, data: dict[str, Path], work: Path) -> dict[str, Any]:
@@ -321,6 +346,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quickstart-steps", type=int, default=20, help="RL steps of the quickstart part")
     parser.add_argument("--quickstart-run", default="", help="a finished quickstart run for the quickstart part")
     parser.add_argument("--work-dir", default="", help="where runs go (default: a temporary directory)")
+    parser.add_argument("--profile", action="store_true", help="torch.profiler over the rollout part")
     parser.add_argument("--part-timeout-s", type=int, default=300, help="most seconds one ZeRO launch may take")
     args = parser.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -340,7 +366,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parts: dict[str, Callable[[], dict[str, Any]]] = {
         "generation": lambda: generation(args, model),
         "compiled": lambda: compiled(args, model),
-        "rollout": lambda: rollout(args, model, world, compile=False),
+        "rollout": lambda: rollout(args, model, world, work),
         "train_hf": lambda: train_hf(args, model, data, work),
         "quickstart": lambda: quickstart_rl(args, world, data, work),
         "zero2": lambda: train_zero(2, args, model, data, work),
