@@ -307,6 +307,8 @@ class _TokenCache:
         self.max_obs_tokens = max_obs_tokens
         self.open_id = self._single_token(INFORMATION_OPEN)
         self.close_id = self._single_token(INFORMATION_CLOSE)
+        # (opening, closing) tags -> their single-token ids, looked up once per pair
+        self._tag_ids = {(INFORMATION_OPEN, INFORMATION_CLOSE): (self.open_id, self.close_id)}
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(encodable(text), add_special_tokens=False)
@@ -350,9 +352,9 @@ class _TokenCache:
         so no imagined document text reaches the loss.
         """
         opening, closing = tags
-        open_id, close_id = (
-            (self.open_id, self.close_id) if opening == INFORMATION_OPEN else map(self._single_token, tags)
-        )
+        if tags not in self._tag_ids:
+            self._tag_ids[tags] = (self._single_token(opening), self._single_token(closing))
+        open_id, close_id = self._tag_ids[tags]
         if open_id is not None and close_id is not None:
             text = self.decode(ids)
             if text.count(opening) == ids.count(open_id) and text.count(closing) == ids.count(close_id):
