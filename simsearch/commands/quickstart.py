@@ -34,7 +34,7 @@ from simsearch.config import (
     load_recipe,
     save_recipe,
 )
-from simsearch.data.chat import tool_call_messages, write_call
+from simsearch.data.chat import tool_call_messages
 from simsearch.data.templates import render_prompt
 from simsearch.errors import RecipeError, SimsearchError
 from simsearch.eval import report
@@ -54,7 +54,7 @@ from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.simulator.prompts import render as render_simulator_prompt
 from simsearch.tinyworld.diagnostics import QUERY_NAMING, query_naming, reading_accuracy
 from simsearch.tinyworld.pretrain import pretrain
-from simsearch.tinyworld.traces import Trace, make_copy_drills, make_traces
+from simsearch.tinyworld.traces import CALL_QUERY_PREFIX, Trace, make_copy_drills, make_traces, tiny_call
 from simsearch.tinyworld.world import YEARS, World, build_world, write_corpus
 from simsearch.training.checkpoint import latest_checkpoint
 from simsearch.training.runlog import read_metrics
@@ -360,6 +360,7 @@ def _base_settings(recipe: QuickstartRecipe, rl: TrainRecipe) -> dict[str, Any]:
     settings.update(template=rl.rollout.template, top_k=rl.search.top_k, rendering=rl.search.rendering)
     if recipe.protocol != "tags":
         settings["protocol"] = recipe.protocol
+        settings["call_query_prefix"] = CALL_QUERY_PREFIX
     settings["trace_corpus"] = "background people and cities"  # `trace_passages`
     return settings
 
@@ -467,7 +468,7 @@ def base_tokenizer(recipe: QuickstartRecipe, world: World, rl: TrainRecipe) -> P
         "simsearch", query="", question="", golden_answers=[""], noisy=False, top_k=3
     )
     if recipe.protocol == "tool-call":  # the user message and the call's JSON, as the rollout writes them
-        policy_texts = [tool_call_messages("", rl.rollout.template)[0]["content"], write_call("", "hermes")]
+        policy_texts = [tool_call_messages("", rl.rollout.template)[0]["content"], tiny_call("")]
         texts = world.texts_for_tokenizer() + [*policy_texts, simulator_prompt] * 100
         tokenizer = train_tokenizer(texts, recipe.vocab_size, TOOL_SPECIAL_TOKENS, TINY_TOOL_TEMPLATE)
     else:

@@ -1,6 +1,4 @@
-"""What a tiny-world policy can do before RL: how its queries name the person asked about
-(`query_naming`), and how well it reads search results (`reading_accuracy`).
-"""
+"""What a tiny-world policy can do before RL: name the asked person (`query_naming`), read (`reading_accuracy`)."""
 
 from __future__ import annotations
 
@@ -9,12 +7,13 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from simsearch.data.chat import ToolConversation, search_tool_schema, tool_call_messages, write_call
+from simsearch.data.chat import ToolConversation, search_tool_schema, tool_call_messages
 from simsearch.data.rendering import RenderStyle, render_documents, wrap_information
 from simsearch.data.templates import TemplateName, render_prompt
 from simsearch.eval.metrics import extract_answer
 from simsearch.generation.hf import HFEngine
 from simsearch.retrieval.base import SearchEngine
+from simsearch.tinyworld.traces import tiny_call
 from simsearch.tinyworld.values import RELATION_KINDS, value_kind, value_spans
 from simsearch.tinyworld.world import TWO_HOP, World
 from simsearch.types import Document, QAExample, SamplingParams, SearchRequest
@@ -102,7 +101,7 @@ def _tool_call_context(
 ) -> list[int]:  # fmt: skip
     """The tool-call rollout's context after one search of `name` and its results."""
     conversation = ToolConversation(tokenizer, [search_tool_schema()], tool_call_messages(question, template))
-    call = write_call(name, "hermes")
+    call = tiny_call(name)
     prompt, generated = conversation.text, call + tokenizer.eos_token
     added = conversation.add_turn(generated, call, [render_documents(documents, rendering)])
     return [i for text in (prompt, generated, added) for i in tokenizer.encode(text, add_special_tokens=False)]

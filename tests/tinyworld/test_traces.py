@@ -9,7 +9,7 @@ from simsearch.data.rendering import render_documents, wrap_information
 from simsearch.data.templates import render_prompt
 from simsearch.models import TINY_TOOL_TEMPLATE, TOOL_SPECIAL_TOKENS, train_tokenizer
 from simsearch.policy.toolcalls import parse_turn
-from simsearch.tinyworld.traces import copy_mask, make_copy_drills, make_traces
+from simsearch.tinyworld.traces import copy_mask, make_copy_drills, make_traces, tiny_call
 from simsearch.tinyworld.values import RELATION_KINDS, value_kind, value_spans
 from simsearch.tinyworld.world import RELATIONS, build_world
 from simsearch.types import Document, QAExample, SearchRequest
@@ -285,20 +285,33 @@ def test_a_tool_call_trace_is_the_conversation_the_rollout_renders(world, tool_t
     queries = [trace.query] + ([trace.second_query] if two_search_share else [])
     messages = tool_call_messages(example.question, "search-r1-brief")
     for query in queries:
-        messages += [{"role": "assistant", "content": write_call(query, "hermes")},
+        messages += [{"role": "assistant", "content": tiny_call(query)},
                      {"role": "tool", "content": render_documents(docs)}]  # fmt: skip
     messages.append({"role": "assistant", "content": f"<answer> {trace.answer} </answer>"})
     rendered = tok.apply_chat_template(messages, tools=[search_tool_schema()], tokenize=False)
     assert tok.decode(trace.input_ids, skip_special_tokens=False) + "\n" == rendered
 
     trained = [i for i, m in zip(trace.input_ids, trace.loss_mask) if m]
-    turns = [write_call(q, "hermes") + tok.eos_token for q in queries] + [
-        f"<answer> {trace.answer} </answer>{tok.eos_token}"
-    ]
+    turns = [tiny_call(q) + tok.eos_token for q in queries] + [f"<answer> {trace.answer} </answer>{tok.eos_token}"]
     assert trained == [i for turn in turns for i in tok.encode(turn, add_special_tokens=False)]
     for query in queries:
-        parsed = parse_turn(write_call(query, "hermes"), "hermes")
+        parsed = parse_turn(tiny_call(query), "hermes")
         assert parsed.kind == "search" and [call.query for call in parsed.calls] == [query]
+
+
+def test_a_name_copied_into_a_tiny_call_keeps_the_tokens_it_has_in_the_question(world, tool_tokenizer):
+    # What a tiny base can learn to copy: the space before the query keeps the name's first piece
+    # the token it is in the question; right after the quote it is another token.
+    def holds(ids: list[int], part: list[int]) -> bool:
+        return any(ids[i : i + len(part)] == part for i in range(len(ids)))
+
+    tok = tool_tokenizer
+    for example in world.train[:20]:
+        name = world.facts[example.id].entity
+        name_ids = tok.encode(f" {name}", add_special_tokens=False)
+        assert holds(tok.encode(example.question, add_special_tokens=False), name_ids)
+        assert holds(tok.encode(tiny_call(f"{name} job"), add_special_tokens=False), name_ids)
+        assert not holds(tok.encode(write_call(f"{name} job", "hermes"), add_special_tokens=False), name_ids)
 
 
 def test_tool_call_traces_keep_the_tag_traces_draws(world, tokenizer, tool_tokenizer, engine):
