@@ -1,5 +1,5 @@
-"""What several benchmarks share: their common options, fingerprinted stages, timing, mean ± sd and the
-doc's rewritten blocks.
+"""What several benchmarks share: their common options, fingerprinted stages, worlds run in worker
+processes, timing, mean ± sd and the doc's rewritten blocks.
 
 A benchmark imports it as a sibling module (`sys.path` gets this folder first, as `python
 benchmarks/x.py` already gives it), so a benchmark loaded by path from a test finds it too.
@@ -8,14 +8,17 @@ benchmarks/x.py` already gives it), so a benchmark loaded by path from a test fi
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import random
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -86,6 +89,40 @@ def run_stage(
         command(stage)
         finish_stage(directory, fingerprint)
     return fingerprint
+
+
+def run_worlds(
+    script: str, args: argparse.Namespace, worker: Callable[[int], list[str]], done: Callable[[dict[str, Any]], str]
+) -> dict[int, dict[str, Any]]:
+    """Each of `args.seeds`' RUN_DIR/world_SEED/NAME.json (NAME: `script`'s stem), by seed.
+
+    With `args.aggregate` the finished worlds are read; else `script` runs once per world with
+    `worker(seed)` as its arguments, `args.jobs` processes at once, each logging to
+    RUN_DIR/world_SEED.log, and `done(result)` is printed as each world ends.
+    """
+    name = Path(script).stem
+    if args.aggregate:
+        return {seed: finished_world(name, args.run_dir, seed) for seed in args.seeds}
+
+    def one(seed: int) -> dict[str, Any]:
+        log = args.run_dir / f"world_{seed}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        print(f"world {seed}: running (log: {log})", flush=True)
+        with log.open("w") as out:
+            subprocess.run([sys.executable, script, *worker(seed)], check=True, stdout=out, stderr=subprocess.STDOUT)
+        result = finished_world(name, args.run_dir, seed)
+        print(f"world {seed}: done, {done(result)}", flush=True)
+        return result
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        return dict(zip(args.seeds, pool.map(one, args.seeds)))
+
+
+def finished_world(name: str, run_dir: Path, seed: int) -> dict[str, Any]:
+    path = run_dir / f"world_{seed}" / f"{name}.json"
+    if not path.is_file():
+        raise SystemExit(f"{name}: world {seed} has no {path}; run it first (--seeds {seed})")
+    return json.loads(path.read_text())
 
 
 @contextmanager

@@ -36,12 +36,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +54,7 @@ from benchlib import (
     provenance,
     replace_block,
     run_stage,
+    run_worlds,
 )
 
 ARMS: dict[str, tuple[str, ...]] = {
@@ -85,11 +84,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         write_doc(args.out, figures)
         return figures
     began = time.perf_counter()
-    if args.aggregate:
-        worlds = {seed: _finished_world(args.run_dir, seed) for seed in args.seeds}
-    else:
-        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            worlds = dict(zip(args.seeds, pool.map(lambda seed: _world_in_subprocess(seed, args), args.seeds)))
+    worlds = run_worlds(__file__, args, lambda seed: _worker_arguments(seed, args), _bm25_line)
     figures = summarize(worlds, args, wall_s=time.perf_counter() - began)
     here = {**provenance(), "torch_threads": args.threads, "jobs": args.jobs}
     figures["provenance"] = {**here, "commit": world_commits(worlds), "aggregated": args.aggregate}
@@ -120,27 +115,14 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def _world_in_subprocess(seed: int, args: argparse.Namespace) -> dict[str, Any]:
-    """One world in a worker process (its own threads and peak memory); returns its controls.json."""
-    command = [
-        sys.executable, __file__, "--one-world", str(seed), "--run-dir", str(args.run_dir),
-        "--threads", str(args.threads), *(["--smoke"] if args.smoke else []), "--", *args.overrides,
-    ]  # fmt: skip
-    log = args.run_dir / f"world_{seed}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    print(f"world {seed}: running (log: {log})", flush=True)
-    with log.open("w") as out:
-        subprocess.run(command, check=True, stdout=out, stderr=subprocess.STDOUT)
-    result = json.loads((args.run_dir / f"world_{seed}" / "controls.json").read_text())
-    print(f"world {seed}: done, BM25 EM " + ", ".join(f"{r} {result['em'][r]['bm25']:.1f}" for r in ROWS), flush=True)
-    return result
+def _worker_arguments(seed: int, args: argparse.Namespace) -> list[str]:
+    """One world in a worker process (its own threads and peak memory), which writes its controls.json."""
+    return ["--one-world", str(seed), "--run-dir", str(args.run_dir), "--threads", str(args.threads),
+            *(["--smoke"] if args.smoke else []), "--", *args.overrides]  # fmt: skip
 
 
-def _finished_world(run_dir: Path, seed: int) -> dict[str, Any]:
-    path = run_dir / f"world_{seed}" / "controls.json"
-    if not path.is_file():
-        raise SystemExit(f"controls: --aggregate: world {seed} has no {path}; run it first (--seeds {seed})")
-    return json.loads(path.read_text())
+def _bm25_line(result: dict[str, Any]) -> str:
+    return "BM25 EM " + ", ".join(f"{r} {result['em'][r]['bm25']:.1f}" for r in ROWS)
 
 
 def world_commits(worlds: dict[int, dict[str, Any]]) -> str:

@@ -26,17 +26,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
-from benchlib import difference_cell, difference_figures, mean_sd, measured_at, provenance, replace_block
+from benchlib import (
+    difference_cell,
+    difference_figures,
+    mean_sd,
+    measured_at,
+    provenance,
+    replace_block,
+    run_worlds,
+)
 
 PROTOCOLS = ("tags", "tool-call")
 POLICIES = ("base", "rl_search")
@@ -49,11 +55,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         run_world(args.one_world, args)
         return {}
     began = time.perf_counter()
-    if args.aggregate:
-        worlds = {seed: _finished_world(args.run_dir, seed) for seed in args.seeds}
-    else:
-        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            worlds = dict(zip(args.seeds, pool.map(lambda seed: _world_in_subprocess(seed, args), args.seeds)))
+    worlds = run_worlds(__file__, args, lambda seed: _worker_arguments(seed, args), _rl_line)
     figures = summarize(worlds, smoke=args.smoke, wall_s=time.perf_counter() - began)
     commits = {protocol: sorted({w["commit"][protocol] for w in worlds.values()}) for protocol in PROTOCOLS}
     figures["provenance"] = {**provenance(), "torch_threads": args.threads, "jobs": args.jobs, "commits": commits}
@@ -87,31 +89,16 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def _world_in_subprocess(seed: int, args: argparse.Namespace) -> dict[str, Any]:
-    """One world in a worker process (its own threads); returns its toolcall.json."""
-    command = [
-        sys.executable, __file__, "--one-world", str(seed), "--run-dir", str(args.run_dir),
-        "--threads", str(args.threads), "--tags-dir", args.tags_dir, "--tags-commit", args.tags_commit,
-        *(["--smoke"] if args.smoke else []),
-    ]  # fmt: skip
-    log = args.run_dir / f"world_{seed}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    print(f"world {seed}: running (log: {log})", flush=True)
-    with log.open("w") as out:
-        subprocess.run(command, check=True, stdout=out, stderr=subprocess.STDOUT)
-    result = _finished_world(args.run_dir, seed)
+def _worker_arguments(seed: int, args: argparse.Namespace) -> list[str]:
+    """One world in a worker process (its own threads), which writes its toolcall.json."""
+    return ["--one-world", str(seed), "--run-dir", str(args.run_dir), "--threads", str(args.threads),
+            "--tags-dir", args.tags_dir, "--tags-commit", args.tags_commit,
+            *(["--smoke"] if args.smoke else [])]  # fmt: skip
+
+
+def _rl_line(result: dict[str, Any]) -> str:
     rl = {protocol: result["em"][protocol]["rl_search"]["bm25"] for protocol in PROTOCOLS}
-    print(
-        f"world {seed}: done, RL policy's BM25 EM: tags {rl['tags']:.1f}, tool-call {rl['tool-call']:.1f}", flush=True
-    )
-    return result
-
-
-def _finished_world(run_dir: Path, seed: int) -> dict[str, Any]:
-    path = run_dir / f"world_{seed}" / "toolcall.json"
-    if not path.is_file():
-        raise SystemExit(f"toolcall: world {seed} has no {path}; run it first (--seeds {seed})")
-    return json.loads(path.read_text())
+    return f"RL policy's BM25 EM: tags {rl['tags']:.1f}, tool-call {rl['tool-call']:.1f}"
 
 
 # --------------------------------------------------------------------------- one world (a worker)
@@ -126,7 +113,9 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     # Tool calls first: a reused tag run may still be finishing elsewhere.
     dirs = {"tool-call": root / "tool-call",
             "tags": Path(args.tags_dir.format(seed=seed)) if args.tags_dir else root / "tags"}  # fmt: skip
-    result: dict[str, Any] = {"seed": seed, "commit": {}, "em": {}, "wall_s": {}, "machine": {}}
+    # A reused tag run's wall_s is the time its reuse took, not the run's.
+    result: dict[str, Any] = {"seed": seed, "commit": {}, "em": {}, "wall_s": {}, "machine": {},
+                              "tags_reused": bool(args.tags_dir)}  # fmt: skip
     here = provenance()["commit"]  # the code this world runs, before anything can change it
     for protocol, run in dirs.items():
         recipe = load_recipe(
@@ -213,9 +202,10 @@ def doc_lines(figures: dict[str, Any], args: argparse.Namespace) -> list[str]:
     where = figures["provenance"]
     commits = "; ".join(f"{protocol} runs at {', '.join(c)}" for protocol, c in where["commits"].items())
     smoke = " (smoke: a pipeline check, not a result)" if figures["smoke"] else ""
+    reused = f" --tags-dir TAG_RUNS --tags-commit {args.tags_commit}" if args.tags_dir else ""
     lines = [
         f"Command: `python benchmarks/toolcall.py --seeds {' '.join(worlds)} --jobs {args.jobs} "
-        f"--threads {args.threads}`{smoke}. {measured_at(where)} The quickstart runs: {commits}.",
+        f"--threads {args.threads}{reused}`{smoke}. {measured_at(where)} The quickstart runs: {commits}.",
         "",
         "Held-out EM (%), greedy; RL policy (base in brackets), BM25 / dense / simulator:",
         "",

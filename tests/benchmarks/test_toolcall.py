@@ -40,14 +40,18 @@ def test_the_figures_pair_the_protocols_world_by_world() -> None:
     assert figures["toolcall_invalid_turn_share"] == 0.015
     figures["provenance"] = {"commit": "def", "cpu": "cpu", "cores": 2, "torch_threads": 1,
                              "commits": {"tags": ["abc"], "tool-call": ["def"]}}  # fmt: skip
-    lines = toolcall.doc_lines(figures, argparse.Namespace(jobs=1, threads=1))
+    lines = toolcall.doc_lines(figures, argparse.Namespace(jobs=1, threads=1, tags_dir="", tags_commit=""))
     assert "| 2 | 60.0 (5.0) / 30.0 (5.0) / 60.0 (5.0) | 50.0 (5.0) / 25.0 (5.0) / 50.0 (5.0) | -10.0 |" in lines
     # Differences -4, 0, -10: the interval (-10 to 0) holds 0.
     assert (
         "| tool-call minus tags (RL) | no measurable difference (-4.7; -10.0 to 0.0) | no measurable difference "
         "(-2.3; -5.0 to 0.0) | no measurable difference (-4.7; -10.0 to 0.0) |"
     ) in lines
-    assert "tags runs at abc; tool-call runs at def" in lines[0]
+    assert "tags runs at abc; tool-call runs at def" in lines[0] and "--tags-dir" not in lines[0]
+    # Reused tag runs are named by their commit, never by a path of this machine.
+    reused = argparse.Namespace(jobs=1, threads=1, tags_dir="/somewhere/seed_{seed}", tags_commit="abc")
+    first = toolcall.doc_lines(figures, reused)[0]
+    assert "--threads 1 --tags-dir TAG_RUNS --tags-commit abc`" in first and "/somewhere" not in first
 
 
 def test_unreadable_calls_are_counted_from_the_turn_records(tmp_path: Path) -> None:
