@@ -1,4 +1,4 @@
-"""What a tiny-world policy can do before RL: name the asked person (`query_naming`), read (`reading_accuracy`)."""
+"""What a tiny-world base can do: name the asked person (`query_naming`), read results (`reading_accuracy`)."""
 
 from __future__ import annotations
 

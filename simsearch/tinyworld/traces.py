@@ -363,8 +363,8 @@ def _tokenize_pieces(
 
 # The tiny world's calls open the query's JSON string with a space: a name copied from the question
 # then keeps the tokens it has there (" R", "e", "fo"); right after the quote its first piece is
-# another token ("R"), and a tiny base never learns to copy a name into its query (measured: no
-# first query named the asked person). The parser strips the space.
+# another token ("R"), which a tiny base does not learn to copy into its query (docs/toolcall.md).
+# The parser strips the space.
 CALL_QUERY_PREFIX = " "
 
 
