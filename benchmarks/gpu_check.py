@@ -49,7 +49,8 @@ from typing import Any
 
 import torch
 import transformers
-from generate import bare_loop  # sibling module: benchmarks/ is on sys.path (python benchmarks/x.py)
+from benchlib import RECIPES  # sibling modules: benchmarks/ is on sys.path (python benchmarks/x.py)
+from generate import bare_loop
 from transformers import AutoTokenizer
 
 from simsearch.commands import evaluate, quickstart, train
@@ -283,7 +284,7 @@ def profiled(on: bool, out: Path) -> Iterator[None]:
 
 def quickstart_rl(args: argparse.Namespace, world: World, data: dict[str, Path], work: Path) -> dict[str, Any]:
     """The quickstart's train.yaml and eval.yaml on `--device` (module docstring); step time and eval time."""
-    recipes, root = Path(quickstart.__file__).resolve().parents[2] / "recipes" / "quickstart", work / "quickstart"
+    root = work / "quickstart"
     if args.quickstart_run:
         done = Path(args.quickstart_run)
         base, simulator = done / "base", quickstart.final_model(done / "simulator")
@@ -292,17 +293,17 @@ def quickstart_rl(args: argparse.Namespace, world: World, data: dict[str, Path],
         smoke = load_recipe(QuickstartRecipe, None, ["smoke=true", f"run_dir={root}"])
         base = simulator = root / "base"
         quickstart.pretrain_base(
-            smoke, world, world.background or world.train, load_recipe(TrainRecipe, recipes / "train.yaml"), base
+            smoke, world, world.background or world.train, load_recipe(TrainRecipe, RECIPES / "train.yaml"), base
         )
     run, steps, on = root / "train", args.quickstart_steps, args.device
-    train.main(load_recipe(TrainRecipe, recipes / "train.yaml", [f"{key}={value}" for key, value in {
+    train.main(load_recipe(TrainRecipe, RECIPES / "train.yaml", [f"{key}={value}" for key, value in {
         "run_dir": run, "policy.model.path": base, "policy.model.device": on, "data.train": f"[{data['train']}]",
         "search.simulator.generation.model.path": simulator, "search.simulator.generation.model.device": on,
         "search.cache": root / "simulator.sqlite", "steps": steps, "save_every": steps, "threads": 0,
     }.items()]))  # fmt: skip
     rows = read_metrics(run)
     began = time.perf_counter()
-    recipe = load_recipe(EvalRecipe, recipes / "eval.yaml", [f"{key}={value}" for key, value in {
+    recipe = load_recipe(EvalRecipe, RECIPES / "eval.yaml", [f"{key}={value}" for key, value in {
         "run_dir": root / "eval", "policy.model.path": quickstart.final_model(run), "policy.model.device": on,
         "datasets": f"[{{name: heldout, path: {data['test']}, limit: {args.batch}}}]",
         "engines.simulator.simulator.generation.model.path": simulator,

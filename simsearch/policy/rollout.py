@@ -305,10 +305,8 @@ class _TokenCache:
                 f"({smallest} tokens with this tokenizer); raise it"
             )
         self.max_obs_tokens = max_obs_tokens
-        self.open_id = self._single_token(INFORMATION_OPEN)
-        self.close_id = self._single_token(INFORMATION_CLOSE)
         # (opening, closing) tags -> their single-token ids, looked up once per pair
-        self._tag_ids = {(INFORMATION_OPEN, INFORMATION_CLOSE): (self.open_id, self.close_id)}
+        self._tag_ids: dict[tuple[str, str], tuple[int | None, int | None]] = {}
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(encodable(text), add_special_tokens=False)
