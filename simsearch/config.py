@@ -523,6 +523,9 @@ class QuickstartRecipe:
     # how the policy searches in every stage (rollout.protocol): tags, or tool-call (the base learns
     # Hermes tool calls in a ChatML template of its own, models.TINY_TOOL_TEMPLATE)
     protocol: str = "tags"
+    # the RL stages' optim.lr under protocol tool-call (train.yaml's 3e-4 is the tags protocol's): chosen on
+    # development world 100, where GRPO at 3e-4 took the calls apart (docs/toolcall.md)
+    tool_call_lr: float = 1e-4
     # torch threads (0 = torch's default: every core); 1 gives the same floats on any number of cores
     threads: int = 1
 
@@ -536,6 +539,7 @@ class QuickstartRecipe:
             "pretrain_batch_size",
             "pretrain_lr",
             "pretrain_traces",
+            "tool_call_lr",
         ):
             check_positive(name, getattr(self, name))
         check_range("typed_answer_share", self.typed_answer_share, 0.0, 1.0)

@@ -102,6 +102,8 @@ class _Pipeline:
         stage: Any = load_recipe(schema, self.recipes / f"{name}.yaml", [*overrides, *smoke, *threads, *protocol])
         if tool_call:  # the same room for the query and the answer as a tag turn has
             stage.sampling.max_new_tokens += TOOL_CALL_EXTRA_TOKENS
+            if isinstance(stage, TrainRecipe):
+                stage.optim.lr = self.recipe.tool_call_lr
         recipe = _inside(asdict(stage), str(self.run))
         fingerprint = digest({"stage": name, "inputs": inputs, "recipe": recipe})
         if not claim_stage(Path(stage.run_dir), fingerprint):

@@ -238,6 +238,20 @@ def test_every_stage_runs_at_the_quickstarts_thread_count(tmp_path: Path) -> Non
     assert [stage.threads for stage in seen] == [3]  # train.yaml's own default is 1
 
 
+def test_the_tool_call_protocol_trains_at_its_own_learning_rate(tmp_path: Path) -> None:
+    shipped = load_recipe(TrainRecipe, RECIPES / "train.yaml")
+    for protocol, lr, extra in (("tags", shipped.optim.lr, 0), ("tool-call", 2e-5, quickstart.TOOL_CALL_EXTRA_TOKENS)):
+        recipe = load_recipe(
+            QuickstartRecipe, None, [f"run_dir={tmp_path}", f"protocol={protocol}", "tool_call_lr=2e-5"]
+        )
+        pipeline = quickstart._Pipeline(recipe, RECIPES, tmp_path, {})
+        seen: list = []
+        for name in ("train", "train_nosearch"):
+            pipeline.stage(name, TrainRecipe, seen.append, [], [f"run_dir={tmp_path / protocol / name}"])
+        assert [stage.optim.lr for stage in seen] == [lr, lr], protocol
+        assert seen[0].sampling.max_new_tokens == shipped.sampling.max_new_tokens + extra, protocol
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # a whole pipeline for a step or two: minutes on a busy 2-core machine
 def test_the_tool_call_quickstart_searches_with_tool_calls_in_every_stage(tmp_path: Path) -> None:
