@@ -526,6 +526,9 @@ class QuickstartRecipe:
     # the RL stages' optim.lr under protocol tool-call (train.yaml's 3e-4 is the tags protocol's): chosen on
     # development world 100, where GRPO at 3e-4 took the calls apart (docs/toolcall.md)
     tool_call_lr: float = 1e-4
+    # protocol tool-call: the tiny tokenizer writes the call's fixed JSON before the query and after it as one
+    # token each, as it writes years and cities (off: the BPE's 13 and 2 pieces; docs/toolcall.md)
+    call_tokens: bool = False
     # torch threads (0 = torch's default: every core); 1 gives the same floats on any number of cores
     threads: int = 1
 

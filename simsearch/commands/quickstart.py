@@ -363,6 +363,8 @@ def _base_settings(recipe: QuickstartRecipe, rl: TrainRecipe) -> dict[str, Any]:
     if recipe.protocol != "tags":
         settings["protocol"] = recipe.protocol
         settings["call_query_prefix"] = CALL_QUERY_PREFIX
+        if recipe.call_tokens:  # only when set: bases built without keep their fingerprints
+            settings["call_tokens"] = True
     settings["trace_corpus"] = "background people and cities"  # `trace_passages`
     return settings
 
@@ -477,6 +479,10 @@ def base_tokenizer(recipe: QuickstartRecipe, world: World, rl: TrainRecipe) -> P
         texts = world.texts_for_tokenizer() + [render_prompt("", template=rl.rollout.template), simulator_prompt] * 100
         tokenizer = train_tokenizer(texts, vocab_size=recipe.vocab_size)
     tokenizer.add_tokens([*(YEARS if recipe.year_tokens else ()), *(world.cities if recipe.city_tokens else ())])
+    if recipe.protocol == "tool-call" and recipe.call_tokens:
+        call = tiny_call("").removeprefix("<tool_call>").removesuffix("</tool_call>")
+        before = call[: call.rindex('"query": "') + len('"query": "')]
+        tokenizer.add_tokens([before, call[len(before) + len(CALL_QUERY_PREFIX) :]])
     return tokenizer
 
 

@@ -17,6 +17,7 @@ from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.errors import RecipeError
 from simsearch.models import TINY_TOOL_TEMPLATE
 from simsearch.tinyworld.diagnostics import QUERY_NAMING
+from simsearch.tinyworld.traces import tiny_call
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "quickstart"
 # What may differ between two runs of the same recipe: clocks and memory.
@@ -152,6 +153,26 @@ def test_no_pretraining_trace_names_anyone_rl_or_the_evaluation_asks_about() -> 
     assert len(_names_in(text, world.people("background"))) > 30  # the check sees the names that are there
     # A name-less query over the whole corpus would have reached them: 3 x 40 of 300 passages are theirs.
     assert len(quickstart.trace_passages(world)) == len(world.passages) - 3 * 40
+
+
+def test_call_tokens_write_the_calls_fixed_json_as_two_tokens() -> None:
+    world = quickstart.build_world(seed=3, n_entities=40, n_train_entities=25, n_background_entities=60)
+    rl = load_recipe(TrainRecipe, RECIPES / "train.yaml")
+    call = tiny_call("Refo born")
+    pieces = {}
+    for flag in (False, True):
+        recipe = load_recipe(QuickstartRecipe, None, ["protocol=tool-call", f"call_tokens={flag}"])
+        tokenizer = quickstart.base_tokenizer(recipe, world, rl)
+        ids = tokenizer(call, add_special_tokens=False)["input_ids"]
+        pieces[flag] = [tokenizer.decode([i]) for i in ids]
+        assert tokenizer.decode(ids) == call
+    assert pieces[True][:2] == ["<tool_call>", '{"name": "search", "arguments": {"query": "']
+    assert pieces[True][-2:] == ['"}}', "</tool_call>"]
+    assert pieces[True][2:-2] == pieces[False][14:-3]  # the query keeps its pieces; 13 and 2 pieces became 1 each
+    recipe = load_recipe(QuickstartRecipe, None, ["protocol=tool-call", "call_tokens=true"])
+    settings = quickstart._base_settings(recipe, rl)
+    off = quickstart._base_settings(load_recipe(QuickstartRecipe, None, ["protocol=tool-call"]), rl)
+    assert settings == {**off, "call_tokens": True}
 
 
 @pytest.mark.slow
