@@ -480,9 +480,9 @@ def base_tokenizer(recipe: QuickstartRecipe, world: World, rl: TrainRecipe) -> P
         tokenizer = train_tokenizer(texts, vocab_size=recipe.vocab_size)
     tokenizer.add_tokens([*(YEARS if recipe.year_tokens else ()), *(world.cities if recipe.city_tokens else ())])
     if recipe.protocol == "tool-call" and recipe.call_tokens:
-        call = tiny_call("").removeprefix("<tool_call>").removesuffix("</tool_call>")
-        before = call[: call.rindex('"query": "') + len('"query": "')]
-        tokenizer.add_tokens([before, call[len(before) + len(CALL_QUERY_PREFIX) :]])
+        # what tiny_call writes around a query, less the special tokens that open and close it
+        call = tiny_call("QUERY").removeprefix("<tool_call>").removesuffix("</tool_call>")
+        tokenizer.add_tokens(call.split(CALL_QUERY_PREFIX + "QUERY"))
     return tokenizer
 
 
