@@ -529,6 +529,9 @@ class QuickstartRecipe:
     # protocol tool-call: the tiny tokenizer writes the call's fixed JSON before the query and after it as one
     # token each, as it writes years and cities (off: the BPE's 13 and 2 pieces; docs/toolcall.md)
     call_tokens: bool = False
+    # protocol tool-call: the base pretrains for pretrain_steps times this; its traces spend about half their
+    # loss on the call's JSON, the tags' about a sixth (docs/toolcall.md)
+    tool_call_pretrain_factor: float = 1.0
     # torch threads (0 = torch's default: every core); 1 gives the same floats on any number of cores
     threads: int = 1
 
@@ -543,6 +546,7 @@ class QuickstartRecipe:
             "pretrain_lr",
             "pretrain_traces",
             "tool_call_lr",
+            "tool_call_pretrain_factor",
         ):
             check_positive(name, getattr(self, name))
         check_range("typed_answer_share", self.typed_answer_share, 0.0, 1.0)

@@ -344,7 +344,6 @@ def _base_settings(recipe: QuickstartRecipe, rl: TrainRecipe) -> dict[str, Any]:
         "smoke",
         "vocab_size",
         "drill_steps",
-        "pretrain_steps",
         "pretrain_batch_size",
         "pretrain_lr",
         "pretrain_traces",
@@ -356,6 +355,7 @@ def _base_settings(recipe: QuickstartRecipe, rl: TrainRecipe) -> dict[str, Any]:
         "city_tokens",
     )
     settings: dict[str, Any] = {name: getattr(recipe, name) for name in fields}
+    settings["pretrain_steps"] = pretrain_steps(recipe)  # the steps taken, however the factor made them
     settings["query_mix"] = list(recipe.query_mix)
     if recipe.two_search_share:  # only when set: one-search bases keep the fingerprint they had before
         settings["two_search_share"] = recipe.two_search_share
@@ -446,7 +446,7 @@ def pretrain_base(
     drill_steps, steps, batch_size, lr = (
         (2, 160 if recipe.protocol == "tool-call" else 40, 16, 5e-3)
         if recipe.smoke
-        else (recipe.drill_steps, recipe.pretrain_steps, recipe.pretrain_batch_size, recipe.pretrain_lr)
+        else (recipe.drill_steps, pretrain_steps(recipe), recipe.pretrain_batch_size, recipe.pretrain_lr)
     )
     if drill_steps:
         drills = make_copy_drills(tokenizer, n=64 * drill_steps, seed=recipe.seed)
@@ -462,6 +462,12 @@ def pretrain_base(
         seed=recipe.seed,
     )
     save_tiny(model, tokenizer, out)
+
+
+def pretrain_steps(recipe: QuickstartRecipe) -> int:
+    """The base's pretraining steps on traces (not smoke): `tool_call_pretrain_factor` applied to tool calls."""
+    factor = recipe.tool_call_pretrain_factor if recipe.protocol == "tool-call" else 1.0
+    return max(1, round(recipe.pretrain_steps * factor))
 
 
 def base_tokenizer(recipe: QuickstartRecipe, world: World, rl: TrainRecipe) -> PreTrainedTokenizerFast:

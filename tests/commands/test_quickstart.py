@@ -175,6 +175,33 @@ def test_call_tokens_write_the_calls_fixed_json_as_two_tokens() -> None:
     assert settings == {**off, "call_tokens": True}
 
 
+def test_the_tool_call_base_pretrains_for_its_factor_of_the_steps(monkeypatch, tmp_path: Path) -> None:
+    world = quickstart.build_world(seed=3, n_entities=40, n_train_entities=25, n_background_entities=60)
+    rl = load_recipe(TrainRecipe, RECIPES / "train.yaml")
+    steps: list[int] = []
+    monkeypatch.setattr(quickstart, "save_tiny", lambda *args: None)
+    monkeypatch.setattr(quickstart, "pretrain", lambda model, traces, **kw: steps.append(kw["steps"]))
+    for protocol in ("tags", "tool-call"):
+        recipe = load_recipe(
+            QuickstartRecipe, None,
+            [f"protocol={protocol}", "pretrain_steps=30", "tool_call_pretrain_factor=2.5", "pretrain_traces=40",
+             "drill_steps=2"],
+        )  # fmt: skip
+        steps.clear()
+        quickstart.pretrain_base(recipe, world, world.background, rl, tmp_path)
+        assert steps == [2, 30 if protocol == "tags" else 75]  # the drills, then the traces
+    # The base's fingerprint follows the steps taken: a factor of 1 over as many steps is the same base.
+    tool_call = ["protocol=tool-call"]
+    settings = {
+        overrides: quickstart._base_settings(load_recipe(QuickstartRecipe, None, [*tool_call, *overrides]), rl)
+        for overrides in (("tool_call_pretrain_factor=2.0",), ("pretrain_steps=1600",), ())
+    }
+    assert settings[("tool_call_pretrain_factor=2.0",)] == settings[("pretrain_steps=1600",)]
+    assert settings[("tool_call_pretrain_factor=2.0",)] == {**settings[()], "pretrain_steps": 1600}
+    tags = quickstart._base_settings(load_recipe(QuickstartRecipe, None, ["tool_call_pretrain_factor=2.0"]), rl)
+    assert tags["pretrain_steps"] == 800
+
+
 @pytest.mark.slow
 def test_the_same_recipe_gives_the_same_numbers(smoke_run, tmp_path: Path) -> None:
     """Same recipe, seed and threads on the same machine: every metric equal, not just close."""
