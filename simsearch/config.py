@@ -530,8 +530,8 @@ class QuickstartRecipe:
     # token each, as it writes years and cities (off: the BPE's 13 and 2 pieces; docs/toolcall.md)
     call_tokens: bool = False
     # protocol tool-call: the base pretrains for pretrain_steps times this; its traces spend about half their
-    # loss on the call's JSON, the tags' about a sixth (docs/toolcall.md)
-    tool_call_pretrain_factor: float = 1.0
+    # loss on the call's JSON, the tags' about a sixth; chosen on development worlds (docs/toolcall.md)
+    tool_call_pretrain_factor: float = 2.0
     # torch threads (0 = torch's default: every core); 1 gives the same floats on any number of cores
     threads: int = 1
 

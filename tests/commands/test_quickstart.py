@@ -190,16 +190,15 @@ def test_the_tool_call_base_pretrains_for_its_factor_of_the_steps(monkeypatch, t
         steps.clear()
         quickstart.pretrain_base(recipe, world, world.background, rl, tmp_path)
         assert steps == [2, 30 if protocol == "tags" else 75]  # the drills, then the traces
+
     # The base's fingerprint follows the steps taken: a factor of 1 over as many steps is the same base.
-    tool_call = ["protocol=tool-call"]
-    settings = {
-        overrides: quickstart._base_settings(load_recipe(QuickstartRecipe, None, [*tool_call, *overrides]), rl)
-        for overrides in (("tool_call_pretrain_factor=2.0",), ("pretrain_steps=1600",), ())
-    }
-    assert settings[("tool_call_pretrain_factor=2.0",)] == settings[("pretrain_steps=1600",)]
-    assert settings[("tool_call_pretrain_factor=2.0",)] == {**settings[()], "pretrain_steps": 1600}
-    tags = quickstart._base_settings(load_recipe(QuickstartRecipe, None, ["tool_call_pretrain_factor=2.0"]), rl)
-    assert tags["pretrain_steps"] == 800
+    def settings(*overrides: str) -> dict:
+        return quickstart._base_settings(load_recipe(QuickstartRecipe, None, list(overrides)), rl)
+
+    doubled = settings("protocol=tool-call", "tool_call_pretrain_factor=2.0")
+    assert doubled == settings("protocol=tool-call", "tool_call_pretrain_factor=1.0", "pretrain_steps=1600")
+    assert doubled == {**settings("protocol=tool-call", "tool_call_pretrain_factor=1.0"), "pretrain_steps": 1600}
+    assert settings("tool_call_pretrain_factor=2.0")["pretrain_steps"] == 800  # tags
 
 
 @pytest.mark.slow
