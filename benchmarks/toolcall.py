@@ -10,8 +10,8 @@ protocol) and `tool-call/` (`protocol=tool-call`: the base pretrained on Hermes 
 ChatML template of its own for `tool_call_pretrain_factor` times the steps, then the same collect,
 simulator, RL and evaluation recipes with `rollout.protocol=tool-call`, 12 more new tokens a turn
 for the call's JSON and RL at `tool_call_lr`). Everything else is shared: the world, the recipes,
-the seed. `--tags-dir` points at finished tag
-runs instead (reused stage by stage through their fingerprints), made at `--tags-commit`.
+the seed. `--tags-dir` points at finished tag runs instead (reused stage by stage through their
+fingerprints), made at `--tags-commit`.
 
 Prints, per world and as mean ± sd, the held-out EM (greedy) of the base and of the RL policy on
 BM25, dense retrieval and the simulator for each protocol, the paired difference tool-call minus
