@@ -18,6 +18,10 @@ policy is a Qwen2 of `--shape` with random weights and a byte-level BPE trained 
               the policy's decoded tokens over its generate time (search time left out), and the mean
               rows each decode step served, the time a decode step took, the longest context;
               with `--profile`, torch.profiler's costliest ops over it (also in rollout_profile.txt).
+- context:    the engine alone on the rollout's first-turn prompts, sampled as there (temperature 1,
+              n = the group): as they are (ragged: left-padded under an attention mask) and each cut
+              to the shortest one's length (no padding, so no mask): what a long context costs
+              against what the padding mask costs, apart from the rollout's loop.
 - quickstart: the quickstart's RL stage (recipes/quickstart/train.yaml, `--quickstart-steps` steps) and
               its evaluation (eval.yaml on BM25 and the simulator), policy and simulator on `--device`:
               the base, simulator and world of the finished quickstart run `--quickstart-run`, or else
@@ -44,6 +48,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +60,7 @@ from transformers import AutoTokenizer
 
 from simsearch.commands import evaluate, quickstart, train
 from simsearch.config import EvalRecipe, QuickstartRecipe, RolloutConfig, TrainRecipe, load_recipe
+from simsearch.data.templates import encode_prompt
 from simsearch.generation.hf import HFEngine
 from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories
@@ -67,7 +73,8 @@ SHAPES: dict[str, dict[str, int]] = {
     "0.5b": dict(hidden=896, layers=24, heads=14, kv_heads=2, ffn=4864, vocab=8000),  # Qwen2.5-0.5B's body
     "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=600),
 }
-PARTS = ("generation", "compiled", "rollout", "train_hf", "quickstart", "zero2", "zero3", "vllm")
+ROLLOUT_GROUP = 4  # trajectories per question in the rollout and context parts
+PARTS = ("generation", "compiled", "rollout", "context", "train_hf", "quickstart", "zero2", "zero3", "vllm")
 FIGURES = (
     "train_hf_step_s", "train_zero2_step_s", "train_zero3_step_s", "rollout_tokens_per_s", "engine_tokens_per_s",
     "bare_loop_tokens_per_s", "compiled_tokens_per_s", "rollout_over_engine", "compiled_over_bare_loop",
@@ -224,9 +231,21 @@ def compiled(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     figures["compiled_tokens_per_s"] = best_rate(lambda: engine_tokens(engine, prompts, args))
     eager = HFEngine(model, tokenizer, batch_size=args.batch, prefix_cache=False)
     params = greedy(args)
-    same = [c.token_ids for c in engine.generate(prompts.tolist(), params)]
-    figures["compiled_same_greedy_tokens"] = same == [c.token_ids for c in eager.generate(prompts.tolist(), params)]
+    ours = [c.token_ids for c in engine.generate(prompts.tolist(), params)]
+    theirs = [c.token_ids for c in eager.generate(prompts.tolist(), params)]
+    figures["compiled_same_greedy_tokens"] = ours == theirs
+    figures["compiled_same_greedy_rows"] = sum(a == b for a, b in zip(ours, theirs)) / len(ours)
+    # Where the first row parts from eager decoding: late means rounding on near-ties, 0 a real fault.
+    differences = [first_difference(a, b) for a, b in zip(ours, theirs)]
+    figures["compiled_first_difference"] = min((d for d in differences if d is not None), default=None)
     return figures
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first index where `a` and `b` differ (one ending early counts), or None when equal."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def greedy(args: argparse.Namespace) -> SamplingParams:
@@ -238,13 +257,18 @@ def engine_tokens(engine: HFEngine, prompts: torch.Tensor, args: argparse.Namesp
     return sum(len(c.token_ids) for c in engine.generate(prompts.tolist(), greedy(args)))
 
 
+def rollout_questions(args: argparse.Namespace, world: World) -> list[Any]:
+    """The questions of the rollout and context parts: `--batch` rows in groups of ROLLOUT_GROUP."""
+    return world.train[: max(1, args.batch // ROLLOUT_GROUP)]
+
+
 def rollout(args: argparse.Namespace, model_dir: Path, world: World, work: Path) -> dict[str, Any]:
     """Policy tokens/s inside a rollout of `--batch` trajectories (search time left out)."""
     model, tokenizer = load_policy(args, model_dir)
     engine = HFEngine(model, tokenizer, batch_size=args.batch)
     search = BM25SearchEngine.build(world.passages, show_progress=False)
-    group = 4
-    examples = world.train[: max(1, args.batch // group)]
+    group = ROLLOUT_GROUP
+    examples = rollout_questions(args, world)
     limits = RolloutConfig(template="search-r1", max_turns=2, max_obs_tokens=512, max_context_tokens=2048)
     settings = RolloutSettings(limits, top_k=3, rendering="search-r1")
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, seed=0)
@@ -262,6 +286,30 @@ def rollout(args: argparse.Namespace, model_dir: Path, world: World, work: Path)
         "rollout_generate_s": generate_s,
         "rollout_search_s": result.timings["time/search_s"],
     }
+
+
+def context(args: argparse.Namespace, model_dir: Path, world: World) -> dict[str, Any]:
+    """The engine alone on the rollout's first-turn prompts, ragged and cut to equal length (module docstring)."""
+    model, tokenizer = load_policy(args, model_dir)
+    engine = HFEngine(model, tokenizer, batch_size=args.batch, prefix_cache=False)
+    questions = [example.question for example in rollout_questions(args, world)]
+    ragged = [encode_prompt(question, template="search-r1", tokenizer=tokenizer) for question in questions]
+    shortest = min(len(prompt) for prompt in ragged)
+    even = [prompt[-shortest:] for prompt in ragged]
+    params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, n=ROLLOUT_GROUP, seed=0)
+    engine.generate(ragged, replace(params, max_new_tokens=4))  # warm-up
+    figures: dict[str, Any] = {"context_prompt_tokens": [shortest, max(len(prompt) for prompt in ragged)]}
+    for name, prompts in (("ragged", ragged), ("even", even)):
+        engine.stats = dict.fromkeys(engine.stats, 0)
+        synchronize()
+        began = time.perf_counter()
+        engine.generate(prompts, params)
+        synchronize()
+        seconds = time.perf_counter() - began
+        figures[f"{name}_tokens_per_s"] = engine.stats["decoded_tokens"] / seconds
+        figures[f"{name}_ms_per_decode_step"] = 1000 * seconds / max(1, engine.stats["decode_steps"])
+    figures["ragged_over_even"] = figures["ragged_tokens_per_s"] / figures["even_tokens_per_s"]
+    return figures
 
 
 @contextmanager
@@ -368,6 +416,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "generation": lambda: generation(args, model),
         "compiled": lambda: compiled(args, model),
         "rollout": lambda: rollout(args, model, world, work),
+        "context": lambda: context(args, model, world),
         "train_hf": lambda: train_hf(args, model, data, work),
         "quickstart": lambda: quickstart_rl(args, world, data, work),
         "zero2": lambda: train_zero(2, args, model, data, work),

@@ -11,7 +11,12 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def load_benchmark(name: str) -> ModuleType:
-    """benchmarks/NAME.py as the module NAME (registered in sys.modules: dataclasses look their module up by name)."""
+    """benchmarks/NAME.py as the module NAME (registered in sys.modules: dataclasses look their module up by name).
+
+    benchmarks/ goes on sys.path (last), as for `python benchmarks/NAME.py`: scripts import their siblings.
+    """
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.append(str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from simsearch.training.runlog import read_metrics
+from tests.benchmark_scripts import load_benchmark
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.sh"
 
@@ -48,3 +49,20 @@ def test_gpu_check_runs_every_part_on_cpu_and_ends_with_its_json(tmp_path: Path)
     zero2 = read_metrics(tmp_path / "zero2")
     assert [r["step"] for r in zero2] == [1, 2] and all(math.isfinite(r["losses/policy"]) for r in zero2)
     assert 0 < summary["rollout_rows_per_decode_step"] <= 8
+    # The context part decoded the rollout's first-turn prompts as they are (of unequal lengths, so
+    # padded and masked) and cut to equal length, every row to its 8 new tokens both times.
+    shortest, longest = summary["context_prompt_tokens"]
+    assert 0 < shortest < longest
+    for name in ("ragged", "even"):
+        assert math.isfinite(summary[f"{name}_tokens_per_s"]) and summary[f"{name}_ms_per_decode_step"] > 0
+    assert summary["ragged_over_even"] == pytest.approx(
+        summary["ragged_tokens_per_s"] / summary["even_tokens_per_s"], rel=1e-9
+    )
+
+
+def test_first_difference_finds_where_compiled_decoding_parts_from_eager() -> None:
+    first_difference = load_benchmark("gpu_check").first_difference
+    assert first_difference([5, 6, 7], [5, 6, 7]) is None
+    assert first_difference([5, 6, 7], [5, 9, 7]) == 1
+    assert first_difference([4, 6], [5, 6]) == 0
+    assert first_difference([5, 6], [5, 6, 7]) == 2  # one row stopped early: it parts where it stopped
