@@ -50,7 +50,7 @@ def test_gpu_check_runs_every_part_on_cpu_and_ends_with_its_json(tmp_path: Path)
     assert [r["step"] for r in zero2] == [1, 2] and all(math.isfinite(r["losses/policy"]) for r in zero2)
     assert 0 < summary["rollout_rows_per_decode_step"] <= 8
     # The context part decoded the rollout's first-turn prompts as they are (of unequal lengths, so
-    # padded and masked) and cut to equal length, every row to its 8 new tokens both times.
+    # padded and masked) and cut to equal length.
     shortest, longest = summary["context_prompt_tokens"]
     assert 0 < shortest < longest
     for name in ("ragged", "even"):
