@@ -19,9 +19,10 @@ policy is a Qwen2 of `--shape` with random weights and a byte-level BPE trained 
               rows each decode step served, the time a decode step took, the longest context;
               with `--profile`, torch.profiler's costliest ops over it (also in rollout_profile.txt).
 - context:    the engine alone on the rollout's first-turn prompts, sampled as there (temperature 1,
-              n = the group): as they are (ragged: left-padded under an attention mask) and each cut
-              to the shortest one's length (no padding, so no mask): what a long context costs
-              against what the padding mask costs, apart from the rollout's loop.
+              n = the group): as they are (ragged: left-padded under an attention mask), each cut
+              to the shortest one's length (no padding, so no mask), and those cut prompts three
+              times over (no mask, about a second turn's length): what the padding mask costs and
+              what a longer context costs, apart from the rollout's loop.
 - quickstart: the quickstart's RL stage (recipes/quickstart/train.yaml, `--quickstart-steps` steps) and
               its evaluation (eval.yaml on BM25 and the simulator), policy and simulator on `--device`:
               the base, simulator and world of the finished quickstart run `--quickstart-run`, or else
@@ -289,17 +290,21 @@ def rollout(args: argparse.Namespace, model_dir: Path, world: World, work: Path)
 
 
 def context(args: argparse.Namespace, model_dir: Path, world: World) -> dict[str, Any]:
-    """The engine alone on the rollout's first-turn prompts, ragged and cut to equal length (module docstring)."""
+    """The engine alone on the rollout's first-turn prompts: ragged, equal, equal and longer (module docstring)."""
     model, tokenizer = load_policy(args, model_dir)
     engine = HFEngine(model, tokenizer, batch_size=args.batch, prefix_cache=False)
     questions = [example.question for example in rollout_questions(args, world)]
     ragged = [encode_prompt(question, template="search-r1", tokenizer=tokenizer) for question in questions]
     shortest = min(len(prompt) for prompt in ragged)
     even = [prompt[-shortest:] for prompt in ragged]
+    long = [prompt * 3 for prompt in even]
     params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, n=ROLLOUT_GROUP, seed=0)
     engine.generate(ragged, replace(params, max_new_tokens=4))  # warm-up
-    figures: dict[str, Any] = {"context_prompt_tokens": [shortest, max(len(prompt) for prompt in ragged)]}
-    for name, prompts in (("ragged", ragged), ("even", even)):
+    figures: dict[str, Any] = {
+        "context_prompt_tokens": [shortest, max(len(prompt) for prompt in ragged)],
+        "long_prompt_tokens": 3 * shortest,
+    }
+    for name, prompts in (("ragged", ragged), ("even", even), ("long", long)):
         engine.stats = dict.fromkeys(engine.stats, 0)
         synchronize()
         began = time.perf_counter()

@@ -50,10 +50,10 @@ def test_gpu_check_runs_every_part_on_cpu_and_ends_with_its_json(tmp_path: Path)
     assert [r["step"] for r in zero2] == [1, 2] and all(math.isfinite(r["losses/policy"]) for r in zero2)
     assert 0 < summary["rollout_rows_per_decode_step"] <= 8
     # The context part decoded the rollout's first-turn prompts as they are (of unequal lengths, so
-    # padded and masked) and cut to equal length.
+    # padded and masked), cut to equal length, and those three times over.
     shortest, longest = summary["context_prompt_tokens"]
-    assert 0 < shortest < longest
-    for name in ("ragged", "even"):
+    assert 0 < shortest < longest and summary["long_prompt_tokens"] == 3 * shortest
+    for name in ("ragged", "even", "long"):
         assert math.isfinite(summary[f"{name}_tokens_per_s"]) and summary[f"{name}_ms_per_decode_step"] > 0
     assert summary["ragged_over_even"] == pytest.approx(
         summary["ragged_tokens_per_s"] / summary["even_tokens_per_s"], rel=1e-9
