@@ -19,6 +19,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase,
 from transformers.cache_utils import DynamicLayer
 
 from simsearch.errors import NonFiniteError
+from simsearch.generation.attention import pack_decode_queries
 from simsearch.generation.base import prompt_token_ids
 from simsearch.types import Completion, SamplingParams
 
@@ -159,6 +160,7 @@ class HFEngine:
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        pack_decode_queries(model)  # a left-padded batch decodes under a mask: see generation/attention.py
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
