@@ -12,14 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import transformers
-from packaging.version import Version
 from transformers import AttentionInterface, PreTrainedModel
+from transformers.integrations import sdpa_attention
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 PACKED_SDPA = "simsearch_packed_sdpa"
-OWN_PACKING = Version("5.23")  # the first transformers that packs decode queries itself (`pack_gqa`)
 
 
 def packed_sdpa(
@@ -30,7 +28,7 @@ def packed_sdpa(
     attention_mask: torch.Tensor | None,  # [B, 1, Q, T] or None
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' sdpa attention; returns [B, Q, heads, D] and no weights, as it does."""
+    """Attention as transformers' `sdpa` computes it: [B, Q, heads, D] and no weights, as it returns."""
     groups = getattr(module, "num_key_value_groups", 1)
     one_masked_query = query.shape[2] == 1 and attention_mask is not None and attention_mask.shape[1] == 1
     plain = kwargs.get("dropout", 0.0) == 0.0 and kwargs.get("position_bias") is None and not kwargs.get("softcap")
@@ -54,7 +52,8 @@ def needs_packing(model: PreTrainedModel) -> bool:
     config = model.config
     kv_heads = getattr(config, "num_key_value_heads", None)  # absent where every head has its own keys
     grouped = kv_heads is not None and kv_heads < config.num_attention_heads
-    return config._attn_implementation == "sdpa" and grouped and Version(transformers.__version__) < OWN_PACKING
+    own_packing = hasattr(sdpa_attention, "pack_gqa")  # transformers 5.23 and later pack decode queries themselves
+    return config._attn_implementation == "sdpa" and grouped and not own_packing
 
 
 def pack_decode_queries(model: PreTrainedModel) -> None:

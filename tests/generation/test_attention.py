@@ -6,9 +6,10 @@ import random
 
 import pytest
 import torch
-import transformers
 from transformers import AutoModelForCausalLM
+from transformers.integrations import sdpa_attention
 
+from simsearch.generation import attention
 from simsearch.generation.attention import PACKED_SDPA, needs_packing, pack_decode_queries, packed_sdpa
 from simsearch.generation.hf import HFEngine
 from simsearch.models import build_tiny_model, train_tokenizer
@@ -55,9 +56,7 @@ def test_every_other_call_is_transformers_sdpa_unchanged():
     key, value = torch.randn(2, 2, 2, 3, 8, generator=generator)
     mask = torch.ones(2, 1, 3, 3, dtype=torch.bool).tril()
     ours, _ = packed_sdpa(Grouped(2), query, key, value, mask, scaling=0.3)
-    theirs, _ = transformers.integrations.sdpa_attention.sdpa_attention_forward(
-        Grouped(2), query, key, value, mask, scaling=0.3
-    )
+    theirs, _ = sdpa_attention.sdpa_attention_forward(Grouped(2), query, key, value, mask, scaling=0.3)
     assert torch.equal(ours, theirs)
 
 
@@ -73,12 +72,12 @@ def test_packing_is_switched_on_only_for_grouped_sdpa_under_a_transformers_that_
     grouped = build_tiny_model(tokenizer, hidden=32, layers=1, heads=4, kv_heads=2, ffn=64)
     ungrouped = build_tiny_model(tokenizer, hidden=32, layers=1, heads=4, kv_heads=4, ffn=64)
     grouped.config._attn_implementation = ungrouped.config._attn_implementation = "sdpa"
-    monkeypatch.setattr(transformers, "__version__", "5.22.0")
+    monkeypatch.delattr(sdpa_attention, "pack_gqa", raising=False)  # a transformers before 5.23
     assert needs_packing(grouped) and not needs_packing(ungrouped)
     grouped.config._attn_implementation = "eager"
     assert not needs_packing(grouped)  # a choice of the user's is left alone
     grouped.config._attn_implementation = "sdpa"
-    monkeypatch.setattr(transformers, "__version__", "5.23.0")
+    monkeypatch.setattr(sdpa_attention, "pack_gqa", lambda states, groups: states, raising=False)  # 5.23 on
     assert not needs_packing(grouped)
 
 
@@ -89,10 +88,10 @@ def test_an_engine_decodes_ragged_prompts_packed_to_the_same_tokens_and_saves_no
     model.config._attn_implementation = "sdpa"
     prompts = [tokenizer.encode(text) for text in ("Alma Varn was born in", "the answer is", "Oslo")]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=10)
-    monkeypatch.setattr(transformers, "__version__", "5.23.0")  # packs on its own (or copies, if older in truth)
+    monkeypatch.setattr(attention, "needs_packing", lambda model: False)
     stock = [c.token_ids for c in HFEngine(model, tokenizer, prefix_cache=False).generate(prompts, greedy)]
     assert model.config._attn_implementation == "sdpa"
-    monkeypatch.setattr(transformers, "__version__", "5.17.0")
+    monkeypatch.setattr(attention, "needs_packing", lambda model: True)
     packed = HFEngine(model, tokenizer, prefix_cache=False)
     assert model.config._attn_implementation == PACKED_SDPA
     sdpa, query_shapes = torch.nn.functional.scaled_dot_product_attention, []
@@ -107,5 +106,6 @@ def test_an_engine_decodes_ragged_prompts_packed_to_the_same_tokens_and_saves_no
     model.save_pretrained(tmp_path)
     assert PACKED_SDPA not in (tmp_path / "config.json").read_text()
     assert AutoModelForCausalLM.from_pretrained(tmp_path).config._attn_implementation != PACKED_SDPA
-    pack_decode_queries(model)  # switching twice is harmless
+    monkeypatch.undo()
+    pack_decode_queries(model)  # a second engine on a packed model leaves it packed
     assert model.config._attn_implementation == PACKED_SDPA
