@@ -4,7 +4,8 @@
 `NonFiniteError`. With `prefix_cache=True` (the default) a prompt that extends a sequence of the
 previous call prefills only what is new, so a trainer must call `reset_prefix_cache()` after
 every optimizer step. `compile=True` decodes over a static KV cache with
-`torch.compile(mode="reduce-overhead")`.
+`torch.compile(mode="reduce-overhead")`. Under a transformers before 5.23 the engine switches a
+grouped-query model on `sdpa` to `attention.packed_sdpa` (same outputs, no key/value copies).
 """
 
 from __future__ import annotations
