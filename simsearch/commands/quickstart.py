@@ -258,12 +258,16 @@ def _collect_stage(pipeline: _Pipeline, base_fp: str) -> str:
 
 def _simulator_stage(pipeline: _Pipeline, collect_fp: str) -> str:
     run = pipeline.run
+    val = run / "collect" / "val.jsonl"
+    if not val.stat().st_size:  # collect holds no question out when every pair came from one
+        print("quickstart: collect held out no validation pairs (all came from one question); the simulator "
+              "fine-tunes without validation")  # fmt: skip
     overrides = [
         f"run_dir={run / 'simulator'}",
         f"seed={pipeline.recipe.seed}",
         f"model.path={run / 'base'}",
         f"train_file={run / 'collect' / 'train.jsonl'}",
-        f"val_file={run / 'collect' / 'val.jsonl'}",
+        f"val_file={val}" if val.stat().st_size else "val_file=''",
     ]
     return pipeline.stage("simulator", FinetuneRecipe, simulator_finetune.main, [collect_fp], overrides)
 
