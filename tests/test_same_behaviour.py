@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tokenizers
 import torch
 import transformers
 from safetensors.torch import load_file
@@ -65,8 +66,9 @@ def machine() -> dict[str, str]:
     if cpuinfo.is_file():
         names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if "model name" in line]
         cpu = names[0] if names else cpu
+    # tokenizers trains the tiny worlds' BPE tokenizers, so its version is part of what the record holds for.
     return {"cpu": cpu, "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__}  # fmt: skip
+            "transformers": transformers.__version__, "tokenizers": tokenizers.__version__}  # fmt: skip
 
 
 def _varies(key: str) -> bool:
