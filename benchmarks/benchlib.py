@@ -24,6 +24,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from simsearch.config import load_recipe
 from simsearch.fingerprints import claim_stage, digest, finish_stage
 
@@ -131,6 +133,12 @@ def timed(clock: dict[str, float], key: str) -> Iterator[None]:
     began = time.perf_counter()
     yield
     clock[key] = clock.get(key, 0.0) + time.perf_counter() - began
+
+
+def synchronize(device: torch.device | None = None) -> None:
+    """Waits for the CUDA work queued on `device` (the current CUDA device when None); nothing without CUDA."""
+    if torch.cuda.is_available() and (device is None or device.type == "cuda"):
+        torch.cuda.synchronize(device)
 
 
 def mean_sd(values: list[float]) -> tuple[float, float]:

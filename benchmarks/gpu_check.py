@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 import transformers
-from benchlib import RECIPES  # sibling modules: benchmarks/ is on sys.path (python benchmarks/x.py)
+from benchlib import RECIPES, synchronize  # sibling modules: benchmarks/ is on sys.path (python benchmarks/x.py)
 from generate import bare_loop
 from transformers import AutoTokenizer
 
@@ -177,11 +177,6 @@ def best_rate(run: Callable[[], int], repeats: int = 2) -> float:
         synchronize()
         best = max(best, tokens / (time.perf_counter() - began))
     return best
-
-
-def synchronize() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def load_policy(args: argparse.Namespace, model: Path) -> tuple[Any, Any]:

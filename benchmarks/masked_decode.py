@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 import transformers
+from benchlib import synchronize  # sibling modules: benchmarks/ is on sys.path (python benchmarks/x.py)
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
 from simsearch.generation.attention import PACKED_SDPA
@@ -77,11 +78,6 @@ def decode_ms(model: Qwen2ForCausalLM, rows: list[int], steps: int) -> float:
             synchronize(device)
             times.append(time.perf_counter() - began)
     return 1000 * statistics.median(times)
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def measure(model: Qwen2ForCausalLM, args: argparse.Namespace) -> dict[str, dict[str, float]]:
