@@ -259,7 +259,8 @@ def _collect_stage(pipeline: _Pipeline, base_fp: str) -> str:
 def _simulator_stage(pipeline: _Pipeline, collect_fp: str) -> str:
     run = pipeline.run
     val = run / "collect" / "val.jsonl"
-    if not val.stat().st_size:  # collect holds no question out when every pair came from one
+    has_val = val.stat().st_size > 0
+    if not has_val:  # collect holds no question out when every pair came from one
         print("quickstart: collect held out no validation pairs (all came from one question); the simulator "
               "fine-tunes without validation")  # fmt: skip
     overrides = [
@@ -267,7 +268,7 @@ def _simulator_stage(pipeline: _Pipeline, collect_fp: str) -> str:
         f"seed={pipeline.recipe.seed}",
         f"model.path={run / 'base'}",
         f"train_file={run / 'collect' / 'train.jsonl'}",
-        f"val_file={val}" if val.stat().st_size else "val_file=''",
+        f"val_file={val}" if has_val else "val_file=''",
     ]
     return pipeline.stage("simulator", FinetuneRecipe, simulator_finetune.main, [collect_fp], overrides)
 
