@@ -195,10 +195,10 @@ def test_the_tool_call_base_pretrains_for_its_factor_of_the_steps(monkeypatch, t
     def settings(*overrides: str) -> dict:
         return quickstart._base_settings(load_recipe(QuickstartRecipe, None, list(overrides)), rl)
 
-    doubled = settings("protocol=tool-call", "tool_call_pretrain_factor=2.0")
+    doubled = settings("protocol=tool-call", "tool_call_pretrain_factor=2.0", "pretrain_steps=800")
     assert doubled == settings("protocol=tool-call", "tool_call_pretrain_factor=1.0", "pretrain_steps=1600")
-    assert doubled == {**settings("protocol=tool-call", "tool_call_pretrain_factor=1.0"), "pretrain_steps": 1600}
-    assert settings("tool_call_pretrain_factor=2.0")["pretrain_steps"] == 800  # tags
+    assert doubled == {**settings("protocol=tool-call", "pretrain_steps=800"), "pretrain_steps": 1600}
+    assert settings("tool_call_pretrain_factor=2.0", "pretrain_steps=800")["pretrain_steps"] == 800  # tags
 
 
 @pytest.mark.slow
