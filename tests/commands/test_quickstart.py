@@ -201,6 +201,23 @@ def test_the_tool_call_base_pretrains_for_its_factor_of_the_steps(monkeypatch, t
     assert settings("tool_call_pretrain_factor=2.0", "pretrain_steps=800")["pretrain_steps"] == 800  # tags
 
 
+@pytest.mark.parametrize("held_out", [True, False])
+def test_the_simulator_validates_on_collects_held_out_pairs_only_when_there_are_some(
+    held_out: bool, monkeypatch, capsys, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    (run / "collect").mkdir(parents=True)
+    (run / "collect" / "train.jsonl").write_text('{"query": "q", "document": "d"}\n')
+    (run / "collect" / "val.jsonl").write_text('{"query": "v", "document": "d"}\n' if held_out else "")
+    seen = []
+    monkeypatch.setattr(quickstart.simulator_finetune, "main", seen.append)
+    pipeline = quickstart._Pipeline(load_recipe(QuickstartRecipe, None, []), RECIPES, run, {})
+    quickstart._simulator_stage(pipeline, "collect-fingerprint")
+
+    assert [stage.val_file for stage in seen] == [str(run / "collect" / "val.jsonl") if held_out else ""]
+    assert ("without validation" in capsys.readouterr().out) is not held_out
+
+
 @pytest.mark.slow
 def test_the_same_recipe_gives_the_same_numbers(smoke_run, tmp_path: Path) -> None:
     """Same recipe, seed and threads on the same machine: every metric equal, not just close."""
