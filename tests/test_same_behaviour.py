@@ -5,7 +5,7 @@ quickstart's smoke pipeline, must give the metrics, trajectories and weights rec
 `tests/data/fixtures/same_behaviour.json`. Both run through the CLI, so the test holds across any change of
 the modules behind it.
 
-Float results depend on the CPU model and the torch and transformers versions, so the record
+Float results depend on the CPU (its model and vector instructions) and library versions, so the record
 holds where it was made (it names the machine); on another machine the test skips, saying so.
 After a change meant to alter behaviour, record again on a checkout of the change:
 `python -m tests.test_same_behaviour --write`.
@@ -67,7 +67,9 @@ def machine() -> dict[str, str]:
         names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if "model name" in line]
         cpu = names[0] if names else cpu
     # tokenizers trains the tiny worlds' BPE tokenizers, so its version is part of what the record holds for.
-    return {"cpu": cpu, "python": platform.python_version(), "torch": torch.__version__,
+    # The model name can be as vague as "AMD EPYC"; the vector instructions torch's kernels use tell more.
+    return {"cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__, "tokenizers": tokenizers.__version__}  # fmt: skip
 
 
