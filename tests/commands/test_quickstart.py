@@ -197,7 +197,8 @@ def test_the_tool_call_base_pretrains_for_its_factor_of_the_steps(monkeypatch, t
 
     doubled = settings("protocol=tool-call", "tool_call_pretrain_factor=2.0", "pretrain_steps=800")
     assert doubled == settings("protocol=tool-call", "tool_call_pretrain_factor=1.0", "pretrain_steps=1600")
-    assert doubled == {**settings("protocol=tool-call", "pretrain_steps=800"), "pretrain_steps": 1600}
+    once = settings("protocol=tool-call", "tool_call_pretrain_factor=1.0", "pretrain_steps=800")
+    assert doubled == {**once, "pretrain_steps": 1600}
     assert settings("tool_call_pretrain_factor=2.0", "pretrain_steps=800")["pretrain_steps"] == 800  # tags
 
 
