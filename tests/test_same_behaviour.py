@@ -5,10 +5,11 @@ quickstart's smoke pipeline, must give the metrics, trajectories and weights rec
 `tests/data/fixtures/same_behaviour.json`. Both run through the CLI, so the test holds across any change of
 the modules behind it.
 
-Float results depend on the CPU (its model and vector instructions) and library versions, so the record
-holds where it was made (it names the machine); on another machine the test skips, saying so.
-After a change meant to alter behaviour, record again on a checkout of the change:
-`python -m tests.test_same_behaviour --write`.
+Float results depend on the CPU (its model and vector instructions) and library versions, so each
+record holds where it was made (it names the machine); the file keeps one record per machine, and on a
+machine it has none for the test skips, saying so. After a change meant to alter behaviour, record again
+on a checkout of the change, on each machine: `python -m tests.test_same_behaviour --write` (it replaces
+this machine's record, or adds one; `--only` drops the others).
 """
 
 from __future__ import annotations
@@ -138,6 +139,13 @@ def quickstart_run(root: Path) -> dict[str, str]:
     return _digests(run, QUICKSTART_FILES, [str(run)])
 
 
+def records() -> list[dict[str, Any]]:
+    """The saved records, one per machine."""
+    if not RECORD.is_file():
+        pytest.fail(f"{RECORD} is missing: record it with `python -m tests.test_same_behaviour --write`")
+    return json.loads(RECORD.read_text())["records"]
+
+
 def record() -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -154,13 +162,13 @@ def _threads_kept():
 
 @pytest.fixture(scope="module")
 def recorded() -> dict[str, Any]:
-    if not RECORD.is_file():
-        pytest.fail(f"{RECORD} is missing: record it with `python -m tests.test_same_behaviour --write`")
-    saved = json.loads(RECORD.read_text())
+    saved = records()
     here = machine()
-    if saved["machine"] != here:
-        pytest.skip(f"the record was made on {saved['machine']}, this is {here}: floats differ between machines")
-    return saved
+    for entry in saved:
+        if entry["machine"] == here:
+            return entry
+    made_on = "; ".join(str(entry["machine"]) for entry in saved)
+    pytest.skip(f"the records were made on {made_on}, this is {here}: floats differ between machines")
 
 
 @pytest.mark.slow
@@ -186,11 +194,14 @@ def test_the_quickstart_smoke_pipeline_gives_the_recorded_files(recorded, tmp_pa
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Record the runs of this test on this machine.")
-    parser.add_argument("--write", action="store_true", help=f"write the record, {RECORD}")
-    parser.add_argument("--out", type=Path, help="write it here instead")
+    parser.add_argument("--write", action="store_true", help=f"write this machine's record into {RECORD}")
+    parser.add_argument("--out", type=Path, help="write the records here instead")
+    parser.add_argument("--only", action="store_true", help="keep no other machine's record (after a behaviour change)")
     args = parser.parse_args()
     if not (args.write or args.out):
         parser.error("say where: --write or --out PATH")
     out = args.out or RECORD
-    out.write_text(json.dumps(record(), indent=1, sort_keys=True) + "\n")
-    print(f"wrote {out}")
+    new = record()
+    kept = [] if args.only or not RECORD.is_file() else [r for r in records() if r["machine"] != new["machine"]]
+    out.write_text(json.dumps({"records": [*kept, new]}, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {out}: {len(kept) + 1} record(s), this machine's {new['machine']}")
