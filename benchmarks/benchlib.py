@@ -202,8 +202,10 @@ def difference_figures(diffs: Sequence[float]) -> dict[str, float | None]:
 
 def provenance(repo: Path = RECIPES.parents[1]) -> dict[str, Any]:
     """Where a benchmark ran: `commit` (`git rev-parse --short HEAD` of `repo`, "unknown" outside git; "+
-    uncommitted changes" when tracked files differ from it), `cpu` (the CPU model), `cores` and
-    `torch_threads` (as the process runs now: call it after the run set them)."""
+    uncommitted changes" when tracked files differ from it), `cpu` (the CPU model), `cpu_capability`
+    (the vector instructions torch's kernels use: a model name like "AMD EPYC" can hide several, and
+    they change training floats), `cores` and `torch_threads` (as the process runs now: call it after
+    the run set them)."""
     import torch
 
     def git(*args: str) -> str:
@@ -218,12 +220,14 @@ def provenance(repo: Path = RECIPES.parents[1]) -> dict[str, Any]:
     lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
     models = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
     cpu = models[0] if models else platform.processor() or "unknown"
-    return {"commit": commit, "cpu": cpu, "cores": os.cpu_count() or 0, "torch_threads": torch.get_num_threads()}
+    return {"commit": commit, "cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cores": os.cpu_count() or 0, "torch_threads": torch.get_num_threads()}  # fmt: skip
 
 
 def measured_at(info: dict[str, Any]) -> str:
     """One sentence for a generated page: the commit and machine of `provenance`."""
+    kernels = f", {info['cpu_capability']} kernels" if info.get("cpu_capability") else ""
     return (
-        f"Measured at commit {info['commit']} on {info['cpu']} ({info['cores']} cores, "
+        f"Measured at commit {info['commit']} on {info['cpu']}{kernels} ({info['cores']} cores, "
         f"{info['torch_threads']} torch thread(s))."
     )

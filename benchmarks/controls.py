@@ -39,7 +39,7 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +87,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     worlds = run_worlds(__file__, args, lambda seed: _worker_arguments(seed, args), _bm25_line)
     figures = summarize(worlds, args, wall_s=time.perf_counter() - began)
     here = {**provenance(), "torch_threads": args.threads, "jobs": args.jobs}
-    figures["provenance"] = {**here, "commit": world_commits(worlds), "aggregated": args.aggregate}
+    here.pop("cpu_capability")  # each world's, in its cpu phrase
+    where = {"commit": world_commits(worlds), "cpu": world_cpus(worlds), "aggregated": args.aggregate}
+    figures["provenance"] = {**here, **where}
     print_tables(worlds, figures)
     write_doc(args.out, figures)
     print(f"controls: {args.out}", flush=True)
@@ -127,14 +129,29 @@ def _bm25_line(result: dict[str, Any]) -> str:
 
 def world_commits(worlds: dict[int, dict[str, Any]]) -> str:
     """The commit each world ran at, as one phrase: "abc1234", or "abc1234 (worlds 0, 1), def5678 (world 2)"."""
-    by_commit: dict[str, list[int]] = {}
+    return _by_world(worlds, lambda world: world.get("commit", "not recorded"))
+
+
+def world_cpus(worlds: dict[int, dict[str, Any]]) -> str:
+    """The CPU each world ran on, with its kernels' vector instructions where recorded, as one phrase."""
+
+    def cpu(world: dict[str, Any]) -> str:
+        machine = world.get("machine", {})
+        kernels = f", {machine['cpu_capability']} kernels" if machine.get("cpu_capability") else ""
+        return f"{machine.get('cpu', 'a CPU not recorded')}{kernels}"
+
+    return _by_world(worlds, cpu)
+
+
+def _by_world(worlds: dict[int, dict[str, Any]], label: Callable[[dict[str, Any]], str]) -> str:
+    by_label: dict[str, list[int]] = {}
     for seed, world in worlds.items():
-        by_commit.setdefault(world.get("commit", "not recorded"), []).append(seed)
-    if len(by_commit) == 1:
-        return next(iter(by_commit))
+        by_label.setdefault(label(world), []).append(seed)
+    if len(by_label) == 1:
+        return next(iter(by_label))
     return ", ".join(
-        f"{commit} ({'worlds' if len(seeds) > 1 else 'world'} {', '.join(map(str, seeds))})"
-        for commit, seeds in by_commit.items()
+        f"{text} ({'worlds' if len(seeds) > 1 else 'world'} {', '.join(map(str, seeds))})"
+        for text, seeds in by_label.items()
     )
 
 
@@ -143,6 +160,8 @@ def world_commits(worlds: dict[int, dict[str, Any]]) -> str:
 
 def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """The quickstart, then every control arm and its evaluation; writes and returns controls.json."""
+    import torch
+
     from simsearch.commands import quickstart
     from simsearch.config import QuickstartRecipe, load_recipe
     from simsearch.fingerprints import stage_fingerprint
@@ -182,7 +201,7 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         "arm_s": stage_s,
         "query_naming": report["query_naming"],
         "sim_rl_searches_by_kind": _searches_by_kind(run / "train"),  # the simulator arm: no other engine
-        "machine": report["machine"],
+        "machine": {**report["machine"], "cpu_capability": torch.backends.cpu.get_cpu_capability()},
     }
     (root / "controls.json").write_text(json.dumps(result, indent=2) + "\n")
     return result

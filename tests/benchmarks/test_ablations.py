@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 from PIL import Image
 
 from simsearch.tinyworld.world import build_world
@@ -70,6 +71,9 @@ def test_provenance_names_the_commit_or_unknown(tmp_path: Path) -> None:
     assert info["cpu"]
     assert ablations.provenance(tmp_path)["commit"] == "unknown"  # not a git work tree
     assert ablations.measured_at(PROVENANCE) == "Measured at commit abc1234 on Some CPU (2 cores, 1 torch thread(s))."
+    kernels = ablations.measured_at({**PROVENANCE, "cpu_capability": "AVX512"})
+    assert kernels == "Measured at commit abc1234 on Some CPU, AVX512 kernels (2 cores, 1 torch thread(s))."
+    assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
 
 
 def test_seeds_default_to_three_reporting_worlds_and_smoke_to_one() -> None:
@@ -177,7 +181,7 @@ def test_smoke_runs_every_arm_and_prints_every_key(tmp_path: Path, capsys: pytes
         assert 0.0 <= figures[key] <= 100.0, key
     assert figures["smoke"] is True and figures["steps"] == 2 and figures["wall_s"] > 0
     assert figures["differences"]["told_prompt-default"]["bm25"]["ci_low"] is None  # one seed: no interval
-    assert set(figures["provenance"]) == {"commit", "cpu", "cores", "torch_threads"}
+    assert set(figures["provenance"]) == {"commit", "cpu", "cpu_capability", "cores", "torch_threads"}
     seed = tmp_path / "seed_0"
     for name, variant in ablations.VARIANTS.items():  # each simulator collected with its overrides only
         collect = (seed / f"collect_{name}" / "recipe.yaml").read_text()

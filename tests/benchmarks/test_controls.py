@@ -60,12 +60,13 @@ def test_the_best_control_is_taken_world_by_world() -> None:
     assert lines[0].startswith("Command: `python benchmarks/controls.py --seeds 0 1 --jobs 1 --threads 1`")
 
 
-def test_aggregate_summarizes_finished_worlds_with_the_commit_each_ran_at(
+def test_aggregate_summarizes_finished_worlds_with_the_commit_and_cpu_each_ran_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for seed, commit in ((0, "aaa1111"), (1, "aaa1111"), (2, "bbb2222")):
+    for seed, commit, kernels in ((0, "aaa1111", "AVX2"), (1, "aaa1111", "AVX2"), (2, "bbb2222", "AVX512")):
         world = {**_world(seed, {"base": 10, "simulator": 60 + seed, "empty": 5, "random": 8, "noisy": 30,
-                                 "bm25": 70}), "commit": commit, "arm_s": {}}  # fmt: skip
+                                 "bm25": 70}), "commit": commit, "arm_s": {},
+                 "machine": {"cpu": "AMD EPYC", "cpu_capability": kernels}}  # fmt: skip
         (tmp_path / f"world_{seed}").mkdir()
         (tmp_path / f"world_{seed}" / "controls.json").write_text(json.dumps(world))
     out = tmp_path / "page.md"
@@ -73,6 +74,7 @@ def test_aggregate_summarizes_finished_worlds_with_the_commit_each_ran_at(
     figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert figures["sim_over_best_control_mean"] == 31.0  # 30, 31, 32 over noisy's 30
     assert figures["provenance"]["commit"] == "aaa1111 (worlds 0, 1), bbb2222 (world 2)"
+    assert figures["provenance"]["cpu"] == "AMD EPYC, AVX2 kernels (worlds 0, 1), AMD EPYC, AVX512 kernels (world 2)"
     assert "then the same with `--aggregate`" in out.read_text()
     with pytest.raises(SystemExit, match="world 3 has no"):
         controls.main(["--seeds", "3", "--aggregate", "--run-dir", str(tmp_path), "--out", str(out)])
