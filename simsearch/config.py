@@ -500,7 +500,9 @@ class QuickstartRecipe:
     n_background_entities: int = 900  # more people, in the corpus, whose questions pretrain the base LM
     vocab_size: int = 1000  # byte-level BPE of the tiny models
     drill_steps: int = 300  # copy drills (batch 64) before the traces: they form induction heads
-    pretrain_steps: int = 800  # base-model pretraining on reading and random-query traces
+    # base-model pretraining on reading and random-query traces (1,600 chosen on development worlds;
+    # docs/quickstart-notes.md)
+    pretrain_steps: int = 1600
     pretrain_batch_size: int = 32
     pretrain_lr: float = 2e-3
     pretrain_traces: int = 16000
@@ -529,9 +531,9 @@ class QuickstartRecipe:
     # protocol tool-call: the tiny tokenizer writes the call's fixed JSON before the query and after it as one
     # token each, as it writes years and cities (off: the BPE's 13 and 2 pieces; docs/toolcall.md)
     call_tokens: bool = False
-    # protocol tool-call: the base pretrains for pretrain_steps times this; its traces spend about half their
-    # loss on the call's JSON, the tags' about a sixth; chosen on development worlds (docs/toolcall.md)
-    tool_call_pretrain_factor: float = 2.0
+    # protocol tool-call: the base pretrains for pretrain_steps times this (1.0: the 1,600 steps chosen for
+    # it on development worlds, docs/toolcall.md)
+    tool_call_pretrain_factor: float = 1.0
     # torch threads (0 = torch's default: every core); 1 gives the same floats on any number of cores
     threads: int = 1
 
