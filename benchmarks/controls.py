@@ -15,6 +15,8 @@ the loop changes:
 - `empty`: every search finds nothing;
 - `random`: `top_k` corpus passages drawn at random, whatever the query;
 - `noisy`: the same simulator asked for noisy documents on every search (p_noise = 1);
+- `answerless`: real BM25 less every passage that holds the question's answer (the next ones up
+  take their places): on-topic results without the answer;
 - `bm25`: real BM25 in the loop (the reference a simulator stands in for).
 
 Every policy (and the base) is evaluated greedily on the held-out questions against BM25 and
@@ -23,7 +25,8 @@ dense retrieval. Worlds run in `--jobs` worker processes at `--threads` torch th
 Prints per-arm mean ± sd, the paired difference of the simulator arm over each control with a
 95% bootstrap interval over worlds, and as its last line one JSON object: `sim_em_bm25_mean`,
 `sim_em_bm25_min`, `sim_over_best_control_mean`, `sim_over_best_control_ci_low` /
-`_ci_high` (the best control is, in each world, the highest of empty, random and noisy on BM25),
+`_ci_high` (the best control is, in each world, the highest of the controls on BM25: empty, random,
+noisy and answerless, those every world ran),
 `sim_share_of_bm25_loop_gain` ((simulator - base) / (bm25 arm - base), means over worlds),
 `wall_s_max` and `peak_rss_gb_max` (the quickstart part of each world), `world_set`
 (`reporting`: seeds below 100, which no design choice was tuned on; `development`: 100 and up),
@@ -61,10 +64,11 @@ ARMS: dict[str, tuple[str, ...]] = {
     "empty": ("search.kind=empty", *NO_NOISE),
     "random": ("search.kind=random", "search.corpus={corpus}", *NO_NOISE),
     "noisy": ("curriculum.kind=constant", "curriculum.p_start=1.0"),
+    "answerless": ("search.kind=answerless", "search.corpus={corpus}", "search.index_dir={bm25}", *NO_NOISE),
     "bm25": ("search.kind=bm25", "search.corpus={corpus}", "search.index_dir={bm25}", *NO_NOISE),
 }
 """Control arm -> overrides of the quickstart's train.yaml (the simulator arm is the quickstart's RL run)."""
-CONTROLS = ("empty", "random", "noisy")  # the uninformative engines; bm25 is the reference
+CONTROLS = ("empty", "random", "noisy", "answerless")  # engines not meant to give the answer; bm25 is the reference
 ROWS = ("base", "simulator", *ARMS)
 ENGINES = ("bm25", "dense")
 DEVELOPMENT_SEEDS = 100  # seeds from here on are development worlds; below, reporting worlds
@@ -124,7 +128,7 @@ def _worker_arguments(seed: int, args: argparse.Namespace) -> list[str]:
 
 
 def _bm25_line(result: dict[str, Any]) -> str:
-    return "BM25 EM " + ", ".join(f"{r} {result['em'][r]['bm25']:.1f}" for r in ROWS)
+    return "BM25 EM " + ", ".join(f"{r} {result['em'][r]['bm25']:.1f}" for r in ROWS if r in result["em"])
 
 
 def world_commits(worlds: dict[int, dict[str, Any]]) -> str:
@@ -262,11 +266,12 @@ def evaluate_arm(root: Path, arm: str, seed: int, paths: dict[str, str], inputs:
 def summarize(worlds: dict[int, dict[str, Any]], args: argparse.Namespace, *, wall_s: float) -> dict[str, Any]:
     """The JSON figures: per-arm means, paired differences with their intervals, the targets' keys."""
     seeds = list(worlds)
-    em = {row: {e: [worlds[s]["em"][row][e] for s in seeds] for e in ENGINES} for row in ROWS}
-    best_control = [max(worlds[s]["em"][c]["bm25"] for c in CONTROLS) for s in seeds]
+    rows, controls = _run_in_every_world(worlds, ROWS), _run_in_every_world(worlds, CONTROLS)
+    em = {row: {e: [worlds[s]["em"][row][e] for s in seeds] for e in ENGINES} for row in rows}
+    best_control = [max(worlds[s]["em"][c]["bm25"] for c in controls) for s in seeds]
     over_best = [sim - best for sim, best in zip(em["simulator"]["bm25"], best_control)]
     paired = {}
-    for arm in (*CONTROLS, "bm25", "base"):
+    for arm in (*controls, "bm25", "base"):
         diffs = [a - b for a, b in zip(em["simulator"]["bm25"], em[arm]["bm25"])]
         low, high = bootstrap_interval(diffs)
         paired[arm] = {"mean": round(mean_sd(diffs)[0], 2), "ci_low": round(low, 2), "ci_high": round(high, 2)}
@@ -286,11 +291,18 @@ def summarize(worlds: dict[int, dict[str, Any]], args: argparse.Namespace, *, wa
         "wall_s_max": max(w["quickstart_wall_s"] for w in worlds.values()),
         "peak_rss_gb_max": max(w["quickstart_peak_rss_gb"] for w in worlds.values()),
         "wall_s": round(wall_s, 1),
-        "em_mean": {row: {e: round(mean_sd(em[row][e])[0], 2) for e in ENGINES} for row in ROWS},
-        "em_sd": {row: {e: round(mean_sd(em[row][e])[1], 2) for e in ENGINES} for row in ROWS},
+        "rows": list(rows),
+        "controls": list(controls),
+        "em_mean": {row: {e: round(mean_sd(em[row][e])[0], 2) for e in ENGINES} for row in rows},
+        "em_sd": {row: {e: round(mean_sd(em[row][e])[1], 2) for e in ENGINES} for row in rows},
         "sim_minus": paired,
         "by_world": {str(s): worlds[s] for s in seeds},
     }
+
+
+def _run_in_every_world(worlds: dict[int, dict[str, Any]], names: Sequence[str]) -> tuple[str, ...]:
+    """Those of `names` that every world ran (an arm added later is missing from worlds run before)."""
+    return tuple(name for name in names if all(name in world["em"] for world in worlds.values()))
 
 
 def world_set(seeds: Sequence[int]) -> str:
@@ -310,6 +322,7 @@ def doc_lines(figures: dict[str, Any]) -> list[str]:
     """The results as Markdown: provenance, per world, mean ± sd per arm, and the paired differences."""
     worlds = figures["by_world"]
     seeds = list(worlds)
+    rows, controls = figures.get("rows", ROWS), figures.get("controls", CONTROLS)
     where = figures.get("provenance")
     jobs = where.get("jobs", 1) if where else 1
     command = f"python benchmarks/controls.py --seeds {' '.join(seeds)} --jobs {jobs} --threads {figures['threads']}"
@@ -322,14 +335,14 @@ def doc_lines(figures: dict[str, Any]) -> list[str]:
         "",
         "Held-out EM (%), greedy, 300 questions per world:",
         "",
-        "| world | " + " | ".join(f"{row} bm25 / dense" for row in ROWS) + " |",
-        "|---|" + "---|" * len(ROWS),
+        "| world | " + " | ".join(f"{row} bm25 / dense" for row in rows) + " |",
+        "|---|" + "---|" * len(rows),
     ]
     for seed in seeds:
         em = worlds[seed]["em"]
-        lines.append(f"| {seed} | " + " | ".join(f"{em[r]['bm25']:.1f} / {em[r]['dense']:.1f}" for r in ROWS) + " |")
+        lines.append(f"| {seed} | " + " | ".join(f"{em[r]['bm25']:.1f} / {em[r]['dense']:.1f}" for r in rows) + " |")
     lines += ["", "| arm | bm25 | dense |", "|---|---|---|"]
-    for row in ROWS:
+    for row in rows:
         cells = [f"{figures['em_mean'][row][e]:.1f} ± {figures['em_sd'][row][e]:.1f}" for e in ENGINES]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     lines += [
@@ -340,8 +353,8 @@ def doc_lines(figures: dict[str, Any]) -> list[str]:
         "| simulator arm minus | bm25 | dense |",
         "|---|---|---|",
     ]
-    for arm in (*CONTROLS, "best control", "bm25", "base"):
-        cells = [difference_cell(_differences(worlds, arm, engine)) for engine in ENGINES]
+    for arm in (*controls, "best control", "bm25", "base"):
+        cells = [difference_cell(_differences(worlds, arm, engine, controls)) for engine in ENGINES]
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     share = figures["sim_share_of_bm25_loop_gain"]
     lines += [
@@ -353,12 +366,12 @@ def doc_lines(figures: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _differences(worlds: dict[str, Any], arm: str, engine: str) -> list[float]:
-    """Per world: the simulator arm's EM minus `arm`'s ("best control": the best of CONTROLS on that engine)."""
+def _differences(worlds: dict[str, Any], arm: str, engine: str, controls: Sequence[str]) -> list[float]:
+    """Per world: the simulator arm's EM minus `arm`'s ("best control": the best of `controls` on that engine)."""
     out = []
     for world in worlds.values():
         em = world["em"]
-        other = max(em[c][engine] for c in CONTROLS) if arm == "best control" else em[arm][engine]
+        other = max(em[c][engine] for c in controls) if arm == "best control" else em[arm][engine]
         out.append(em["simulator"][engine] - other)
     return out
 
@@ -368,11 +381,12 @@ def print_tables(worlds: dict[int, dict[str, Any]], figures: dict[str, Any]) -> 
     print(
         f"\nHeld-out EM (%), greedy, {figures['world_set']} worlds {figures['seeds']}, {figures['threads']} thread(s)."
     )
-    print("\n| world | " + " | ".join(ROWS) + " |\n|---|" + "---|" * len(ROWS))
+    rows = figures["rows"]
+    print("\n| world | " + " | ".join(rows) + " |\n|---|" + "---|" * len(rows))
     for seed, world in worlds.items():
-        print(f"| {seed} | " + " | ".join(f"{world['em'][r]['bm25']:.1f}" for r in ROWS) + " |")
+        print(f"| {seed} | " + " | ".join(f"{world['em'][r]['bm25']:.1f}" for r in rows) + " |")
     print("\n(BM25 above.) Mean ± sd over worlds:\n\n| arm | bm25 | dense |\n|---|---|---|")
-    for row in ROWS:
+    for row in rows:
         cells = [f"{figures['em_mean'][row][e]:.1f} ± {figures['em_sd'][row][e]:.1f}" for e in ENGINES]
         print(f"| {row} | " + " | ".join(cells) + " |")
     print("\nSimulator arm minus each arm, BM25, paired by world (95% bootstrap interval over worlds):\n")

@@ -9,7 +9,7 @@ key fails before any work starts.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -135,7 +135,7 @@ def search_fingerprint(cfg: SearchConfig) -> str:
         fields.pop(volatile)
     if cfg.kind != "simulator":
         fields.pop("simulator")
-    if cfg.kind in ("bm25", "dense"):
+    if cfg.kind in ("bm25", "dense", "answerless"):
         fields["corpus_files"] = path_identity(cfg.corpus)
     if cfg.kind == "simulator":
         model = cfg.simulator.generation.model
@@ -232,6 +232,13 @@ def _local_engine(cfg: SearchConfig, seed: int) -> SearchEngine:
     return _build_local_index(cfg)
 
 
+def _answerless_engine(cfg: SearchConfig, seed: int) -> SearchEngine:
+    from simsearch.retrieval.answerless import AnswerlessSearchEngine
+
+    bm25 = _local_engine(replace(cfg, kind="bm25"), seed)
+    return AnswerlessSearchEngine(bm25, limit=len(getattr(bm25, "passages", ())) or None)
+
+
 def _http_engine(cfg: SearchConfig, seed: int) -> SearchEngine:
     from simsearch.retrieval.http import HTTPSearchEngine
 
@@ -270,6 +277,7 @@ SEARCH_ENGINES: dict[str, Callable[[SearchConfig, int], SearchEngine | None]] = 
     "self": _no_engine,
     "empty": _empty_engine,  # finds nothing
     "random": _random_engine,  # top_k corpus passages drawn at random, whatever the query
+    "answerless": _answerless_engine,  # BM25's results less every passage holding a gold answer
 }
 """A builder for each of `SEARCH_KINDS`: kind -> (cfg, seed) -> engine (None for self-search)."""
 

@@ -29,6 +29,7 @@ QUERY_PRICES: dict[str, tuple[float | None, str]] = {
     "dense": (0.0, "local index"),
     "empty": (0.0, "finds nothing"),
     "random": (0.0, "passages drawn from a local corpus"),
+    "answerless": (0.0, "local index"),
     "simulator": (0.0, "no per-query price: its cost is its GPU time (gpu_hour_price)"),
     "http": (None, "whatever serves the URL: set price_per_1k_queries"),
     # Read 2026-11-23 from third-party pages quoting SerpAPI's plans (Developer: $75 a month for

@@ -60,6 +60,21 @@ def test_the_best_control_is_taken_world_by_world() -> None:
     assert lines[0].startswith("Command: `python benchmarks/controls.py --seeds 0 1 --jobs 1 --threads 1`")
 
 
+def test_an_arm_one_world_lacks_is_left_out_of_the_summary_and_the_best_control() -> None:
+    worlds = {
+        0: _world(0, {"base": 10, "simulator": 60, "empty": 5, "random": 8, "noisy": 12, "answerless": 50, "bm25": 70}),
+        1: _world(1, {"base": 20, "simulator": 50, "empty": 30, "random": 10, "noisy": 25, "bm25": 60}),
+    }
+    figures = controls.summarize(worlds, argparse.Namespace(threads=1, smoke=False), wall_s=1.0)
+    assert "answerless" not in figures["rows"] and "answerless" not in figures["controls"]
+    assert "answerless" not in figures["em_mean"] and "answerless" not in figures["sim_minus"]
+    assert figures["sim_over_best_control_mean"] == 34.0  # 60 - 12 (noisy, not answerless's 50) and 50 - 30 (empty)
+    assert not any("answerless" in line for line in controls.doc_lines(figures))
+    worlds[1]["em"]["answerless"] = {"bm25": 40.0, "dense": 20.0}
+    figures = controls.summarize(worlds, argparse.Namespace(threads=1, smoke=False), wall_s=1.0)
+    assert figures["controls"][-1] == "answerless" and figures["sim_over_best_control_mean"] == 10.0
+
+
 def test_aggregate_summarizes_finished_worlds_with_the_commit_and_cpu_each_ran_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -87,7 +102,7 @@ def test_smoke_trains_every_arm_on_its_own_engine(tmp_path: Path, capsys: pytest
     figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the JSON is the last line
     assert set(figures) >= KEYS and figures["smoke"] is True and figures["seeds"] == [0]
     world = tmp_path / "world_0"
-    kinds = {"empty": "empty", "random": "random", "noisy": "simulator", "bm25": "bm25"}
+    kinds = {"empty": "empty", "random": "random", "noisy": "simulator", "answerless": "answerless", "bm25": "bm25"}
     for arm, kind in kinds.items():
         engines = json.loads((world / "train" / arm / "cost.json").read_text())["engines"]
         assert [usage["kind"] for usage in engines.values()] == [kind], arm

@@ -136,7 +136,9 @@ def test_the_builder_tables_cover_exactly_the_engine_kinds_the_recipe_modules_de
     assert set(GENERATION_ENGINES) == set(GENERATION_KINDS)
     assert set(SEARCH_ENGINES) == set(SEARCH_KINDS)
     assert GENERATION_KINDS == ("hf", "openai", "vllm")
-    assert SEARCH_KINDS == ("bm25", "dense", "http", "serper", "serpapi", "simulator", "self", "empty", "random")
+    engines = ("bm25", "dense", "http", "serper", "serpapi", "simulator", "self")
+    controls = ("empty", "random", "answerless")  # the controls' engines
+    assert engines + controls == SEARCH_KINDS
     with pytest.raises(RecipeError, match=r"policy.kind='tgi' is not one of hf, openai, vllm"):
         GenerationConfig(kind="tgi").check("policy")
     with pytest.raises(RecipeError, match=r"search.kind='google' is not one of bm25, dense, http"):
