@@ -205,10 +205,33 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         "arm_s": stage_s,
         "query_naming": report["query_naming"],
         "sim_rl_searches_by_kind": _searches_by_kind(run / "train"),  # the simulator arm: no other engine
+        "answer_in_results": {
+            arm: answer_in_results(root / "train" / arm if arm in ARMS else run / "train")
+            for arm in ("simulator", *ARMS)
+        },
         "machine": {**report["machine"], "cpu_capability": torch.backends.cpu.get_cpu_capability()},
     }
     (root / "controls.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def answer_in_results(train_run: Path) -> dict[str, float | int]:
+    """How often an RL run's engine showed the answer: of the searches in its saved trajectories (a
+    sample of its steps), the share whose results hold a gold answer of the question (normalized
+    containment, as the rule reward matches), and their number."""
+    from simsearch.eval.metrics import normalize_answer
+
+    searches = shown = 0
+    for line in (train_run / "trajectories.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        golds = [gold for gold in map(normalize_answer, row["golden_answers"]) if gold]
+        for turn in row["turns"]:
+            if turn["action"] != "search" or not turn["executed"]:
+                continue
+            searches += 1
+            texts = [normalize_answer(doc["text"]) for doc in turn["documents"]]
+            shown += any(gold in text for gold in golds for text in texts)
+    return {"share": round(shown / searches, 3) if searches else 0.0, "searches": searches}
 
 
 def _searches_by_kind(train_run: Path) -> dict[str, int]:
@@ -356,6 +379,19 @@ def doc_lines(figures: dict[str, Any]) -> list[str]:
     for arm in (*controls, "best control", "bm25", "base"):
         cells = [difference_cell(_differences(worlds, arm, engine, controls)) for engine in ENGINES]
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    shown = [worlds[seed].get("answer_in_results", {}) for seed in seeds]
+    arms = [arm for arm in rows if arm != "base" and all(arm in world for world in shown)]
+    if arms:
+        lines += [
+            "",
+            "How often the engine in the loop showed the answer: the share of searches in each RL run's saved",
+            "trajectories (a sample of its steps) whose results hold a gold answer:",
+            "",
+            "| world | " + " | ".join(arms) + " |",
+            "|---|" + "---|" * len(arms),
+        ]
+        for seed, world in zip(seeds, shown, strict=True):
+            lines.append(f"| {seed} | " + " | ".join(f"{world[arm]['share']:.2f}" for arm in arms) + " |")
     share = figures["sim_share_of_bm25_loop_gain"]
     lines += [
         "",

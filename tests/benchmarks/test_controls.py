@@ -60,6 +60,29 @@ def test_the_best_control_is_taken_world_by_world() -> None:
     assert lines[0].startswith("Command: `python benchmarks/controls.py --seeds 0 1 --jobs 1 --threads 1`")
 
 
+def test_answer_in_results_counts_executed_searches_whose_results_hold_a_gold_answer(tmp_path: Path) -> None:
+    def turn(action: str, texts: list[str], executed: bool = True) -> dict:
+        return {"action": action, "executed": executed, "documents": [{"text": t} for t in texts]}
+
+    rows = [
+        {"golden_answers": ["Glass-blower"], "turns": [turn("search", ["Roru is a glassblower."]),
+                                                      turn("search", ["Roru was born in Ulm."]),
+                                                      turn("answer", ["glassblower"])]},
+        {"golden_answers": ["1859"], "turns": [turn("search", ["In 1859 Kesh founded a bank."], executed=False),
+                                               turn("search", [])]},
+    ]  # fmt: skip
+    (tmp_path / "trajectories.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    # Three executed searches; one showed the answer (normalized: the hyphen does not hide it).
+    assert controls.answer_in_results(tmp_path) == {"share": 0.333, "searches": 3}
+    worlds = {
+        s: _world(s, {"base": 10, "simulator": 60, "empty": 5, "random": 8, "noisy": 12, "bm25": 70}) for s in (0, 1)
+    }
+    for world in worlds.values():
+        world["answer_in_results"] = {arm: {"share": 0.5, "searches": 4} for arm in ("simulator", "noisy", "bm25")}
+    lines = controls.doc_lines(controls.summarize(worlds, argparse.Namespace(threads=1, smoke=False), wall_s=1.0))
+    assert "| world | simulator | noisy | bm25 |" in lines and "| 1 | 0.50 | 0.50 | 0.50 |" in lines
+
+
 def test_an_arm_one_world_lacks_is_left_out_of_the_summary_and_the_best_control() -> None:
     worlds = {
         0: _world(0, {"base": 10, "simulator": 60, "empty": 5, "random": 8, "noisy": 12, "answerless": 50, "bm25": 70}),
@@ -114,6 +137,8 @@ def test_smoke_trains_every_arm_on_its_own_engine(tmp_path: Path, capsys: pytest
         assert set(summary["rows"]) == {"bm25", "dense"}, arm
     assert set(figures["by_world"]["0"]["em"]) == {"base", "simulator", *kinds}
     assert figures["by_world"]["0"]["sim_rl_searches_by_kind"].keys() == {"simulator"}
+    shown = figures["by_world"]["0"]["answer_in_results"]
+    assert shown.keys() == {"simulator", *kinds} and shown["answerless"]["share"] == 0.0
     # The page went to the run directory, not to docs/, with the commit and machine it ran on.
     page = (tmp_path / "controls.md").read_text()
     assert "smoke: a pipeline check" in page and "Measured at commit" in page
