@@ -132,8 +132,16 @@ def _bm25_line(result: dict[str, Any]) -> str:
 
 
 def world_commits(worlds: dict[int, dict[str, Any]]) -> str:
-    """The commit each world ran at, as one phrase: "abc1234", or "abc1234 (worlds 0, 1), def5678 (world 2)"."""
-    return _by_world(worlds, lambda world: world.get("commit", "not recorded"))
+    """The commit each world ran at, as one phrase: "abc1234", or "abc1234 (worlds 0, 1), def5678 (world 2)";
+    an arm run at another commit than its world's quickstart is named: "abc1234 (the answerless arm at def5678)"."""
+
+    def commits(world: dict[str, Any]) -> str:
+        commit = world.get("commit", "not recorded")
+        others = [f"the {arm} arm at {run['commit']}" for arm, run in world.get("arm_runs", {}).items()
+                  if run["commit"] != commit]  # fmt: skip
+        return f"{commit} ({', '.join(others)})" if others else commit
+
+    return _by_world(worlds, commits)
 
 
 def world_cpus(worlds: dict[int, dict[str, Any]]) -> str:
@@ -163,7 +171,12 @@ def _by_world(worlds: dict[int, dict[str, Any]], label: Callable[[dict[str, Any]
 
 
 def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
-    """The quickstart, then every control arm and its evaluation; writes and returns controls.json."""
+    """The quickstart, then every control arm and its evaluation; writes and returns controls.json.
+
+    A world run again in the same directory reuses every stage built from the same inputs, and its
+    controls.json keeps what the earlier run recorded of them (commit, times, machine): only what
+    ran now is recorded as now.
+    """
     import torch
 
     from simsearch.commands import quickstart
@@ -188,28 +201,39 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         "base": str(run / "base"),
         "simulator": str(quickstart.final_model(run / "simulator")),
     }
-    fingerprints = {stage: stage_fingerprint(run / stage) for stage in ("world", "base", "simulator")}
+    fingerprints = {stage: stage_fingerprint(run / stage) for stage in ("world", "base", "simulator", "train")}
+    previous = json.loads((root / "controls.json").read_text()) if (root / "controls.json").is_file() else {}
+    machine = {**report["machine"], "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    here = {"commit": commit, "quickstart_wall_s": report["wall_s"], "quickstart_peak_rss_gb": report["peak_rss_gb"],
+            "machine": machine}  # fmt: skip
+    if previous.get("fingerprints") == fingerprints:  # the quickstart part was reused: as recorded then
+        here = {key: previous[key] for key in here}
     em = {"base": _real(report["em"]["base"]), "simulator": _real(report["em"]["rl_search"])}
-    stage_s: dict[str, float] = {}
+    arm_runs: dict[str, dict[str, Any]] = {}
     for arm in ARMS:
         began = time.perf_counter()
         policy_fp = train_arm(root, arm, seed, paths, fingerprints, args.smoke)
         em[arm] = evaluate_arm(root, arm, seed, paths, [policy_fp, fingerprints["world"]], args.smoke)
-        stage_s[arm] = round(time.perf_counter() - began, 1)
+        arm_runs[arm] = {"fingerprint": policy_fp, "commit": commit, "s": round(time.perf_counter() - began, 1)}
+        kept = previous.get("arm_runs", {}).get(arm)
+        if kept and kept["fingerprint"] == policy_fp:  # reused
+            arm_runs[arm] = kept
     result = {
         "seed": seed,
-        "commit": commit,
+        "commit": here["commit"],
         "em": em,
-        "quickstart_wall_s": report["wall_s"],
-        "quickstart_peak_rss_gb": report["peak_rss_gb"],
-        "arm_s": stage_s,
+        "quickstart_wall_s": here["quickstart_wall_s"],
+        "quickstart_peak_rss_gb": here["quickstart_peak_rss_gb"],
+        "arm_s": {arm: run_["s"] for arm, run_ in arm_runs.items()},
+        "arm_runs": arm_runs,
+        "fingerprints": fingerprints,
         "query_naming": report["query_naming"],
         "sim_rl_searches_by_kind": _searches_by_kind(run / "train"),  # the simulator arm: no other engine
         "answer_in_results": {
             arm: answer_in_results(root / "train" / arm if arm in ARMS else run / "train")
             for arm in ("simulator", *ARMS)
         },
-        "machine": {**report["machine"], "cpu_capability": torch.backends.cpu.get_cpu_capability()},
+        "machine": here["machine"],
     }
     (root / "controls.json").write_text(json.dumps(result, indent=2) + "\n")
     return result

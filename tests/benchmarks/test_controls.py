@@ -139,6 +139,12 @@ def test_smoke_trains_every_arm_on_its_own_engine(tmp_path: Path, capsys: pytest
     assert figures["by_world"]["0"]["sim_rl_searches_by_kind"].keys() == {"simulator"}
     shown = figures["by_world"]["0"]["answer_in_results"]
     assert shown.keys() == {"simulator", *kinds} and shown["answerless"]["share"] == 0.0
+    # Run again in the same directory: every stage is reused, and the record keeps the first run's times.
+    first = json.loads((world / "controls.json").read_text())
+    controls.main(["--smoke", "--run-dir", str(tmp_path), "--threads", "1"])
+    again = json.loads((world / "controls.json").read_text())
+    assert again["arm_runs"] == first["arm_runs"] and again["em"] == first["em"]
+    assert again["quickstart_wall_s"] == first["quickstart_wall_s"] > 0
     # The page went to the run directory, not to docs/, with the commit and machine it ran on.
     page = (tmp_path / "controls.md").read_text()
     assert "smoke: a pipeline check" in page and "Measured at commit" in page
