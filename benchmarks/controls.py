@@ -133,13 +133,13 @@ def _bm25_line(result: dict[str, Any]) -> str:
 
 def world_commits(worlds: dict[int, dict[str, Any]]) -> str:
     """The commit each world ran at, as one phrase: "abc1234", or "abc1234 (worlds 0, 1), def5678 (world 2)";
-    an arm run at another commit than its world's quickstart is named: "abc1234 (the answerless arm at def5678)"."""
+    an arm run at another commit than its world's quickstart is named: "abc1234 + the answerless arm at def5678"."""
 
     def commits(world: dict[str, Any]) -> str:
         commit = world.get("commit", "not recorded")
         others = [f"the {arm} arm at {run['commit']}" for arm, run in world.get("arm_runs", {}).items()
                   if run["commit"] != commit]  # fmt: skip
-        return f"{commit} ({', '.join(others)})" if others else commit
+        return " + ".join([commit, *others])
 
     return _by_world(worlds, commits)
 

@@ -112,6 +112,9 @@ def test_aggregate_summarizes_finished_worlds_with_the_commit_and_cpu_each_ran_o
     figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert figures["sim_over_best_control_mean"] == 31.0  # 30, 31, 32 over noisy's 30
     assert figures["provenance"]["commit"] == "aaa1111 (worlds 0, 1), bbb2222 (world 2)"
+    worlds = {2: {**json.loads((tmp_path / "world_2" / "controls.json").read_text()),
+                  "arm_runs": {"noisy": {"commit": "bbb2222"}, "answerless": {"commit": "ccc3333"}}}}  # fmt: skip
+    assert controls.world_commits(worlds) == "bbb2222 + the answerless arm at ccc3333"
     assert figures["provenance"]["cpu"] == "AMD EPYC, AVX2 kernels (worlds 0, 1), AMD EPYC, AVX512 kernels (world 2)"
     assert "then the same with `--aggregate`" in out.read_text()
     with pytest.raises(SystemExit, match="world 3 has no"):
