@@ -177,13 +177,11 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     controls.json keeps what the earlier run recorded of them (commit, times, machine): only what
     ran now is recorded as now.
     """
-    import torch
-
     from simsearch.commands import quickstart
     from simsearch.config import QuickstartRecipe, load_recipe
     from simsearch.fingerprints import stage_fingerprint
 
-    commit = provenance()["commit"]  # the code this world runs, before anything can change it
+    where = provenance()  # the code this world runs, before anything can change it
     root = args.run_dir / f"world_{seed}"
     qs = load_recipe(
         QuickstartRecipe, None,
@@ -203,7 +201,8 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     }
     fingerprints = {stage: stage_fingerprint(run / stage) for stage in ("world", "base", "simulator", "train")}
     previous = json.loads((root / "controls.json").read_text()) if (root / "controls.json").is_file() else {}
-    machine = {**report["machine"], "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    commit = where["commit"]
+    machine = {**report["machine"], "cpu_capability": where["cpu_capability"]}
     here = {"commit": commit, "quickstart_wall_s": report["wall_s"], "quickstart_peak_rss_gb": report["peak_rss_gb"],
             "machine": machine}  # fmt: skip
     if previous.get("fingerprints") == fingerprints:  # the quickstart part was reused: as recorded then
@@ -243,18 +242,16 @@ def answer_in_results(train_run: Path) -> dict[str, float | int]:
     """How often an RL run's engine showed the answer: of the searches in its saved trajectories (a
     sample of its steps), the share whose results hold a gold answer of the question (normalized
     containment, as the rule reward matches), and their number."""
-    from simsearch.eval.metrics import normalize_answer
+    from simsearch.eval.metrics import substring_exact_match
 
     searches = shown = 0
     for line in (train_run / "trajectories.jsonl").read_text().splitlines():
         row = json.loads(line)
-        golds = [gold for gold in map(normalize_answer, row["golden_answers"]) if gold]
         for turn in row["turns"]:
             if turn["action"] != "search" or not turn["executed"]:
                 continue
             searches += 1
-            texts = [normalize_answer(doc["text"]) for doc in turn["documents"]]
-            shown += any(gold in text for gold in golds for text in texts)
+            shown += any(substring_exact_match(doc["text"], row["golden_answers"]) for doc in turn["documents"])
     return {"share": round(shown / searches, 3) if searches else 0.0, "searches": searches}
 
 

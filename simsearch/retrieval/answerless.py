@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from simsearch.eval.metrics import normalize_answer
+from simsearch.eval.metrics import normalize_answer, substring_exact_match
 from simsearch.retrieval.base import SearchEngine
 from simsearch.types import Document, SearchRequest
 
@@ -46,6 +46,5 @@ class AnswerlessSearchEngine:
 
 
 def _without_answers(documents: list[Document], request: SearchRequest) -> list[Document]:
-    golds = [normalize_answer(gold) for gold in request.golden_answers]
-    kept = [doc for doc in documents if not any(gold and gold in normalize_answer(doc.text) for gold in golds)]
+    kept = [doc for doc in documents if not substring_exact_match(doc.text, request.golden_answers)]
     return kept[: request.top_k]
