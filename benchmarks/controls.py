@@ -4,6 +4,7 @@
     python benchmarks/controls.py --seeds 100 101 102 --jobs 2 --threads 1   # development worlds
     python benchmarks/controls.py --smoke                                    # a pipeline check
     python benchmarks/controls.py --seeds 0 1 2 3 4 --aggregate              # worlds run in parts, summarized
+    python benchmarks/controls.py --seeds 0 1 --arms noisy --borrow docs/controls/avx512  # some arms again
 
 Per world (seed): `simsearch quickstart` in RUN_DIR/world_SEED (its base, its simulator and its
 RL policy, which is the simulator arm), then one RL run per control on the same base with
@@ -21,6 +22,9 @@ the loop changes:
 
 Every policy (and the base) is evaluated greedily on the held-out questions against BM25 and
 dense retrieval. Worlds run in `--jobs` worker processes at `--threads` torch threads each.
+`--arms` runs some of the controls; the others are taken from an earlier record of the same world
+(RUN_DIR's own, or `--borrow DIR`'s) when its world and base are this run's (same fingerprints,
+same base EM), and its simulator too for the arms that use it; the record names their commits.
 
 Prints per-arm mean ± sd, the paired difference of the simulator arm over each control with a
 95% bootstrap interval over worlds, and as its last line one JSON object: `sim_em_bm25_mean`,
@@ -68,6 +72,7 @@ ARMS: dict[str, tuple[str, ...]] = {
     "bm25": ("search.kind=bm25", "search.corpus={corpus}", "search.index_dir={bm25}", *NO_NOISE),
 }
 """Control arm -> overrides of the quickstart's train.yaml (the simulator arm is the quickstart's RL run)."""
+SIMULATOR_ARMS = ("noisy",)  # controls whose engine is the quickstart's simulator
 CONTROLS = ("empty", "random", "noisy", "answerless")  # engines not meant to give the answer; bm25 is the reference
 ROWS = ("base", "simulator", *ARMS)
 ENGINES = ("bm25", "dense")
@@ -111,10 +116,15 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", default="", help="the doc whose results block is rewritten (docs/controls.md)")
     parser.add_argument("--render", default="", help="write the doc from a finished run's output (its last line)")
     parser.add_argument("--aggregate", action="store_true", help="run nothing: summarize RUN_DIR's finished worlds")
+    parser.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=list(ARMS), help="control arms to run")
+    parser.add_argument("--borrow", default="", help="take the arms not run from this directory's world records")
     parser.add_argument("--one-world", type=int, default=None, help=argparse.SUPPRESS)  # a worker's seed
     parser.add_argument("overrides", nargs="*", help="quickstart recipe overrides, after --")
     args = parser.parse_args(argv)
     args.seeds = args.seeds or ([0] if args.smoke else [0, 1, 2, 3, 4])
+    for seed in args.seeds if args.borrow else []:
+        if not (Path(args.borrow) / f"world_{seed}" / "controls.json").is_file():
+            parser.error(f"--borrow {args.borrow}: no world_{seed}/controls.json there to take arms from")
     smoke_dir = tempfile.mkdtemp(prefix="controls-smoke-") if args.smoke and not args.run_dir else ""
     args.run_dir = Path(args.run_dir or smoke_dir or "runs/controls")
     args.out = Path(args.out or (args.run_dir / "controls.md" if args.smoke else "docs/controls.md"))
@@ -124,6 +134,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def _worker_arguments(seed: int, args: argparse.Namespace) -> list[str]:
     """One world in a worker process (its own threads and peak memory), which writes its controls.json."""
     return ["--one-world", str(seed), "--run-dir", str(args.run_dir), "--threads", str(args.threads),
+            "--arms", *args.arms, *(["--borrow", args.borrow] if args.borrow else []),
             *(["--smoke"] if args.smoke else []), "--", *args.overrides]  # fmt: skip
 
 
@@ -209,7 +220,7 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         here = {key: previous[key] for key in here}
     em = {"base": _real(report["em"]["base"]), "simulator": _real(report["em"]["rl_search"])}
     arm_runs: dict[str, dict[str, Any]] = {}
-    for arm in ARMS:
+    for arm in args.arms:
         began = time.perf_counter()
         policy_fp = train_arm(root, arm, seed, paths, fingerprints, args.smoke)
         em[arm] = evaluate_arm(root, arm, seed, paths, [policy_fp, fingerprints["world"]], args.smoke)
@@ -230,12 +241,43 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         "sim_rl_searches_by_kind": _searches_by_kind(run / "train"),  # the simulator arm: no other engine
         "answer_in_results": {
             arm: answer_in_results(root / "train" / arm if arm in ARMS else run / "train")
-            for arm in ("simulator", *ARMS)
+            for arm in ("simulator", *args.arms)
         },
         "machine": here["machine"],
     }
+    borrowed = Path(args.borrow) / f"world_{seed}" / "controls.json"
+    earlier = json.loads(borrowed.read_text()) if args.borrow else previous
+    carry_arms(result, earlier, args.borrow)
     (root / "controls.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def carry_arms(result: dict[str, Any], earlier: dict[str, Any], source: str) -> None:
+    """Adds to `result` the arms `earlier` (a record of the same world) ran and `result` did not.
+
+    Raises `SystemExit` when `earlier` is of another world or base (fingerprints or base EM differ);
+    an arm on the simulator is carried only when the simulators' fingerprints agree too.
+    """
+    missing = [arm for arm in ARMS if arm not in result["em"] and arm in earlier.get("em", {})]
+    if not missing:
+        return
+    mine, theirs = result["fingerprints"], earlier["fingerprints"]
+    where = f"{source}'s record" if source else "the record in the run directory"
+    same = mine["world"] == theirs["world"] and mine["base"] == theirs["base"]
+    if not same or result["em"]["base"] != earlier["em"]["base"]:
+        raise SystemExit(
+            f"controls: world {result['seed']}: {where} is of another world or base (fingerprints {theirs['world']}/"
+            f"{theirs['base']}, base EM {earlier['em']['base']}; here {mine['world']}/{mine['base']}, "
+            f"{result['em']['base']}); run every arm (drop --arms) or borrow from a record of this base"
+        )
+    for arm in missing:
+        if arm in SIMULATOR_ARMS and mine["simulator"] != theirs["simulator"]:
+            continue  # its engine is not this world's simulator
+        result["em"][arm] = earlier["em"][arm]
+        result["arm_runs"][arm] = {**earlier["arm_runs"][arm], **({"borrowed_from": source} if source else {})}
+        result["arm_s"][arm] = earlier["arm_runs"][arm]["s"]
+        if arm in earlier.get("answer_in_results", {}):
+            result["answer_in_results"][arm] = earlier["answer_in_results"][arm]
 
 
 def answer_in_results(train_run: Path) -> dict[str, float | int]:

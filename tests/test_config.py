@@ -228,6 +228,8 @@ def test_the_simulators_sampling_is_checked_before_any_work(train_yaml: Path) ->
     with pytest.raises(RecipeError, match=r"search\.simulator\.max_new_tokens"):
         load_recipe(TrainRecipe, train_yaml, [*simulator, "search.simulator.max_new_tokens=0"])
     load_recipe(TrainRecipe, train_yaml, [*simulator, "search.simulator.temperature=0.8"])
+    with pytest.raises(RecipeError, match=r"search\.simulator\.noisy_answers='drop' is not one of keep, redact"):
+        load_recipe(TrainRecipe, train_yaml, [*simulator, "search.simulator.noisy_answers=drop"])
 
 
 def test_a_preset_that_needs_templates_names_the_missing_ones(train_yaml: Path) -> None:

@@ -312,7 +312,7 @@ def _build_local_index(cfg: SearchConfig) -> SearchEngine:
 
 def build_simulator(cfg: SearchConfig, *, seed: int = 0) -> SearchEngine:
     """The LLM simulator a `SearchConfig` with `kind=simulator` describes."""
-    from simsearch.simulator.engine import SimulatedSearchEngine
+    from simsearch.simulator.engine import NoisyAnswers, SimulatedSearchEngine
     from simsearch.simulator.prompts import PRESETS, Preset, PromptTemplates
 
     sim = cfg.simulator
@@ -338,4 +338,5 @@ def build_simulator(cfg: SearchConfig, *, seed: int = 0) -> SearchEngine:
         show_question=sim.show_question,
         show_answer=sim.show_answer,
         verbatim=cfg.rendering == VERBATIM_STYLE,  # the policy reads the simulator's own text
+        noisy_answers=cast(NoisyAnswers, sim.noisy_answers),  # checked by the recipe
     )

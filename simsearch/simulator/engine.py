@@ -3,7 +3,8 @@
 `SimulatedSearchEngine` implements `SearchEngine` over any `GenerationEngine`, one `generate`
 call per `search` batch. Each request says how many of its `top_k` documents must be noisy
 (`SearchRequest.num_noisy`); a mixed request generates a useful and a noisy set and takes the
-`noisy_positions` from the noisy one.
+`noisy_positions` from the noisy one. Under `noisy_answers="redact"` no noisy document shows a
+gold answer (`redact_answers`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from simsearch.eval.metrics import normalize_answer, substring_exact_match
 from simsearch.generation.base import GenerationEngine
 from simsearch.simulator.prompts import (
     PRESETS,
@@ -36,8 +38,13 @@ PAD_TEXT = "(no result)"
 TITLE_WORDS = 6
 """Words of an untitled one-line block used as its title."""
 SOURCE = "simulator"
+REDACTED = "___"
+"""What stands in a noisy document for a gold answer it wrote, under `noisy_answers="redact"`."""
+NOISY_ANSWERS = ("keep", "redact")
+"""What becomes of a gold answer a noisy document holds: kept (ZeroSearch), or redacted."""
 
 ParseMethod = Literal["numbered", "paragraphs", "lines", "empty"]
+NoisyAnswers = Literal["keep", "redact"]
 
 _BLANK_RUNS = re.compile(r"\n\s*\n")
 # A line opening a numbered document: optional bullets/markdown, "Doc" or "Document", a number.
@@ -138,6 +145,23 @@ def split_verbatim(text: str, top_k: int) -> list[Document]:
     return [Document(title="", text=piece, source=SOURCE) for piece in pieces]
 
 
+def redact_answers(text: str, golden_answers: list[str]) -> str:
+    """`text` with every gold answer it holds (normalized containment, as the rule reward matches)
+    replaced by `REDACTED`; `PAD_TEXT` when a spelling the replacement misses would still show one.
+    """
+    for gold in golden_answers:
+        words = normalize_answer(gold).split()
+        if not words:
+            continue
+        # The answer's letters, punctuation allowed between them and any run of spaces, punctuation
+        # or articles between its words: the spellings normalization maps onto it.
+        glue = r"(?:[^\w\s]|_)*"
+        gap = r"(?:[\W_]+(?:(?:a|an|the)[\W_]+)*)"
+        word_patterns = [glue.join(re.escape(char) for char in word) for word in words]
+        text = re.sub(gap.join(word_patterns), REDACTED, text, flags=re.IGNORECASE)
+    return PAD_TEXT if substring_exact_match(text, golden_answers) else text
+
+
 def noisy_positions(query: str, top_k: int, num_noisy: int) -> list[int]:
     """The ascending 0-based positions that take noisy documents; seeded by the query's SHA-256."""
     if not 0 <= num_noisy <= top_k:
@@ -158,6 +182,9 @@ class SimulatedSearchEngine:
         show_question: Show the request's question in the prompt (the zerosearch presets need it).
         show_answer: Show the gold answers in the prompt (the zerosearch presets need them).
         verbatim: Return `split_verbatim` pieces, for the "zerosearch-simulator" rendering.
+        noisy_answers: "redact": every gold answer in a noisy document's title and text becomes
+            `REDACTED` (`redact_answers`), so noise never shows the answer; requests asking for noisy
+            documents must carry their gold answers. "keep": as written (ZeroSearch).
     """
 
     def __init__(
@@ -176,6 +203,7 @@ class SimulatedSearchEngine:
         show_question: bool = True,
         show_answer: bool = True,
         verbatim: bool = False,
+        noisy_answers: NoisyAnswers = "keep",
     ) -> None:
         if preset not in PRESETS:
             raise ValueError(f"preset={preset!r} is not one of {', '.join(PRESETS)}")
@@ -188,6 +216,8 @@ class SimulatedSearchEngine:
             check_templates(templates)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+        if noisy_answers not in NOISY_ANSWERS:
+            raise ValueError(f"noisy_answers={noisy_answers!r} is not one of {', '.join(NOISY_ANSWERS)}")
         self.generator = generator
         self.preset = preset
         self.tokenizer = tokenizer
@@ -201,9 +231,11 @@ class SimulatedSearchEngine:
         self.show_question = show_question
         self.show_answer = show_answer
         self.verbatim = verbatim
+        self.noisy_answers = noisy_answers
         self.stats: Counter[str] = Counter()
-        """Cumulative parse counts: `simulator/sets` parsed, `simulator/valid`, `/padded`,
-        `/trimmed`, `/unparsed`, and `simulator/calls` (generate calls)."""
+        """Cumulative counts: `simulator/sets` parsed, `simulator/valid`, `/padded`, `/trimmed`,
+        `/unparsed`, `simulator/calls` (generate calls), and under "redact" `simulator/noisy_docs`
+        returned and `/noisy_redacted` of them that held an answer."""
 
     def fingerprint(self) -> str:
         """A stable string naming everything but the request that shapes this engine's answers (for cache keys)."""
@@ -221,6 +253,8 @@ class SimulatedSearchEngine:
                 "show_question": self.show_question,
                 "show_answer": self.show_answer,
                 "verbatim": self.verbatim,
+                # Only when set, so the caches of engines built before the choice keep their keys.
+                **({"noisy_answers": self.noisy_answers} if self.noisy_answers != "keep" else {}),
             },
             sort_keys=True,
         )
@@ -229,8 +263,8 @@ class SimulatedSearchEngine:
         """Writes `top_k` documents for each request, with one generate call for the batch.
 
         Raises:
-            ValueError: top_k < 1, num_noisy outside [0, top_k], or a prompt the preset cannot render,
-                naming the request.
+            ValueError: top_k < 1, num_noisy outside [0, top_k], a prompt the preset cannot render, or
+                under "redact" noisy documents asked for without gold answers; naming the request.
         """
         if not requests:
             return []
@@ -241,6 +275,11 @@ class SimulatedSearchEngine:
                 raise ValueError(
                     f"request {i} (query {request.query!r}): top_k={request.top_k} must be >= 1 and "
                     f"num_noisy={request.num_noisy} within [0, top_k]"
+                )
+            if self.noisy_answers == "redact" and request.num_noisy and not _has_answer(request.golden_answers):
+                raise ValueError(
+                    f"request {i} (query {request.query!r}) asks for noisy documents without gold answers: "
+                    "noisy_answers=redact needs them to take the answer out (or set noisy_answers=keep)"
                 )
             useful = noisy = None
             if request.num_noisy < request.top_k:
@@ -274,11 +313,21 @@ class SimulatedSearchEngine:
             for doc in sets.get("noisy", []):
                 doc.noisy = True  # so trajectories and the viewer can mark what was made noisy
             if len(sets) == 1:
-                results.append(next(iter(sets.values())))
-                continue
-            chosen = set(noisy_positions(request.query, request.top_k, request.num_noisy))
-            results.append([sets["noisy" if p in chosen else "useful"][p] for p in range(request.top_k)])
+                chosen = next(iter(sets.values()))
+            else:
+                noisy_at = set(noisy_positions(request.query, request.top_k, request.num_noisy))
+                chosen = [sets["noisy" if p in noisy_at else "useful"][p] for p in range(request.top_k)]
+            if self.noisy_answers == "redact":
+                self._redact([doc for doc in chosen if doc.noisy], request.golden_answers)
+            results.append(chosen)
         return results
+
+    def _redact(self, documents: list[Document], golden_answers: list[str]) -> None:
+        for doc in documents:
+            title, text = redact_answers(doc.title, golden_answers), redact_answers(doc.text, golden_answers)
+            self.stats["simulator/noisy_docs"] += 1
+            self.stats["simulator/noisy_redacted"] += int((title, text) != (doc.title, doc.text))
+            doc.title, doc.text = title, text
 
     def _prompt(self, request: SearchRequest, *, noisy: bool) -> str:
         return render(
@@ -308,3 +357,7 @@ class SimulatedSearchEngine:
         self.stats["simulator/unparsed"] += int(result.method == "empty")
         # The parse still feeds the format statistics in verbatim mode.
         return split_verbatim(text, top_k) if self.verbatim else result.documents
+
+
+def _has_answer(golden_answers: list[str]) -> bool:
+    return any(normalize_answer(gold) for gold in golden_answers)

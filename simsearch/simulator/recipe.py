@@ -14,6 +14,7 @@ from simsearch.data.rendering import RENDER_STYLES, VERBATIM_STYLE
 from simsearch.errors import RecipeError
 from simsearch.generation.recipe import GenerationConfig, SamplingConfig
 from simsearch.retrieval.recipe import SEARCH_KINDS
+from simsearch.simulator.engine import NOISY_ANSWERS
 from simsearch.simulator.prompts import PRESETS
 
 
@@ -38,11 +39,15 @@ class SimulatorConfig:
     max_new_tokens: int = 600  # ZeroSearch's max_tokens for the simulator
     show_question: bool = True  # false: the prompt leaves out the question (simsearch, simsearch-brief, custom)
     show_answer: bool = True  # false: not told the answer, it writes what it learned of the world (idem)
+    # keep: noisy documents as written (ZeroSearch) | redact: every gold answer in them replaced, so noise never
+    # shows the answer (simulator.engine.redact_answers); training only, where requests carry gold answers
+    noisy_answers: str = "keep"
 
     def check(self, key: str) -> None:
         check_choice(f"{key}.preset", self.preset, tuple(PRESETS))
         check_shows(f"{key}.show_question", self.show_question, self.preset)
         check_shows(f"{key}.show_answer", self.show_answer, self.preset)
+        check_choice(f"{key}.noisy_answers", self.noisy_answers, NOISY_ANSWERS)
         if PRESETS[self.preset].needs_templates and not (self.useful_template and self.noisy_template):
             raise RecipeError(f"{key}.preset={self.preset} needs both {key}.useful_template and {key}.noisy_template")
         self.generation.check(f"{key}.generation")

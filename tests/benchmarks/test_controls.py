@@ -121,6 +121,35 @@ def test_aggregate_summarizes_finished_worlds_with_the_commit_and_cpu_each_ran_o
         controls.main(["--seeds", "3", "--aggregate", "--run-dir", str(tmp_path), "--out", str(out)])
 
 
+def _record(seed: int, arms: dict[str, float], simulator: str = "s1", base_em: float = 10.0) -> dict:
+    world = _world(seed, {"base": base_em, "simulator": 60, **arms})
+    runs = {arm: {"fingerprint": f"fp-{arm}", "commit": "old1234", "s": 5.0} for arm in arms}
+    shown = {arm: {"share": 0.5, "searches": 10} for arm in arms}
+    fingerprints = {"world": "w", "base": "b", "simulator": simulator, "train": "t"}
+    return {**world, "arm_runs": runs, "arm_s": {a: 5.0 for a in arms}, "answer_in_results": shown,
+            "fingerprints": fingerprints}  # fmt: skip
+
+
+def test_arms_not_run_are_carried_from_a_record_of_the_same_world_and_base() -> None:
+    earlier = _record(0, {"empty": 5, "random": 8, "noisy": 40, "answerless": 4, "bm25": 70})
+    result = _record(0, {"noisy": 12}, simulator="s2")
+    controls.carry_arms(result, earlier, "docs/controls/old")
+    # The simulator changed, so the earlier noisy arm is not this world's; the others are carried.
+    assert result["em"]["noisy"]["bm25"] == 12
+    assert set(result["em"]) == {"base", "simulator", "noisy", "empty", "random", "answerless", "bm25"}
+    assert result["arm_runs"]["bm25"] == {"fingerprint": "fp-bm25", "commit": "old1234", "s": 5.0,
+                                          "borrowed_from": "docs/controls/old"}  # fmt: skip
+    assert result["answer_in_results"]["empty"] == {"share": 0.5, "searches": 10}
+    assert "the bm25 arm at old1234" in controls.world_commits({0: {**result, "commit": "new5678"}})
+    without_noisy = _record(0, {}, simulator="s2")
+    controls.carry_arms(without_noisy, earlier, "")
+    assert "noisy" not in without_noisy["em"] and "bm25" in without_noisy["em"]
+    other_base = {**_record(0, {}), "fingerprints": {**earlier["fingerprints"], "base": "x"}}
+    for other in (_record(0, {}, base_em=11.0), other_base):
+        with pytest.raises(SystemExit, match="world 0: docs/controls/old's record is of another world or base"):
+            controls.carry_arms(other, earlier, "docs/controls/old")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # a whole pipeline for a step or two: minutes on a busy 2-core machine
 def test_smoke_trains_every_arm_on_its_own_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -142,12 +171,17 @@ def test_smoke_trains_every_arm_on_its_own_engine(tmp_path: Path, capsys: pytest
     assert figures["by_world"]["0"]["sim_rl_searches_by_kind"].keys() == {"simulator"}
     shown = figures["by_world"]["0"]["answer_in_results"]
     assert shown.keys() == {"simulator", *kinds} and shown["answerless"]["share"] == 0.0
+    assert shown["noisy"]["searches"] > 0 and shown["noisy"]["share"] == 0.0  # train.yaml redacts noisy answers
     # Run again in the same directory: every stage is reused, and the record keeps the first run's times.
     first = json.loads((world / "controls.json").read_text())
     controls.main(["--smoke", "--run-dir", str(tmp_path), "--threads", "1"])
     again = json.loads((world / "controls.json").read_text())
     assert again["arm_runs"] == first["arm_runs"] and again["em"] == first["em"]
     assert again["quickstart_wall_s"] == first["quickstart_wall_s"] > 0
+    # One arm run again: the others come from the record already there.
+    controls.main(["--smoke", "--run-dir", str(tmp_path), "--threads", "1", "--arms", "empty"])
+    once_more = json.loads((world / "controls.json").read_text())
+    assert once_more["em"] == first["em"] and once_more["arm_runs"] == first["arm_runs"]
     # The page went to the run directory, not to docs/, with the commit and machine it ran on.
     page = (tmp_path / "controls.md").read_text()
     assert "smoke: a pipeline check" in page and "Measured at commit" in page

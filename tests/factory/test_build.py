@@ -160,3 +160,6 @@ def test_the_simulator_gets_the_recipe_templates_when_its_preset_table_entry_ask
         build.build_simulator(cfg)
     templates = prompts.PromptTemplates("U {query}", "N {query}")
     assert [options["templates"] for options in built] == [templates, templates, None]
+    cfg.simulator.noisy_answers = "redact"
+    build.build_simulator(cfg)
+    assert [options["noisy_answers"] for options in built] == ["keep", "keep", "keep", "redact"]

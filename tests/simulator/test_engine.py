@@ -9,11 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simsearch.data.rendering import render_documents, wrap_information
+from simsearch.eval.metrics import substring_exact_match
 from simsearch.simulator.engine import (
     PAD_TEXT,
     SimulatedSearchEngine,
     noisy_positions,
     parse_documents,
+    redact_answers,
     split_verbatim,
     zerosearch_postprocess,
 )
@@ -328,3 +330,78 @@ def test_verbatim_engine_shows_the_policy_what_zerosearch_showed() -> None:
     assert wrap_information(render_documents(docs, style="zerosearch-simulator")) == expected
     assert engine.stats["simulator/sets"] == 1  # the parse statistics are still kept
     assert SimulatedSearchEngine(FakeGenerator(_by_mode), preset="simsearch").fingerprint() != engine.fingerprint()
+
+
+# --------------------------------------------------------------------------- noisy_answers=redact
+
+
+@pytest.mark.parametrize(
+    ("text", "golds", "expected"),
+    [
+        ("Ana was born in Velmora in 1873.", ["Velmora"], "Ana was born in ___ in 1873."),
+        ("born in VELMORA, twice: velmora.", ["velmora"], "born in ___, twice: ___."),
+        ("She studied at the Old Harbor school", ["the old harbor"], "She studied at the ___ school"),
+        ("He lived in O'Neill-Town", ["O'Neill Town"], "He lived in ___"),
+        ("in 18730 and 1873", ["1873"], "in ___0 and ___"),  # containment is by character
+        ("nothing to see", ["Velmora"], "nothing to see"),
+    ],
+)
+def test_redact_answers_replaces_every_spelling_normalization_matches(text: str, golds: list, expected: str) -> None:
+    assert redact_answers(text, golds) == expected
+
+
+def test_redact_answers_pads_a_document_whose_answer_it_cannot_cut_out() -> None:
+    # "The" inside the answer is dropped by normalization, so "The Hague" is held by "hague".
+    assert redact_answers("capital: Hague", ["The Hague"]) == "capital: ___"
+    # A decomposed accent is still NFC-normalized into the answer but the pattern does not see it.
+    assert redact_answers("in Jose\u0301 town", ["José"]) == PAD_TEXT
+
+
+@given(st.text(max_size=60), st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=3))
+@settings(max_examples=300, deadline=None)
+def test_redacted_text_never_holds_a_gold_answer(text: str, golds: list[str]) -> None:
+    redacted = redact_answers(text, golds)
+    assert not substring_exact_match(redacted, golds) or redacted == PAD_TEXT
+
+
+def _answer_everywhere(prompt: str) -> str:
+    return "\n".join(f"Doc {i}(Title: Velmora {i}) Ana was born in Velmora." for i in range(1, 6))
+
+
+def test_redact_takes_the_answer_out_of_noisy_documents_only() -> None:
+    engine = SimulatedSearchEngine(FakeGenerator(_answer_everywhere), preset="simsearch", noisy_answers="redact")
+    request = SearchRequest(query="Ana birthplace", top_k=5, golden_answers=["Velmora"], num_noisy=2)
+    docs = engine.search([request])[0]
+    noisy = set(noisy_positions("Ana birthplace", 5, 2))
+    for i, doc in enumerate(docs):
+        assert doc.noisy == (i in noisy)
+        shown = substring_exact_match(f"{doc.title} {doc.text}", ["Velmora"])
+        assert shown == (i not in noisy), (i, doc)
+    assert docs[min(noisy)].text == "Ana was born in ___."
+    assert engine.stats["simulator/noisy_docs"] == 2 and engine.stats["simulator/noisy_redacted"] == 2
+
+
+def test_keep_leaves_noisy_documents_as_written() -> None:
+    engine = SimulatedSearchEngine(FakeGenerator(_answer_everywhere), preset="simsearch")
+    request = SearchRequest(query="Ana birthplace", top_k=3, golden_answers=["Velmora"], num_noisy=3)
+    assert all("Velmora" in doc.text for doc in engine.search([request])[0])
+
+
+def test_redact_refuses_noisy_requests_without_gold_answers() -> None:
+    engine = SimulatedSearchEngine(FakeGenerator(_answer_everywhere), preset="simsearch", noisy_answers="redact")
+    assert engine.search([SearchRequest(query="q", top_k=3)])[0]  # nothing noisy asked for: nothing to redact
+    with pytest.raises(ValueError, match=r"request 1 \(query 'q2'\).*gold answers"):
+        engine.search(
+            [
+                SearchRequest(query="q1", top_k=3, golden_answers=["Velmora"], num_noisy=1),
+                SearchRequest(query="q2", top_k=3, golden_answers=["a"], num_noisy=1),  # normalizes to nothing
+            ]
+        )
+    with pytest.raises(ValueError, match="noisy_answers="):
+        SimulatedSearchEngine(FakeGenerator(_by_mode), preset="simsearch", noisy_answers="drop")  # type: ignore[arg-type]
+
+
+def test_redact_enters_the_fingerprint_and_keep_leaves_it_as_before() -> None:
+    keep = SimulatedSearchEngine(FakeGenerator(_by_mode), preset="simsearch")
+    redact = SimulatedSearchEngine(FakeGenerator(_by_mode), preset="simsearch", noisy_answers="redact")
+    assert "noisy_answers" not in keep.fingerprint() and '"noisy_answers": "redact"' in redact.fingerprint()
