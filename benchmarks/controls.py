@@ -283,10 +283,12 @@ def carry_arms(result: dict[str, Any], earlier: dict[str, Any], source: str) -> 
 def answer_in_results(train_run: Path) -> dict[str, float | int]:
     """How often an RL run's engine showed the answer: of the searches in its saved trajectories (a
     sample of its steps), the share whose results hold a gold answer of the question (normalized
-    containment, as the rule reward matches), and their number."""
+    containment, as the rule reward matches), and their number; of the noisy documents among their
+    results, their number and the share in which the simulator's `REDACTED` stands for an answer."""
     from simsearch.eval.metrics import substring_exact_match
+    from simsearch.simulator.engine import REDACTED
 
-    searches = shown = 0
+    searches = shown = noisy = redacted = 0
     for line in (train_run / "trajectories.jsonl").read_text().splitlines():
         row = json.loads(line)
         for turn in row["turns"]:
@@ -294,7 +296,15 @@ def answer_in_results(train_run: Path) -> dict[str, float | int]:
                 continue
             searches += 1
             shown += any(substring_exact_match(doc["text"], row["golden_answers"]) for doc in turn["documents"])
-    return {"share": round(shown / searches, 3) if searches else 0.0, "searches": searches}
+            noise = [doc for doc in turn["documents"] if doc.get("noisy")]
+            noisy += len(noise)
+            redacted += sum(REDACTED in doc["text"] for doc in noise)
+    return {
+        "share": round(shown / searches, 3) if searches else 0.0,
+        "searches": searches,
+        "noisy_docs": noisy,
+        "noisy_redacted": round(redacted / noisy, 3) if noisy else 0.0,
+    }
 
 
 def _searches_by_kind(train_run: Path) -> dict[str, int]:

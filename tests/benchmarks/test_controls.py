@@ -71,9 +71,13 @@ def test_answer_in_results_counts_executed_searches_whose_results_hold_a_gold_an
         {"golden_answers": ["1859"], "turns": [turn("search", ["In 1859 Kesh founded a bank."], executed=False),
                                                turn("search", [])]},
     ]  # fmt: skip
+    noisy = [{"text": "Kesh founded a bank in ___.", "noisy": True}, {"text": "Kesh was a baker.", "noisy": True}]
+    rows[1]["turns"][1]["documents"] = [*noisy, {"text": "Kesh founded a bank in 1860.", "noisy": False}]
     (tmp_path / "trajectories.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    # Three executed searches; one showed the answer (normalized: the hyphen does not hide it).
-    assert controls.answer_in_results(tmp_path) == {"share": 0.333, "searches": 3}
+    # Three executed searches; one showed the answer (normalized: the hyphen does not hide it); of the
+    # two noisy documents, one had an answer taken out.
+    shown = {"share": 0.333, "searches": 3, "noisy_docs": 2, "noisy_redacted": 0.5}
+    assert controls.answer_in_results(tmp_path) == shown
     worlds = {
         s: _world(s, {"base": 10, "simulator": 60, "empty": 5, "random": 8, "noisy": 12, "bm25": 70}) for s in (0, 1)
     }
