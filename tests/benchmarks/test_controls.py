@@ -87,6 +87,15 @@ def test_answer_in_results_counts_executed_searches_whose_results_hold_a_gold_an
     assert "| world | simulator | noisy | bm25 |" in lines and "| 1 | 0.50 | 0.50 | 0.50 |" in lines
 
 
+def test_worlds_without_the_bm25_arm_are_summarized_without_its_share() -> None:
+    worlds = {s: _world(s, {"base": 10, "simulator": s - 40, "noisy": 4, "answerless": 2}) for s in (100, 101)}
+    figures = controls.summarize(worlds, argparse.Namespace(threads=1, smoke=False), wall_s=1.0)
+    assert figures["sim_share_of_bm25_loop_gain"] is None
+    assert set(figures["sim_minus"]) == {"noisy", "answerless", "base"}
+    assert figures["sim_over_best_control_mean"] == 56.5
+    assert not any(line.startswith("| bm25 ") for line in controls.doc_lines(figures))
+
+
 def test_an_arm_one_world_lacks_is_left_out_of_the_summary_and_the_best_control() -> None:
     worlds = {
         0: _world(0, {"base": 10, "simulator": 60, "empty": 5, "random": 8, "noisy": 12, "answerless": 50, "bm25": 70}),
