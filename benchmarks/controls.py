@@ -5,6 +5,7 @@
     python benchmarks/controls.py --smoke                                    # a pipeline check
     python benchmarks/controls.py --seeds 0 1 2 3 4 --aggregate              # worlds run in parts, summarized
     python benchmarks/controls.py --seeds 0 1 --arms noisy --borrow docs/controls/avx512  # some arms again
+    python benchmarks/controls.py --seeds 0 1 --aggregate --compare docs/controls/avx512  # against earlier runs
 
 Per world (seed): `simsearch quickstart` in RUN_DIR/world_SEED (its base, its simulator and its
 RL policy, which is the simulator arm), then one RL run per control on the same base with
@@ -25,6 +26,8 @@ dense retrieval. Worlds run in `--jobs` worker processes at `--threads` torch th
 `--arms` runs some of the controls; the others are taken from an earlier record of the same world
 (RUN_DIR's own, or `--borrow DIR`'s) when its world and base are this run's (same fingerprints,
 same base EM), and its simulator too for the arms that use it; the record names their commits.
+`--compare DIR` adds, for each arm whose EM moved, its paired difference from DIR's records of the
+same worlds and bases (what a change of the code or recipe did to it).
 
 Prints per-arm mean ± sd, the paired difference of the simulator arm over each control with a
 95% bootstrap interval over worlds, and as its last line one JSON object: `sim_em_bm25_mean`,
@@ -56,6 +59,7 @@ from benchlib import (
     RECIPES,
     bootstrap_interval,
     difference_cell,
+    finished_world,
     mean_sd,
     measured_at,
     provenance,
@@ -99,6 +103,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     here.pop("cpu_capability")  # each world's, in its cpu phrase
     where = {"commit": world_commits(worlds), "cpu": world_cpus(worlds), "aggregated": args.aggregate}
     figures["provenance"] = {**here, **where}
+    if args.compare:
+        figures["versus"] = versus(worlds, args.compare)
     print_tables(worlds, figures)
     write_doc(args.out, figures)
     print(f"controls: {args.out}", flush=True)
@@ -118,13 +124,15 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--aggregate", action="store_true", help="run nothing: summarize RUN_DIR's finished worlds")
     parser.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=list(ARMS), help="control arms to run")
     parser.add_argument("--borrow", default="", help="take the arms not run from this directory's world records")
+    parser.add_argument("--compare", default="", help="each arm's paired difference from this directory's records")
     parser.add_argument("--one-world", type=int, default=None, help=argparse.SUPPRESS)  # a worker's seed
     parser.add_argument("overrides", nargs="*", help="quickstart recipe overrides, after --")
     args = parser.parse_args(argv)
     args.seeds = args.seeds or ([0] if args.smoke else [0, 1, 2, 3, 4])
-    for seed in args.seeds if args.borrow else []:
-        if not (Path(args.borrow) / f"world_{seed}" / "controls.json").is_file():
-            parser.error(f"--borrow {args.borrow}: no world_{seed}/controls.json there to take arms from")
+    for option, other in (("--borrow", args.borrow), ("--compare", args.compare)):
+        for seed in args.seeds if other else []:
+            if not (Path(other) / f"world_{seed}" / "controls.json").is_file():
+                parser.error(f"{option} {other}: no world_{seed}/controls.json there")
     smoke_dir = tempfile.mkdtemp(prefix="controls-smoke-") if args.smoke and not args.run_dir else ""
     args.run_dir = Path(args.run_dir or smoke_dir or "runs/controls")
     args.out = Path(args.out or (args.run_dir / "controls.md" if args.smoke else "docs/controls.md"))
@@ -247,6 +255,7 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     }
     borrowed = Path(args.borrow) / f"world_{seed}" / "controls.json"
     earlier = json.loads(borrowed.read_text()) if args.borrow else previous
+    (root / "controls.json").write_text(json.dumps(result, indent=2) + "\n")  # kept if nothing can be carried
     carry_arms(result, earlier, args.borrow)
     (root / "controls.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
@@ -398,6 +407,21 @@ def summarize(worlds: dict[int, dict[str, Any]], args: argparse.Namespace, *, wa
     }
 
 
+def versus(worlds: dict[int, dict[str, Any]], other: str) -> dict[str, Any]:
+    """Each row's EM here minus in `other`'s records of the same worlds, per engine and world, for the
+    rows both ran whose EM differs in some world; `SystemExit` when a world's base differs there."""
+    theirs = {seed: finished_world("controls", Path(other), seed) for seed in worlds}
+    for seed, world in worlds.items():
+        if theirs[seed]["em"]["base"] != world["em"]["base"]:
+            raise SystemExit(f"controls: --compare {other}: world {seed}'s base is not this run's; nothing to pair")
+    rows = [row for row in ROWS if all(row in w["em"] and row in theirs[s]["em"] for s, w in worlds.items())]
+    diffs = {
+        row: {e: [worlds[s]["em"][row][e] - theirs[s]["em"][row][e] for s in worlds] for e in ENGINES} for row in rows
+    }
+    moved = {row: d for row, d in diffs.items() if any(v != 0 for values in d.values() for v in values)}
+    return {"dir": other, "commit": world_commits(theirs), "diffs": moved}
+
+
 def _run_in_every_world(worlds: dict[int, dict[str, Any]], names: Sequence[str]) -> tuple[str, ...]:
     """Those of `names` that every world ran (an arm added later is missing from worlds run before)."""
     return tuple(name for name in names if all(name in world["em"] for world in worlds.values()))
@@ -467,6 +491,18 @@ def doc_lines(figures: dict[str, Any]) -> list[str]:
         ]
         for seed, world in zip(seeds, shown, strict=True):
             lines.append(f"| {seed} | " + " | ".join(f"{world[arm]['share']:.2f}" for arm in arms) + " |")
+    if figures.get("versus"):
+        other = figures["versus"]
+        lines += [
+            "",
+            f"Against the records in `{other['dir']}` (commit {other['commit']}), each arm whose EM moved, here",
+            "minus there, paired by world (the other arms are the same runs):",
+            "",
+            "| arm | bm25 | dense |",
+            "|---|---|---|",
+        ]
+        for row, d in other["diffs"].items():
+            lines.append(f"| {row} | " + " | ".join(difference_cell(d[e]) for e in ENGINES) + " |")
     share = figures["sim_share_of_bm25_loop_gain"]
     lines += [
         "",

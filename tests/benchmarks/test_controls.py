@@ -163,6 +163,32 @@ def test_arms_not_run_are_carried_from_a_record_of_the_same_world_and_base() -> 
             controls.carry_arms(other, earlier, "docs/controls/old")
 
 
+def test_compare_pairs_the_arms_that_moved_against_earlier_records_of_the_same_bases(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name, noisy, simulator in (("now", 4, 60), ("before", 30, 58)):
+        for seed in (0, 1, 2):
+            world = {**_world(seed, {"base": 10, "simulator": simulator + seed, "empty": 5, "noisy": noisy + seed}),
+                     "commit": name, "arm_s": {}, "machine": {"cpu": "AMD EPYC"}}  # fmt: skip
+            (tmp_path / name / f"world_{seed}").mkdir(parents=True)
+            (tmp_path / name / f"world_{seed}" / "controls.json").write_text(json.dumps(world))
+    out = tmp_path / "page.md"
+    run = ["--seeds", "0", "1", "2", "--aggregate", "--run-dir", str(tmp_path / "now"), "--out", str(out)]
+    controls.main([*run, "--compare", str(tmp_path / "before")])
+    versus = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["versus"]
+    # Only the arms that moved: empty is the same run in both.
+    assert versus["diffs"] == {"simulator": {"bm25": [2, 2, 2], "dense": [1.0, 1.0, 1.0]},
+                               "noisy": {"bm25": [-26, -26, -26], "dense": [-13.0, -13.0, -13.0]}}  # fmt: skip
+    assert versus["commit"] == "before"
+    assert "| noisy | -26.0 (-26.0 to -26.0) | -13.0 (-13.0 to -13.0) |" in out.read_text()
+    before = tmp_path / "before" / "world_1" / "controls.json"
+    before.write_text(json.dumps({**json.loads(before.read_text()), "em": {"base": {"bm25": 1, "dense": 1}}}))
+    with pytest.raises(SystemExit, match="world 1's base is not this run's"):
+        controls.main([*run, "--compare", str(tmp_path / "before")])
+    with pytest.raises(SystemExit):  # argparse: no records there
+        controls.main([*run, "--compare", str(tmp_path / "nowhere")])
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # a whole pipeline for a step or two: minutes on a busy 2-core machine
 def test_smoke_trains_every_arm_on_its_own_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
