@@ -245,7 +245,8 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         "arm_s": {arm: run_["s"] for arm, run_ in arm_runs.items()},
         "arm_runs": arm_runs,
         "fingerprints": fingerprints,
-        "query_naming": report["query_naming"],
+        # how each policy's first held-out BM25 query names the asked person
+        "query_naming": {**report["query_naming"], **_arms_query_naming(qs, root, args.arms)},
         "sim_rl_searches_by_kind": _searches_by_kind(run / "train"),  # the simulator arm: no other engine
         "answer_in_results": {
             arm: answer_in_results(root / "train" / arm if arm in ARMS else run / "train")
@@ -285,8 +286,9 @@ def carry_arms(result: dict[str, Any], earlier: dict[str, Any], source: str) -> 
         result["em"][arm] = earlier["em"][arm]
         result["arm_runs"][arm] = {**earlier["arm_runs"][arm], **({"borrowed_from": source} if source else {})}
         result["arm_s"][arm] = earlier["arm_runs"][arm]["s"]
-        if arm in earlier.get("answer_in_results", {}):
-            result["answer_in_results"][arm] = earlier["answer_in_results"][arm]
+        for key in ("answer_in_results", "query_naming"):
+            if arm in earlier.get(key, {}):
+                result[key][arm] = earlier[key][arm]
 
 
 def answer_in_results(train_run: Path) -> dict[str, float | int]:
@@ -314,6 +316,14 @@ def answer_in_results(train_run: Path) -> dict[str, float | int]:
         "noisy_docs": noisy,
         "noisy_redacted": round(redacted / noisy, 3) if noisy else 0.0,
     }
+
+
+def _arms_query_naming(qs: Any, root: Path, arms: Sequence[str]) -> dict[str, Any]:
+    """The quickstart report's `query_naming` for each control arm's evaluation."""
+    from simsearch.commands import quickstart
+
+    world = quickstart.world_and_base(qs)[0]  # the quickstart's, reused
+    return {arm: quickstart.held_out_query_naming(root / "eval" / arm, world) for arm in arms}
 
 
 def _searches_by_kind(train_run: Path) -> dict[str, int]:
@@ -491,6 +501,21 @@ def doc_lines(figures: dict[str, Any]) -> list[str]:
         ]
         for seed, world in zip(seeds, shown, strict=True):
             lines.append(f"| {seed} | " + " | ".join(f"{world[arm]['share']:.2f}" for arm in arms) + " |")
+    named = {"simulator": "rl_search"}  # the quickstart report's name of the simulator arm's policy
+    naming = [worlds[seed].get("query_naming", {}) for seed in seeds]
+    arms = [row for row in rows if all(named.get(row, row) in world for world in naming)]
+    if arms:
+        lines += [
+            "",
+            "How each policy's first query for a held-out question names the asked person: the share that",
+            "names them exactly, and the EM of those questions (BM25):",
+            "",
+            "| world | " + " | ".join(arms) + " |",
+            "|---|" + "---|" * len(arms),
+        ]
+        for seed, world in zip(seeds, naming, strict=True):
+            cells = [world[named.get(arm, arm)]["exact"] for arm in arms]
+            lines.append(f"| {seed} | " + " | ".join(f"{c['share']:.2f} / {c['em']:.2f}" for c in cells) + " |")
     if figures.get("versus"):
         other = figures["versus"]
         lines += [

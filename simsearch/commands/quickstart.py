@@ -151,7 +151,7 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     summaries = {name: json.loads((run / "eval" / name / "summary.json").read_text()) for name in POLICIES}
     page = write_page(run / "eval" / "rl_search")  # the RL policy's trajectories, engine by engine
 
-    naming = {name: _query_naming(run / "eval" / name, world) for name in ("base", "rl_search")}
+    naming = {name: held_out_query_naming(run / "eval" / name, world) for name in ("base", "rl_search")}
     result = _report(
         recipe, run, summaries, {"base_reading": reading, "query_naming": naming},
         wall_s=time.perf_counter() - began, stage_s=clock.stop(),
@@ -389,7 +389,7 @@ def _base_reading(base: Path, world: World, rl: TrainRecipe, protocol: str) -> d
     return reading
 
 
-def _query_naming(eval_dir: Path, world: World) -> dict[str, dict[str, float]]:
+def held_out_query_naming(eval_dir: Path, world: World) -> dict[str, dict[str, float]]:
     """Per query kind, the share and EM of held-out questions whose first BM25 query names the person."""
     rows = [json.loads(line) for line in examples_file(eval_dir, "bm25", "heldout").read_text().splitlines()]
     kinds: dict[str, list[float]] = {kind: [] for kind in QUERY_NAMING}

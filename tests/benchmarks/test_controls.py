@@ -83,8 +83,11 @@ def test_answer_in_results_counts_executed_searches_whose_results_hold_a_gold_an
     }
     for world in worlds.values():
         world["answer_in_results"] = {arm: {"share": 0.5, "searches": 4} for arm in ("simulator", "noisy", "bm25")}
+        world["query_naming"] = {arm: {"exact": {"share": 0.8, "em": 0.75}} for arm in ("base", "rl_search", "noisy")}
     lines = controls.doc_lines(controls.summarize(worlds, argparse.Namespace(threads=1, smoke=False), wall_s=1.0))
     assert "| world | simulator | noisy | bm25 |" in lines and "| 1 | 0.50 | 0.50 | 0.50 |" in lines
+    # The simulator arm's policy is the quickstart's rl_search; arms without a naming record are left out.
+    assert "| world | base | simulator | noisy |" in lines and "| 0 | 0.80 / 0.75 | 0.80 / 0.75 | 0.80 / 0.75 |" in lines
 
 
 def test_worlds_without_the_bm25_arm_are_summarized_without_its_share() -> None:
@@ -138,9 +141,10 @@ def _record(seed: int, arms: dict[str, float], simulator: str = "s1", base_em: f
     world = _world(seed, {"base": base_em, "simulator": 60, **arms})
     runs = {arm: {"fingerprint": f"fp-{arm}", "commit": "old1234", "s": 5.0} for arm in arms}
     shown = {arm: {"share": 0.5, "searches": 10} for arm in arms}
+    naming = {arm: {"exact": {"share": 0.25, "em": 0.5}} for arm in ("base", "rl_search", *arms)}
     fingerprints = {"world": "w", "base": "b", "simulator": simulator, "train": "t"}
     return {**world, "arm_runs": runs, "arm_s": {a: 5.0 for a in arms}, "answer_in_results": shown,
-            "fingerprints": fingerprints}  # fmt: skip
+            "fingerprints": fingerprints, "query_naming": naming}  # fmt: skip
 
 
 def test_arms_not_run_are_carried_from_a_record_of_the_same_world_and_base() -> None:
@@ -153,6 +157,7 @@ def test_arms_not_run_are_carried_from_a_record_of_the_same_world_and_base() -> 
     assert result["arm_runs"]["bm25"] == {"fingerprint": "fp-bm25", "commit": "old1234", "s": 5.0,
                                           "borrowed_from": "docs/controls/old"}  # fmt: skip
     assert result["answer_in_results"]["empty"] == {"share": 0.5, "searches": 10}
+    assert result["query_naming"]["empty"] == {"exact": {"share": 0.25, "em": 0.5}}
     assert "the bm25 arm at old1234" in controls.world_commits({0: {**result, "commit": "new5678"}})
     without_noisy = _record(0, {}, simulator="s2")
     controls.carry_arms(without_noisy, earlier, "")
@@ -211,6 +216,8 @@ def test_smoke_trains_every_arm_on_its_own_engine(tmp_path: Path, capsys: pytest
     shown = figures["by_world"]["0"]["answer_in_results"]
     assert shown.keys() == {"simulator", *kinds} and shown["answerless"]["share"] == 0.0
     assert shown["noisy"]["searches"] > 0 and shown["noisy"]["share"] == 0.0  # train.yaml redacts noisy answers
+    naming = figures["by_world"]["0"]["query_naming"]
+    assert naming.keys() == {"base", "rl_search", *kinds} and naming["bm25"]["exact"].keys() == {"share", "em"}
     # Run again in the same directory: every stage is reused, and the record keeps the first run's times.
     first = json.loads((world / "controls.json").read_text())
     controls.main(["--smoke", "--run-dir", str(tmp_path), "--threads", "1"])
