@@ -216,7 +216,9 @@ def test_smoke_trains_every_arm_on_its_own_engine(tmp_path: Path, capsys: pytest
     assert figures["by_world"]["0"]["sim_rl_searches_by_kind"].keys() == {"simulator"}
     shown = figures["by_world"]["0"]["answer_in_results"]
     assert shown.keys() == {"simulator", *kinds} and shown["answerless"]["share"] == 0.0
-    assert shown["noisy"]["searches"] > 0 and shown["noisy"]["share"] == 0.0  # train.yaml redacts noisy answers
+    # The noisy arm takes train.yaml's simulator as the quickstart's RL did: answers redacted from noise.
+    for train_run in (world / "train" / "noisy", world / "quickstart" / "train"):
+        assert "noisy_answers: redact" in (train_run / "recipe.yaml").read_text()
     naming = figures["by_world"]["0"]["query_naming"]
     assert naming.keys() == {"base", "rl_search", *kinds} and naming["bm25"]["exact"].keys() == {"share", "em"}
     # Run again in the same directory: every stage is reused, and the record keeps the first run's times.
