@@ -521,7 +521,7 @@ def doc_lines(figures: dict[str, Any]) -> list[str]:
         lines += [
             "",
             f"Against the records in `{other['dir']}` (commit {other['commit']}), each arm whose EM moved, here",
-            "minus there, paired by world (the other arms are the same runs):",
+            "minus there, paired by world (the other arms' EM did not move):",
             "",
             "| arm | bm25 | dense |",
             "|---|---|---|",
