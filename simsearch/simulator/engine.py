@@ -28,7 +28,7 @@ from simsearch.simulator.prompts import (
     check_templates,
     render,
 )
-from simsearch.types import Document, SamplingParams, SearchRequest
+from simsearch.types import Completion, Document, SamplingParams, SearchRequest
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -303,24 +303,27 @@ class SimulatedSearchEngine:
             raise RuntimeError(
                 f"the simulator's generator returned {len(completions)} completions for {len(prompts)} prompts"
             )
-        results: list[list[Document]] = []
-        for request, (useful, noisy) in zip(requests, slots):
-            sets = {
-                kind: self._parse(completions[idx].text, request.top_k)
-                for kind, idx in (("useful", useful), ("noisy", noisy))
-                if idx is not None
-            }
-            for doc in sets.get("noisy", []):
-                doc.noisy = True  # so trajectories and the viewer can mark what was made noisy
-            if len(sets) == 1:
-                chosen = next(iter(sets.values()))
-            else:
-                noisy_at = set(noisy_positions(request.query, request.top_k, request.num_noisy))
-                chosen = [sets["noisy" if p in noisy_at else "useful"][p] for p in range(request.top_k)]
-            if self.noisy_answers == "redact":
-                self._redact([doc for doc in chosen if doc.noisy], request.golden_answers)
-            results.append(chosen)
-        return results
+        return [self._documents(request, slot, completions) for request, slot in zip(requests, slots)]
+
+    def _documents(
+        self, request: SearchRequest, slot: tuple[int | None, int | None], completions: list[Completion]
+    ) -> list[Document]:
+        """One request's documents from its useful and noisy completions (`slot`: their indexes)."""
+        sets = {
+            kind: self._parse(completions[idx].text, request.top_k)
+            for kind, idx in zip(("useful", "noisy"), slot)
+            if idx is not None
+        }
+        for doc in sets.get("noisy", []):
+            doc.noisy = True  # so trajectories and the viewer can mark what was made noisy
+        if len(sets) == 1:
+            chosen = next(iter(sets.values()))
+        else:
+            noisy_at = set(noisy_positions(request.query, request.top_k, request.num_noisy))
+            chosen = [sets["noisy" if p in noisy_at else "useful"][p] for p in range(request.top_k)]
+        if self.noisy_answers == "redact":
+            self._redact([doc for doc in chosen if doc.noisy], request.golden_answers)
+        return chosen
 
     def _redact(self, documents: list[Document], golden_answers: list[str]) -> None:
         for doc in documents:
