@@ -488,34 +488,17 @@ def doc_lines(figures: dict[str, Any]) -> list[str]:
     for arm in (*controls, "best control", *(["bm25"] if "bm25" in rows else []), "base"):
         cells = [difference_cell(_differences(worlds, arm, engine, controls)) for engine in ENGINES]
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
-    shown = [worlds[seed].get("answer_in_results", {}) for seed in seeds]
-    arms = [arm for arm in rows if arm != "base" and all(arm in world for world in shown)]
-    if arms:
-        lines += [
-            "",
-            "How often the engine in the loop showed the answer: the share of searches in each RL run's saved",
-            "trajectories (a sample of its steps) whose results hold a gold answer:",
-            "",
-            "| world | " + " | ".join(arms) + " |",
-            "|---|" + "---|" * len(arms),
-        ]
-        for seed, world in zip(seeds, shown, strict=True):
-            lines.append(f"| {seed} | " + " | ".join(f"{world[arm]['share']:.2f}" for arm in arms) + " |")
-    named = {"simulator": "rl_search"}  # the quickstart report's name of the simulator arm's policy
-    naming = [worlds[seed].get("query_naming", {}) for seed in seeds]
-    arms = [row for row in rows if all(named.get(row, row) in world for world in naming)]
-    if arms:
-        lines += [
-            "",
-            "How each policy's first query for a held-out question names the asked person: the share that",
-            "names them exactly, and the EM of those questions (BM25):",
-            "",
-            "| world | " + " | ".join(arms) + " |",
-            "|---|" + "---|" * len(arms),
-        ]
-        for seed, world in zip(seeds, naming, strict=True):
-            cells = [world[named.get(arm, arm)]["exact"] for arm in arms]
-            lines.append(f"| {seed} | " + " | ".join(f"{c['share']:.2f} / {c['em']:.2f}" for c in cells) + " |")
+    lines += _per_world_table(
+        worlds, "answer_in_results", [row for row in rows if row != "base"], lambda shown: f"{shown['share']:.2f}",
+        ["How often the engine in the loop showed the answer: the share of searches in each RL run's saved",
+         "trajectories (a sample of its steps) whose results hold a gold answer:"],
+    )  # fmt: skip
+    lines += _per_world_table(
+        worlds, "query_naming", rows, lambda named: f"{named['exact']['share']:.2f} / {named['exact']['em']:.2f}",
+        ["How each policy's first query for a held-out question names the asked person: the share that",
+         "names them exactly, and the EM of those questions (BM25):"],
+        key={"simulator": "rl_search"},  # the quickstart report's name of the simulator arm's policy
+    )  # fmt: skip
     if figures.get("versus"):
         other = figures["versus"]
         lines += [
@@ -535,6 +518,27 @@ def doc_lines(figures: dict[str, Any]) -> list[str]:
         f"{share if share is not None else '-'}. Quickstart part of a world: at most "
         f"{figures['wall_s_max'] / 60:.1f} min and {figures['peak_rss_gb_max']:.2f} GB.",
     ]
+    return lines
+
+
+def _per_world_table(
+    worlds: dict[str, Any],
+    record: str,
+    arms: Sequence[str],
+    cell: Callable[[Any], str],
+    intro: list[str],
+    key: dict[str, str] | None = None,
+) -> list[str]:
+    """A table of each world's `record` entry per arm (`key` renames an arm's entry there), for the arms
+    every world has one of; no lines when none has."""
+    entries = [worlds[seed].get(record, {}) for seed in worlds]
+    names = {arm: (key or {}).get(arm, arm) for arm in arms}
+    arms = [arm for arm in arms if all(names[arm] in entry for entry in entries)]
+    if not arms:
+        return []
+    lines = ["", *intro, "", "| world | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
+    for seed, entry in zip(worlds, entries, strict=True):
+        lines.append(f"| {seed} | " + " | ".join(cell(entry[names[arm]]) for arm in arms) + " |")
     return lines
 
 

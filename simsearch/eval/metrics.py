@@ -93,6 +93,11 @@ def normalize_answer(text: str, *, normalization: str = "unicode") -> str:
     return _normalization(normalization).normalize(text)
 
 
+def has_gold_answer(golds: Sequence[str], *, normalization: str = "unicode") -> bool:
+    """Whether some gold answer is left after normalization (a gold of only articles or punctuation is not)."""
+    return any(normalize_answer(gold, normalization=normalization) for gold in golds)
+
+
 def _normalized_golds(golds: Sequence[str], normalization: str) -> list[str]:
     # A bare string would silently be scored character by character.
     if isinstance(golds, str):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from simsearch.eval.metrics import normalize_answer, substring_exact_match
+from simsearch.eval.metrics import has_gold_answer, substring_exact_match
 from simsearch.retrieval.base import SearchEngine
 from simsearch.types import Document, SearchRequest
 
@@ -32,7 +32,7 @@ class AnswerlessSearchEngine:
     def search(self, requests: list[SearchRequest]) -> list[list[Document]]:
         """Raises `ValueError` for a request without gold answers (nothing to take out)."""
         for request in requests:
-            if not [gold for gold in request.golden_answers if normalize_answer(gold)]:
+            if not has_gold_answer(request.golden_answers):
                 raise ValueError(
                     f"search.kind=answerless needs each question's gold answers; the query {request.query!r} came "
                     "without any (it is a training control, not an engine to evaluate with)"

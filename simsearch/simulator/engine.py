@@ -16,9 +16,9 @@ import random
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
-from simsearch.eval.metrics import normalize_answer, substring_exact_match
+from simsearch.eval.metrics import has_gold_answer, normalize_answer, substring_exact_match
 from simsearch.generation.base import GenerationEngine
 from simsearch.simulator.prompts import (
     PRESETS,
@@ -40,11 +40,10 @@ TITLE_WORDS = 6
 SOURCE = "simulator"
 REDACTED = "___"
 """What stands in a noisy document for a gold answer it wrote, under `noisy_answers="redact"`."""
-NOISY_ANSWERS = ("keep", "redact")
-"""What becomes of a gold answer a noisy document holds: kept (ZeroSearch), or redacted."""
-
 ParseMethod = Literal["numbered", "paragraphs", "lines", "empty"]
 NoisyAnswers = Literal["keep", "redact"]
+NOISY_ANSWERS: tuple[str, ...] = get_args(NoisyAnswers)
+"""What becomes of a gold answer a noisy document holds: kept (ZeroSearch), or redacted."""
 
 _BLANK_RUNS = re.compile(r"\n\s*\n")
 # A line opening a numbered document: optional bullets/markdown, "Doc" or "Document", a number.
@@ -276,7 +275,7 @@ class SimulatedSearchEngine:
                     f"request {i} (query {request.query!r}): top_k={request.top_k} must be >= 1 and "
                     f"num_noisy={request.num_noisy} within [0, top_k]"
                 )
-            if self.noisy_answers == "redact" and request.num_noisy and not _has_answer(request.golden_answers):
+            if self.noisy_answers == "redact" and request.num_noisy and not has_gold_answer(request.golden_answers):
                 raise ValueError(
                     f"request {i} (query {request.query!r}) asks for noisy documents without gold answers: "
                     "noisy_answers=redact needs them to take the answer out (or set noisy_answers=keep)"
@@ -360,7 +359,3 @@ class SimulatedSearchEngine:
         self.stats["simulator/unparsed"] += int(result.method == "empty")
         # The parse still feeds the format statistics in verbatim mode.
         return split_verbatim(text, top_k) if self.verbatim else result.documents
-
-
-def _has_answer(golden_answers: list[str]) -> bool:
-    return any(normalize_answer(gold) for gold in golden_answers)

@@ -15,6 +15,7 @@ from simsearch.eval.metrics import (
     exact_match,
     extract_answer,
     f1_score,
+    has_gold_answer,
     normalize_answer,
     substring_exact_match,
 )
@@ -252,3 +253,8 @@ def test_unknown_normalization_is_refused() -> None:
         exact_match("Paris", ["Paris"], normalization="ascii")
     with pytest.raises(ValueError, match="normalization='ascii'"):
         normalize_answer("Paris", normalization="ascii")
+
+
+def test_has_gold_answer_needs_a_gold_left_after_normalization() -> None:
+    assert has_gold_answer(["The", "Velmora"]) and has_gold_answer(["1873"])
+    assert not has_gold_answer(["a", "the", "..."]) and not has_gold_answer([])
