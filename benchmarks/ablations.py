@@ -81,7 +81,7 @@ from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.simulator.sft_data import contains_answer
 from simsearch.tinyworld.pretrain import pretrain
 from simsearch.tinyworld.traces import make_traces
-from simsearch.tinyworld.world import World, build_world
+from simsearch.tinyworld.world import World
 from simsearch.types import SearchRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
@@ -326,10 +326,7 @@ def run_seed(seed: int, args: argparse.Namespace, run_dir: Path, steps: int) -> 
     clock: dict[str, float] = {}
     with timed(clock, "quickstart"):
         ctx, report = prepare(seed, args, run_dir, steps)
-    world = build_world(
-        seed=seed, n_entities=ctx.qs_recipe.n_entities, n_train_entities=ctx.qs_recipe.n_train_entities,
-        n_background_entities=ctx.qs_recipe.n_background_entities,
-    )  # fmt: skip
+    world = quickstart.recipe_world(ctx.qs_recipe)
     for variant in sorted({ARMS[name].simulator for name in args.arms} & set(VARIANTS)):
         with timed(clock, f"simulator_{variant}"):
             train_simulator(ctx, variant, VARIANTS[variant])

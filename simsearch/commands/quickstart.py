@@ -197,13 +197,18 @@ def _pipeline(recipe: QuickstartRecipe) -> _Pipeline:
     return _Pipeline(recipe, _recipes_dir(recipe), run, paths)
 
 
-def _world_stage(pipeline: _Pipeline) -> tuple[World, str]:
-    """The world (rebuilt in memory each time), its files and indexes."""
-    recipe, run, paths = pipeline.recipe, pipeline.run, pipeline.paths
-    world = build_world(
+def recipe_world(recipe: QuickstartRecipe) -> World:
+    """The world `recipe` describes, built in memory (deterministic: the one its world stage wrote)."""
+    return build_world(
         seed=recipe.seed, n_entities=recipe.n_entities, n_train_entities=recipe.n_train_entities,
         n_background_entities=recipe.n_background_entities, two_hop_share=recipe.two_hop_share,
     )  # fmt: skip
+
+
+def _world_stage(pipeline: _Pipeline) -> tuple[World, str]:
+    """The world (rebuilt in memory each time), its files and indexes."""
+    recipe, run, paths = pipeline.recipe, pipeline.run, pipeline.paths
+    world = recipe_world(recipe)
     world_fp = digest(
         {
             "stage": "world",
@@ -389,19 +394,23 @@ def _base_reading(base: Path, world: World, rl: TrainRecipe, protocol: str) -> d
     return reading
 
 
-def held_out_query_naming(eval_dir: Path, world: World) -> dict[str, dict[str, float]]:
-    """Per query kind, the share and EM of held-out questions whose first BM25 query names the person."""
-    rows = [json.loads(line) for line in examples_file(eval_dir, "bm25", "heldout").read_text().splitlines()]
+def held_out_query_naming(
+    eval_dir: Path, world: World, *, engine: str = "bm25", dataset: str = "heldout"
+) -> dict[str, dict[str, float]]:
+    """Per query kind (`QUERY_NAMING`), the share and EM of an evaluation's questions (by default the
+    held-out ones with BM25) whose first query names the asked person that way."""
+    rows = [json.loads(line) for line in examples_file(eval_dir, engine, dataset).read_text().splitlines()]
     kinds: dict[str, list[float]] = {kind: [] for kind in QUERY_NAMING}
     for row in rows:
-        kinds[query_naming(_first_query(row["samples"][0]), world.facts[row["id"]].entity)].append(row["scores"]["em"])
+        kinds[query_naming(first_query(row["samples"][0]), world.facts[row["id"]].entity)].append(row["scores"]["em"])
     return {
         kind: {"share": len(ems) / len(rows), "em": sum(ems) / len(ems) if ems else 0.0} for kind, ems in kinds.items()
     }
 
 
-def _first_query(sample: dict[str, Any]) -> str:
-    # Its first tool call, else its first <search> tag ("" for none).
+def first_query(sample: dict[str, Any]) -> str:
+    """The first query of an evaluation sample or saved RL trajectory: its first tool call, else its
+    first `<search>` tag ("" for none)."""
     calls = [q for turn in sample["turns"] for q in turn.get("call_queries", [])]
     queries = calls or extract_queries(sample["response"])
     return queries[0] if queries else ""

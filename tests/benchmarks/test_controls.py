@@ -11,6 +11,7 @@ import pytest
 from tests.benchmark_scripts import load_benchmark
 
 controls = load_benchmark("controls")
+naming = load_benchmark("naming")
 
 KEYS = {
     "sim_em_bm25_mean", "sim_em_bm25_min", "sim_over_best_control_mean", "sim_over_best_control_ci_low",
@@ -234,3 +235,16 @@ def test_smoke_trains_every_arm_on_its_own_engine(tmp_path: Path, capsys: pytest
     # The page went to the run directory, not to docs/, with the commit and machine it ran on.
     page = (tmp_path / "controls.md").read_text()
     assert "smoke: a pipeline check" in page and "Measured at commit" in page
+    # benchmarks/naming.py probes every policy of the run, and trains the noisy arm again under another seed.
+    capsys.readouterr()
+    naming.main(["--smoke", "--run-dir", str(tmp_path), "--threads", "1", "--reseed", "7"])
+    probed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["by_world"]["0"]
+    assert probed["policies"].keys() == {"base", "simulator", *kinds, "noisy_seed7"}
+    assert all(cells.keys() == {"none/train", "none/heldout", "bm25/train", "bm25/heldout"}
+               for cells in probed["policies"].values())  # fmt: skip
+    reseeded = world / "train" / "noisy_seed7"
+    assert "seed: 7" in (reseeded / "recipe.yaml").read_text().splitlines()
+    # every trajectory saved: 2 steps x 2 prompts x 2 rollouts
+    assert sum(half["samples"] for half in probed["training"]["noisy_seed7"].values()) == 8
+    no_results = json.loads((world / "naming" / "noisy_seed7" / "summary.json").read_text())["rows"]
+    assert set(no_results) == {"none", "bm25"}

@@ -1,0 +1,209 @@
+"""Why a control arm's policy names the person in its queries: a probe of a controls run's policies.
+
+    python benchmarks/naming.py --run-dir RUNS --seeds 0 1 2 3 4              # every policy RUNS holds
+    python benchmarks/naming.py --run-dir RUNS --seeds 1 --reseed 1 11 12      # the noisy arm trained again
+    python benchmarks/naming.py --smoke --run-dir SMOKE_RUNS                   # on a `controls.py --smoke` run
+
+Input: a finished `benchmarks/controls.py` run directory (RUN_DIR/world_SEED: its quickstart, and the
+control arms it trained there). Per world, each policy found there (the base, the simulator arm,
+which is the quickstart's RL policy, and each control arm with a checkpoint) is evaluated greedily
+with `recipes/quickstart/eval.yaml` on the training and the held-out questions, once with no search
+results (the `none` engine) and once with BM25. Per policy, question set and engine: EM, the share
+of questions whose first query names the asked person exactly (`tinyworld.diagnostics.query_naming`)
+and the EM of those and of the rest. Without results a policy answers only from what it remembers:
+training questions answered above held-out ones mean remembered facts; named above unnamed, with
+no results, means naming helps it recall.
+
+Per RL run (the simulator arm, each control arm, each reseeded run), from the trajectories it saved
+(`trajectory_samples` of every `trajectory_every`-th step): in each half of training, the share of
+trajectories whose first query names the person and the mean reward of those and of the rest.
+Whether naming was rewarded in training is read there; a reseeded run saves every trajectory.
+
+`--reseed S ...` trains `--arm` (default noisy) again from the recipe its run saved, with seed S
+(into RUN_DIR/world_SEED/train/ARM_seedS, saving every trajectory of every step; the arm's own seed
+gives the same run with full logs), and probes each: does the naming come back under another
+draw of the same run? Every stage is fingerprinted: a rerun skips what is finished.
+
+Prints a table per world and, as its last line, one JSON object: `by_world` (policy -> "ENGINE/SET"
+-> em, named_share, em_named, em_unnamed; "training" -> RL run -> half -> samples, named_share,
+reward_named, reward_unnamed), `arm`, `reseed`, `seeds`, `smoke`, `wall_s` and `provenance`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from simsearch.commands import evaluate, quickstart, train
+from simsearch.config import EvalRecipe, QuickstartRecipe, TrainRecipe, load_recipe
+from simsearch.fingerprints import stage_fingerprint
+from simsearch.tinyworld.diagnostics import query_naming
+from simsearch.tinyworld.world import World
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
+from benchlib import RECIPES, provenance, run_stage
+from controls import ARMS, SMOKE_EVAL, SMOKE_LIMIT
+
+PROBES = (("none", "train"), ("none", "heldout"), ("bm25", "train"), ("bm25", "heldout"))  # (engine, question set)
+HALVES = ("first_half", "second_half")
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = _parse(argv)
+    began = time.perf_counter()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    worlds = {seed: probe_world(seed, args) for seed in args.seeds}
+    for seed, result in worlds.items():
+        print_world(seed, result)
+    figures = {
+        "by_world": {str(seed): result for seed, result in worlds.items()},
+        "arm": args.arm,
+        "reseed": args.reseed,
+        "seeds": args.seeds,
+        "smoke": args.smoke,
+        "wall_s": round(time.perf_counter() - began, 1),
+        "provenance": provenance(),
+    }
+    print(json.dumps(figures))
+    return figures
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-dir", required=True, type=Path, help="a benchmarks/controls.py run directory")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="its worlds to probe (default 0)")
+    parser.add_argument("--arm", choices=list(ARMS), default="noisy", help="the control arm --reseed trains again")
+    parser.add_argument("--reseed", type=int, nargs="*", default=[], help="seeds to train --arm again with")
+    parser.add_argument("--smoke", action="store_true", help="a few held-out questions per probe (a smoke run)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = every core)")
+    args = parser.parse_args(argv)
+    if not args.run_dir.is_dir():
+        parser.error(f"--run-dir {args.run_dir}: no such directory; run benchmarks/controls.py into it first")
+    return args
+
+
+def probe_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One world's probes: each policy's EM and naming per (engine, question set), and its RL runs' logs."""
+    root = args.run_dir / f"world_{seed}"
+    qs_dir = root / "quickstart"
+    if not (qs_dir / "recipe.yaml").is_file():
+        raise SystemExit(f"naming: {qs_dir} holds no finished quickstart; run benchmarks/controls.py --seeds {seed}")
+    qs = load_recipe(QuickstartRecipe, qs_dir / "recipe.yaml", [])
+    world = quickstart.recipe_world(qs)
+    runs = {"simulator": qs_dir / "train"}
+    runs.update({arm: root / "train" / arm for arm in ARMS if (root / "train" / arm / "checkpoints").is_dir()})
+    for reseed in args.reseed:
+        runs[f"{args.arm}_seed{reseed}"] = reseed_arm(root, args.arm, reseed)
+    policies = {"base": (qs_dir / "base", stage_fingerprint(qs_dir / "base"))}
+    policies.update({name: (quickstart.final_model(run), stage_fingerprint(run)) for name, run in runs.items()})
+    probes = {name: probe_policy(root, qs_dir, qs.seed, name, policy, args.smoke) for name, policy in policies.items()}
+    return {
+        "policies": {name: {key: _naming_cells(out, world, key) for key in _keys()} for name, out in probes.items()},
+        "training": {name: training_naming(run, world) for name, run in runs.items()},
+    }
+
+
+def reseed_arm(root: Path, arm: str, seed: int) -> Path:
+    """`arm`'s RL run again from the recipe it saved, with `seed`, saving every trajectory; its run directory."""
+    saved = root / "train" / arm / "recipe.yaml"
+    if not saved.is_file():
+        raise SystemExit(f"naming: {saved}: no such run; --reseed needs the arm trained in this run directory")
+    recipe = load_recipe(TrainRecipe, saved, [])
+    out = root / "train" / f"{arm}_seed{seed}"
+    every = recipe.prompts_per_step * recipe.rollout.group_size
+    overrides = [f"seed={seed}", f"run_dir={out}", f"trajectory_samples={every}", "trajectory_every=1"]
+    run_stage(TrainRecipe, saved, overrides, train.main, [stage_fingerprint(root / "train" / arm)])
+    return out
+
+
+def probe_policy(root: Path, qs_dir: Path, seed: int, name: str, policy: tuple[Path, str], smoke: bool) -> Path:
+    """eval.yaml for one policy (model, its stage fingerprint) on the training and held-out questions, with no
+    results and with BM25; its run directory."""
+    model, fingerprint = policy
+    out = root / "naming" / name
+    limit = SMOKE_LIMIT if smoke else 0
+    world_dir = qs_dir / "world"
+    overrides = [
+        f"run_dir={out}", f"seed={seed}", f"policy.model.path={model}",
+        f"datasets=[{{name: train, path: {world_dir / 'train.jsonl'}, limit: {limit}}}, "
+        f"{{name: heldout, path: {world_dir / 'test.jsonl'}, limit: {limit}}}]",
+        f"engines.bm25.corpus={world_dir / 'corpus.jsonl'}", f"engines.bm25.index_dir={qs_dir / 'index' / 'bm25'}",
+        "training_run=''", "baselines=[]", "fidelity_size=0", *(SMOKE_EVAL if smoke else []),
+    ]  # fmt: skip
+
+    def probe_engines_only(recipe: Any) -> None:
+        recipe.engines = {engine: recipe.engines[engine] for engine in ("none", "bm25")}
+
+    inputs = [fingerprint, stage_fingerprint(qs_dir / "world")]
+    run_stage(EvalRecipe, RECIPES / "eval.yaml", overrides, evaluate.main, inputs, edit=probe_engines_only)
+    return out
+
+
+def _keys() -> list[str]:
+    return [f"{engine}/{dataset}" for engine, dataset in PROBES]
+
+
+def _naming_cells(eval_dir: Path, world: World, key: str) -> dict[str, float]:
+    engine, dataset = key.split("/")
+    kinds = quickstart.held_out_query_naming(eval_dir, world, engine=engine, dataset=dataset)
+    named, rest = kinds["exact"], [kinds[kind] for kind in kinds if kind != "exact"]
+    rest_share = sum(cell["share"] for cell in rest)
+    return {
+        "em": 100.0 * sum(cell["share"] * cell["em"] for cell in kinds.values()),
+        "named_share": named["share"],
+        "em_named": named["em"],
+        "em_unnamed": sum(cell["share"] * cell["em"] for cell in rest) / rest_share if rest_share else 0.0,
+    }
+
+
+def training_naming(train_run: Path, world: World) -> dict[str, dict[str, float | int]]:
+    """From an RL run's saved trajectories, per half of its steps: samples, the share whose first query
+    names the person exactly, and the mean reward of those and of the rest (0 where there are none)."""
+    rows = [json.loads(line) for line in (train_run / "trajectories.jsonl").read_text().splitlines() if line.strip()]
+    last = max((row["step"] for row in rows), default=0)
+    halves: dict[str, dict[str, float | int]] = {}
+    for half in HALVES:
+        mine = [row for row in rows if (row["step"] > last / 2) == (half == "second_half")]
+        named = [row["reward"] for row in mine if _names(row, world)]
+        rest = [row["reward"] for row in mine if not _names(row, world)]
+        halves[half] = {
+            "samples": len(mine),
+            "named_share": len(named) / len(mine) if mine else 0.0,
+            "reward_named": sum(named) / len(named) if named else 0.0,
+            "reward_unnamed": sum(rest) / len(rest) if rest else 0.0,
+        }
+    return halves
+
+
+def _names(row: dict[str, Any], world: World) -> bool:
+    return query_naming(quickstart.first_query(row), world.facts[row["id"]].entity) == "exact"
+
+
+def print_world(seed: int, result: dict[str, Any]) -> None:
+    """The world's two tables: the probes of each policy, and each RL run's saved trajectories."""
+    print(f"\nWorld {seed}: EM % (share of first queries naming the person; EM of those / of the rest)\n")
+    print("| policy | " + " | ".join(_keys()) + " |")
+    print("|---|" + "---|" * len(PROBES))
+    for name, cells in result["policies"].items():
+        row = [f"{c['em']:.1f} ({100 * c['named_share']:.0f}%; {c['em_named']:.2f} / {c['em_unnamed']:.2f})"
+               for c in cells.values()]  # fmt: skip
+        print(f"| {name} | " + " | ".join(row) + " |")
+    print(f"\nWorld {seed}: each RL run's saved trajectories per half: samples, share naming, reward named / rest\n")
+    print("| RL run | " + " | ".join(HALVES) + " |")
+    print("|---|---|---|")
+    for name, halves in result["training"].items():
+        row = [f"{h['samples']}, {100 * h['named_share']:.0f}%, {h['reward_named']:.3f} / {h['reward_unnamed']:.3f}"
+               for h in halves.values()]  # fmt: skip
+        print(f"| {name} | " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main()
