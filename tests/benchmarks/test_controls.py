@@ -11,7 +11,7 @@ import pytest
 from tests.benchmark_scripts import load_benchmark
 
 controls = load_benchmark("controls")
-naming = load_benchmark("naming")
+naming_probe = load_benchmark("naming")
 
 KEYS = {
     "sim_em_bm25_mean", "sim_em_bm25_min", "sim_over_best_control_mean", "sim_over_best_control_ci_low",
@@ -237,7 +237,7 @@ def test_smoke_trains_every_arm_on_its_own_engine(tmp_path: Path, capsys: pytest
     assert "smoke: a pipeline check" in page and "Measured at commit" in page
     # benchmarks/naming.py probes every policy of the run, and trains the noisy arm again under another seed.
     capsys.readouterr()
-    naming.main(["--smoke", "--run-dir", str(tmp_path), "--threads", "1", "--reseed", "7"])
+    naming_probe.main(["--smoke", "--run-dir", str(tmp_path), "--threads", "1", "--reseed", "7"])
     probed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["by_world"]["0"]
     assert probed["policies"].keys() == {"base", "simulator", *kinds, "noisy_seed7"}
     assert all(cells.keys() == {"none/train", "none/heldout", "bm25/train", "bm25/heldout"}
