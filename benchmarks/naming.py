@@ -7,12 +7,15 @@
 Input: a finished `benchmarks/controls.py` run directory (RUN_DIR/world_SEED: its quickstart, and the
 control arms it trained there). Per world, each policy found there (the base, the simulator arm,
 which is the quickstart's RL policy, and each control arm with a checkpoint) is evaluated greedily
-with `recipes/quickstart/eval.yaml` on the training and the held-out questions, once with no search
-results (the `none` engine) and once with BM25. Per policy, question set and engine: EM, the share
-of questions whose first query names the asked person exactly (`tinyworld.diagnostics.query_naming`)
-and the EM of those and of the rest. Without results a policy answers only from what it remembers:
-training questions answered above held-out ones mean remembered facts; named above unnamed, with
-no results, means naming helps it recall.
+with `recipes/quickstart/eval.yaml` on the training and the held-out questions against three
+engines: `none` (no search results), `noisy` (the quickstart's simulator writing noisy documents on
+every search with the gold answers redacted: the noisy arm's engine) and `bm25`. Per policy,
+question set and engine: EM, the share of questions whose first query names the asked person
+exactly (`tinyworld.diagnostics.query_naming`) and the EM of those and of the rest. An engine that
+never shows the answer leaves a policy only what it remembers: training questions answered above
+held-out ones mean remembered facts, with no results (facts by heart) or with the noisy simulator's
+documents (a blank filled in from the training passages the simulator re-writes about the person
+named); named above unnamed means naming is what brings them back.
 
 Per RL run (the simulator arm, each control arm, each reseeded run), from the trajectories it saved
 (`trajectory_samples` of every `trajectory_every`-th step): in each half of training, the share of
@@ -51,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when 
 from benchlib import RECIPES, provenance, run_stage
 from controls import ARMS, SMOKE_EVAL, SMOKE_LIMIT
 
-PROBES = (("none", "train"), ("none", "heldout"), ("bm25", "train"), ("bm25", "heldout"))  # (engine, question set)
+PROBES = tuple((engine, dataset) for engine in ("none", "noisy", "bm25") for dataset in ("train", "heldout"))
 HALVES = ("first_half", "second_half")
 
 
@@ -125,8 +128,9 @@ def reseed_arm(root: Path, arm: str, seed: int) -> Path:
 
 
 def probe_policy(root: Path, qs_dir: Path, seed: int, name: str, policy: tuple[Path, str], smoke: bool) -> Path:
-    """eval.yaml for one policy (model, its stage fingerprint) on the training and held-out questions, with no
-    results and with BM25; its run directory."""
+    """eval.yaml for one policy (model, its stage fingerprint) on the training and held-out questions against
+    `none`, `noisy` (eval.yaml's simulator engine, noise on every search, answers redacted) and `bm25`; its
+    run directory."""
     model, fingerprint = policy
     out = root / "naming" / name
     limit = SMOKE_LIMIT if smoke else 0
@@ -136,13 +140,16 @@ def probe_policy(root: Path, qs_dir: Path, seed: int, name: str, policy: tuple[P
         f"datasets=[{{name: train, path: {world_dir / 'train.jsonl'}, limit: {limit}}}, "
         f"{{name: heldout, path: {world_dir / 'test.jsonl'}, limit: {limit}}}]",
         f"engines.bm25.corpus={world_dir / 'corpus.jsonl'}", f"engines.bm25.index_dir={qs_dir / 'index' / 'bm25'}",
+        f"engines.simulator.simulator.generation.model.path={quickstart.final_model(qs_dir / 'simulator')}",
+        "engines.simulator.simulator.noisy_answers=redact", "noisy_share=1.0",
         "training_run=''", "baselines=[]", "fidelity_size=0", *(SMOKE_EVAL if smoke else []),
     ]  # fmt: skip
 
     def probe_engines_only(recipe: Any) -> None:
-        recipe.engines = {engine: recipe.engines[engine] for engine in ("none", "bm25")}
+        engines = recipe.engines
+        recipe.engines = {"none": engines["none"], "noisy": engines["simulator"], "bm25": engines["bm25"]}
 
-    inputs = [fingerprint, stage_fingerprint(qs_dir / "world")]
+    inputs = [fingerprint, stage_fingerprint(qs_dir / "world"), stage_fingerprint(qs_dir / "simulator")]
     run_stage(EvalRecipe, RECIPES / "eval.yaml", overrides, evaluate.main, inputs, edit=probe_engines_only)
     return out
 

@@ -240,11 +240,13 @@ def test_smoke_trains_every_arm_on_its_own_engine(tmp_path: Path, capsys: pytest
     naming_probe.main(["--smoke", "--run-dir", str(tmp_path), "--threads", "1", "--reseed", "7"])
     probed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["by_world"]["0"]
     assert probed["policies"].keys() == {"base", "simulator", *kinds, "noisy_seed7"}
-    assert all(cells.keys() == {"none/train", "none/heldout", "bm25/train", "bm25/heldout"}
-               for cells in probed["policies"].values())  # fmt: skip
+    probes = {f"{engine}/{dataset}" for engine in ("none", "noisy", "bm25") for dataset in ("train", "heldout")}
+    assert all(cells.keys() == probes for cells in probed["policies"].values())
     reseeded = world / "train" / "noisy_seed7"
     assert "seed: 7" in (reseeded / "recipe.yaml").read_text().splitlines()
     # every trajectory saved: 2 steps x 2 prompts x 2 rollouts
     assert sum(half["samples"] for half in probed["training"]["noisy_seed7"].values()) == 8
-    no_results = json.loads((world / "naming" / "noisy_seed7" / "summary.json").read_text())["rows"]
-    assert set(no_results) == {"none", "bm25"}
+    probe = world / "naming" / "noisy_seed7"
+    assert set(json.loads((probe / "summary.json").read_text())["rows"]) == {"none", "noisy", "bm25"}
+    # The noisy probe is the noisy arm's engine: the simulator, noise on every search, answers redacted.
+    assert "noisy_answers: redact" in (probe / "recipe.yaml").read_text()
