@@ -85,7 +85,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="its worlds to probe (default 0)")
     parser.add_argument("--arm", choices=list(ARMS), default="noisy", help="the control arm --reseed trains again")
     parser.add_argument("--reseed", type=int, nargs="*", default=[], help="seeds to train --arm again with")
-    parser.add_argument("--smoke", action="store_true", help="a few held-out questions per probe (a smoke run)")
+    parser.add_argument("--smoke", action="store_true", help="a few questions per probe (a pipeline check)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = every core)")
     args = parser.parse_args(argv)
     if not args.run_dir.is_dir():
