@@ -322,8 +322,8 @@ def _arms_query_naming(qs: Any, root: Path, arms: Sequence[str]) -> dict[str, An
     """The quickstart report's `query_naming` for each control arm's evaluation."""
     from simsearch.commands import quickstart
 
-    world = quickstart.world_and_base(qs)[0]  # the quickstart's, reused
-    return {arm: quickstart.held_out_query_naming(root / "eval" / arm, world) for arm in arms}
+    world = quickstart.recipe_world(qs)  # the quickstart's, in memory
+    return {arm: quickstart.evaluation_query_naming(root / "eval" / arm, world) for arm in arms}
 
 
 def _searches_by_kind(train_run: Path) -> dict[str, int]:

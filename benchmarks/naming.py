@@ -160,7 +160,7 @@ def _keys() -> list[str]:
 
 def _naming_cells(eval_dir: Path, world: World, key: str) -> dict[str, float]:
     engine, dataset = key.split("/")
-    kinds = quickstart.held_out_query_naming(eval_dir, world, engine=engine, dataset=dataset)
+    kinds = quickstart.evaluation_query_naming(eval_dir, world, engine=engine, dataset=dataset)
     named, rest = kinds["exact"], [kinds[kind] for kind in kinds if kind != "exact"]
     rest_share = sum(cell["share"] for cell in rest)
     return {

@@ -151,7 +151,7 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     summaries = {name: json.loads((run / "eval" / name / "summary.json").read_text()) for name in POLICIES}
     page = write_page(run / "eval" / "rl_search")  # the RL policy's trajectories, engine by engine
 
-    naming = {name: held_out_query_naming(run / "eval" / name, world) for name in ("base", "rl_search")}
+    naming = {name: evaluation_query_naming(run / "eval" / name, world) for name in ("base", "rl_search")}
     result = _report(
         recipe, run, summaries, {"base_reading": reading, "query_naming": naming},
         wall_s=time.perf_counter() - began, stage_s=clock.stop(),
@@ -394,7 +394,7 @@ def _base_reading(base: Path, world: World, rl: TrainRecipe, protocol: str) -> d
     return reading
 
 
-def held_out_query_naming(
+def evaluation_query_naming(
     eval_dir: Path, world: World, *, engine: str = "bm25", dataset: str = "heldout"
 ) -> dict[str, dict[str, float]]:
     """Per query kind (`QUERY_NAMING`), the share and EM of an evaluation's questions (by default the
