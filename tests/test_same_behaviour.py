@@ -7,9 +7,13 @@ the modules behind it.
 
 Float results depend on the CPU (its model and vector instructions) and library versions, so each
 record holds where it was made (it names the machine); the file keeps one record per machine, and on a
-machine it has none for the test skips, saying so. After a change meant to alter behaviour, record again
-on a checkout of the change, on each machine: `python -m tests.test_same_behaviour --write` (it replaces
-this machine's record, or adds one; `--only` drops the others).
+machine it has none for those two tests skip, saying so. The portable record
+(`tests/data/fixtures/same_behaviour_portable.json`) holds on every machine and never skips: train
+runs whose policy is `tests.scripted.ScriptedAgent` (its turns depend on no float) must ask the
+same searches with the same noisy counts, train on the same tokens and masks, and log the same
+rewards, curriculum and search counts. After a change meant to alter behaviour, record again on a
+checkout of the change, on each machine: `python -m tests.test_same_behaviour --write` (it replaces
+this machine's record, or adds one, and the portable record; `--only` drops the other machines').
 """
 
 from __future__ import annotations
@@ -29,9 +33,11 @@ import transformers
 from safetensors.torch import load_file
 
 from simsearch.cli import main as cli
+from tests import scripted
 from tests.toy_world import TRAIN_SETTINGS, build_world
 
 RECORD = Path(__file__).parent / "data" / "fixtures" / "same_behaviour.json"
+PORTABLE_RECORD = RECORD.with_name("same_behaviour_portable.json")
 
 COMMON = {**TRAIN_SETTINGS, "steps": 3, "save_every": 3, "threads": 1}
 """The settings every run shares: the toy world's, three steps, a checkpoint at the end, one thread."""
@@ -55,6 +61,21 @@ RUNS: dict[str, dict[str, object]] = {
              "algorithm.kl_coef": 0.0, "reward.overlong_buffer": 8},
 }  # fmt: skip
 """One train run per estimator family, each with the options its family is known by."""
+
+PORTABLE_RUNS: dict[str, tuple[int, dict[str, object]]] = {
+    "grpo_exponential": (1, {"algorithm.estimator": "grpo", "curriculum.p_end": 1.0, "curriculum.total_steps": 2}),
+    "dapo_linear_document": (1, {"algorithm.estimator": "grpo", "algorithm.dynamic_sampling": "true",
+                                 "algorithm.kl_coef": 0.0, "curriculum.kind": "linear", "curriculum.p_end": 1.0,
+                                 "curriculum.total_steps": 3, "curriculum.granularity": "document"}),
+    "igpo_adaptive_two_turns": (1, {"algorithm.estimator": "igpo", "rollout.max_turns": 2,
+                                    "curriculum.kind": "adaptive", "curriculum.window": 1,
+                                    "curriculum.delta": 0.25, "curriculum.target_reward": 0.0,
+                                    "curriculum.collapse_reward": -1.0, "curriculum.p_max": 1.0}),
+}  # fmt: skip
+"""Runs with the scripted policy: (its searches before answering, overrides); three documents a search."""
+
+PORTABLE_METRICS = ("curriculum/", "search/", "rollout/", "reward/", "sampling/", "data/")
+"""The metrics that follow from the rollouts alone: with a scripted policy, the same on every machine."""
 
 QUICKSTART_FILES = ("*.jsonl", "report.json", "summary.json", "model.safetensors")
 """What of the quickstart's smoke run is compared (recipes and stage records hold paths and hashes of code)."""
@@ -139,6 +160,36 @@ def quickstart_run(root: Path) -> dict[str, str]:
     return _digests(run, QUICKSTART_FILES, [str(run)])
 
 
+def portable_runs(root: Path) -> dict[str, list[dict[str, Any]]]:
+    """Each of PORTABLE_RUNS on a fresh toy world under `root`: per step, what does not depend on floats."""
+    torch.set_num_threads(1)
+    (root / "world").mkdir()
+    world = build_world(root / "world")
+    (root / "recipe.yaml").write_text("{}\n")
+    out = {}
+    for name, (searches, extra) in PORTABLE_RUNS.items():
+        run = root / name
+        paths = {"run_dir": run, "policy.model.path": world / "policy", "search.corpus": world / "corpus.jsonl",
+                 "data.train": f"[{world / 'train.jsonl'}]"}  # fmt: skip
+        keys = {**COMMON, **paths, "search.top_k": 3, "sampling.max_new_tokens": 32, "rollout.max_obs_tokens": 128,
+                **extra}  # fmt: skip
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            log = scripted.install(monkeypatch, searches=searches)
+            assert cli(["train", str(root / "recipe.yaml"), *(f"{k}={v}" for k, v in keys.items())]) == 0, name
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        out[name] = [_portable_step(row, log, step) for step, row in enumerate(rows)]
+    return out
+
+
+def _portable_step(row: dict[str, Any], log: scripted.SearchLog, step: int) -> dict[str, Any]:
+    """One step's float-free record: its metrics (rounded), its searches, a digest of its trajectories."""
+    metrics = {k: round(v, 12) for k, v in row.items() if k.startswith(PORTABLE_METRICS) and not _varies(k)}
+    searches = [[r.query, r.top_k, r.num_noisy] for r in log.calls(step)]
+    tokens = [[t.prompt_ids, t.response_ids, t.loss_mask, t.answer, t.finish] for t in log.trajectories[step]]
+    digest = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]
+    return {"metrics": metrics, "searches": searches, "trajectories": digest}
+
+
 def records() -> list[dict[str, Any]]:
     """The saved records, one per machine."""
     if not RECORD.is_file():
@@ -169,6 +220,23 @@ def recorded() -> dict[str, Any]:
             return entry
     made_on = "; ".join(str(entry["machine"]) for entry in saved)
     pytest.skip(f"the records were made on {made_on}, this is {here}: floats differ between machines")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_scripted_runs_give_the_portable_record_on_every_machine(tmp_path: Path) -> None:
+    saved = json.loads(PORTABLE_RECORD.read_text())["runs"]
+    now = portable_runs(tmp_path)
+    assert sorted(now) == sorted(saved)
+    for name, steps in saved.items():
+        assert len(now[name]) == len(steps), name
+        for step, (then, mine) in enumerate(zip(steps, now[name]), 1):
+            changed = {k: (then["metrics"].get(k), mine["metrics"].get(k))
+                       for k in then["metrics"].keys() | mine["metrics"].keys()
+                       if then["metrics"].get(k) != mine["metrics"].get(k)}  # fmt: skip
+            assert not changed, f"{name}, step {step}: metrics (recorded, now) {changed}"
+            assert mine["searches"] == then["searches"], f"{name}, step {step}: searches (query, top_k, noisy) differ"
+            assert mine["trajectories"] == then["trajectories"], f"{name}, step {step}: tokens or masks differ"
 
 
 @pytest.mark.slow
@@ -205,3 +273,8 @@ if __name__ == "__main__":
     kept = [] if args.only or not RECORD.is_file() else [r for r in records() if r["machine"] != new["machine"]]
     out.write_text(json.dumps({"records": [*kept, new]}, indent=1, sort_keys=True) + "\n")
     print(f"wrote {out}: {len(kept) + 1} record(s), this machine's {new['machine']}")
+    portable_out = out.with_name(PORTABLE_RECORD.name)
+    with tempfile.TemporaryDirectory() as tmp:
+        portable = {"made_on": machine(), "runs": portable_runs(Path(tmp))}
+    portable_out.write_text(json.dumps(portable, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {portable_out}: the scripted runs' record (every machine)")
