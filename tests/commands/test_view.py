@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -35,6 +36,8 @@ from tests.commands.test_evaluate import (  # noqa: F401  (fixtures)
 )
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+if CHROMIUM is None and os.environ.get("SIMSEARCH_REQUIRE_CHROMIUM") == "1":  # CI: a failed install fails the run
+    raise RuntimeError("SIMSEARCH_REQUIRE_CHROMIUM=1 but Chromium is not installed (Debian: apt-get install chromium)")
 needs_chromium = pytest.mark.skipif(
     CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install -y chromium)"
 )

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +15,6 @@ from simsearch.retrieval.dense import EMBEDDINGS_FILE, DenseSearchEngine, exact_
 from simsearch.types import Passage, SearchRequest
 
 WIKI18 = Path(__file__).parents[1] / "data" / "fixtures" / "wiki18_sample.jsonl"
-HAS_FAISS = importlib.util.find_spec("faiss") is not None
 
 
 def test_exact_top_k_hand_computed_across_chunks():
@@ -157,11 +156,16 @@ def test_missing_model_is_a_clear_error(tmp_path):
         load_encoder(str(tmp_path / "no-such-model"))
 
 
-def test_faiss_matches_numpy_or_asks_for_install(engine):
-    if not HAS_FAISS:
-        with pytest.raises(ImportError, match="pip install faiss-cpu"):
-            DenseSearchEngine(engine.encoder, engine.embeddings, engine.passages, use_faiss=True)
-        return
+def test_faiss_finds_what_the_numpy_search_finds(engine):
+    # faiss-cpu comes with the dev extra, so this runs in CI rather than only testing the install hint.
     with_faiss = DenseSearchEngine(engine.encoder, engine.embeddings, engine.passages, use_faiss=True)
-    requests = [SearchRequest("cathedral", top_k=3)]
-    assert [d.id for d in with_faiss.search(requests)[0]] == [d.id for d in engine.search(requests)[0]]
+    requests = [SearchRequest("cathedral", top_k=3), SearchRequest("river", top_k=2)]
+    for by_faiss, by_numpy in zip(with_faiss.search(requests), engine.search(requests), strict=True):
+        assert [d.id for d in by_faiss] == [d.id for d in by_numpy]
+        assert [d.score for d in by_faiss] == pytest.approx([d.score for d in by_numpy], abs=1e-5)
+
+
+def test_faiss_missing_asks_for_its_install(engine, monkeypatch):
+    monkeypatch.setitem(sys.modules, "faiss", None)  # `import faiss` raises ImportError
+    with pytest.raises(ImportError, match="pip install faiss-cpu"):
+        DenseSearchEngine(engine.encoder, engine.embeddings, engine.passages, use_faiss=True)
