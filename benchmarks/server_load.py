@@ -18,6 +18,14 @@ Measured: requests completed, errors (any status but 200, or a transport error),
 percentiles, the server process's RSS sampled every second (reported at start, middle, end),
 and oversize bodies refused with 413. Prints a table, then a JSON line of the figures (last line).
 
+The curriculum arm (`--arm-rounds`, 0 skips it): a second server process over the same corpus runs
+a `ServedCurriculum` (ZeroSearch's exponential curve, moved by the searches served, per query a
+`num_noisy` draw), and after a discarded 1 s warm-up pass each, passes of `--arm-duration` seconds
+alternate between the two servers (plain first in even rounds, second in odd ones), `--arm-rounds`
+times each, so both arms see the same machine load. Reported per arm: the median of
+the passes' p99 latencies, 5xx answers and other errors; the target is no 5xx and the curriculum
+arm's p99 within 10% of the plain one's.
+
 `measure_server_over_direct(engine, queries, queries_per_request)` is the server section of
 benchmarks/retrieval.py: the same engine called directly versus behind the server with 32
 concurrent clients, the same number of queries per engine call as per HTTP request.
@@ -90,8 +98,9 @@ def synthetic_corpus(num_passages: int, seed: int) -> tuple[list[Passage], list[
 # --------------------------------------------------------------------------- the server process
 
 
-def serve(port: int, passages: int, seed: int) -> None:
-    """Server mode (run in a child process): build BM25 over the corpus and serve it."""
+def serve(port: int, passages: int, seed: int, curriculum: bool = False) -> None:
+    """Server mode (run in a child process): build BM25 over the corpus and serve it, with the
+    curriculum of the curriculum arm when `curriculum`."""
     import uvicorn
 
     from simsearch.retrieval.bm25 import BM25SearchEngine
@@ -99,8 +108,36 @@ def serve(port: int, passages: int, seed: int) -> None:
 
     corpus, _ = synthetic_corpus(passages, seed)
     engine = BM25SearchEngine.build(corpus, show_progress=False)
-    app = create_app(engine, default_top_k=TOP_K, max_body_bytes=MAX_BODY_BYTES)
+    served = arm_curriculum() if curriculum else None
+    app = create_app(engine, default_top_k=TOP_K, max_body_bytes=MAX_BODY_BYTES, curriculum=served)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+def arm_curriculum() -> Any:
+    """The curriculum arm's schedule: ZeroSearch's exponential 0 -> 0.5 over 200 steps, moved by
+    searches served against 200,000 (every request takes the search-count path and a noise draw)."""
+    from simsearch.curriculum.schedules import make_schedule
+    from simsearch.curriculum.served import ServedCurriculum
+
+    settings = {"p_start": 0.0, "p_end": 0.5, "total_steps": 200, "base": 4.0}
+    return ServedCurriculum(
+        lambda: make_schedule("exponential", **settings), total_steps=200, total_searches=200_000, granularity="call"
+    )
+
+
+def start_server(port: int, passages: int, seed: int, curriculum: bool) -> subprocess.Popen:
+    """This script in server mode, in a child process."""
+    command = [sys.executable, __file__, "--serve", str(port), "--passages", str(passages), "--seed", str(seed)]
+    return subprocess.Popen(command + (["--serve-curriculum"] if curriculum else []))
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    server.terminate()
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait(timeout=30)
 
 
 def free_port() -> int:
@@ -417,6 +454,63 @@ def measure_server_over_direct(
     }
 
 
+# --------------------------------------------------------------------------- the curriculum arm
+
+
+def server_errors(load: Load) -> int:
+    """The 5xx answers among a load's errors."""
+    return sum(count for kind, count in load.error_kinds.items() if kind.startswith("HTTP 5"))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used."""
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def curriculum_arms(plain_url: str, plain_pid: int, queries: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """Passes alternating between the plain server (`plain_url`, process `plain_pid`) and a
+    curriculum server started here over the same corpus, `args.arm_rounds` of each; per arm the
+    median p99 and server CPU per request, 5xx and errors."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = start_server(port, args.passages, args.seed, curriculum=True)
+    p99: dict[str, list[float]] = {"plain": [], "curriculum": []}
+    cpu_ms: dict[str, list[float]] = {"plain": [], "curriculum": []}
+    fivexx = dict.fromkeys(p99, 0)
+    errors = dict.fromkeys(p99, 0)
+    pids = {"plain": plain_pid, "curriculum": server.pid}
+    try:
+        wait_until_healthy(url, server)
+        for target in (plain_url, url):  # a discarded warm-up pass each: page faults, caches
+            asyncio.run(drive(target, queries, args.clients, 1.0, args.max_requests, oversize=False))
+        for round_index in range(args.arm_rounds):
+            order = [("plain", plain_url), ("curriculum", url)]
+            for arm, target in order if round_index % 2 == 0 else order[::-1]:  # ABBA: neither arm always second
+                began_cpu = cpu_seconds(pids[arm])
+                load = asyncio.run(
+                    drive(target, queries, args.clients, args.arm_duration, args.max_requests, oversize=False,
+                          queries_per_request=args.queries_per_request)
+                )  # fmt: skip
+                p99[arm].append(float(np.percentile(load.latencies_ms or [math.nan], 99)))
+                cpu_ms[arm].append(1000 * (cpu_seconds(pids[arm]) - began_cpu) / max(len(load.latencies_ms), 1))
+                fivexx[arm] += server_errors(load)
+                errors[arm] += load.errors
+        place = httpx.get(f"{url}/health", timeout=10).json()["curriculum"]["(unnamed)"]
+    finally:
+        stop_server(server)
+    medians = {arm: float(np.median(values)) for arm, values in p99.items()}
+    return {
+        "arm_p99_ms": {arm: round(value, 2) for arm, value in medians.items()},
+        "arm_p99_passes_ms": {arm: [round(v, 2) for v in values] for arm, values in p99.items()},
+        "arm_5xx": fivexx,
+        "arm_errors": errors,
+        "arm_p99_ratio": round(medians["curriculum"] / medians["plain"], 3),
+        "arm_cpu_ms_per_request": {arm: round(float(np.median(values)), 3) for arm, values in cpu_ms.items()},
+        "arm_curriculum_at": place,
+    }
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -436,12 +530,15 @@ def main() -> None:
         default=2_000,
         help="queries for the server-over-direct section (32 clients); 0 skips it",
     )
+    parser.add_argument("--arm-rounds", type=int, default=3, help="curriculum arm: passes per arm (0 skips it)")
+    parser.add_argument("--arm-duration", type=float, default=10.0, help="curriculum arm: seconds per pass")
     parser.add_argument("--serve", type=int, default=0, help=argparse.SUPPRESS)  # child mode: the port
+    parser.add_argument("--serve-curriculum", action="store_true", help=argparse.SUPPRESS)  # child mode
     parser.add_argument("--drive", default="", help=argparse.SUPPRESS)  # child mode: the server URL
     parser.add_argument("--queries-file", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve, args.passages, args.seed)
+        serve(args.serve, args.passages, args.seed, curriculum=args.serve_curriculum)
         return
     if args.drive:
         queries = json.loads(Path(args.queries_file).read_text())
@@ -461,9 +558,8 @@ def main() -> None:
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(port), "--passages", str(args.passages), "--seed", str(args.seed)]
-    )
+    server = start_server(port, args.passages, args.seed, curriculum=False)
+    arms: dict[str, Any] = {}
     try:
         wait_until_healthy(url, server)
         _, queries = synthetic_corpus(args.passages, args.seed)
@@ -489,13 +585,10 @@ def main() -> None:
         stop.set()
         sampler.join(timeout=5)
         health = httpx.get(f"{url}/health", timeout=10).json()
+        if args.arm_rounds:
+            arms = curriculum_arms(url, server.pid, queries, args)
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=30)
+        stop_server(server)
 
     latencies = np.array(load.latencies_ms) if load.latencies_ms else np.array([float("nan")])
     requests = len(load.latencies_ms) + load.errors
@@ -519,6 +612,7 @@ def main() -> None:
         "engine_calls": health["engine_calls"],
         "queries_per_request": args.queries_per_request,
         "passages": args.passages,
+        **arms,
     }
 
     direct: dict[str, float] = {}
@@ -554,6 +648,13 @@ def main() -> None:
             f"| behind the server, 32 clients | {direct['server_qps']:.0f} q/s "
             f"({direct['server_over_direct']:.2f}x direct, {direct['server_failed_requests']:.0f} failed) |"
         )
+    if arms:
+        passes = f"median of {args.arm_rounds} alternating passes of {args.arm_duration:g} s"
+        print(f"| p99 plain / with the curriculum ({passes}) | {arms['arm_p99_ms']['plain']} / "
+              f"{arms['arm_p99_ms']['curriculum']} ms ({arms['arm_p99_ratio']:.2f}x) |")  # fmt: skip
+        print(f"| 5xx plain / with the curriculum | {arms['arm_5xx']['plain']} / {arms['arm_5xx']['curriculum']} |")
+        cpu = arms["arm_cpu_ms_per_request"]
+        print(f"| server CPU per request, plain / with the curriculum | {cpu['plain']} / {cpu['curriculum']} ms |")
     print(json.dumps(results))
 
 

@@ -27,7 +27,7 @@ LAYERS: list[list[str]] = [
     ["commands"],
     ["factory"],
     ["config"],
-    ["simulator", "policy", "tinyworld"],
+    ["simulator", "policy", "tinyworld", "integrations"],
     ["generation", "retrieval", "training"],
     ["models", "curriculum", "data"],
     ["eval"],

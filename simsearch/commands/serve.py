@@ -1,9 +1,11 @@
 """`simsearch serve RECIPE`: one configured engine behind Search-R1's `POST /retrieve`.
 
-Setup builds the engine (a retriever, the simulator, optionally behind the cache) and the app;
-the loop is uvicorn's; cleanup closes the batcher when uvicorn shuts down, and prints what was
-served and what it cost (`retrieval.accounting`), also into `run_dir/cost.json` when the recipe
-gives a `run_dir` (added to what earlier sessions left there).
+Setup builds the engine (a retriever, the simulator, optionally behind the cache), the noise
+curriculum of a recipe with a `curriculum` section (`curriculum.served`: each client's step, as it
+reports it or as its searches count it) and the app (`build_app`); the loop is uvicorn's; cleanup
+closes the batcher when uvicorn shuts down, and prints what was served and what it cost
+(`retrieval.accounting`), per client too, and where each client's curriculum stood; also into
+`run_dir/cost.json` when the recipe gives a `run_dir` (added to what earlier sessions left there).
 
 SIGTERM shuts down as Ctrl-C does: uvicorn stops accepting, lets the requests in flight finish for
 up to `drain_s` seconds, then cancels them; the closing line follows and the exit status is 0.
@@ -21,16 +23,20 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
 
 from simsearch.commands import preflight
-from simsearch.config import ServeRecipe
+from simsearch.config import SearchConfig, ServeRecipe
+from simsearch.curriculum.served import ServedCurriculum
 from simsearch.errors import RecipeError
-from simsearch.factory.build import build_search_engine, meter_search_engine
+from simsearch.factory.build import build_schedule, build_search_engine, meter_search_engine
 from simsearch.retrieval import accounting
-from simsearch.retrieval.accounting import EngineUsage, Ledger, money
+from simsearch.retrieval.accounting import ClientUsage, EngineUsage, Ledger, client_costs, money
 from simsearch.retrieval.server import create_app
+from simsearch.simulator.prompts import PRESETS
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -76,9 +82,31 @@ def main(recipe: ServeRecipe) -> None:
             stacklevel=1,
         )
     ledger = Ledger()
+    app = build_app(recipe, ledger, token)
+    previous = accounting.read_cost(recipe.run_dir) if recipe.run_dir else None
+    print(f"simsearch serve: {recipe.search.kind} engine on http://{recipe.host}:{recipe.port}/retrieve", flush=True)
+    if recipe.curriculum is not None:
+        print(f"simsearch serve: curriculum {recipe.curriculum.kind} over {recipe.curriculum.total_steps} steps"
+              f" ({recipe.curriculum_total_searches} searches when no step is reported)", flush=True)  # fmt: skip
+    with _signals_recorded():
+        uvicorn.run(app, host=recipe.host, port=recipe.port, log_level="warning",
+                    timeout_graceful_shutdown=recipe.drain_s or None)  # fmt: skip
+    usage = ledger.total[recipe.search.kind]
+    print(f"simsearch serve: {usage_line(usage)}", flush=True)
+    clients: dict[str, ClientUsage] = app.state.stats.clients
+    for line in client_lines(clients, usage, app.state.curriculum.state() if app.state.curriculum else {}):
+        print(f"simsearch serve: {line}", flush=True)
+    if recipe.run_dir:
+        Path(recipe.run_dir).mkdir(parents=True, exist_ok=True)
+        accounting.write_cost(recipe.run_dir, previous, ledger.total, clients)
+        print(f"simsearch serve: accounting in {Path(recipe.run_dir) / accounting.COST_FILE}", flush=True)
+
+
+def build_app(recipe: ServeRecipe, ledger: Ledger, token: str | None = None) -> FastAPI:
+    """The recipe's engine, metered into `ledger`, behind `/retrieve` with its curriculum and preset checks."""
     engine = meter_search_engine(build_search_engine(recipe.search), recipe.search, ledger, recipe.search.kind)
     assert engine is not None  # ServeRecipe.check refuses kind=self
-    app = create_app(
+    return create_app(
         engine,
         default_top_k=recipe.search.top_k,
         max_batch=recipe.max_batch,
@@ -86,17 +114,29 @@ def main(recipe: ServeRecipe) -> None:
         max_body_bytes=recipe.max_body_bytes,
         max_top_k=recipe.max_top_k,
         token=token,
+        curriculum=served_curriculum(recipe),
+        context_preset=context_preset(recipe.search),
     )
-    previous = accounting.read_cost(recipe.run_dir) if recipe.run_dir else None
-    print(f"simsearch serve: {recipe.search.kind} engine on http://{recipe.host}:{recipe.port}/retrieve", flush=True)
-    with _signals_recorded():
-        uvicorn.run(app, host=recipe.host, port=recipe.port, log_level="warning",
-                    timeout_graceful_shutdown=recipe.drain_s or None)  # fmt: skip
-    print(f"simsearch serve: {usage_line(ledger.total[recipe.search.kind])}", flush=True)
-    if recipe.run_dir:
-        Path(recipe.run_dir).mkdir(parents=True, exist_ok=True)
-        accounting.write_cost(recipe.run_dir, previous, ledger.total)
-        print(f"simsearch serve: accounting in {Path(recipe.run_dir) / accounting.COST_FILE}", flush=True)
+
+
+def served_curriculum(recipe: ServeRecipe) -> ServedCurriculum | None:
+    """The recipe's `curriculum` as the server runs it (one schedule per client); None without one."""
+    cfg = recipe.curriculum
+    if cfg is None:
+        return None
+    return ServedCurriculum(
+        lambda: build_schedule(cfg),
+        total_steps=cfg.total_steps,
+        total_searches=recipe.curriculum_total_searches,
+        granularity=cfg.granularity,
+    )
+
+
+def context_preset(search: SearchConfig) -> str:
+    """The simulator preset whose prompts need each query's question and gold answer ("" = none)."""
+    if search.kind != "simulator" or not PRESETS[search.simulator.preset].always_shows_context:
+        return ""
+    return search.simulator.preset
 
 
 @contextmanager
@@ -113,6 +153,23 @@ def _signals_recorded() -> Iterator[list[int]]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def client_lines(clients: dict[str, ClientUsage], usage: EngineUsage, curriculum: dict[str, Any]) -> list[str]:
+    """One closing line per client: its searches, request latency and share of the cost, and where
+    its curriculum stood (clients that named themselves share their name with the curriculum)."""
+    costs = client_costs(clients, usage)
+    lines = []
+    for name, client in sorted(clients.items()):
+        p99 = client.latency.percentile(99)
+        line = (f"client {name}: {client.searches:,} searches in {client.requests:,} requests"
+                f"{'' if p99 is None else f', p99 {1000 * p99:.1f} ms'}, cost {money(costs[name])}")  # fmt: skip
+        lines.append(line)
+    for name, place in curriculum.items():
+        if place["step"] is not None:
+            lines.append(f"curriculum {name}: step {place['step']} ({place['source']}), p_noise "
+                         f"{place['p_noise']:.3f}, {place['searches']:,} searches")  # fmt: skip
+    return lines
 
 
 def usage_line(usage: EngineUsage) -> str:

@@ -3,7 +3,8 @@
 A `Ledger` holds one `EngineUsage` per engine, fed by `MeteredSearchEngine` (outermost:
 searches, latency, cache hits), `SentCounter` (in front of the engine: queries that reached it)
 and `MeteredGenerator` (a simulator's calls, tokens and seconds). An unknown price is `None`
-("unknown"), never 0.
+("unknown"), never 0. A `/retrieve` server shared by several trainers also keeps a `ClientUsage`
+per client, and `client_costs` splits the engine's cost between them by their searches.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ QUERY_PRICES: dict[str, tuple[float | None, str]] = {
     "empty": (0.0, "finds nothing"),
     "random": (0.0, "passages drawn from a local corpus"),
     "answerless": (0.0, "local index"),
+    "oracle": (0.0, "local index"),
     "simulator": (0.0, "no per-query price: its cost is its GPU time (gpu_hour_price)"),
     "http": (None, "whatever serves the URL: set price_per_1k_queries"),
     # Read 2026-11-23 from third-party pages quoting SerpAPI's plans (Developer: $75 a month for
@@ -223,6 +225,54 @@ class Ledger:
         return out
 
 
+@dataclass
+class ClientUsage:
+    """What one client of a `/retrieve` server asked: requests, searches, failures and latency."""
+
+    requests: int = 0
+    searches: int = 0  # queries in its requests
+    failed: int = 0  # requests the engine failed (503 / 422 from the engine)
+    latency: LatencyHistogram = field(default_factory=LatencyHistogram)  # of whole requests
+
+    def record(self, *, searches: int, latency_s: float, failed: bool) -> None:
+        self.requests += 1
+        self.searches += searches
+        self.failed += int(failed)
+        self.latency.add(latency_s)
+
+    def merge(self, other: ClientUsage) -> None:
+        self.requests += other.requests
+        self.searches += other.searches
+        self.failed += other.failed
+        self.latency.merge(other.latency)
+
+    def summary(self) -> dict[str, Any]:
+        """Counts and request latency percentiles (None while empty), for `/health` and `cost.json`."""
+        record: dict[str, Any] = {"requests": self.requests, "searches": self.searches, "failed": self.failed}
+        for q in PERCENTILES:
+            record[f"latency_p{q}_s"] = self.latency.percentile(q)
+        return record
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.summary(), "latency_buckets": {str(k): v for k, v in sorted(self.latency.buckets.items())}}
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any]) -> ClientUsage:
+        buckets = {int(k): int(v) for k, v in record.get("latency_buckets", {}).items()}
+        return cls(int(record["requests"]), int(record["searches"]), int(record["failed"]), LatencyHistogram(buckets))
+
+
+def client_costs(clients: Mapping[str, ClientUsage], engine: EngineUsage) -> dict[str, float | None]:
+    """Each client's share of `engine`'s cost (queries and simulator time), by its share of the
+    searches; None for all when a price is unknown."""
+    costs = [engine.query_cost(), engine.simulator_cost() if engine.kind == "simulator" else 0.0]
+    total = sum(usage.searches for usage in clients.values())
+    if any(c is None for c in costs):
+        return dict.fromkeys(clients)
+    cost = sum(c for c in costs if c is not None)
+    return {name: cost * usage.searches / total if total else 0.0 for name, usage in clients.items()}
+
+
 def _empty_like(usage: EngineUsage) -> EngineUsage:
     return EngineUsage(usage.kind, usage.price_per_1k_queries, usage.gpu_hour_price)
 
@@ -302,9 +352,24 @@ def merged_totals(previous: Mapping[str, Any] | None, current: Mapping[str, Engi
     return totals
 
 
-def cost_record(totals: Mapping[str, EngineUsage]) -> dict[str, Any]:
-    """`cost.json`'s content: per engine `EngineUsage.to_dict`."""
-    return {"engines": {name: usage.to_dict() for name, usage in totals.items()}}
+def cost_record(totals: Mapping[str, EngineUsage], clients: Mapping[str, ClientUsage] | None = None) -> dict[str, Any]:
+    """`cost.json`'s content: per engine `EngineUsage.to_dict`; a server's also per client
+    `ClientUsage.to_dict` with its `cost_usd` share of the (one) engine's cost."""
+    record: dict[str, Any] = {"engines": {name: usage.to_dict() for name, usage in totals.items()}}
+    if clients:
+        shares = client_costs(clients, next(iter(totals.values()))) if len(totals) == 1 else dict.fromkeys(clients)
+        record["clients"] = {name: {**usage.to_dict(), "cost_usd": shares[name]} for name, usage in clients.items()}
+    return record
+
+
+def merged_clients(previous: Mapping[str, Any] | None, current: Mapping[str, ClientUsage]) -> dict[str, ClientUsage]:
+    """This server session's clients added to those earlier sessions left in `cost.json`."""
+    totals = {name: ClientUsage() for name in current}
+    for name, usage in current.items():
+        totals[name].merge(usage)
+    for name, record in ((previous or {}).get("clients") or {}).items():
+        totals.setdefault(name, ClientUsage()).merge(ClientUsage.from_dict(record))
+    return totals
 
 
 def money(value: float | None) -> str:
@@ -341,13 +406,18 @@ def read_cost(run_dir: str | os.PathLike) -> dict[str, Any] | None:
 
 
 def write_cost(
-    run_dir: str | os.PathLike, previous: Mapping[str, Any] | None, current: Mapping[str, EngineUsage]
+    run_dir: str | os.PathLike,
+    previous: Mapping[str, Any] | None,
+    current: Mapping[str, EngineUsage],
+    clients: Mapping[str, ClientUsage] | None = None,
 ) -> dict[str, EngineUsage]:
-    """Writes `cost.json` atomically (`previous` plus this invocation's totals); returns the merged totals."""
+    """Writes `cost.json` atomically (`previous` plus this invocation's totals, and a server's
+    `clients`); returns the merged totals."""
     totals = merged_totals(previous, current)
+    every_client = merged_clients(previous, clients) if clients is not None else None
     path = Path(run_dir) / COST_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".json.tmp")
-    partial.write_text(json.dumps(cost_record(totals), indent=2) + "\n", encoding="utf-8")
+    partial.write_text(json.dumps(cost_record(totals, every_client), indent=2) + "\n", encoding="utf-8")
     os.replace(partial, path)
     return totals

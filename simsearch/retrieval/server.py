@@ -2,11 +2,18 @@
 
 Request: `{"queries": [str], "topk": int | null, "return_scores": bool}`, plus optional
 simulator fields aligned with `queries`: `question`, `golden_answers`, `noisy` (per query: a bool,
-or how many of top-k) or `p_noise` (one probability, a coin per query). Response:
+or how many of top-k) or `p_noise` (one probability, a coin per query); and `step` (the client's
+training step) and `client` (a name for its usage and curriculum). Response:
 `{"result": [[{"document": {"id", "contents"}, "score": s}, ...], ...]}` (plain document lists
-without `return_scores`), always valid JSON. An invalid body gets 413 (over the limits) or 422;
-a `ValueError` from the engine is a 422 for that request only; any other engine failure a 503
+without `return_scores`), always valid JSON, plus `p_noise` and `step` where the noise came from
+the server's curriculum or the request's `p_noise`. An invalid body gets 413 (over the limits) or
+422; a `ValueError` from the engine is a 422 for that request only; any other engine failure a 503
 for the call's requests, and the server keeps serving.
+
+With a `ServedCurriculum`, a request naming neither `noisy` nor `p_noise` gets its noise from the
+client's place on the schedule; `POST /curriculum {"step", "client"?, "metrics"?}` reports a step.
+With `context_preset`, a request lacking a question or gold answer for a query is refused (422)
+before it reaches the simulator whose prompt needs them.
 """
 
 from __future__ import annotations
@@ -18,16 +25,19 @@ import json
 import math
 import random
 import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 from pydantic_core import PydanticSerializationError, to_json
 
+from simsearch.curriculum.served import NoiseDraw, ServedCurriculum
 from simsearch.errors import DataError
+from simsearch.retrieval.accounting import ClientUsage
 from simsearch.retrieval.base import SearchEngine
 from simsearch.types import Document, SearchRequest
 
@@ -42,6 +52,16 @@ class RetrieveBody(BaseModel):
     golden_answers: list[list[str]] | None = None
     noisy: list[bool | int] | None = None
     p_noise: float | None = Field(default=None, ge=0.0, le=1.0)
+    step: int | None = Field(default=None, ge=0)
+    client: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+class CurriculumBody(BaseModel):
+    """The JSON body of `POST /curriculum`: a client's training step, and for an adaptive schedule its metrics."""
+
+    step: int = Field(ge=0)
+    client: str | None = Field(default=None, min_length=1, max_length=200)
+    metrics: dict[str, float] | None = None
 
 
 class _JSONResponse(JSONResponse):
@@ -85,6 +105,7 @@ class ServerStats:
     queries: int = 0
     engine_calls: int = 0
     errors: int = 0
+    clients: dict[str, ClientUsage] = field(default_factory=dict)  # by `client`, else the peer's address
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def as_dict(self) -> dict[str, int]:
@@ -95,6 +116,12 @@ class ServerStats:
             "engine_calls": self.engine_calls,
             "errors": self.errors,
         }
+
+    def record_client(self, name: str, *, searches: int, latency_s: float, failed: bool) -> None:
+        """One answered `/retrieve` request of client `name`."""
+        with self.lock:
+            usage = self.clients.setdefault(name, ClientUsage())
+            usage.record(searches=searches, latency_s=latency_s, failed=failed)
 
 
 class _Batcher:
@@ -235,10 +262,8 @@ class _Limits:
 
 async def _read_body(request: Request, limits: _Limits) -> RetrieveBody | JSONResponse:
     """The validated body of a request, or the 401 / 413 / 422 answer refusing it."""
-    if limits.token is not None:
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {limits.token}".encode()):
-            return _error(401, "missing or wrong bearer token in the Authorization header")
+    if not _authorized(request, limits):
+        return _error(401, "missing or wrong bearer token in the Authorization header")
     max_body_bytes = limits.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
@@ -281,6 +306,34 @@ def _result_payload(results: list[list[Document]], return_scores: bool) -> list[
     return [[document_json(d, i) for i, d in enumerate(docs)] for docs in results]
 
 
+def missing_context(requests: list[SearchRequest]) -> str | None:
+    """What the first request lacking a question or a gold answer misses, or None when all have both."""
+    for i, request in enumerate(requests):
+        lacking = [
+            name
+            for name, present in (
+                ("question", bool(request.question and request.question.strip())),
+                ("golden_answers", any(answer.strip() for answer in request.golden_answers)),
+            )
+            if not present
+        ]
+        if lacking:
+            return f"query {i} ({request.query!r}) came without {' or '.join(repr(n) for n in lacking)}"
+    return None
+
+
+@dataclass
+class _Serving:
+    """What `/retrieve` answers with: the batcher, the limits and the noise decisions."""
+
+    batcher: _Batcher
+    limits: _Limits
+    default_top_k: int
+    rng: random.Random
+    curriculum: ServedCurriculum | None
+    context_preset: str
+
+
 def create_app(
     engine: SearchEngine,
     *,
@@ -291,8 +344,10 @@ def create_app(
     max_top_k: int = 100,
     token: str | None = None,
     seed: int = 0,
+    curriculum: ServedCurriculum | None = None,
+    context_preset: str = "",
 ) -> FastAPI:
-    """A FastAPI app serving `engine` over `POST /retrieve` and `GET /health`.
+    """A FastAPI app serving `engine` over `POST /retrieve`, `POST /curriculum` and `GET /health`.
 
     Args:
         default_top_k: Documents per query when a request leaves `topk` null.
@@ -300,14 +355,18 @@ def create_app(
         max_queries_per_request: Larger requests get 413.
         max_body_bytes: Larger bodies get 413 before they are parsed.
         max_top_k: A larger `topk` gets 422.
-        token: When set, `/retrieve` requires `Authorization: Bearer <token>`.
+        token: When set, `/retrieve` and `/curriculum` require `Authorization: Bearer <token>`.
         seed: Seeds the coin flips of `p_noise` requests.
+        curriculum: The noise of requests naming neither `noisy` nor `p_noise`; None = no noise.
+        context_preset: The simulator preset whose prompts need each query's question and gold
+            answer ("" = none): requests without them get 422 naming the query.
     """
     if not 1 <= default_top_k <= max_top_k:
         raise ValueError(f"default_top_k={default_top_k} must lie in [1, max_top_k={max_top_k}]")
     stats = ServerStats()
     batcher = _Batcher(engine, max_batch, stats)
-    rng = random.Random(seed)
+    limits = _Limits(token, max_body_bytes, max_queries_per_request, max_top_k)
+    serving = _Serving(batcher, limits, default_top_k, random.Random(seed), curriculum, context_preset)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -315,7 +374,7 @@ def create_app(
         batcher.close()
 
     app = FastAPI(title="simsearch retrieval server", lifespan=lifespan)
-    app.state.stats = stats
+    app.state.stats, app.state.curriculum = stats, curriculum
 
     @app.exception_handler(Exception)
     async def internal_error(_: Request, err: Exception) -> JSONResponse:
@@ -324,34 +383,96 @@ def create_app(
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", **stats.as_dict()}
-
-    limits = _Limits(token, max_body_bytes, max_queries_per_request, max_top_k)
+        return _health(stats, curriculum)
 
     @app.post("/retrieve")
     async def retrieve(request: Request) -> JSONResponse:
-        return await _retrieve(request, batcher, limits, default_top_k, rng)
+        return await _retrieve(request, serving)
+
+    @app.post("/curriculum")
+    async def report_step(request: Request) -> JSONResponse:
+        return await _report_step(request, serving)
 
     return app
 
 
-async def _retrieve(
-    request: Request, batcher: _Batcher, limits: _Limits, default_top_k: int, rng: random.Random
-) -> JSONResponse:
-    """Answers one `POST /retrieve`: the body checked against `limits`, its queries searched by `batcher`."""
-    stats = batcher.stats
+def _health(stats: ServerStats, curriculum: ServedCurriculum | None) -> dict:
+    """`/health`: the counters, each client's usage, and with a curriculum each client's place."""
+    with stats.lock:
+        clients = {name: usage.summary() for name, usage in sorted(stats.clients.items())}
+    extra = {"curriculum": curriculum.state()} if curriculum is not None else {}
+    return {"status": "ok", **stats.as_dict(), "clients": clients, **extra}
+
+
+def _authorized(request: Request, limits: _Limits) -> bool:
+    if limits.token is None:
+        return True
+    given = request.headers.get("authorization", "")
+    return hmac.compare_digest(given.encode(), f"Bearer {limits.token}".encode())
+
+
+async def _report_step(request: Request, serving: _Serving) -> JSONResponse:
+    """Answers `POST /curriculum`: records a client's training step; 409 without a curriculum."""
+    if not _authorized(request, serving.limits):
+        return _error(401, "missing or wrong bearer token in the Authorization header")
+    if serving.curriculum is None:
+        return _error(409, "this server runs no curriculum; serve it with a `curriculum` section")
+    try:
+        body = CurriculumBody.model_validate_json(await request.body())
+    except ValidationError as err:
+        first = err.errors()[0]
+        return _error(422, f"invalid request at '{'.'.join(str(p) for p in first['loc']) or 'body'}': {first['msg']}")
+    try:
+        draw = serving.curriculum.report(body.client or "", body.step, body.metrics)
+    except ValueError as err:
+        return _error(422, str(err))
+    return _JSONResponse({"step": draw.step, "p_noise": draw.p_noise})
+
+
+def _with_noise(
+    body: RetrieveBody, requests: list[SearchRequest], curriculum: ServedCurriculum | None
+) -> tuple[list[SearchRequest], NoiseDraw | None]:
+    """`requests` with the curriculum's noisy documents, and its step and p_noise; unchanged (and
+    None) without a curriculum or where the body decides the noise itself."""
+    if curriculum is None or body.noisy is not None or body.p_noise is not None:
+        return requests, None
+    draw = curriculum.draw(body.client or "", len(requests), body.step)
+    counts = curriculum.noisy_counts(draw.p_noise, requests[0].top_k, len(requests))
+    return [replace(r, num_noisy=n) for r, n in zip(requests, counts, strict=True)], draw
+
+
+async def _retrieve(request: Request, serving: _Serving) -> JSONResponse:
+    """Answers one `POST /retrieve`: the body checked against the limits, its queries searched by the batcher."""
+    stats = serving.batcher.stats
+    began = time.perf_counter()
     with stats.lock:
         stats.http_requests += 1
-    body = await _read_body(request, limits)
+    body = await _read_body(request, serving.limits)
     if isinstance(body, JSONResponse):
         return body
     try:
-        requests = build_requests(body, default_top_k, rng)
+        requests = build_requests(body, serving.default_top_k, serving.rng)
     except ValueError as err:
         return _error(422, str(err))
-    results = await _search(batcher, requests)
+    lacking = missing_context(requests) if serving.context_preset else None
+    if lacking:
+        return _error(
+            422,
+            f"preset {serving.context_preset!r} writes results from the question and its gold answers: {lacking}; "
+            "send 'question' and 'golden_answers' for every query, or serve an answer-blind preset (simsearch)",
+        )
+    requests, draw = _with_noise(body, requests, serving.curriculum)
+    results = await _search(serving.batcher, requests)
+    client = body.client or (request.client.host if request.client else "unknown")
+    stats.record_client(client, searches=len(requests), latency_s=time.perf_counter() - began,
+                        failed=isinstance(results, JSONResponse))  # fmt: skip
     if isinstance(results, JSONResponse):
         return results
     with stats.lock:
         stats.queries += len(requests)
-    return _JSONResponse({"result": _result_payload(results, body.return_scores)})
+    payload: dict[str, object] = {"result": _result_payload(results, body.return_scores)}
+    if draw is not None:
+        payload |= {"p_noise": draw.p_noise, "step": draw.step}
+    elif body.p_noise is not None:
+        payload["p_noise"] = body.p_noise
+    return _JSONResponse(payload)
