@@ -4,7 +4,8 @@ Set-up (processes, data, models, engines, resume) → loop → clean-up. One ste
 share of `prompts_per_step` questions; p_noise from the curriculum; rollouts and rewards
 (`policy.step.sample_step`, with DAPO's dynamic sampling `policy.sampling`); reference / old
 log-probs and values (`policy.update.forward_passes`); advantages; the update and the weight
-sync; log, validate every `eval_every` steps, checkpoint every `save_every` steps.
+sync; log, validate every `eval_every` steps, the health monitor's rules (`training.health`: an alarm
+warns, stops or rolls back, `health.on_alarm`), checkpoint every `save_every` steps.
 
 Launch:
     simsearch train recipes/train/tiny_cpu.yaml
@@ -12,7 +13,8 @@ Launch:
     deepspeed --num_gpus 8 --no_local_rank --module simsearch.cli train RECIPE
 
 Run directory: `recipe.yaml`, `metrics.jsonl` (+ `tensorboard/`), `cost.json` (totals over every
-invocation), `trajectories.jsonl` (for `simsearch view`), `checkpoints/step_N/` (`model/` in
+invocation), `trajectories.jsonl` (for `simsearch view`), `health.jsonl` (the monitor's alarms and
+rollbacks, appended to), `checkpoints/step_N/` (`model/` in
 Hugging Face format, full or LoRA adapter; `trainer_state.pt`), with DeepSpeed
 `deepspeed/step_N/`. A resumed run replays what an uninterrupted one would have done.
 Departures from ZeroSearch's trainer: docs/protocols.md.
@@ -20,10 +22,12 @@ Departures from ZeroSearch's trainer: docs/protocols.md.
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -46,8 +50,9 @@ from simsearch.policy.validation import Validation, validate
 from simsearch.retrieval import accounting
 from simsearch.retrieval.accounting import EngineUsage, Ledger
 from simsearch.training import preempt
-from simsearch.training.checkpoint import checkpoint_dir, rng_state, set_rng_state
+from simsearch.training.checkpoint import checkpoint_dir, latest_checkpoint, rng_state, set_rng_state
 from simsearch.training.distributed import mean_over_ranks
+from simsearch.training.health import HEALTH_FILE, STOP_STATUS, Alarm, Monitor, trajectory_signals
 from simsearch.training.runlog import METRICS_FILE, RunLogger, read_metrics
 from simsearch.training.session import Run, open_run
 
@@ -71,6 +76,7 @@ class _Training:
     logger: RunLogger | None
     previous_cost: Any
     run_usage: dict[str, EngineUsage]
+    monitor: Monitor
 
     def generation(self) -> Any:  # vLLM runs in its own dtype, maybe in this very thread: leave it be
         return nullcontext() if self.weights.vllm else self.learner.autocast_context()
@@ -86,6 +92,15 @@ class _Progress:
     step: int  # the step in flight (0-based), named by the error of a failed step
     metrics: dict[str, float] = field(default_factory=dict)  # stays empty when a finished run is resumed
     rng: dict[str, Any] = field(default_factory=dict)  # the RNG states at the start of the step in flight
+    alarms: list[Alarm] = field(default_factory=list)  # the health monitor's new alarms of the last step
+
+
+class _RollBack(Exception):
+    """Raised by the loop when an alarm asks for a rollback (`health.on_alarm=rollback`)."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"rollback after step {step}")
+        self.step = step
 
 
 def main(recipe: TrainRecipe) -> dict[str, float]:
@@ -93,21 +108,27 @@ def main(recipe: TrainRecipe) -> dict[str, float]:
 
     On SIGTERM or SIGINT it finishes the step in flight, saves it and exits with status 143
     (`training.preempt`); alone (one process), a step that cannot finish in the grace period is
-    abandoned at a turn boundary of its rollout instead, and the last finished step saved.
+    abandoned at a turn boundary of its rollout instead, and the last finished step saved. A health
+    alarm with `health.on_alarm=stop` saves the step and exits with status 3 (`training.health`);
+    with `rollback` the run goes on from the last checkpoint before the alarm, its learning rate scaled.
     """
     t = _set_up(recipe)
-    run = t.run
-    last_saved, last_dir = (run.start, run.checkpoint) if run.checkpoint is not None else (-1, None)
-    p = _Progress(int(run.state["data_position"]) if run.state else 0, last_saved, last_dir, run.start)
-    last_good = partial(preempt.last_checkpoint_line, run.run_dir)
-    with preempt.stop_on_signals(recipe.stop_grace_s, last_good, "simsearch train") as stop:
-        try:
-            _train(t, p, stop)
-        except (ServiceError, NonFiniteError) as err:
-            if t.logger is not None:
-                t.logger.close()
-            raise _stopped_by(err, recipe, p) from err
-        return _clean_up(t, p.metrics, p.position, p.last_saved)  # a signal now: the final checkpoint is written
+    while True:
+        run = t.run
+        last_saved, last_dir = (run.start, run.checkpoint) if run.checkpoint is not None else (-1, None)
+        p = _Progress(int(run.state["data_position"]) if run.state else 0, last_saved, last_dir, run.start)
+        last_good = partial(preempt.last_checkpoint_line, run.run_dir)
+        with preempt.stop_on_signals(recipe.stop_grace_s, last_good, "simsearch train") as stop:
+            try:
+                _train(t, p, stop)
+            except (ServiceError, NonFiniteError) as err:
+                if t.logger is not None:
+                    t.logger.close()
+                raise _stopped_by(err, recipe, p) from err
+            except _RollBack as back:
+                t = _roll_back(t, back.step)
+                continue
+            return _clean_up(t, p.metrics, p.position, p.last_saved)  # a signal now: the final checkpoint is written
 
 
 def _train(t: _Training, p: _Progress, stop: preempt.Stop) -> None:
@@ -123,7 +144,7 @@ def _train(t: _Training, p: _Progress, stop: preempt.Stop) -> None:
     for step in progress:
         p.step, p.rng, began = step, rng_state(), time.monotonic()
         try:
-            p.metrics, p.position = _step(t, step, p.position, should_stop)
+            p.metrics, p.position, p.alarms = _step(t, step, p.position, should_stop)
         except RolloutStopped as stopped:
             _abandon(t, p, stop, stopped.turn)
         if t.logger is not None:
@@ -131,6 +152,8 @@ def _train(t: _Training, p: _Progress, stop: preempt.Stop) -> None:
                                  p_noise=f"{p.metrics['curriculum/p_noise']:.2f}",
                                  s=f"{p.metrics['time/step_s']:.1f}")  # fmt: skip
         done = step + 1
+        if p.alarms:
+            _on_alarms(t, p, done)
         if recipe.save_every and done % recipe.save_every == 0:
             p.last_dir, p.last_saved = _save(t, done, p.position), done
         stop.step_s = time.monotonic() - began  # its checkpoint included
@@ -140,8 +163,9 @@ def _train(t: _Training, p: _Progress, stop: preempt.Stop) -> None:
 
 def _step(
     t: _Training, step: int, position: int, should_stop: Callable[[], bool] | None
-) -> tuple[dict[str, float], int]:
-    """One training step (rollout, update, weight sync, validation, log); its metrics and the next data position.
+) -> tuple[dict[str, float], int, list[Alarm]]:
+    """One training step (rollout, update, weight sync, validation, health, log): its metrics, the next data
+    position and the health monitor's new alarms.
 
     Raises:
         RolloutStopped: `should_stop` said so at a turn boundary; nothing of the step was kept.
@@ -161,8 +185,11 @@ def _step(
     update_began = time.perf_counter()
     losses = update(t.learner, alg, t.shape, batch, trained, passes, returns, step)
     sync_rollout_weights(t.weights)
+    health_began = time.perf_counter()
+    signals = trajectory_signals(result.trajectories, scored.total, recipe.health.repeat_n)
+    health_s = time.perf_counter() - health_began
     metrics = {
-        **scored.stats, **result.metrics, **losses, **stats, **sample.metrics,
+        **scored.stats, **result.metrics, **losses, **stats, **sample.metrics, **signals,
         "advantages/mean": float((advantages * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1)),
         "curriculum/p_noise": p_noise, "time/rollout_s": rollout_s,
         "time/search_s": result.timings["time/search_s"], "time/update_s": time.perf_counter() - update_began,
@@ -174,9 +201,12 @@ def _step(
         with t.generation():
             metrics.update(validate(t.validation, t.weights.generator, t.tokenizer, run.rank, run.world))
     metrics.update(search_usage(t.ledger, t.run_usage, run.world))
+    observed = time.perf_counter()
+    alarms = t.monitor.observe(done, metrics)  # the same on every process: its signals are averaged over them
+    metrics["time/health_s"] = health_s + time.perf_counter() - observed  # the signals and the rules
     if t.logger is not None:
         _log(t, t.logger, done, metrics, result, scored.total, p_noise)
-    return metrics, position
+    return metrics, position, alarms
 
 
 def _stop(t: _Training, p: _Progress, stop: preempt.Stop, done: int) -> None:
@@ -189,6 +219,97 @@ def _stop(t: _Training, p: _Progress, stop: preempt.Stop, done: int) -> None:
                                     world=t.run.world)  # fmt: skip
     preempt.exit_stopped(stop, f"after step {done}/{t.recipe.steps}: checkpoint {p.last_dir}", resume,
                          rank=t.run.rank)  # fmt: skip
+
+
+def _on_alarms(t: _Training, p: _Progress, done: int) -> None:
+    """The step's alarms printed and recorded in health.jsonl; then `health.on_alarm` (a rollback past
+    `health.max_rollbacks` stops instead)."""
+    health, monitor = t.recipe.health, t.monitor
+    action = health.on_alarm
+    if action == "rollback" and monitor.rollbacks >= health.max_rollbacks:
+        action = "stop"
+    if t.run.rank == 0:
+        for alarm in p.alarms:
+            tqdm.write(f"simsearch train: {alarm.line()}")
+        _record_health(t.run.run_dir, [{**alarm.row(), "action": action} for alarm in p.alarms])
+    if action == "rollback":
+        raise _RollBack(done)
+    if action == "stop":
+        _health_stop(t, p, done)
+
+
+def _health_stop(t: _Training, p: _Progress, done: int) -> None:
+    """After an alarm: the step saved, the log closed, one line saying why and how to go on; exit status 3."""
+    if p.last_saved != done:
+        p.last_dir, p.last_saved = _save(t, done, p.position), done
+    if t.logger is not None:
+        t.logger.close()
+    if t.run.rank == 0:
+        rules = ", ".join(alarm.rule for alarm in p.alarms)
+        rollbacks = f" after {t.monitor.rollbacks} rollback(s)" if t.monitor.rollbacks else ""
+        print(f"simsearch train: stopped by the health monitor after step {done}/{t.recipe.steps}{rollbacks} "
+              f"({rules}; {t.run.run_dir / HEALTH_FILE}, docs/health.md); checkpoint {p.last_dir}. To go on: "
+              f"lower optim.lr (now {t.recipe.optim.lr:g}) and run simsearch train {t.run.run_dir / 'recipe.yaml'} "
+              "optim.lr=... resume=force", file=sys.stderr, flush=True)  # fmt: skip
+    raise SystemExit(STOP_STATUS)
+
+
+def _roll_back(t: _Training, alarm_step: int) -> _Training:
+    """The run set up again from the last checkpoint before the alarm's window, its learning rate scaled.
+
+    A step's signals measure the weights of the step before it, so the run goes back to the newest
+    checkpoint before step `alarm_step - health.window` (none of the window's values came from its
+    weights); later checkpoints move to `checkpoints/rolled_back/`; with none left the run starts
+    over. The monitor keeps its count of rollbacks and the scale across the reload.
+    """
+    rollbacks, scale = t.monitor.rollbacks + 1, t.monitor.lr_scale * t.recipe.health.lr_scale
+    if t.logger is not None:
+        t.logger.close()
+    run_dir, recipe = t.run.run_dir, replace(t.recipe, resume="true")  # the reload resumes, whatever started it
+    del t  # the models of the abandoned steps go before the reloaded ones arrive
+    kept = latest_checkpoint(run_dir)
+    while kept is not None and int(kept.name.split("_")[1]) >= alarm_step - recipe.health.window:
+        _set_aside(kept)
+        kept = latest_checkpoint(run_dir)
+    t = _set_up(recipe)
+    t.monitor.rollbacks, t.monitor.lr_scale = rollbacks, scale
+    _scale_lr(t.learner, scale)
+    line = (f"health: rolled back to step {t.run.start} ({kept or 'the initial policy'}) with the learning rate "
+            f"x{scale:g} (rollback {rollbacks} of {recipe.health.max_rollbacks})")  # fmt: skip
+    tqdm.write(f"simsearch train: {line}")
+    _record_health(run_dir, [{"step": alarm_step, "action": "rolled_back", "to_step": t.run.start, "lr_scale": scale,
+                              "line": line}])  # fmt: skip
+    return t
+
+
+def _set_aside(checkpoint: Path) -> None:
+    """Moves a checkpoint a rollback abandons to `checkpoints/rolled_back/` (a numbered name if taken)."""
+    target = checkpoint.parent / "rolled_back" / checkpoint.name
+    n = 1
+    while target.exists():
+        n += 1
+        target = target.with_name(f"{checkpoint.name}.{n}")
+    target.parent.mkdir(exist_ok=True)
+    checkpoint.rename(target)
+
+
+def _scale_lr(learner: Learner, scale: float) -> None:
+    """Each trained model's base learning rate set to the recipe's x `scale`, from the schedule's position on."""
+    for model in (learner.actor, learner.critic):
+        if model is None or scale == 1.0:
+            continue
+        scheduler, groups = model.scheduler, model.optimizer.param_groups
+        scheduler.base_lrs = [group["initial_lr"] * scale for group in groups]
+        lrs = [base * factor(scheduler.last_epoch) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas,
+                                                                          strict=True)]  # fmt: skip
+        for group, lr in zip(groups, lrs, strict=True):
+            group["lr"] = lr
+        scheduler._last_lr = lrs  # what get_last_lr reports
+
+
+def _record_health(run_dir: Path, rows: list[dict[str, Any]]) -> None:
+    with (run_dir / HEALTH_FILE).open("a", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(row) + "\n" for row in rows)
 
 
 def _abandon(t: _Training, p: _Progress, stop: preempt.Stop, turn: int) -> None:
@@ -256,12 +377,24 @@ def _set_up(recipe: TrainRecipe) -> _Training:
     sync_rollout_weights(weights)  # a resumed DeepSpeed run restored its weights after the copy was taken
     if run.state is not None:
         schedule.load_state_dict(run.state["curriculum"])
+    monitor = _monitor(recipe, run, learner)
     run.restore_rng()
     previous_cost = preflight.start_records(recipe, run.run_dir, run.start, changes, "train") if run.rank == 0 else None
     logger = RunLogger(run.run_dir, resume_step=run.start, tensorboard=recipe.tensorboard,
                        wandb_project=recipe.wandb_project) if run.rank == 0 else None  # fmt: skip
     return _Training(recipe, run, learner, weights, tokenizer, shape, rollouts, schedule, share, train_data,
-                     validation, ledger, logger, previous_cost, {})  # fmt: skip
+                     validation, ledger, logger, previous_cost, {}, monitor)  # fmt: skip
+
+
+def _monitor(recipe: TrainRecipe, run: Run, learner: Learner) -> Monitor:
+    """The health monitor, resumed with its learning-rate scale; a fresh start empties health.jsonl."""
+    monitor = Monitor(recipe.health)
+    if run.state is not None and "health" in run.state:  # checkpoints written before the monitor have none
+        monitor.load_state_dict(run.state["health"])
+        _scale_lr(learner, monitor.lr_scale)
+    if recipe.resume == "false" and run.rank == 0:
+        (run.run_dir / HEALTH_FILE).unlink(missing_ok=True)
+    return monitor
 
 
 def _sample(
@@ -305,7 +438,7 @@ def _log(t: _Training, logger: RunLogger, done: int, metrics: dict[str, float], 
 
 
 def _save(t: _Training, done: int, position: int) -> Path:
-    extra = {"curriculum": t.schedule.state_dict(), "data_position": position}
+    extra = {"curriculum": t.schedule.state_dict(), "data_position": position, "health": t.monitor.state_dict()}
     return rl.save_training(t.recipe, t.run, t.learner, t.tokenizer, done, extra)
 
 

@@ -134,8 +134,9 @@ def actor_micro_loss(
 
     Returns:
         The scalar loss to backpropagate, and float stats `policy`, `kl`, `entropy`,
-        `clipfrac`, `clipfrac_lower`, `approx_kl`, `tokens` (micro-batch loss parts are already divided by the
-        minibatch's counts, so they sum over micro-batches; the rest are micro-batch means).
+        `clipfrac`, `clipfrac_lower`, `approx_kl`, `ratio_mean`, `ratio_max`, `tokens` (micro-batch loss parts
+        are already divided by the minibatch's counts, so they sum over micro-batches; `entropy_sum` is the
+        micro-batch's sum over its valid tokens; the rest are micro-batch means).
     """
     mask = micro.loss_mask
     logp = token_logprobs(logits, micro.responses, temperature=temperature)  # [b, L']
@@ -148,6 +149,8 @@ def actor_micro_loss(
         "clipfrac": float(pstats["clipfrac"]),
         "clipfrac_lower": float(pstats["clipfrac_lower"]),
         "approx_kl": float(pstats["approx_kl"]),
+        "ratio_mean": float(pstats["ratio_mean"]),
+        "ratio_max": float(pstats["ratio_max"]),
         "tokens": float(mask.sum()),
     }
     kl_term = _kl_term(logp, ref_logp, mask, alg, denominator, token_sum_normalizer, stats)
@@ -187,15 +190,16 @@ def _entropy_term(
     temperature: float,
     stats: dict[str, float],
 ) -> torch.Tensor | None:
-    """entropy_coef x the token-mean entropy (None when entropy_coef is 0); logs `entropy`."""
+    """entropy_coef x the token-mean entropy (None when entropy_coef is 0); logs `entropy` and its sum `entropy_sum`."""
     valid = mask.bool()
     if entropy_coef > 0:
-        entropy = masked_sum(entropy_from_logits(logits, temperature=temperature), valid) / tokens
-        stats["entropy"] = float(entropy.detach())
+        total = masked_sum(entropy_from_logits(logits, temperature=temperature), valid)
+        entropy = total / tokens
+        stats["entropy"], stats["entropy_sum"] = float(entropy.detach()), float(total.detach())
         return entropy_coef * entropy
     with torch.no_grad():
-        entropy = entropy_from_logits(logits.detach(), temperature=temperature)
-        stats["entropy"] = float(masked_sum(entropy, valid) / tokens)
+        total = masked_sum(entropy_from_logits(logits.detach(), temperature=temperature), valid)
+        stats["entropy"], stats["entropy_sum"] = float(total / tokens), float(total)
     return None
 
 

@@ -158,7 +158,8 @@ def update(
         step: The training step (seeds the minibatch shuffle).
 
     Returns:
-        Metrics: `losses/*`, `optim/grad_norm` (and `optim/critic_grad_norm`), `perf/skipped_row_share`.
+        Metrics: `losses/*`, `optim/grad_norm` (and `optim/critic_grad_norm`), `perf/skipped_row_share`,
+        and `health/entropy`, `health/ratio_mean`, `health/ratio_max` (token means over every pass).
     """
     lengths = batch.prompt_lens + batch.response_lens
     if skips_flat_rows(alg, learner.critic is not None):
@@ -261,6 +262,10 @@ def _micro_step(
     for name in _TOKEN_MEANS:
         sums[name] += stats[name] * stats["tokens"]
     sums["tokens"] += stats["tokens"]
+    sums["entropy_sum"] += stats["entropy_sum"]
+    sums["ratio_sum"] += stats["ratio_mean"] * stats["tokens"]
+    if stats["tokens"]:
+        sums["ratio_max"] = max(sums.get("ratio_max", 0.0), stats["ratio_max"])
     if critic is None:
         return
     with learner.autocast_context():
@@ -283,6 +288,10 @@ def _update_metrics(
     parts = ("policy",) + (("kl",) if with_kl else ()) + (("value",) if with_critic else ())
     out.update({f"losses/{k}": sums[k] / updates for k in parts})
     out.update({f"losses/{k}": sums[k] / tokens for k in _TOKEN_MEANS})
+    # Health signals (training.health): exact token means over every pass; 1 = no ratio seen.
+    out["health/entropy"] = sums["entropy_sum"] / tokens
+    out["health/ratio_mean"] = sums["ratio_sum"] / sums["tokens"] if sums["tokens"] else 1.0
+    out["health/ratio_max"] = sums.get("ratio_max", 1.0)
     out["optim/grad_norm"] = sums["grad_norm"] / updates
     if with_critic:
         out["optim/critic_grad_norm"] = sums["critic_grad_norm"] / updates
