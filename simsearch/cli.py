@@ -2,7 +2,8 @@
 RECIPE`, `simsearch --version`): a thin dispatcher to `simsearch.commands`.
 
 Commands import their heavy dependencies (torch, transformers) only when they run, so
-`simsearch --help` answers at once, and a recipe's keys and paths are checked before they load.
+`simsearch --help` answers at once, and a recipe's keys, paths and what the machine must offer
+(`commands.readiness`) are checked before they load; `--check` stops after the checks.
 
 User errors end in one `simsearch: error: ...` line and exit status 2: `RecipeError`,
 `SimsearchError` (data, services), and a missing model, adapter, QA file, corpus or index, which
@@ -15,14 +16,17 @@ traceback (exit status 1).
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import textwrap
 import traceback
+import warnings
 from collections.abc import Callable, Iterable
+from dataclasses import fields
 from importlib import metadata
 from typing import Any
 
-from simsearch.commands import preflight
+from simsearch.commands import preflight, readiness
 from simsearch.commands.recipe_doc import COMMANDS
 from simsearch.config import load_recipe
 from simsearch.curriculum.schedules import SCHEDULE_KINDS
@@ -42,7 +46,9 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "simsearch eval recipes/quickstart/eval.yaml ~engines.dense chunk_size=16 run_dir=runs/eval_try",
     ),
     "serve": ("simsearch serve recipes/serve/bm25_wiki18.yaml port=8001 search.top_k=5",),
-    "collect": ("simsearch simulator collect recipes/quickstart/collect.yaml max_questions=32",),
+    "collect": (
+        "simsearch simulator collect recipes/quickstart/collect.yaml max_questions=32 run_dir=runs/collect_try",
+    ),
     "finetune": ("simsearch simulator finetune recipes/quickstart/simulator.yaml steps=2 run_dir=runs/sim_try",),
     "config": (
         "simsearch config train recipes/train/tiny_cpu.yaml --doc",
@@ -78,10 +84,15 @@ def _choices(*keys: str) -> str:
     return "Choices: " + "; ".join(f"{key} {'|'.join(tables[key])}" for key in keys) + "."
 
 
-def _add_recipe_args(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+def _add_recipe_args(parser: argparse.ArgumentParser, *, required: bool = True, check: bool = True) -> None:
     parser.add_argument("recipe", nargs=None if required else "?", help="YAML recipe file")
     # default=[]: without it argparse calls the (optional) overrides required when RECIPE is missing
     parser.add_argument("overrides", nargs="*", default=[], help="key.sub=value overrides of the recipe")
+    if check:
+        parser.add_argument(
+            "--check", action="store_true",
+            help="check the recipe, its paths, backends, devices, models and servers, then stop (nothing is written)",
+        )  # fmt: skip
 
 
 def _parser(sub: Any, name: str, *, help: str, description: str, epilog: str) -> argparse.ArgumentParser:
@@ -174,7 +185,7 @@ def _tool_parsers(sub: Any) -> None:
     show.add_argument("for_command", metavar="COMMAND", choices=list(COMMANDS),
                       help=" | ".join(COMMANDS))  # fmt: skip
     show.add_argument("--doc", action="store_true", help="annotate each key with its description and allowed values")
-    _add_recipe_args(show, required=False)
+    _add_recipe_args(show, required=False, check=False)
 
 
 def _version() -> str:
@@ -203,14 +214,74 @@ def run(args: argparse.Namespace) -> None:
         from simsearch.commands import recipe_doc
 
         path, overrides = _recipe_and_overrides(args)
+        _check_recipe_command(args.for_command, path)
         recipe_doc.main(args.for_command, path, overrides, doc=args.doc)
         return
     name = args.command if args.command != "simulator" else f"simulator-{args.simulator_command}"
     path, overrides = _recipe_and_overrides(args) if name == "quickstart" else (args.recipe, list(args.overrides))
+    _check_recipe_command(name, path)
+    if name == "quickstart":
+        _check_quickstart_overrides(overrides)
     overrides += ["smoke=true"] if name == "quickstart" and args.smoke else []
     recipe: Any = load_recipe(COMMANDS[name], path, overrides)
+    readiness.check_machine(recipe)  # backends, devices, API keys
     preflight.check_paths(recipe)  # before the command's module imports torch
+    readiness.check_inputs(recipe)  # indexes, the hub, servers: before any model loads
+    if args.check:
+        print(f"simsearch {name.replace('-', ' ')}: {path or 'the default recipe'} can run here (checked; nothing run)")
+        return
+    _quiet_stderr()
     _command_main(name)(recipe)
+
+
+def recipe_command(path: str) -> str | None:
+    """The command a recipe's first line names (`# simsearch simulator collect ...` -> simulator-collect), if any."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            words = f.readline().lstrip("# ").split()
+    except (OSError, UnicodeDecodeError):  # load_recipe names a missing or unreadable file
+        return None
+    if len(words) < 2 or words[0] != "simsearch":
+        return None
+    named = "-".join(words[1:3]) if words[1] == "simulator" else words[1]
+    return named if named in COMMANDS else None
+
+
+def _check_recipe_command(name: str, path: str | None) -> None:
+    """Refuses a recipe whose first line names another command (an eval recipe given to train)."""
+    named = recipe_command(path) if path else None
+    if named is not None and named != name:
+        said, asked = named.replace("-", " "), name.replace("-", " ")
+        raise RecipeError(
+            f"{path} is a recipe for `simsearch {said}` (its first line), not for `simsearch {asked}`: "
+            f"run simsearch {said} {path}"
+        )
+
+
+def _check_quickstart_overrides(overrides: list[str]) -> None:
+    """Refuses an override that sets a key of a quickstart stage's recipe, naming the stage recipe that takes it."""
+    own = {f.name for f in fields(COMMANDS["quickstart"])}
+    stages = {"train": "train.yaml", "simulator-finetune": "simulator.yaml", "eval": "eval.yaml",
+              "simulator-collect": "collect.yaml"}  # fmt: skip
+    for override in overrides:
+        key = override.lstrip("~").partition("=")[0].split(".")[0]
+        stage = next((c for c in stages if key not in own and key in {f.name for f in fields(COMMANDS[c])}), None)
+        if stage is not None:
+            raise RecipeError(
+                f"override {override}: {key} is a key of the quickstart's stage recipes, not of the quickstart "
+                f"(its keys: simsearch config quickstart --doc); --smoke already runs each stage for a step or "
+                f"two, and one stage runs alone as simsearch {stage.replace('-', ' ')} "
+                f"recipes/quickstart/{stages[stage]} {override}"
+            )
+
+
+def _quiet_stderr() -> None:
+    """Keeps a run's stderr to its progress bars and errors: libraries' FutureWarnings and DeepSpeed's
+    accelerator line say nothing a user can act on."""
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    logging.getLogger("DeepSpeed").addFilter(
+        lambda record: not record.getMessage().startswith("Setting ds_accelerator")
+    )
 
 
 def _command_main(name: str) -> Callable[[Any], Any]:
@@ -242,6 +313,9 @@ def _command_main(name: str) -> Callable[[Any], Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `simsearch` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["config", "simulator"] and argv[2:3] in (["collect"], ["finetune"]):
+        argv[1:3] = [f"simulator-{argv[2]}"]  # `config simulator collect`, as the command is typed
     args = build_parser().parse_args(argv)
     try:
         run(args)

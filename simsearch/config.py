@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from simsearch.checks import check_choice, check_positive, check_range
 from simsearch.curriculum.recipe import CurriculumConfig
+from simsearch.curriculum.served import check_served_curriculum
 from simsearch.data.recipe import DataConfig, EvalDataset
 from simsearch.errors import RecipeError
 from simsearch.eval.metrics import NORMALIZATIONS
@@ -32,6 +33,7 @@ from simsearch.policy.recipe import RECIPE_TEMPLATES, AlgorithmConfig, RewardCon
 from simsearch.simulator.prompts import PRESETS
 from simsearch.simulator.recipe import JudgeConfig, SearchConfig, SimulatorConfig, check_shows
 from simsearch.simulator.sft_data import OUTCOME_METRICS, TARGETS
+from simsearch.training.health import HealthConfig
 from simsearch.training.recipe import DeepSpeedConfig, LoraConfig, OptimConfig
 
 __all__ = [  # the recipes, and the sections they compose (declared by their libraries)
@@ -47,6 +49,7 @@ __all__ = [  # the recipes, and the sections they compose (declared by their lib
     "EvalRecipe",
     "FinetuneRecipe",
     "GenerationConfig",
+    "HealthConfig",
     "JudgeConfig",
     "LoraConfig",
     "ModelConfig",
@@ -72,6 +75,13 @@ def _check_threads(value: int) -> None:
 def _check_grace(key: str, value: float) -> None:
     if not value >= 0:  # also refuses NaN
         raise RecipeError(f"{key}={value} must be >= 0 seconds (0 = no limit)")
+
+
+def _check_every(save_every: int, eval_every: int) -> None:
+    """Refuses a negative step interval."""
+    for name, value, zero in (("save_every", save_every, "only at the end"), ("eval_every", eval_every, "never")):
+        if value < 0:
+            raise RecipeError(f"{name}={value} must be >= 0 (0 = {zero})")
 
 
 RESUME_MODES = ("true", "false", "force")
@@ -103,6 +113,7 @@ class TrainRecipe:
     optim: OptimConfig = field(default_factory=OptimConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)  # the collapse monitor (docs/health.md)
     steps: int = 200  # optimizer steps (ZeroSearch: 203)
     prompts_per_step: int = 64  # questions per step; trajectories = prompts_per_step x group_size
     micro_batch_size: int = 8  # trajectories per forward/backward pass (gradient accumulation)
@@ -132,6 +143,9 @@ class TrainRecipe:
         self.search.check("search")
         if self.trajectory_samples < 0:
             raise RecipeError(f"trajectory_samples={self.trajectory_samples} must be >= 0 (0 = none)")
+        _check_every(self.save_every, self.eval_every)
+        if self.data.val_size < 0:
+            raise RecipeError(f"data.val_size={self.data.val_size} must be >= 0 (0 = every validation question)")
         check_positive("trajectory_every", self.trajectory_every)
         if self.val_search is not None:
             self.val_search.check("val_search")
@@ -141,6 +155,7 @@ class TrainRecipe:
         self.algorithm.check("algorithm")
         self.optim.check("optim")
         self.deepspeed.check("deepspeed")
+        self._check_health()
         check_positive("steps", self.steps)
         check_positive("prompts_per_step", self.prompts_per_step)
         check_positive("micro_batch_size", self.micro_batch_size)
@@ -177,6 +192,15 @@ class TrainRecipe:
                 "(DAPO: 4096 of 20480) or raise max_context_tokens"
             )
         self._check_algorithm_with_groups()
+
+    def _check_health(self) -> None:
+        self.health.check("health")
+        if self.health.on_alarm == "rollback" and (self.deepspeed.stage > 0 or self.policy.kind == "vllm"):
+            # a rollback rebuilds the learner in-process: neither DeepSpeed's engines nor vLLM's can be built twice
+            raise RecipeError(
+                "health.on_alarm=rollback runs in one process with the hf policy engine; with deepspeed.stage > 0 "
+                "or policy.kind=vllm use health.on_alarm=stop, then resume with a lower optim.lr and resume=force"
+            )
 
     def _check_algorithm_with_groups(self) -> None:
         """The algorithm's options that depend on the rollout's groups."""
@@ -453,6 +477,7 @@ class FinetuneRecipe:
         self.deepspeed.check("deepspeed")
         for name in ("steps", "batch_size", "grad_accum", "max_length"):
             check_positive(name, getattr(self, name))
+        _check_every(self.save_every, self.eval_every)
 
 
 @dataclass
@@ -470,6 +495,11 @@ class ServeRecipe:
     threads: int = 1  # torch threads, as the quickstart's (0 = torch's default: every core)
     run_dir: str = ""  # where cost.json (what was served and what it cost) is written at shutdown ("" = nowhere)
     drain_s: int = 10  # on SIGTERM / SIGINT: seconds in-flight requests may take before they are cancelled
+    # the noise curriculum of requests that send neither noisy nor p_noise, by the step a client reports
+    # (train's schedules; null = none, no noise)
+    curriculum: CurriculumConfig | None = None
+    # searches the training run makes in all: they move the curriculum of a client that reports no step (0 = none)
+    curriculum_total_searches: int = 0
 
     def check(self, key: str) -> None:
         _check_threads(self.threads)
@@ -477,6 +507,13 @@ class ServeRecipe:
         self.search.check("search")
         if self.search.kind == "self":
             raise RecipeError("search.kind=self has nothing to serve: pick a retriever or the simulator")
+        if self.curriculum is not None:
+            if self.search.kind != "simulator":
+                raise RecipeError(
+                    f"curriculum: search.kind={self.search.kind} writes no noisy documents; serve the simulator "
+                    "(search.kind=simulator) or drop the curriculum section"
+                )
+            check_served_curriculum(self.curriculum, self.curriculum_total_searches)
         for name in ("max_batch", "max_queries_per_request", "max_body_bytes", "max_top_k"):
             check_positive(name, getattr(self, name))
 
@@ -593,16 +630,17 @@ def load_recipe(schema: type[R], path: str | os.PathLike | None, overrides: Sequ
             if not Path(path).is_file():
                 raise RecipeError(f"{where}: recipe file not found")
             layers.append(_read_yaml(path))
-        removals = [o[1:] if o.startswith("~") else o.partition("=")[0] for o in overrides if _is_removal(o)]
-        setting = [o for o in overrides if not _is_removal(o)]
+        removals = [o for o in overrides if _is_removal(o)]
+        # `key=` sets an empty string (OmegaConf would read None): `search.cache=` is "no cache"
+        setting = [o + "''" if o.endswith("=") else o for o in overrides if not _is_removal(o)]
         if setting:
             bad = [o for o in setting if "=" not in o]
             if bad:
                 raise RecipeError(f"override {bad[0]!r} is not key=value (e.g. steps=10) or ~key (removes it)")
             layers.append(_parse_overrides(setting))
         merged = cast(DictConfig, OmegaConf.merge(*layers))  # a structured recipe is a mapping
-        for key in removals:
-            _remove(merged, key)
+        for override in removals:
+            _remove(merged, override)
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:
             raise RecipeError(
@@ -652,21 +690,23 @@ def _is_removal(override: str) -> bool:
     return override.startswith("~") or override.partition("=")[2].strip() in ("null", "~")
 
 
-def _remove(merged: DictConfig, key: str) -> None:
-    """Deletes `key` from a mapping (`engines.dense`) or sets an optional section to null (`val_search`)."""
+def _remove(merged: DictConfig, override: str) -> None:
+    """Applies a removal `override` (`~key` or `key=null`): deletes an entry of a mapping (`engines.dense`)
+    or sets an optional section to null (`val_search`)."""
+    key = override[1:] if override.startswith("~") else override.partition("=")[0]
     parent_key, _, name = key.rpartition(".")
     parent = OmegaConf.select(merged, parent_key) if parent_key else merged
     if not isinstance(parent, DictConfig) or name not in parent:
-        raise RecipeError(f"override ~{key}: there is no {key} to remove")
+        raise RecipeError(f"override {override}: there is no {key} to remove")
     if OmegaConf.get_type(parent) is dict:  # a mapping of named entries: drop the entry
         del parent[name]
         return
     try:
         parent[name] = None
     except OmegaConfBaseException:
-        raise RecipeError(
-            f"override ~{key}: {key} is not optional and cannot be removed; set its keys instead"
-        ) from None
+        section = isinstance(parent[name], DictConfig)
+        fix = "set its keys instead" if section else f"give it a value instead (e.g. {key}= for an empty string)"
+        raise RecipeError(f"override {override}: {key} is not optional and cannot be removed; {fix}") from None
 
 
 def _parse_overrides(overrides: Sequence[str]) -> DictConfig:

@@ -110,3 +110,77 @@ def test_a_command_that_started_torch_distributed_ends_it(monkeypatch) -> None:
     monkeypatch.setattr(cli, "run", start_a_group)
     assert cli.main(["train", "recipe.yaml"]) == 0
     assert not dist.is_initialized()
+
+
+# --------------------------------------------------------------------------- first-hour slips, each one line
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "recipes" / "train" / "tiny_cpu.yaml")
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["train", str(ROOT / "recipes" / "quickstart" / "eval.yaml")],
+         "is a recipe for `simsearch eval` (its first line), not for `simsearch train`: run simsearch eval "),
+        (["config", "serve", TINY], "is a recipe for `simsearch train` (its first line), not for `simsearch serve`"),
+        (["quickstart", "--smoke", "steps=2"],
+         "steps is a key of the quickstart's stage recipes, not of the quickstart (its keys: simsearch config "
+         "quickstart --doc); --smoke already runs each stage for a step or two, and one stage runs alone as "
+         "simsearch train recipes/quickstart/train.yaml steps=2"),
+        (["config", "train", TINY, "search.cache=null"],
+         "override search.cache=null: search.cache is not optional and cannot be removed; give it a value instead "
+         "(e.g. search.cache= for an empty string)"),
+        (["config", "train", TINY, "save_every=-1"], "save_every=-1 must be >= 0 (0 = only at the end)"),
+        (["config", "train", TINY, "data.val_size=-5"], "data.val_size=-5 must be >= 0 (0 = every validation"),
+        (["view", str(ROOT / "docs")], "is not a run directory (it holds none of recipe.yaml, metrics.jsonl"),
+    ],
+)  # fmt: skip
+def test_a_first_hour_slip_is_one_line_saying_what_to_do(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and said in err[0], err
+
+
+def test_an_empty_override_is_an_empty_string_and_config_takes_the_command_as_typed(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    import yaml
+
+    assert main(["config", "train", TINY, "search.cache="]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["search"]["cache"] == ""
+    collect = str(ROOT / "recipes" / "quickstart" / "collect.yaml")
+    assert main(["config", "simulator", "collect", collect]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["run_dir"] == "runs/quickstart/collect"
+
+
+def test_a_resumed_run_says_from_which_step(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from simsearch.commands import preflight
+    from simsearch.config import FinetuneRecipe, load_recipe
+
+    recipe = load_recipe(FinetuneRecipe, None, [f"run_dir={tmp_path}", "model.path=m", "train_file=t.jsonl"])
+    preflight.start_records(recipe, tmp_path, 0, {}, "simulator finetune")
+    assert "resumed" not in capsys.readouterr().out
+    preflight.start_records(recipe, tmp_path, 7, {}, "simulator finetune")
+    assert capsys.readouterr().out.startswith(f"simsearch simulator finetune: resumed from step 7 ({tmp_path};")
+
+
+def test_a_run_keeps_future_warnings_and_deepspeeds_accelerator_line_off_stderr(monkeypatch) -> None:
+    import logging
+    import warnings
+
+    logger = logging.getLogger("DeepSpeed")
+    monkeypatch.setattr(logger, "filters", [])
+    with warnings.catch_warnings():
+        cli._quiet_stderr()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.warn("going away", FutureWarning, stacklevel=1)
+        assert caught == []
+    record = logging.LogRecord(
+        "DeepSpeed", logging.INFO, "", 0, "Setting ds_accelerator to cpu (auto detect)", (), None
+    )
+    assert not logger.filter(record)
+    record.msg = "DeepSpeed info: version=0.18"
+    assert logger.filter(record)

@@ -24,7 +24,8 @@ from simsearch.generation.recipe import GenerationConfig
 from simsearch.simulator.recipe import SearchConfig
 
 QA_SUFFIXES = (".jsonl", ".json", ".parquet")
-QUICKSTART_HINT = " (run `simsearch quickstart --smoke` first: it writes runs/quickstart/)"
+QUICKSTART_RUN = "runs/quickstart"
+QUICKSTART_HINT = f" (run `simsearch quickstart --smoke` first: it writes {QUICKSTART_RUN}/)"
 
 
 def set_threads(threads: int) -> None:
@@ -47,9 +48,9 @@ def check_paths(recipe: Any) -> None:
             _check_qa(key, path)
         elif kind == "dir":
             if not Path(path).is_dir():
-                raise RecipeError(f"{key}={path!r}: no such directory{_hint(path)}")
+                raise RecipeError(f"{key}={path!r}: no such directory{_hint(key, path)}")
         elif not Path(path).is_file():  # "file"
-            raise RecipeError(f"{key}={path!r}: no such file{_hint(path)}")
+            raise RecipeError(f"{key}={path!r}: no such file{_hint(key, path)}")
     if isinstance(recipe, EvalRecipe):
         for i, spec in enumerate(recipe.datasets):
             _check_split(f"datasets[{i}]", spec.path, spec.split)
@@ -116,7 +117,8 @@ def _check_model(key: str, path: str) -> None:
         return
     if _looks_local(path):
         raise RecipeError(
-            f"{key}={path!r}: no such directory{_hint(path)}; fix the path, or give a hub name like Qwen/Qwen2.5-3B"
+            f"{key}={path!r}: no such directory"
+            + (_hint(key, path) or "; fix the path, or give a hub name like Qwen/Qwen2.5-3B")
         )
 
 
@@ -131,7 +133,7 @@ def _check_qa(key: str, path: str) -> None:
             raise RecipeError(f"{key}={path!r} is a folder: name the file inside it (e.g. {path}/train.jsonl)")
         return
     if local.suffix in QA_SUFFIXES or _looks_local(path):
-        raise RecipeError(f"{key}={path!r}: no such file{_hint(path)}")
+        raise RecipeError(f"{key}={path!r}: no such file{_hint(key, path)}")
 
 
 def _check_split(key: str, path: str, split: str | None) -> None:
@@ -149,8 +151,24 @@ def _check_split(key: str, path: str, split: str | None) -> None:
         raise RecipeError(f"{key}.split={split!r}: {key}.path is a file (one split already); remove {key}.split")
 
 
-def _hint(path: str) -> str:
-    return QUICKSTART_HINT if path.startswith("runs/quickstart") else ""
+def _hint(key: str, path: str) -> str:
+    """What to do about a missing quickstart output: run it, or point `key` at the checkpoint it did write."""
+    if not path.startswith(QUICKSTART_RUN):
+        return ""
+    if not Path(QUICKSTART_RUN).is_dir():
+        return QUICKSTART_HINT
+    parts = Path(path).parts
+    if "checkpoints" in parts:  # .../checkpoints/step_N/model: another step may be there (a --smoke run's)
+        at = parts.index("checkpoints")
+        folder = Path(*parts[: at + 1])
+        steps = sorted(p.name for p in folder.glob("step_*")) if folder.is_dir() else []
+        if steps and at + 1 < len(parts):
+            found = Path(folder, steps[-1], *parts[at + 2 :])
+            return (
+                f" ({folder} holds {', '.join(steps)}, from a `simsearch quickstart --smoke` run or another recipe: "
+                f"set {key}={found}, or run `simsearch quickstart` for {parts[at + 1]})"
+            )
+    return f" ({QUICKSTART_RUN} holds no such output: run `simsearch quickstart` (the full run) first)"
 
 
 # --------------------------------------------------------------------------- resume
@@ -163,6 +181,8 @@ TRAIN_UNCOMPUTED = (
 """Keys of a train recipe that do not change what is computed: a resume may change them freely."""
 FINETUNE_UNCOMPUTED = ("run_dir", "resume", "threads", "save_every", "eval_every", "val_file", "stop_grace_s")
 """Keys of a simulator finetune recipe a resume may change freely."""
+COLLECT_UNCOMPUTED = ("run_dir", "threads", "policy.batch_size", "search.cache")
+"""Keys of a simulator collect recipe that do not change the pairs it writes."""
 
 
 def resume_changes(recipe: Any, saved_file: Path, uncomputed: tuple[str, ...]) -> dict[str, tuple[Any, Any]]:
@@ -203,12 +223,30 @@ def check_resume(recipe: Any, run_dir: Path, uncomputed: tuple[str, ...]) -> dic
     if not changes or latest_checkpoint(run_dir) is None:  # no checkpoint: nothing resumes
         return {}
     if recipe.resume != "force":
-        listed = ", ".join(f"{key} ({_show(old)} -> {_show(new)})" for key, (old, new) in changes.items())
         raise RecipeError(
-            f"{run_dir} was trained with another recipe ({saved}): {listed}; use a new run_dir, or "
+            f"{run_dir} was trained with another recipe ({saved}): {_listed(changes)}; use a new run_dir, or "
             "resume=force to apply the change from the last checkpoint on (it is recorded in recipe_changes.jsonl)"
         )
     return changes
+
+
+def check_collected(recipe: CollectRecipe, run_dir: Path) -> None:
+    """Refuses to overwrite pairs that `run_dir` holds from another collect recipe.
+
+    Collect writes its pairs first and `recipe.yaml` last, so a directory with both tells what made them.
+
+    Raises:
+        RecipeError: The saved recipe differs in a key outside `COLLECT_UNCOMPUTED`, naming the keys.
+    """
+    saved = run_dir / "recipe.yaml"
+    if not saved.is_file() or not (run_dir / "train.jsonl").is_file():
+        return
+    changes = resume_changes(recipe, saved, COLLECT_UNCOMPUTED)
+    if changes:
+        raise RecipeError(
+            f"{run_dir} holds pairs collected with another recipe ({saved}): {_listed(changes)}; use a new "
+            f"run_dir, or delete {run_dir} to collect there again"
+        )
 
 
 def steps_shape_schedules(recipe: TrainRecipe | FinetuneRecipe) -> bool:
@@ -227,7 +265,8 @@ def steps_shape_schedules(recipe: TrainRecipe | FinetuneRecipe) -> bool:
 
 def start_records(recipe: Any, run_dir: Path, step: int, changes: dict[str, tuple[Any, Any]],
                   command: str) -> dict[str, Any] | None:  # fmt: skip
-    """Writes recipe.yaml and a forced resume's changes (`recipe_changes.jsonl`); call once models have loaded.
+    """Writes recipe.yaml and a forced resume's changes (`recipe_changes.jsonl`), and says a run resumed at
+    `step` > 0; call once models have loaded.
 
     Returns:
         The cost earlier invocations recorded in the run directory (`accounting.read_cost`), or None.
@@ -242,7 +281,13 @@ def start_records(recipe: Any, run_dir: Path, step: int, changes: dict[str, tupl
         keys = ", ".join(changes)
         print(f"simsearch {command}: resumed at step {step} with a changed {keys} (resume=force; recorded in {path})",
               flush=True)  # fmt: skip
+    elif step > 0:
+        print(f"simsearch {command}: resumed from step {step} ({run_dir}; resume=false starts over)", flush=True)
     return previous_cost
+
+
+def _listed(changes: dict[str, tuple[Any, Any]]) -> str:
+    return ", ".join(f"{key} ({_show(old)} -> {_show(new)})" for key, (old, new) in changes.items())
 
 
 def _show(value: Any) -> str:

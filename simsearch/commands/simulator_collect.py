@@ -1,9 +1,11 @@
 """`simsearch simulator collect RECIPE`: simulator SFT data from real-search trajectories.
 
-Setup builds the policy, the real retriever and the judge; the loop rolls the policy out on the
-QA set in batches and keeps every executed search as a (question, answers, query, documents)
-record, with whether its trajectory reached the gold answer; cleanup labels, balances, renders
-and writes the pairs with their statistics.
+Setup refuses a run directory holding pairs of another recipe, then builds the policy, the real
+retriever and the judge; the loop rolls the policy out on the QA set in batches and keeps every
+executed search as a (question, answers, query, documents) record, with whether its trajectory
+reached the gold answer; cleanup labels, balances, renders and writes the pairs with their
+statistics, then `recipe.yaml` (nothing is written before, so a failed run leaves the directory
+as it was).
 
 `target: trajectory` labels as the ZeroSearch paper does (by the trajectory's outcome). Our
 departures, each its own choice: `target: judged` labels by the documents' content (a rule or LLM
@@ -49,6 +51,7 @@ def main(recipe: CollectRecipe) -> dict[str, float]:
     run_dir = Path(recipe.run_dir)
     preflight.set_threads(recipe.threads)
     preflight.check_paths(recipe)
+    preflight.check_collected(recipe, run_dir)
     policy, tokenizer, _ = build_generation_engine(recipe.policy)
     search = build_search_engine(recipe.search, seed=recipe.seed)
     assert search is not None  # CollectRecipe.check refuses kind=self
@@ -56,7 +59,6 @@ def main(recipe: CollectRecipe) -> dict[str, float]:
     examples = [e for path in recipe.data.train for e in load_qa(path)]
     if recipe.max_questions:
         examples = examples[: recipe.max_questions]
-    save_recipe(recipe, run_dir)  # the models, the engine and the data loaded: now the run directory is written
     records = _collect(recipe, examples, policy, tokenizer, search)
 
     if not records:
@@ -83,9 +85,13 @@ def main(recipe: CollectRecipe) -> dict[str, float]:
         top_k=recipe.search.top_k,
         style=recipe.search.rendering,  # the simulator writes results as the policy reads them
     )
+    # recipe.yaml last, and gone while the pairs are rewritten: it only ever describes the pairs beside it
+    (run_dir / "recipe.yaml").unlink(missing_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
     write_pairs(data.train, run_dir / "train.jsonl")
     write_pairs(data.val, run_dir / "val.jsonl")
     (run_dir / "stats.json").write_text(json.dumps(data.stats, indent=2, sort_keys=True))
+    save_recipe(recipe, run_dir)
     print(
         f"collect: {len(records)} searches -> {len(data.train)} train / {len(data.val)} val pairs "
         f"(useful share {data.stats['collect/train_useful_share']:.2f}) in {run_dir}"

@@ -51,7 +51,7 @@ def parse_passage(line: str | bytes, *, path: str | Path, line_no: int) -> Passa
     except UnicodeDecodeError as e:
         raise CorpusFormatError(f"{where}: not valid UTF-8 ({e.reason} at byte {e.start})") from e
     except json.JSONDecodeError as e:
-        raise CorpusFormatError(f"{where}: malformed JSON ({e.msg} at column {e.colno}); {_FORMATS}") from e
+        raise CorpusFormatError(f"{where}: malformed JSON ({e.msg}: column {e.colno}); {_FORMATS}") from e
     except (RecursionError, ValueError) as e:  # nesting too deep, an integer too long to convert
         raise CorpusFormatError(f"{where}: unreadable JSON ({type(e).__name__}: {str(e)[:100]}); {_FORMATS}") from e
     if not isinstance(row, dict):
@@ -67,9 +67,10 @@ def parse_passage(line: str | bytes, *, path: str | Path, line_no: int) -> Passa
         # partition == Search-R1's split("\n")[0] / "\n".join(split("\n")[1:]).
         title, _, text = contents.partition("\n")
         return Passage(id=str(pid), title=title, text=text)
+    pair = {"title": "text", "text": "title"}
     for key in ("title", "text"):
         if key not in row:
-            raise CorpusFormatError(f"{where}: missing key 'contents' (or '{key}' with 'title'/'text'); {_FORMATS}")
+            raise CorpusFormatError(f"{where}: missing key 'contents' (or '{key}' beside '{pair[key]}'); {_FORMATS}")
     return Passage(id=str(pid), title=_string_field(row, "title", where), text=_string_field(row, "text", where))
 
 
@@ -191,7 +192,7 @@ def corpus_fingerprint(passages: Sequence[Passage]) -> dict[str, Any]:
 def check_fingerprint(
     expected: dict[str, Any], passages: Sequence[Passage], *, index_dir: str | Path, corpus: str
 ) -> None:
-    """Raises `ValueError`, saying how and what to do, when `passages` is not the corpus of `expected`.
+    """Raises `DataError` (a `ValueError`) saying how and what to do when `passages` is not `expected`'s corpus.
 
     `index_dir` and `corpus` (a description of the offered corpus) are named in the message.
     """
@@ -202,7 +203,7 @@ def check_fingerprint(
         how = f"it was built for {expected['num_passages']} passages, {corpus} has {actual['num_passages']}"
     else:
         how = f"same size ({actual['num_passages']} passages) but different passages or order"
-    raise ValueError(
+    raise DataError(
         f"the index in {index_dir} was built for another corpus than {corpus}: {how}. "
         "Pass the corpus the index was built from, or rebuild the index for this corpus."
     )

@@ -167,7 +167,7 @@ def _parse_json(text: str, path: Path, place: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as err:
         where = place if place.startswith("line") else f"line {err.lineno}"
-        raise QADataError(f"{path}: {where}: not valid JSON ({err.msg}, column {err.colno})") from None
+        raise QADataError(f"{path}: {where}: not valid JSON ({err.msg}: column {err.colno})") from None
     except RecursionError:
         raise QADataError(f"{path}: {place}: JSON nested too deeply to be a QA row") from None
     except ValueError as err:  # e.g. an integer of more than 4300 digits

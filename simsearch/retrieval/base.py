@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from simsearch.data.corpus import JsonlCorpus, check_fingerprint, corpus_fingerprint
+from simsearch.errors import DataError
 from simsearch.types import Document, Passage, SearchRequest
 
 
@@ -58,14 +59,37 @@ def read_index_meta(
     """(metadata, corpus) of an index: reads `write_index_meta`'s file and opens `corpus_path`.
 
     Raises:
-        ValueError: the index was written in another format, or built for another corpus.
+        DataError: the index was written in another format, or built for another corpus.
     """
     meta = json.loads(meta_path.read_text())
     if meta["format_version"] != format_version:
-        raise ValueError(
+        raise DataError(
             f"{meta_path}: index format {meta['format_version']}, this version reads {format_version}; "
             "rebuild the index"
         )
     passages = JsonlCorpus(corpus_path)
     check_fingerprint(meta["corpus"], passages, index_dir=meta_path.parent, corpus=str(corpus_path))
     return meta, passages
+
+
+INDEX_META_GLOB = "simsearch_*.json"
+"""The metadata files `write_index_meta` writes (one per index kind: bm25, dense)."""
+
+
+def check_index_corpus(index_dir: Path, corpus_path: str | Path) -> None:
+    """Checks that every index saved in `index_dir` was built from `corpus_path`; nothing saved passes.
+
+    Raises:
+        DataError: an index there was built for another corpus (the message says how, and what to do).
+    """
+    metas = sorted(index_dir.glob(INDEX_META_GLOB)) if index_dir.is_dir() else []
+    if not metas or not Path(corpus_path).is_file():
+        return
+    passages = JsonlCorpus(corpus_path)
+    try:
+        for meta_path in metas:
+            expected = json.loads(meta_path.read_text()).get("corpus")
+            if expected is not None:
+                check_fingerprint(expected, passages, index_dir=index_dir, corpus=str(corpus_path))
+    finally:
+        passages.close()

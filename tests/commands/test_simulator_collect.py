@@ -9,7 +9,7 @@ import pytest
 
 from simsearch.commands import simulator_collect
 from simsearch.config import CollectRecipe, load_recipe
-from simsearch.errors import RecipeError
+from simsearch.errors import RecipeError, SimsearchError
 from simsearch.models import train_tokenizer
 from simsearch.tinyworld.world import build_world
 from simsearch.types import Completion
@@ -161,3 +161,37 @@ def test_collect_refuses_contrast_queries_with_the_trajectory_target(tmp_path: P
         _checked(tmp_path, "target=trajectory", "contrast_queries=1")
     with pytest.raises(RecipeError, match="outcome_metric='f1' is not one of substring_em, em"):
         _checked(tmp_path, "outcome_metric=f1")
+
+
+# --------------------------------------------------------------------------- a run directory never lies
+
+
+class SilentPolicy(ScriptedPolicy):
+    """Answers at once: no search, so nothing to collect."""
+
+    def generate(self, prompts, params):
+        reply = "<answer> x </answer>"
+        ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"]
+        return [Completion(token_ids=ids, text=reply, finish_reason="stop", stop="</answer>") for _ in prompts]
+
+
+def test_collect_refuses_pairs_of_another_recipe_and_a_failed_run_writes_nothing(
+    tmp_path: Path, world_files, monkeypatch
+) -> None:
+    _collect(tmp_path, world_files, monkeypatch, "val_fraction=0.2")
+    run = tmp_path / "collect"
+    kept = {name: (run / name).read_bytes() for name in ("recipe.yaml", "train.jsonl", "val.jsonl", "stats.json")}
+    with pytest.raises(RecipeError, match=r"holds pairs collected with another recipe .*val_fraction \(0.2 -> 0.3\)"):
+        _collect(tmp_path, world_files, monkeypatch, "val_fraction=0.3")
+    # a failed run (the policy never searched) leaves the directory as it was: recipe.yaml and pairs agree
+    world, _ = world_files
+    tokenizer = train_tokenizer(world.texts_for_tokenizer(300), vocab_size=600)
+    silent = SilentPolicy(tokenizer, world)
+    monkeypatch.setattr(simulator_collect, "build_generation_engine", lambda cfg: (silent, tokenizer, None))
+    recipe = load_recipe(CollectRecipe, run / "recipe.yaml")
+    with pytest.raises(SimsearchError, match="the policy ran no search"):
+        simulator_collect.main(recipe)
+    assert {name: (run / name).read_bytes() for name in kept} == kept
+    # the same recipe (threads aside) collects again in place
+    _collect(tmp_path, world_files, monkeypatch, "val_fraction=0.2", "threads=2")
+    assert load_recipe(CollectRecipe, run / "recipe.yaml").threads == 2
