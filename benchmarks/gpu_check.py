@@ -234,7 +234,110 @@ def compiled(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     # Where the first row parts from eager decoding: late means rounding on near-ties, 0 a real fault.
     differences = [first_difference(a, b) for a, b in zip(ours, theirs)]
     figures["compiled_first_difference"] = min((d for d in differences if d is not None), default=None)
+    # Teacher-forced: both read the same text; eager in halves of the batch is the noise a shape makes.
+    text = prompts.tolist()
+    forced = forced_tokens(eager, len(text), args.new_tokens, model.get_input_embeddings().num_embeddings)
+    reference = teacher_forced_logprobs(eager, text, forced)
+    half = HFEngine(model, tokenizer, batch_size=max(1, args.batch // 2), prefix_cache=False)
+    cut = len(text) // 2
+    parts = [part for part in (slice(0, cut), slice(cut, None)) if text[part]]
+    halves = [teacher_forced_logprobs(half, text[part], forced[part]) for part in parts]
+    noise = agreement(reference, concatenated(halves))
+    found = agreement(reference, teacher_forced_logprobs(engine, text, forced))
+    figures.update({f"compiled_{key}": value for key, value in found.items()})
+    figures["eager_noise_logprob_delta"] = noise["max_logprob_delta"]
+    figures["compiled_agrees"] = agrees(found, noise)
     return figures
+
+
+AGREEMENT_SLACK = 4.0
+"""Compiled decoding may move a teacher-forced log-probability by up to this many times what eager
+decoding of another batch shape moves it (to be confirmed on a GPU: docs/scaling.md)."""
+AGREEMENT_MIN_NOISE = 1 / 128
+"""The least eager-vs-eager noise assumed (one bfloat16 step at 1.0), so that an eager run that
+happens to agree with itself exactly sets no bound of zero."""
+
+
+def teacher_forced_logprobs(
+    engine: HFEngine, prompts: list[list[int]], forced: list[list[int]]
+) -> dict[str, torch.Tensor]:
+    """What `engine` predicts when fed `forced[i]` after prompt i instead of its own samples.
+
+    The engine decodes as ever (eager, or the compiled static-cache loop) but each step takes the
+    forced token: two engines see the same contexts, so their predictions compare position by
+    position. Returns, per prompt and step: `chosen` [P, S], the log-probability of the forced
+    token; `top2` [P, S, 2], the two largest log-probabilities; `argmax` [P, S]. `forced` must
+    hold no end token, every row equally many tokens, and the prompts fit one chunk.
+    """
+    steps = len(forced[0])
+    assert all(len(row) == steps for row in forced) and not any(t in engine.eos_ids for row in forced for t in row)
+    if len(prompts) > engine.batch_size:
+        raise ValueError(f"{len(prompts)} prompts over batch_size={engine.batch_size}: teacher forcing needs one chunk")
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # the engine's row order (one chunk)
+    records: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def forced_sample(logits: torch.Tensor, params: SamplingParams, generator: Any) -> tuple[list[int], None]:
+        tokens = [forced[i][len(records)] for i in order]
+        logprobs = torch.log_softmax(logits.float(), dim=-1)  # [B, V]
+        chosen = logprobs.gather(-1, torch.tensor(tokens, device=logprobs.device)[:, None]).squeeze(-1)
+        records.append((chosen.cpu(), logprobs.topk(2, dim=-1).values.cpu(), logprobs.argmax(-1).cpu()))
+        return tokens, None
+
+    engine._sample = forced_sample  # type: ignore[method-assign]  # an instance attribute, removed below
+    try:
+        completions = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=steps))
+    finally:
+        del engine._sample
+    assert [c.token_ids for c in completions] == forced  # the rows were mapped as the engine maps them
+    back = torch.empty(len(order), dtype=torch.long)
+    back[torch.tensor(order)] = torch.arange(len(order))  # engine row of each prompt
+    return {
+        name: torch.stack([record[k] for record in records], dim=1)[back]
+        for k, name in enumerate(("chosen", "top2", "argmax"))
+    }
+
+
+def agreement(reference: dict[str, torch.Tensor], other: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """How far `other`'s teacher-forced predictions are from `reference`'s (`teacher_forced_logprobs`).
+
+    `max_logprob_delta`: the largest |difference| of the forced tokens' log-probabilities;
+    `flips`: positions whose argmax differs; `largest_flip_margin`: the largest top-2 margin of
+    `reference` among them (0 without flips): a flip where the two best tokens lie far apart is a
+    fault, not rounding.
+    """
+    delta = (reference["chosen"] - other["chosen"]).abs()
+    margin = reference["top2"][..., 0] - reference["top2"][..., 1]
+    flipped = reference["argmax"] != other["argmax"]
+    return {
+        "max_logprob_delta": float(delta.max()),
+        "flips": int(flipped.sum()),
+        "largest_flip_margin": float(margin[flipped].max()) if bool(flipped.any()) else 0.0,
+        "positions": int(flipped.numel()),
+    }
+
+
+def concatenated(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """`teacher_forced_logprobs` of consecutive groups of prompts as one."""
+    return {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
+
+
+def agrees(compiled: dict[str, Any], noise: dict[str, Any]) -> bool:
+    """Compiled-vs-eager `agreement` within what eager-vs-eager `noise` allows.
+
+    Every forced log-probability within `bound` = AGREEMENT_SLACK x the noise (at least
+    AGREEMENT_MIN_NOISE); an argmax flip only where eager's top-2 margin is below 2 x bound (only
+    there can errors of at most `bound` on each of the two swap them).
+    """
+    bound = AGREEMENT_SLACK * max(noise["max_logprob_delta"], AGREEMENT_MIN_NOISE)
+    return compiled["max_logprob_delta"] <= bound and compiled["largest_flip_margin"] < 2 * bound
+
+
+def forced_tokens(engine: HFEngine, rows: int, steps: int, vocab: int, seed: int = 1) -> list[list[int]]:
+    """`rows` x `steps` seeded ordinary token ids below `vocab`, none an end token (the teacher-forced text)."""
+    generator = torch.Generator().manual_seed(seed)
+    low = len(engine.tokenizer.all_special_ids)
+    ids = torch.randint(low, vocab, (rows, steps), generator=generator).tolist()
+    return [[t if t not in engine.eos_ids else low for t in row] for row in ids]
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:

@@ -5,7 +5,9 @@
 #   bash benchmarks/gpu_check.sh                      # a Qwen2.5-0.5B-shaped policy, random weights
 #   bash benchmarks/gpu_check.sh --model DIR_OR_HUB   # a real model instead
 #   bash benchmarks/gpu_check.sh --device cpu --shape tiny --new-tokens 8 --batch 8   # the suite's run
-# env: PYTHON (default python). Record what it prints in docs/scaling.md ("Verified where").
+# env: PYTHON (default python). Record what it prints in docs/scaling.md ("Verified where"); what a
+# GPU session runs beside it (masked_decode.py's rollout-shaped case, the bf16 compiled-agreement
+# test) is listed there under "What only a GPU shows".
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 exec "${PYTHON:-python}" "$HERE/gpu_check.py" "$@"

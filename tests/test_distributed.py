@@ -102,8 +102,8 @@ dist.destroy_process_group()
 """
 
 
-def _two_gloo_processes(script_text: str, tmp_path: Path) -> list[object]:
-    """Runs `script_text` as ranks 0 and 1 of a gloo process group; each rank's printed JSON."""
+def _two_gloo_processes(script_text: str, tmp_path: Path, timeout: float = 60) -> list[object]:
+    """Runs `script_text` as ranks 0 and 1 of a gloo process group; each rank's printed JSON (its last line)."""
     script = tmp_path / "rank.py"
     script.write_text(script_text)
     port = str(free_port())
@@ -113,9 +113,15 @@ def _two_gloo_processes(script_text: str, tmp_path: Path) -> list[object]:
                          stderr=subprocess.PIPE, text=True)
         for r in range(2)
     ]  # fmt: skip
-    outs = [p.communicate(timeout=60) for p in procs]
+    try:
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:  # a rank left waiting in a collective: end both, then fail
+            p.kill()
+            p.communicate()
+        raise
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
-    return [json.loads(out) for out, _ in outs]
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]  # libraries may print before it
 
 
 def test_mean_over_ranks_in_two_gloo_processes(tmp_path: Path) -> None:
@@ -299,3 +305,97 @@ def test_deepspeed_states_follow_the_checkpoints(tmp_path: Path) -> None:
     checkpoint_dir(tmp_path, 2).mkdir(parents=True)  # checkpoint 1 was pruned
     prune_deepspeed_dirs(tmp_path)
     assert sorted(p.name for p in (tmp_path / "deepspeed").iterdir()) == ["step_0000002"]
+
+
+# --------------------------------------------------------------------------- a failure in a collective export
+
+# Each rank reports how its call ended. A rank that failed stays alive a while afterwards (as one does
+# under NCCL until a watchdog fires), so a rank left waiting in a collective shows as an error of the
+# process group long after, not as the clear FailedElsewhereError.
+OUTCOME = """
+def outcome_of(call):
+    began = time.time()
+    try:
+        call()
+        outcome = "returned"
+    except Exception as err:
+        outcome = f"{type(err).__name__}: {err}"
+    signal = Path(__file__).parent
+    (signal / f"done{rank}").write_text(outcome)
+    deadline = time.time() + 20
+    while not (signal / f"done{1 - rank}").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    print(json.dumps({"outcome": outcome, "s": round(time.time() - began, 1)}))
+    sys.stdout.flush()
+    os._exit(0)
+"""
+
+EXPORT_FAILURE_SCRIPT = (
+    """
+import json, os, sys, time
+from pathlib import Path
+os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])  # what DeepSpeed reads; torchrun would set it
+import deepspeed, torch
+import torch.distributed as dist
+deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # no C++ build; gloo does it
+from simsearch.models import build_tiny_model, train_tokenizer
+from simsearch.policy.sync import RolloutWeights, sync_rollout_weights
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+"""
+    + OUTCOME
+    + """
+tok = train_tokenizer(["the cat sat on the mat"] * 20, vocab_size=300)
+model = build_tiny_model(tok, hidden=16, layers=2, heads=2, kv_heads=1, ffn=32, seed=0)
+config = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1}
+deepspeed.zero.Init(module=model, config_dict_or_path=config)  # partitioned over the two ranks
+
+class Engine:
+    def sync_weights(self, pairs):  # rank 1's vLLM refuses the third tensor
+        for i, (name, tensor) in enumerate(pairs):
+            if rank == 1 and i == 2:
+                raise ValueError(f"vLLM refused {name}")
+
+outcome_of(lambda: sync_rollout_weights(RolloutWeights(Engine(), model, vllm=True, lora=False, zero3=True)))
+"""
+)
+
+
+def test_a_failed_load_on_one_rank_ends_every_rank_of_the_zero3_export(tmp_path: Path) -> None:
+    zero, one = _two_gloo_processes(EXPORT_FAILURE_SCRIPT, tmp_path, timeout=240)  # DeepSpeed imports slowly
+    assert one["outcome"] == "ValueError: vLLM refused model.layers.0.self_attn.q_proj.bias"  # its own error
+    assert zero["outcome"].startswith("FailedElsewhereError: the weight sync to vLLM failed on another process")
+    assert zero["s"] < 15  # told, not left waiting for rank 1
+
+
+SAVE_FAILURE_SCRIPT = (
+    """
+import json, os, sys, time
+from contextlib import nullcontext
+from pathlib import Path
+from types import SimpleNamespace
+import torch.distributed as dist
+from simsearch.training.session import Run
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+"""
+    + OUTCOME
+    + """
+run = Run(rank, 2, Path(__file__).parent / "run", None, None)
+model = SimpleNamespace(deepspeed=False, gathered=nullcontext)
+
+def export():
+    raise OSError("No space left on device")
+
+outcome_of(lambda: run.save(1, [model], export, None, lambda ds_dir: {}))
+"""
+)
+
+
+def test_a_failed_save_on_rank_0_ends_every_rank(tmp_path: Path) -> None:
+    zero, one = _two_gloo_processes(SAVE_FAILURE_SCRIPT, tmp_path, timeout=180)
+    assert zero["outcome"] == "OSError: No space left on device"
+    assert one["outcome"].startswith("FailedElsewhereError: saving the checkpoint of step 1 failed on another process")
+    assert one["s"] < 15

@@ -49,6 +49,13 @@ class GenerationConfig:
     tensor_parallel_size: int = 1  # vllm: GPUs per engine
     enable_sleep_mode: bool = False  # vllm: free GPU memory between rollouts (colocated training)
     max_model_len: int = 0  # vllm: context length (0 = the model's)
+    # vllm: most tokens per scheduler step; vLLM profiles its memory with a batch this large, so
+    # it bounds what the profile takes from the KV cache (TRL's 4096; 0 = vLLM's own, up to 16384)
+    max_num_batched_tokens: int = 4096
+    max_num_seqs: int = 256  # vllm: most sequences decoded at once (0 = vLLM's own, up to 1024)
+    # vllm, with enable_sleep_mode: 2 drops the weights while asleep (the sync after each update
+    # rewrites every one), 1 copies them to the CPU and back
+    sleep_level: int = 2
 
     def check(self, key: str) -> None:
         check_choice(f"{key}.kind", self.kind, GENERATION_KINDS)
@@ -69,6 +76,25 @@ class GenerationConfig:
             check_positive(f"{key}.tensor_parallel_size", self.tensor_parallel_size)
             if self.max_model_len < 0:
                 raise RecipeError(f"{key}.max_model_len={self.max_model_len} must be >= 0 (0 = the model's)")
+            self._check_vllm_scheduler(key)
+
+    def _check_vllm_scheduler(self, key: str) -> None:
+        """vLLM's scheduler bounds and sleep level, refused here rather than when vLLM starts on a GPU."""
+        for name in ("max_num_batched_tokens", "max_num_seqs"):
+            value = getattr(self, name)
+            if value < 0:
+                raise RecipeError(f"{key}.{name}={value} must be >= 0 (0 = vLLM's own default)")
+        tokens, seqs = self.max_num_batched_tokens, self.max_num_seqs
+        if tokens and seqs and tokens < seqs:
+            raise RecipeError(
+                f"{key}.max_num_batched_tokens={tokens} must be >= {key}.max_num_seqs={seqs} (vLLM refuses "
+                "fewer tokens per step than sequences): raise the one or lower the other"
+            )
+        if self.sleep_level not in (1, 2):
+            raise RecipeError(
+                f"{key}.sleep_level={self.sleep_level} must be 1 (weights copied to the CPU while asleep) "
+                "or 2 (weights dropped; the sync after each update rewrites them)"
+            )
 
 
 @dataclass

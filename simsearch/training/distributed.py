@@ -5,16 +5,18 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from simsearch.errors import RecipeError
+from simsearch.errors import RecipeError, SimsearchError
 from simsearch.models import load_model
+
+T = TypeVar("T")
 
 
 class ZeroSpec(Protocol):
@@ -107,6 +109,47 @@ def _all_reduce(values: torch.Tensor, world: int, op: Any) -> torch.Tensor:
         return values.copy_(reduced.cpu())
     dist.all_reduce(values, op=op)
     return values
+
+
+class FailedElsewhereError(SimsearchError, RuntimeError):
+    """Another process failed in a collective step; this one stops with it instead of waiting for it."""
+
+
+def raise_if_any_failed(error: BaseException | None, world: int, *, what: str) -> None:
+    """Every process learns whether any failed in `what` (one all-reduce), and all raise if one did.
+
+    The failed process raises its own `error`; the others `FailedElsewhereError`. Every process
+    must call it, failed or not: it is the collective that replaces waiting for a process that left.
+    """
+    failed = all_reduce_max(torch.tensor([int(error is not None)]), world)
+    if error is not None:
+        raise error
+    if int(failed.item()):
+        raise FailedElsewhereError(
+            f"{what} failed on another process (its own error says why); this process stops too rather "
+            "than wait for it in the next collective"
+        )
+
+
+def collective_export(pairs: Iterable[T], consume: Callable[[Iterator[T]], Any], world: int, *, what: str) -> None:
+    """`consume(pairs)` where producing `pairs` is collective (ZeRO-3 gathers: every process iterates to the end).
+
+    A process whose `consume` raises still iterates what is left of `pairs`, using nothing of it,
+    so that every gather the others enter has it too; then `raise_if_any_failed` ends every
+    process. (An error inside the production itself, e.g. in a gather, cannot be rescued so.)
+    """
+    iterator = iter(pairs)
+    if world == 1:
+        consume(iterator)
+        return
+    error: Exception | None = None
+    try:
+        consume(iterator)
+    except Exception as err:  # re-raised below, once every process has finished the collective
+        error = err
+    for _ in iterator:  # what the consumer left: the gathers go on, nothing is used
+        pass
+    raise_if_any_failed(error, world, what=what)
 
 
 def mean_over_ranks(metrics: dict[str, float], world: int) -> dict[str, float]:

@@ -8,6 +8,7 @@ command steps it once per optimizer step (`simulator finetune`); `train` steps i
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -15,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from simsearch.training.checkpoint import (
     checkpoint_dir,
@@ -31,6 +31,7 @@ from simsearch.training.distributed import (
     deepspeed_state_dir,
     init_distributed,
     prune_deepspeed_dirs,
+    raise_if_any_failed,
 )
 from simsearch.training.optim import adamw_with_schedule
 from simsearch.training.recipe import OptimConfig
@@ -111,17 +112,25 @@ class Run:
         for model in models:
             if model.deepspeed:  # every process writes its partitions
                 model.engine.save_checkpoint(str(ds_dir / model.name), tag="state")
+        error: Exception | None = None
         with models[0].gathered():  # ZeRO-3: every process holds the full weights while process 0 writes
             if self.rank == 0:
-                save_checkpoint(self.run_dir, step, model=export(), tokenizer=tokenizer, state=trainer_state(ds_dir))
-                prune_deepspeed_dirs(self.run_dir)
-        if self.world > 1:
-            dist.barrier()
+                try:
+                    save_checkpoint(
+                        self.run_dir, step, model=export(), tokenizer=tokenizer, state=trainer_state(ds_dir)
+                    )
+                    prune_deepspeed_dirs(self.run_dir)
+                except Exception as err:  # raised below, on every process: the others must not wait for it
+                    error = err
+        if self.world > 1:  # the barrier, which also tells every process whether process 0's save failed
+            raise_if_any_failed(error, self.world, what=f"saving the checkpoint of step {step}")
+        elif error is not None:
+            raise error
         return checkpoint_dir(self.run_dir, step)
 
 
 def open_run(run_dir: str, *, seed: int, deepspeed: bool, resume: bool, task: str) -> Run:
-    """Starts the processes, seeds torch and finds the checkpoint to resume from.
+    """Starts the processes, seeds torch's and Python's generators and finds the checkpoint to resume from.
 
     Args:
         run_dir: The run directory.
@@ -132,6 +141,7 @@ def open_run(run_dir: str, *, seed: int, deepspeed: bool, resume: bool, task: st
     """
     rank, world = init_distributed(deepspeed, task=task)
     torch.manual_seed(seed)
+    random.seed(seed)  # nothing draws from it today; a run is reproducible if something does
     checkpoint = latest_checkpoint(run_dir) if resume else None
     return Run(rank, world, Path(run_dir), checkpoint, load_state(checkpoint) if checkpoint else None)
 

@@ -66,3 +66,20 @@ def test_first_difference_finds_where_compiled_decoding_parts_from_eager() -> No
     assert first_difference([5, 6, 7], [5, 9, 7]) == 1
     assert first_difference([4, 6], [5, 6]) == 0
     assert first_difference([5, 6], [5, 6, 7]) == 2  # one row stopped early: it parts where it stopped
+
+
+def test_the_compiled_part_reports_teacher_forced_agreement(tmp_path: Path, monkeypatch) -> None:
+    import torch
+
+    from simsearch.tinyworld.world import build_world
+
+    gpu_check = load_benchmark("gpu_check")
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)  # the static-cache loop, eagerly
+    args = gpu_check.parse(["--device", "cpu", "--shape", "tiny", "--batch", "4", "--prompt-tokens", "8",
+                            "--new-tokens", "5"])  # fmt: skip
+    model = gpu_check.build_policy(gpu_check.SHAPES["tiny"], build_world(seed=0), tmp_path / "policy")
+    figures = gpu_check.compiled(args, model)
+    assert figures["compiled_same_greedy_tokens"] is True and figures["compiled_first_difference"] is None
+    assert figures["compiled_positions"] == 4 * 5 and figures["compiled_flips"] == 0
+    assert figures["compiled_max_logprob_delta"] < 1e-4 and figures["eager_noise_logprob_delta"] < 1e-4
+    assert figures["compiled_agrees"] is True

@@ -252,7 +252,7 @@ def test_sleep_mode_frees_the_engine_for_the_update_and_wakes_it_in_order(
     [llm] = fake_vllm
     assert llm.kwargs["enable_sleep_mode"] is True
     update = [
-        ("sleep", 1),  # right after the rollout, before the trainer's passes
+        ("sleep", 2),  # right after the rollout, before the trainer's passes; level 2: the sync rewrites every weight
         ("trainer_forward",),
         ("wake_up", ["weights"]),  # the sync wakes the weights only
         ("apply_model",),

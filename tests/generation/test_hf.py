@@ -568,15 +568,7 @@ def test_static_cache_decoding_gives_the_eager_greedy_tokens(model, tokenizer, b
     assert static.kept_tokens == eager.kept_tokens
 
 
-@pytest.mark.slow
-def test_compiled_decoding_gives_the_eager_greedy_tokens(model, tokenizer):
-    """torch.compile for real (inductor on CPU: about 20-50 s here, most of it compiling)."""
-    prompts = [ids(tokenizer, t) for t in ["Where was Alma Varn born?", "Oslo", "the answer is"]]
-    params = SamplingParams(temperature=0.0, max_new_tokens=8)
-    compiled = HFEngine(model, tokenizer, compile=True, prefix_cache=False)
-    expected = [c.token_ids for c in HFEngine(model, tokenizer).generate(prompts, params)]
-    assert [c.token_ids for c in compiled.generate(prompts, params)] == expected
-    assert compiled.stats["decode_steps"] == 8 and compiled.stats["decoded_tokens"] == 24
+# Real torch.compile against eager decoding: tests/generation/test_compiled_agreement.py.
 
 
 def test_stop_filter_skips_only_tokens_that_cannot_end_a_stop(tokenizer, model):

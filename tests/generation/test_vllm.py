@@ -26,16 +26,18 @@ import pytest
 import torch
 
 from simsearch.config import EvalRecipe, load_recipe
-from simsearch.errors import RecipeError
+from simsearch.errors import NonFiniteError, RecipeError, SimsearchError
 from simsearch.factory.build import build_generation_engine
 from simsearch.generation.recipe import GenerationConfig, ModelConfig
 from simsearch.generation.vllm import (
     VLLMEngine,
     VLLMNotInstalledError,
     VLLMOutputError,
+    VLLMWeightTransferError,
     _LoadWeights,
     completion_from_output,
     completions_from_request_outputs,
+    first_non_finite,
     named_params_for_vllm,
     peft_named_params_for_vllm,
     prompt_seeds,
@@ -189,7 +191,8 @@ def test_sampling_kwargs_follow_our_contract():
         "spaces_between_special_tokens": False,
     }
     plain = sampling_kwargs(SamplingParams(), seed=None)
-    assert plain["stop"] is None and plain["logprobs"] is None and plain["seed"] is None
+    # The sampled token's logprob is asked for even when not wanted: non-finite logits show in it.
+    assert plain["stop"] is None and plain["logprobs"] == 0 and plain["seed"] is None
 
 
 def test_prompt_seeds_are_reproducible_distinct_and_leave_room_for_sample_offsets():
@@ -412,6 +415,7 @@ class FakeLLM:
         self.workers = [FakeModel() for _ in range(kwargs["tensor_parallel_size"])]
         self.model = self.workers[0]
         self.reset_result: bool | None = True
+        self.non_finite: dict[tuple[int, int], int] = {}  # (prompt, sample) -> generated token with a nan logprob
 
     def get_tokenizer(self) -> FakeTokenizer:
         return FakeTokenizer()
@@ -419,12 +423,15 @@ class FakeLLM:
     def generate(self, prompts: list[dict], sampling_params: list[FakeSamplingParams], use_tqdm: bool) -> list[Req]:
         self.calls.append(("generate", prompts, [p.kwargs for p in sampling_params], use_tqdm))
         results = []
-        for params in sampling_params:
+        for i, params in enumerate(sampling_params):
             kw = params.kwargs
             samples = []
             for j in reversed(range(kw["n"])):  # out of order on purpose
                 ids = [100 + j, EOS]
                 steps = None if kw["logprobs"] is None else [{100 + j: Logprob(-0.5 - j)}, {EOS: Logprob(-0.25)}]
+                if steps is not None and (i, j) in self.non_finite:  # raw logprobs of nan logits are nan
+                    k = self.non_finite[(i, j)]
+                    steps[k] = {ids[k]: Logprob(float("nan"))}
                 samples.append(Out(j, chr(100 + j) + "<eos>", ids, "stop", None, steps))
             results.append(Req(samples))
         return results
@@ -486,6 +493,8 @@ def test_engine_passes_its_settings_to_vllm_and_sets_the_in_process_environment(
         "enable_prefix_caching": True,
         "enable_sleep_mode": True,
         "distributed_executor_backend": None,
+        "max_num_batched_tokens": None,
+        "max_num_seqs": None,
         "logprobs_mode": "raw_logprobs",
     }
     assert isinstance(engine.tokenizer, FakeTokenizer)
@@ -610,12 +619,12 @@ def test_out_of_process_sync_refuses_without_pickles_and_says_which_variable(fak
 
 def test_colocated_cycle_wakes_weights_for_the_sync_and_the_kv_cache_for_generation(fake_vllm):
     engine = make_engine(enable_sleep_mode=True)
-    engine.sleep()
+    engine.sleep()  # level 2 by default: the sync rewrites every weight
     engine.sync_weights([("w", torch.ones(1))])
     engine.generate([[5]], SamplingParams())
     engine.generate([[5]], SamplingParams())  # awake: no wake_up call
     assert [c[:2] for c in engine.llm.calls] == [
-        ("sleep", 1),
+        ("sleep", 2),
         ("wake_up", ["weights"]),
         ("apply_model",),
         ("reset_prefix_cache",),
@@ -651,6 +660,148 @@ def test_sleep_needs_sleep_mode_and_valid_arguments(fake_vllm):
         engine.sleep(level=3)
     with pytest.raises(ValueError, match="wake_up tags"):
         engine.wake_up(["optimizer"])
+
+
+# --------------------------------------------------------------------------- risks of the GPU path (issue 56)
+
+
+def test_pytorchs_cuda_cache_is_emptied_before_every_wake_up(fake_vllm, monkeypatch):
+    engine = make_engine(enable_sleep_mode=True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: engine.llm.calls.append(("empty_cache",)))
+    engine.sleep()
+    engine.sync_weights([("w", torch.ones(1))])  # wakes the weights
+    engine.generate([[5]], SamplingParams())  # wakes the KV cache
+    engine.sleep(level=1)
+    engine.wake_up()
+    assert [c[0] for c in engine.llm.calls if c[0] in ("empty_cache", "wake_up")] == ["empty_cache", "wake_up"] * 3
+    # Without CUDA nothing is called (a CPU-only torch).
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    engine.sleep()
+    engine.sync_weights([("w", torch.ones(1))])
+    assert engine.llm.calls[-4:-2] == [("sleep", 2), ("wake_up", ["weights"])]
+
+
+def test_the_recipe_bounds_vllms_scheduler_so_profiling_leaves_a_kv_cache(fake_vllm):
+    cfg = GenerationConfig(kind="vllm", model=ModelConfig(path="models/tiny"), gpu_memory_utilization=0.3)
+    engine, _, _ = build_generation_engine(cfg)
+    assert engine.llm.kwargs["max_num_batched_tokens"] == 4096  # TRL's figure
+    assert engine.llm.kwargs["max_num_seqs"] == 256
+    assert engine.sleep_level == 2
+    # 0 leaves it to vLLM (None: its own default).
+    own, _, _ = build_generation_engine(dataclasses.replace(cfg, max_num_batched_tokens=0, max_num_seqs=0))
+    assert own.llm.kwargs["max_num_batched_tokens"] is None and own.llm.kwargs["max_num_seqs"] is None
+    for wrong, message in (
+        (dict(max_num_batched_tokens=-1), r"policy.max_num_batched_tokens=-1 must be >= 0"),
+        (dict(max_num_seqs=-2), r"policy.max_num_seqs=-2 must be >= 0"),
+        (dict(max_num_batched_tokens=128, max_num_seqs=256), r"max_num_batched_tokens=128 must be >= policy.max_num"),
+        (dict(sleep_level=3), r"policy.sleep_level=3 must be 1"),
+    ):
+        with pytest.raises(RecipeError, match=message):
+            dataclasses.replace(cfg, **wrong).check("policy")
+    with pytest.raises(ValueError, match="max_num_seqs=0 must be >= 1"):
+        make_engine(max_num_seqs=0)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("policy.max_num_batched_tokens=-5", r"policy.max_num_batched_tokens=-5 must be >= 0"),
+        ("policy.max_num_seqs=8192", r"policy.max_num_batched_tokens=4096 must be >= policy.max_num_seqs=8192"),
+        ("policy.sleep_level=0", r"policy.sleep_level=0 must be 1"),
+    ],
+)
+def test_a_vllm_recipe_with_bad_scheduler_bounds_is_refused_when_loaded(override, message):
+    with pytest.raises(RecipeError, match=message):
+        load_recipe(EvalRecipe, EVAL_ON_VLLM, [override])
+
+
+class OnDevice(torch.Tensor):
+    """Stands for a CUDA tensor on a CPU machine: `.to("cpu")` gives a plain tensor, pickling keeps the type."""
+
+    def to(self, *args: Any, **kwargs: Any) -> torch.Tensor:  # type: ignore[override]
+        return self.as_subclass(torch.Tensor).to(*args, **kwargs)
+
+
+def test_tensor_parallel_workers_in_other_processes_get_cpu_copies_even_with_multiprocessing_off(
+    fake_vllm, monkeypatch
+):
+    # VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps vLLM's engine core here, but with tensor parallelism
+    # and no launcher its executor still runs each worker in a process of its own.
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    engine = make_engine(tensor_parallel_size=2)
+    assert engine.engine_core_in_process and not engine.in_process
+    weight = torch.arange(4.0).as_subclass(OnDevice)
+    assert engine.sync_weights([("model.embed_tokens.weight", weight)]) == 1
+    for worker in engine.llm.workers:
+        ((_, got),) = worker.loaded
+        assert type(got) is torch.Tensor and torch.equal(got, torch.arange(4.0))  # never the device tensor
+    # One engine per launcher process is in process whatever the tensor parallelism: by reference.
+    launched = make_engine(tensor_parallel_size=2, distributed_executor_backend="external_launcher")
+    assert launched.in_process
+    launched.sync_weights([("w", weight)])
+    assert launched.llm.model.loaded[0][1] is weight
+
+
+@pytest.mark.parametrize("multiprocessing", ["0", None])
+def test_out_of_process_sync_sends_one_apply_model_per_chunk_not_per_tensor(fake_vllm, monkeypatch, multiprocessing):
+    if multiprocessing is not None:
+        monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", multiprocessing)
+    engine = make_engine(tensor_parallel_size=2)
+    pairs = [(f"model.layers.{i}.mlp.up_proj.weight", torch.full((4, 4), float(i))) for i in range(5)]
+    assert engine.sync_weights(iter(pairs)) == 5
+    assert [c[0] for c in engine.llm.calls] == ["apply_model", "reset_prefix_cache"]
+    for worker in engine.llm.workers:
+        assert [n for n, _ in worker.loaded] == [n for n, _ in pairs]
+        assert all(torch.equal(got, sent) for (_, got), (_, sent) in zip(worker.loaded, pairs))
+    # Bounded chunks: 64 bytes a tensor, chunks closed at 128 bytes -> 2 + 2 + 1.
+    chunked = make_engine(tensor_parallel_size=2, sync_chunk_bytes=128)
+    chunked.sync_weights(pairs)
+    assert [c[0] for c in chunked.llm.calls] == ["apply_model"] * 3 + ["reset_prefix_cache"]
+    assert [n for n, _ in chunked.llm.model.loaded] == [n for n, _ in pairs]
+
+
+def test_a_refused_out_of_process_transfer_is_a_one_line_simsearch_error(fake_vllm, monkeypatch):
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "0")
+    engine = make_engine(tensor_parallel_size=2)
+    with pytest.raises(VLLMWeightTransferError) as info:
+        engine.sync_weights([("w", torch.ones(1))])
+    assert isinstance(info.value, SimsearchError) and "\n" not in str(info.value)
+
+
+def test_sleep_defaults_to_level_2_and_level_1_stays_available(fake_vllm):
+    engine = make_engine(enable_sleep_mode=True)
+    engine.sleep()
+    assert engine.llm.calls[-1] == ("sleep", 2)
+    with pytest.raises(RuntimeError, match="call sync_weights"):
+        engine.generate([[5]], SamplingParams())
+    kept = make_engine(enable_sleep_mode=True, sleep_level=1)
+    kept.sleep()
+    assert kept.llm.calls[-1] == ("sleep", 1)
+    assert len(kept.generate([[5]], SamplingParams())) == 1  # level 1 kept the weights
+    with pytest.raises(ValueError, match="sleep_level=3"):
+        make_engine(sleep_level=3)
+
+
+def test_non_finite_logits_under_vllm_raise_the_error_hf_raises(fake_vllm):
+    engine = make_engine()
+    engine.llm.non_finite = {(1, 0): 1, (1, 1): 0}
+    params = SamplingParams(max_new_tokens=5, n=2, seed=0)  # logprobs not asked for: vLLM is asked anyway
+    with pytest.raises(
+        NonFiniteError, match=r"2 row\(s\) \(prompt 1 sample 0, prompt 1 sample 1\) at generated token 2"
+    ) as info:
+        engine.generate([[5], [6]], params)
+    assert info.value.rows == [2, 3]
+    assert "model.dtype=float32" in str(info.value) and "\n" not in str(info.value)
+    engine.llm.non_finite = {}
+    assert len(engine.generate([[5], [6]], params)) == 4
+
+
+def test_first_non_finite_reads_the_sampled_tokens_logprob():
+    steps = [{97: Logprob(-0.5), 98: Logprob(float("nan"))}, {98: Logprob(float("-inf"))}]
+    assert first_non_finite(Out(0, "ab", [97, 98], "length", logprobs=steps)) == 1  # 98 at step 0 was not sampled
+    assert first_non_finite(Out(0, "ab", [97, 98], "length", logprobs=None)) is None
+    assert first_non_finite(Out(0, "a", [97], "length", logprobs=[{97: Logprob(float("inf"))}])) == 0
 
 
 # --------------------------------------------------------------------------- weight names and merged LoRA
@@ -724,16 +875,72 @@ def test_merged_lora_weights_are_w_plus_scaled_ba_under_base_names_then_unmerged
     torch.testing.assert_close(layer.base_layer.weight, original[q], rtol=0, atol=1e-6)
 
 
-def test_abandoning_the_lora_export_still_unmerges(tokenizer):
+def test_the_lora_export_never_merges_into_the_model(tokenizer):
     from peft import LoraConfig, get_peft_model
 
     model = get_peft_model(tiny(tokenizer), LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"]))
-    pairs = peft_named_params_for_vllm(model)
-    next(pairs)
     layer = model.base_model.model.model.layers[0].self_attn.q_proj
-    assert layer.merged
+    before = layer.base_layer.weight.detach().clone()
+    pairs = peft_named_params_for_vllm(model)
+    for name, _ in pairs:
+        assert not layer.merged  # out of place: the layer is never merged, not even mid-export
+        if name == "model.layers.0.self_attn.q_proj.weight":
+            break
     pairs.close()
-    assert not layer.merged
+    assert not layer.merged and torch.equal(layer.base_layer.weight, before)
+
+
+def bf16_lora_model(tokenizer, target_modules=("q_proj", "v_proj")):
+    """A bfloat16 tiny model with a LoRA adapter whose B is not zero (PEFT starts it at zero)."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(
+        tiny(tokenizer).to(torch.bfloat16), LoraConfig(r=4, lora_alpha=8, target_modules=list(target_modules))
+    )
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    return model
+
+
+def test_lora_sync_leaves_bf16_base_weights_bit_identical_after_many_syncs(tokenizer):
+    # Merging in place in bf16 and unmerging (PEFT's merge_adapter / unmerge_adapter) rounds W + d - d
+    # back to a different W every sync; the export must never write the base weights at all.
+    model = bf16_lora_model(tokenizer)
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    assert all(p.dtype == torch.bfloat16 for p in base.values())
+    first = None
+    for _ in range(20):
+        merged = {name: tensor.clone() for name, tensor in peft_named_params_for_vllm(model)}
+        first = first or merged
+        assert all(torch.equal(merged[n], first[n]) for n in first)  # every sync sends the same weights
+    assert all(torch.equal(p, base[n]) for n, p in model.named_parameters() if "lora_" not in n)
+
+
+def test_lora_merge_is_computed_in_float32_and_rounded_once(tokenizer):
+    model = bf16_lora_model(tokenizer)
+    merged = dict(peft_named_params_for_vllm(model))
+    layer = model.base_model.model.model.layers[1].self_attn.v_proj
+    a, b = layer.lora_A["default"].weight.float(), layer.lora_B["default"].weight.float()
+    expected = (layer.base_layer.weight.float() + (b @ a) * layer.scaling["default"]).to(torch.bfloat16)
+    got = merged["model.layers.1.self_attn.v_proj.weight"]
+    assert got.dtype == torch.bfloat16 and torch.equal(got, expected)
+    # PEFT's own bf16 merge (delta rounded to bf16 first, then added in bf16) differs somewhere.
+    peft_way = layer.base_layer.weight + layer.get_delta_weight("default")
+    assert not torch.equal(got, peft_way)
+    # Not a layer with an adapter: the model's tensor itself.
+    k = "model.layers.1.self_attn.k_proj.weight"
+    assert merged[k].data_ptr() == model.base_model.model.model.layers[1].self_attn.k_proj.weight.data_ptr()
+
+
+def test_a_disabled_adapter_exports_the_base_weights(tokenizer):
+    model = bf16_lora_model(tokenizer, target_modules=("q_proj",))
+    with model.disable_adapter():
+        merged = dict(peft_named_params_for_vllm(model))
+    layer = model.base_model.model.model.layers[0].self_attn.q_proj
+    assert torch.equal(merged["model.layers.0.self_attn.q_proj.weight"], layer.base_layer.weight)
 
 
 def test_trained_params_for_vllm_picks_the_helper_for_how_the_policy_is_held(monkeypatch):
