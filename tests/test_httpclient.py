@@ -188,14 +188,16 @@ def test_malformed_json_is_retried_then_reported(serve, client):
 
 def test_slow_server_times_out_fast_and_bounded(serve, client):
     def slow(seen: Seen) -> Any:
-        time.sleep(1.0)
+        time.sleep(5.0)
         return OK
 
     server = serve(slow)
     start = time.monotonic()
     with pytest.raises(ServiceError, match=r"ReadTimeout.*timeout_s=0.2"):
         post_json(client, server.url, {}, retries=1, backoff_s=0.001, timeout_s=0.2)
-    assert time.monotonic() - start < 1.5  # two 0.2 s timeouts, not twice the server's 1 s
+    # two 0.2 s timeouts (0.4 s), 10x under the bound for a loaded machine; waiting for the server's
+    # answer even once would take 5 s
+    assert time.monotonic() - start < 4.0
     assert len(server.seen) == 2
 
 
@@ -203,8 +205,8 @@ def test_dead_port_fails_fast_with_a_clear_error(client):
     url = dead_url()
     start = time.monotonic()
     with pytest.raises(ServiceError) as info:
-        post_json(client, url + "/v1/completions", {}, retries=2, backoff_s=0.01, timeout_s=2.0)
-    assert time.monotonic() - start < 2.0
+        post_json(client, url + "/v1/completions", {}, retries=2, backoff_s=0.01, timeout_s=30.0)
+    assert time.monotonic() - start < 10.0  # a refused connection is not waited on: far under one 30 s timeout
     message = str(info.value)
     assert url in message and "ConnectError" in message and "3 attempt(s)" in message
 

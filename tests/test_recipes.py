@@ -2,9 +2,11 @@
 
 import re
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from simsearch.config import (
     CollectRecipe,
@@ -46,7 +48,23 @@ def test_recipes_exist() -> None:
 def test_recipe_parses(path: Path) -> None:
     assert path.read_text().startswith("#"), "a recipe opens with the command that runs it"
     recipe = load_recipe(schema_for(path), path)
-    assert recipe is not None
+    assert isinstance(recipe, schema_for(path))
+    # Every value the file writes reaches the recipe as written: none dropped for a default, renamed or coerced.
+    loaded = asdict(recipe)
+    for keys, value in _leaves(OmegaConf.to_container(OmegaConf.load(path), resolve=True)):
+        got = loaded
+        for key in keys:
+            got = got[key]
+        assert (list(got) if isinstance(got, tuple) else got) == value, ".".join(map(str, keys))
+
+
+def _leaves(node: object, keys: tuple = ()) -> list[tuple[tuple, object]]:
+    """(key path, value) of every scalar, or list of scalars, in a YAML tree of mappings and lists."""
+    if isinstance(node, dict):
+        return [leaf for key, value in node.items() for leaf in _leaves(value, (*keys, key))]
+    if isinstance(node, list) and any(isinstance(value, dict | list) for value in node):
+        return [leaf for i, value in enumerate(node) for leaf in _leaves(value, (*keys, i))]
+    return [(keys, node)]
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: str(p.relative_to(ROOT)))

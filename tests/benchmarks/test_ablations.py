@@ -177,8 +177,15 @@ def test_smoke_runs_every_arm_and_prints_every_key(tmp_path: Path, capsys: pytes
     ablations.main(["--smoke", "--run-dir", str(tmp_path), "--threads", "1"])
     figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the JSON is the last line
     assert set(figures) >= KEYS
+    # EM points of SMOKE_LIMIT (4) held-out questions and leakage of SMOKE_LEAK (4) result sets, one seed:
+    # each a whole count out of 4, so 0, 25, 50, 75 or 100 (a fraction, or a mean over the wrong rows, is not).
+    quarters = {0.0, 25.0, 50.0, 75.0, 100.0}
+    assert ablations.SMOKE_LIMIT == ablations.SMOKE_LEAK == 4
     for key in KEYS - {"wall_s"}:
-        assert 0.0 <= figures[key] <= 100.0, key
+        assert figures[key] in quarters, (key, figures[key])
+    for key, (row, engine) in ablations.FIGURES.items():  # each figure is its own arm's and engine's record
+        summary = json.loads((tmp_path / "seed_0" / "eval" / row / "summary.json").read_text())
+        assert figures[key] == round(100.0 * summary["rows"][engine]["average"]["em"], 2), key
     assert figures["smoke"] is True and figures["steps"] == 2 and figures["wall_s"] > 0
     assert figures["differences"]["told_prompt-default"]["bm25"]["ci_low"] is None  # one seed: no interval
     assert set(figures["provenance"]) == {"commit", "cpu", "cpu_capability", "cores", "torch_threads"}

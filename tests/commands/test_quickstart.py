@@ -60,7 +60,13 @@ def test_smoke_runs_every_stage_and_writes_the_report(smoke_run) -> None:
         "rl_search": {"simulator", "bm25", "dense", "none"},
         "rl_nosearch": {"none"},
     }
-    assert all(0.0 <= v <= 100.0 for scores in report["em"].values() for v in scores.values())
+    # EM points over the smoke run's 8 held-out questions, one sample each: a whole count of 8 (a multiple of
+    # 12.5), and the policy's own evaluation record on that engine.
+    for policy, scores in report["em"].items():
+        rows = json.loads((tmp_path / "eval" / policy / "summary.json").read_text())["rows"]
+        for engine, em in scores.items():
+            assert rows[engine]["average"]["questions"] == 8, (policy, engine)
+            assert em == 100.0 * rows[engine]["average"]["em"] and em / 12.5 == round(em / 12.5), (policy, engine)
     nosearch_rows = (tmp_path / "eval" / "rl_nosearch" / "examples" / "none" / "heldout.jsonl").read_text()
     turns = [turn for line in nosearch_rows.splitlines() for turn in json.loads(line)["samples"][0]["turns"]]
     assert turns and all(turn["documents"] == [] for turn in turns)
@@ -86,10 +92,14 @@ def test_smoke_runs_every_stage_and_writes_the_report(smoke_run) -> None:
     assert set(report["base_reading"]) == {"birth_city", "occupation", "founding_year", "all"}
     assert report["base_reading"]["all"]["questions"] == 300
     assert set(report["query_naming"]) == {"base", "rl_search"}
-    for kinds in report["query_naming"].values():
+    for policy, kinds in report["query_naming"].items():
         assert set(kinds) == set(QUERY_NAMING)
         assert sum(kind["share"] for kind in kinds.values()) == pytest.approx(1.0)
-        assert all(0.0 <= kind["em"] <= 1.0 for kind in kinds.values())
+        # the kinds split the 8 held-out BM25 rows: shares are counts of 8, and their EMs weighted by share
+        # add up to the policy's BM25 EM
+        assert all(kind["share"] * 8 == round(kind["share"] * 8) for kind in kinds.values())
+        weighted = sum(kind["share"] * kind["em"] for kind in kinds.values())
+        assert 100.0 * weighted == pytest.approx(report["em"][policy]["bm25"], abs=1e-9)
     assert "| rl_search | " in (tmp_path / "report.md").read_text().split("names the asked person")[1]
 
 

@@ -6,6 +6,7 @@ blue, and a tiny policy that searches once, then answers either color).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -101,7 +102,7 @@ ESTIMATOR_STATS = {
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 def test_each_estimator_trains_two_steps(world: Path, tmp_path: Path, estimator: str) -> None:
     run = tmp_path / "run"
-    extra: dict[str, object] = {"algorithm.estimator": estimator}
+    extra: dict[str, object] = {"algorithm.estimator": estimator, "trajectory_samples": 8}  # a step's every one
     if estimator == "grpo":  # one run also validates and aggregates per sequence
         extra.update(
             {"data.val": f"[{world / 'val.jsonl'}]", "eval_every": 1, "algorithm.loss_agg": "seq-mean-token-mean"}
@@ -122,7 +123,14 @@ def test_each_estimator_trains_two_steps(world: Path, tmp_path: Path, estimator:
     assert ESTIMATOR_STATS[estimator] in rows[0]
     assert all(0.0 <= r["losses/clipfrac_lower"] <= 1.0 for r in rows)
     assert rows[0]["search/calls_per_traj"] > 0.5  # the tiny policy really searches
-    assert final["reward/mean"] == rows[-1]["reward/mean"]
+    # Each step logged its 8 trajectories (2 prompts x 4): a reward is the F1 the evaluation scorer gives the
+    # logged answer (the default weights are {f1: 1}), and reward/mean, logged and returned, is their mean.
+    logged = [json.loads(line) for line in (run / "trajectories.jsonl").read_text().splitlines()]
+    for row in rows:
+        sampled = [t for t in logged if t["step"] == row["step"]]
+        assert len(sampled) == 8 and all(t["reward"] == t["scores"]["f1"] for t in sampled)
+        assert row["reward/mean"] == pytest.approx(sum(t["reward"] for t in sampled) / 8, abs=1e-12)
+    assert final["reward/mean"] == pytest.approx(sum(t["reward"] for t in logged if t["step"] == 2) / 8, abs=1e-12)
     checkpoint = latest_checkpoint(run)
     assert checkpoint is not None and checkpoint.name == "step_0000002"
     trained, start = _weights(checkpoint / "model"), _weights(world / "policy")
@@ -132,7 +140,8 @@ def test_each_estimator_trains_two_steps(world: Path, tmp_path: Path, estimator:
         assert rows[0]["losses/value"] > 0
         assert float(state["critic"]["head.weight"].abs().sum()) > 0  # the critic's head started at 0
     if estimator == "grpo":
-        assert 0.0 <= rows[0]["val/em"] <= 1.0 and rows[0]["val/calls_per_traj"] > 0.5
+        # greedy answers to val.jsonl's 4 questions: EM is a whole count of 4
+        assert rows[0]["val/em"] * 4 == round(rows[0]["val/em"] * 4) and rows[0]["val/calls_per_traj"] > 0.5
 
 
 def test_a_policy_that_is_not_in_process_is_refused(world: Path, tmp_path: Path) -> None:
