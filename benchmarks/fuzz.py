@@ -56,9 +56,10 @@ from simsearch.data.templates import SEARCH_R1_TEMPLATE, SELF_SEARCH_TEMPLATE, e
 from simsearch.errors import DataError, RecipeError  # noqa: E402
 from simsearch.eval.metrics import extract_answer  # noqa: E402
 from simsearch.models import EOS_TOKEN, PAD_TOKEN, train_tokenizer  # noqa: E402
+from simsearch.policy.protocol import TokenCache  # noqa: E402
 from simsearch.policy.rewards import format_score  # noqa: E402
-from simsearch.policy.rollout import _TokenCache  # noqa: E402
-from simsearch.policy.tags import extract_queries, information_spans, parse_action  # noqa: E402
+from simsearch.policy.selfsearch import self_search_mask  # noqa: E402
+from simsearch.policy.tags import TagProtocol, extract_queries, information_spans, observation_ids, parse_action  # noqa: E402
 from simsearch.policy.toolcalls import TOOL_CALL_FORMATS, parse_turn  # noqa: E402
 from simsearch.retrieval.bm25 import BM25SearchEngine  # noqa: E402
 from simsearch.retrieval.server import create_app  # noqa: E402
@@ -216,9 +217,9 @@ def run_tokenizer(tokenizers: list[Any], case: tuple[str, bool, int]) -> None:
     tokenizer = tokenizers[plain]
     for template in ("search-r1", "self-search"):
         encode_prompt(text, template=template, tokenizer=tokenizer)
-    cache = _TokenCache(tokenizer, max_obs)
-    cache.self_search_mask(cache.encode(text))
-    cache.observations([text])
+    cache = TokenCache(tokenizer, max_obs)
+    self_search_mask(cache, cache.encode(text), TagProtocol.own_results)
+    observation_ids(cache, [text])
 
 
 @contextmanager

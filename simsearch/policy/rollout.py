@@ -2,33 +2,20 @@
 
 `generate_trajectories` runs the policy on a batch of questions, `group_size` rollouts each:
 
-1. Render each question with the policy template and tokenize it once.
-2. Each turn, ask the policy to continue every unfinished trajectory in ONE `generate` call,
-   stopping at `</search>` or `</answer>`; parse each turn with `tags.parse_action`.
+1. Render each question's prompt and tokenize it once.
+2. Each turn, ask the policy to continue every unfinished trajectory in ONE `generate` call
+   (one per stop list when rollouts differ in it), stopping at the protocol's stop strings; the
+   protocol reads each turn (search, answer or invalid) and gives the loss mask of its ids.
 3. Answer every search of the turn in ONE `SearchEngine.search` call (the curriculum's `noise`
-   decides how many of each call's documents must be noisy), render the documents, tokenize the
-   observation on its own and append its ids with loss mask 0. An invalid turn gets the
-   corrective message (mask 0). An answer ends the trajectory.
+   decides how many of each call's documents must be noisy); the protocol renders and tokenizes
+   the results, appended with loss mask 0. An invalid turn gets the protocol's correction (mask 0).
+   An answer ends the trajectory.
 4. After `max_turns` such turns, one final turn in which a search is not run.
 
-With `protocol="tool-call"` the same loop runs in the model's own chat format: the prompt is the
-chat template's rendering of the question with the search tool offered (`data.chat`), each turn
-is generated up to the end-of-turn token and read by `toolcalls.parse_turn`, every call of every
-row of the turn goes in the one `search` call, and the text the template adds after a turn (the
-end of the assistant message, one tool message per call, the next assistant header) is
-tokenized and appended with mask 0. An unreadable turn gets `TOOL_CALL_CORRECTION` as a tool
-message (mask 0), so the context stays the template's rendering of the conversation.
-
+How a search is written, read and answered is the protocol's (`policy.protocol.AgentProtocol`:
+Search-R1's tags, chat-template tool calls, or either self-searched); this loop never asks which.
 Loss masks are built from the token ids of each appended segment as it is appended: generated
-ids get 1, inserted ids 0; nothing is decoded and re-tokenized to find them.
-
-Self-search (SSRL): with template "self-search" the policy writes its query, its own
-`<information>` and its answer in one generation (stop only at `</answer>`), and the
-information it wrote gets mask 0. With `self_search_real_share` > 0, that share of the questions
-(all rollouts of a question together) stop at `</search>` instead and get real results from
-`search`: the sim-to-real bridge during training. At share 1 every search is real, which is
-how `simsearch eval` runs a self-search policy on a real engine (SSRL's sim-to-real evaluation:
-generation cut at `</search>`, real results inserted, up to `max_turns` searches).
+ids get the protocol's mask, inserted ids 0; nothing is decoded and re-tokenized to find them.
 """
 
 from __future__ import annotations
@@ -37,39 +24,23 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import cast
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from simsearch.data.chat import ToolConversation, check_tool_support, search_tool_schema, tool_call_messages
-from simsearch.data.rendering import (
-    INFORMATION_CLOSE,
-    INFORMATION_OPEN,
-    RenderStyle,
-    encodable,
-    render_documents,
-    wrap_information,
-)
-from simsearch.data.templates import TEMPLATE_NAMES, encode_prompt
+from simsearch.data.rendering import RenderStyle
+from simsearch.data.templates import TEMPLATE_NAMES
 from simsearch.errors import DataError, NonFiniteError
-from simsearch.eval.metrics import extract_answer
 from simsearch.generation.base import GenerationEngine
+from simsearch.policy.protocol import AgentProtocol, TokenCache, make_protocol
 from simsearch.policy.recipe import RolloutConfig
 from simsearch.policy.rewards import RewardOutput, weighted_reward
-from simsearch.policy.tags import (
-    ANSWER_STOP,
-    INVALID_ACTION_MESSAGE,
-    SEARCH_STOP,
-    extract_queries,
-    information_spans,
-    parse_action,
-)
-from simsearch.policy.toolcalls import TOOL_RESPONSE_TAGS, parse_self_search_turn, parse_turn
 from simsearch.retrieval.base import SearchEngine
 from simsearch.types import (
     FINISHES,
     UNFINISHED,
     Completion,
+    Document,
     QAExample,
     SamplingParams,
     SearchRequest,
@@ -80,20 +51,6 @@ from simsearch.types import (
 
 ROLLOUT_TEMPLATES: tuple[str, ...] = tuple(name for name in TEMPLATE_NAMES if name != "rag")
 """Templates a rollout can start from ("rag" needs documents in the prompt and is not one)."""
-
-SEARCH_STOPS: tuple[str, ...] = (SEARCH_STOP, ANSWER_STOP)
-SELF_SEARCH_STOPS: tuple[str, ...] = (ANSWER_STOP,)
-
-# wrap_information(block) == _OBSERVATION_HEAD + block + _OBSERVATION_TAIL; derived from the
-# compat wrapper rather than spelled out, so the two cannot disagree.
-_EMPTY_OBSERVATION = wrap_information("")
-_OBSERVATION_TAIL = _EMPTY_OBSERVATION[_EMPTY_OBSERVATION.index(INFORMATION_CLOSE) :]
-
-TOOL_CALL_CORRECTION = (
-    "Your reply could not be used ({reasons}). To search, call the search tool; to answer, "
-    "put the answer between <answer> and </answer>."
-)
-"""The tool message an unreadable tool-call turn gets (the tag protocol's INVALID_ACTION_MESSAGE)."""
 
 
 @dataclass(frozen=True)
@@ -110,16 +67,6 @@ class RolloutSettings:
     rollout: RolloutConfig
     top_k: int
     rendering: RenderStyle
-
-    @property
-    def self_search(self) -> bool:
-        """Whether the policy answers its own searches."""
-        return self.rollout.template == "self-search"
-
-    @property
-    def tool_call(self) -> bool:
-        """Whether the policy calls the search tool in its chat template's format."""
-        return self.rollout.protocol == "tool-call"
 
 
 @dataclass
@@ -190,10 +137,11 @@ def generate_trajectories(
         ValueError: an argument the loop cannot honour, or an engine's result count or a `noise`
             count out of range.
     """
-    _check_arguments(examples, tokenizer, search, settings, sampling, group_size, rng)
+    protocol = make_protocol(settings.rollout)
+    _check_arguments(examples, tokenizer, search, settings, sampling, group_size, rng, protocol)
     clock = _Clock(started=time.perf_counter())
-    tokens = _TokenCache(tokenizer, settings.rollout.max_obs_tokens)
-    rollouts = _start(examples, tokens, settings, group_size, rng, sampling.logprobs)
+    tokens = TokenCache(tokenizer, settings.rollout.max_obs_tokens)
+    rollouts = _start(examples, tokens, settings, protocol, group_size, rng, sampling.logprobs)
 
     for turn in range(settings.rollout.max_turns + 1):
         active = [rollout for rollout in rollouts if rollout.finish is None]
@@ -210,7 +158,7 @@ def generate_trajectories(
             assert search is not None  # _check_arguments: searches happen only with an engine
             _run_searches(searches, search, tokens, settings, noise, clock)
 
-    return _finish(rollouts, tokens, settings, clock)
+    return _finish(rollouts, tokens, settings, protocol, clock)
 
 
 def score_trajectories(
@@ -226,8 +174,8 @@ def score_trajectories(
     Returns:
         Per-trajectory totals and components, plus `reward/...` batch means.
 
-    The answer components score `Trajectory.answer` (for the tag protocol, the last answer of the
-    response; for tool-call, the answer of the final assistant message).
+    The answer components score `Trajectory.answer` (the protocol's answer: for the tag protocol
+    the last answer of the response, for tool-call the answer of the final assistant message).
     """
     return weighted_reward(
         weights,
@@ -249,7 +197,8 @@ class _Rollout:
     prompt_id: int
     example: QAExample
     prompt_ids: list[int]
-    self_search: bool  # answers its own searches (stops only at </answer>)
+    protocol: AgentProtocol  # the protocol this question's rollouts use
+    state: Any  # the protocol's own state of this trajectory
     logprobs: list[float] | None
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
@@ -257,19 +206,12 @@ class _Rollout:
     num_invalid: int = 0
     over_budget: bool = False
     finish: TrajectoryFinish | None = None
-    conversation: ToolConversation | None = None  # the tool-call protocol's chat, else None
-    pending: tuple[str, str] = ("", "")  # tool-call: the last turn's (generated text, message content)
 
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
 
     def context(self) -> list[int]:
         return self.prompt_ids + self.response_ids
-
-    def stops(self) -> tuple[str, ...]:
-        if self.conversation is not None:
-            return ()  # a tool-call turn ends at the model's end-of-turn token
-        return SELF_SEARCH_STOPS if self.self_search else SEARCH_STOPS
 
     def append(self, ids: list[int], mask: list[int], logprobs: list[float] | None) -> None:
         self.response_ids.extend(ids)
@@ -290,121 +232,6 @@ class _Clock:
     decoded_tokens: int = 0
 
 
-class _TokenCache:
-    """The tokenizer plus the ids of the fixed texts the rollout inserts."""
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_obs_tokens: int) -> None:
-        self.tokenizer = tokenizer
-        self.invalid_ids = self.encode(INVALID_ACTION_MESSAGE)
-        self.tail_ids = self.encode(_OBSERVATION_TAIL)
-        head = _EMPTY_OBSERVATION[: -len(_OBSERVATION_TAIL)]
-        smallest = len(self.encode(head)) + len(self.tail_ids)
-        if max_obs_tokens < smallest:
-            raise ValueError(
-                f"max_obs_tokens={max_obs_tokens} cannot hold even an empty information block "
-                f"({smallest} tokens with this tokenizer); raise it"
-            )
-        self.max_obs_tokens = max_obs_tokens
-        # (opening, closing) tags -> their single-token ids, looked up once per pair
-        self._tag_ids: dict[tuple[str, str], tuple[int | None, int | None]] = {}
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(encodable(text), add_special_tokens=False)
-
-    def decode(self, ids: list[int]) -> str:
-        # Special tokens are kept: the tiny tokenizer's tags are special tokens.
-        return cast(str, self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
-
-    def _single_token(self, tag: str) -> int | None:
-        """The id of `tag` when the tokenizer holds it as one added (never split) token."""
-        ids = self.encode(tag)
-        if len(ids) == 1 and tag in self.tokenizer.get_added_vocab():
-            return ids[0]
-        return None
-
-    def observations(self, blocks: list[str]) -> list[list[int]]:
-        """Token ids of each wrapped block, cut to `max_obs_tokens` keeping the closing tag.
-
-        Each observation is tokenized on its own, never jointly with the context before it,
-        and the closing `</information>\\n\\n` is tokenized apart from the head so a cut
-        keeps it whole.
-        """
-        heads = [encodable(wrap_information(block)[: -len(_OBSERVATION_TAIL)]) for block in blocks]
-        room = self.max_obs_tokens - len(self.tail_ids)
-        head_ids = self.tokenizer(heads, add_special_tokens=False)["input_ids"]
-        return [ids[:room] + self.tail_ids for ids in head_ids]
-
-    def cut_text(self, text: str) -> str:
-        """`text` cut to its first `max_obs_tokens` tokens (a tool message's result)."""
-        ids = self.encode(text)
-        return encodable(text) if len(ids) <= self.max_obs_tokens else self.decode(ids[: self.max_obs_tokens])
-
-    def self_search_mask(
-        self, ids: list[int], tags: tuple[str, str] = (INFORMATION_OPEN, INFORMATION_CLOSE)
-    ) -> list[int]:
-        """Loss mask of one self-search generation: 0 on the `<information>` (or `tags`) blocks it wrote.
-
-        When both tags are single tokens and the text holds no other spelling of them, the
-        blocks are found by id. Otherwise character spans of the blocks are mapped to tokens
-        through incremental decoding offsets; a token that overlaps a block at all is masked,
-        so no imagined document text reaches the loss.
-        """
-        opening, closing = tags
-        if tags not in self._tag_ids:
-            self._tag_ids[tags] = (self._single_token(opening), self._single_token(closing))
-        open_id, close_id = self._tag_ids[tags]
-        if open_id is not None and close_id is not None:
-            text = self.decode(ids)
-            if text.count(opening) == ids.count(open_id) and text.count(closing) == ids.count(close_id):
-                return _mask_by_id(ids, open_id, close_id)
-        text, ends = _decode_offsets(self.decode, ids)
-        spans = information_spans(text, tags)
-        mask = []
-        start = 0
-        for end in ends:
-            # A token covering no character yet (a partial UTF-8 byte) belongs to the
-            # character that starts at `end`.
-            covered = (start, end) if end > start else (end, end + 1)
-            mask.append(0 if any(s < covered[1] and covered[0] < e for s, e in spans) else 1)
-            start = end
-        return mask
-
-
-def _mask_by_id(ids: list[int], open_id: int, close_id: int) -> list[int]:
-    """0 from each `open_id` through the next `close_id` (or the end), 1 elsewhere."""
-    mask = []
-    inside = False
-    for token in ids:
-        if token == open_id:
-            inside = True
-        mask.append(0 if inside else 1)
-        if token == close_id:
-            inside = False
-    return mask
-
-
-def _decode_offsets(decode: Callable[[list[int]], str], ids: list[int]) -> tuple[str, list[int]]:
-    """Decodes ids incrementally: the text and, per token, the text length after it.
-
-    Each step decodes a short window (the previous token onwards) and keeps only the new
-    characters, so the cost is linear in the length. A token that ends inside a multi-byte
-    character decodes to U+FFFD; its characters are credited to the token that completes them.
-    """
-    text = ""
-    ends: list[int] = []
-    prefix = read = 0  # window start; first token whose characters are not yet in `text`
-    for i in range(len(ids)):
-        before = decode(ids[prefix:read])
-        after = decode(ids[prefix : i + 1])
-        if after.endswith("\ufffd") and i + 1 < len(ids):
-            ends.append(len(text))
-            continue
-        text += after[len(before) :]
-        ends.append(len(text))
-        prefix, read = read, i + 1
-    return text, ends
-
-
 # --------------------------------------------------------------------------- the loop
 
 
@@ -416,6 +243,7 @@ def _check_arguments(
     sampling: SamplingParams,
     group_size: int,
     rng: random.Random | None,
+    protocol: AgentProtocol,
 ) -> None:
     if not examples:
         raise ValueError("generate_trajectories got no examples")
@@ -428,7 +256,7 @@ def _check_arguments(
     cfg = settings.rollout
     if cfg.template not in ROLLOUT_TEMPLATES:  # the recipe checks its own; evaluate's baselines add "direct"
         raise ValueError(f"template={cfg.template!r} is not one of {', '.join(ROLLOUT_TEMPLATES)}")
-    can_search = cfg.max_turns > 0 and (not settings.self_search or cfg.self_search_real_share > 0)
+    can_search = cfg.max_turns > 0 and protocol.uses_engine
     if search is None and can_search:
         raise ValueError(
             f"template={cfg.template!r} with max_turns={cfg.max_turns} runs searches: "
@@ -439,14 +267,14 @@ def _check_arguments(
             "self_search_real_share is between 0 and 1: pass rng=random.Random(seed) to draw "
             "which questions use real search"
         )
-    if settings.tool_call:
-        check_tool_support(tokenizer, [search_tool_schema()], cfg.chat_template_kwargs)
+    protocol.check(tokenizer)
 
 
 def _start(
     examples: Sequence[QAExample],
-    tokens: _TokenCache,
+    tokens: TokenCache,
     settings: RolloutSettings,
+    protocol: AgentProtocol,
     group_size: int,
     rng: random.Random | None,
     logprobs: bool,
@@ -454,40 +282,26 @@ def _start(
     """Tokenizes each prompt once and opens `group_size` rollouts per example."""
     rollouts = []
     for prompt_id, example in enumerate(examples):
-        conversation = _conversation(tokens, example, settings)
-        if conversation is not None:
-            prompt_ids = tokens.encode(conversation.text)
-        else:
-            # Rendered and tokenized as the template's reference does (chat template, special tokens).
-            prompt_ids = encode_prompt(example.question, template=settings.rollout.template, tokenizer=tokens.tokenizer)
+        prompt_ids = protocol.prompt(tokens, example)
         if len(prompt_ids) >= settings.rollout.max_context_tokens:
             raise DataError(
                 f"example {prompt_id} (id {example.id!r}): the prompt has {len(prompt_ids)} tokens, "
                 f"leaving no room under max_context_tokens={settings.rollout.max_context_tokens}; raise "
                 "max_context_tokens or shorten the question"
             )
-        share = settings.rollout.self_search_real_share
-        real = share >= 1 or (share > 0 and rng is not None and rng.random() < share)
+        speaks = protocol.for_question(rng)
         for _ in range(group_size):
             rollouts.append(
                 _Rollout(
                     prompt_id=prompt_id,
                     example=example,
                     prompt_ids=list(prompt_ids),  # each trajectory owns its lists
-                    self_search=settings.self_search and not real,
+                    protocol=speaks,
+                    state=speaks.start(tokens, example),
                     logprobs=[] if logprobs else None,
-                    conversation=_conversation(tokens, example, settings),
                 )
             )
     return rollouts
-
-
-def _conversation(tokens: _TokenCache, example: QAExample, settings: RolloutSettings) -> ToolConversation | None:
-    """A fresh tool-call conversation, the question as the user message and the search tool offered; None for tags."""
-    if not settings.tool_call:
-        return None
-    messages = tool_call_messages(example.question, settings.rollout.template)
-    return ToolConversation(tokens.tokenizer, [search_tool_schema()], messages, settings.rollout.chat_template_kwargs)
 
 
 def _generate_turn(
@@ -499,10 +313,10 @@ def _generate_turn(
     first: bool,
     clock: _Clock,
 ) -> list[Completion]:
-    """One generate call per stop list among `active` (one call unless self-search is mixed)."""
+    """One generate call per stop list among `active` (one call unless the rollouts' protocols differ in it)."""
     by_stops: dict[tuple[str, ...], list[int]] = {}
     for i, rollout in enumerate(active):
-        by_stops.setdefault(rollout.stops(), []).append(i)
+        by_stops.setdefault(rollout.protocol.stops, []).append(i)
     completions: list[Completion | None] = [None] * len(active)
     for stops, indices in by_stops.items():
         rows = [active[i] for i in indices]
@@ -549,32 +363,18 @@ def _generate_turn(
 def _take_turn(
     rollout: _Rollout,
     completion: Completion,
-    tokens: _TokenCache,
+    tokens: TokenCache,
     settings: RolloutSettings,
     final: bool,
 ) -> bool:
     """Appends one generated turn and acts on it; True when it asks for a search to be run."""
-    if rollout.conversation is not None:
-        return _take_tool_turn(rollout, completion, tokens, settings, final)
     ids, logprobs, cut = _fit(rollout, completion, settings)
-    text = tokens.decode(ids) if cut else completion.text
-    mask = tokens.self_search_mask(ids) if rollout.self_search else [1] * len(ids)
+    turn, mask = rollout.protocol.read(tokens, rollout.state, ids, completion, cut)
     rollout.append(ids, mask, logprobs)
-
-    action = parse_action(text)
-    kind = action.kind
-    if rollout.self_search and kind == "search":
-        kind = "invalid"  # the generation ended after its own search without answering
-    turn = Turn(
-        text=text,
-        action=kind,
-        query=action.payload if kind == "search" else "",
-        self_queries=extract_queries(text) if rollout.self_search else [],
-    )
     rollout.turns.append(turn)
-    outcome = _settle(rollout, kind, cut, final, completion)
+    outcome = _settle(rollout, turn.action, cut, final, completion)
     if outcome == "retry":
-        _insert(rollout, tokens.invalid_ids, settings)
+        _insert(rollout, rollout.protocol.correction(tokens, rollout.state, turn), settings)
     return outcome == "search"
 
 
@@ -608,42 +408,6 @@ def _settle(rollout: _Rollout, kind: str, cut: bool, final: bool, completion: Co
     return "done"
 
 
-def _take_tool_turn(
-    rollout: _Rollout, completion: Completion, tokens: _TokenCache, settings: RolloutSettings, final: bool
-) -> bool:
-    """`_take_turn` for the tool-call protocol: one assistant message, read by `parse_turn`."""
-    ids, logprobs, cut = _fit(rollout, completion, settings)
-    # A self-search policy's own results (<tool_response> blocks it wrote) stay out of the loss.
-    rollout.append(ids, tokens.self_search_mask(ids, TOOL_RESPONSE_TAGS) if rollout.self_search else [1] * len(ids),
-                   logprobs)  # fmt: skip
-    # The context's text grows by exactly the decoded ids; the message content is that less the
-    # end-of-turn token the template writes itself.
-    generated = tokens.decode(ids)
-    eos = tokens.tokenizer.eos_token
-    content = generated[: -len(eos)] if eos and generated.endswith(eos) else generated
-    rollout.pending = (generated, content)
-    own: list[str] = []
-    if rollout.self_search:
-        parsed, own = parse_self_search_turn(content, settings.rollout.tool_format)
-    else:
-        parsed = parse_turn(content, settings.rollout.tool_format)
-    rollout.turns.append(
-        Turn(
-            text=content,
-            action=parsed.kind,
-            call_queries=[call.query for call in parsed.calls],
-            call_reasons=list(parsed.reasons),
-            self_queries=own,
-        )
-    )
-    outcome = _settle(rollout, parsed.kind, cut, final, completion)
-    if outcome == "retry":
-        assert rollout.conversation is not None  # _take_turn sends only tool-call rollouts here
-        correction = TOOL_CALL_CORRECTION.format(reasons="; ".join(parsed.reasons))
-        _insert(rollout, tokens.encode(rollout.conversation.add_turn(generated, content, [correction])), settings)
-    return outcome == "search"
-
-
 def _insert(rollout: _Rollout, ids: list[int], settings: RolloutSettings) -> None:
     """Appends inserted ids (mask 0) if at least one token of room stays; else ends the rollout."""
     if rollout.length() + len(ids) >= settings.rollout.max_context_tokens:
@@ -655,60 +419,50 @@ def _insert(rollout: _Rollout, ids: list[int], settings: RolloutSettings) -> Non
 def _run_searches(
     searches: list[tuple[_Rollout, Turn]],
     search: SearchEngine,
-    tokens: _TokenCache,
+    tokens: TokenCache,
     settings: RolloutSettings,
     noise: Callable[[int], int] | None,
     clock: _Clock,
 ) -> None:
-    """Runs all searches of a turn, every call of every row, in one engine call; inserts the results."""
+    """Runs all searches of a turn, every query of every row, in one engine call; inserts the results."""
     requests = []
-    for rollout, turn, query in _queries(searches):
-        num_noisy = 0 if noise is None else noise(settings.top_k)
-        if not 0 <= num_noisy <= settings.top_k:
-            raise ValueError(f"noise({settings.top_k}) returned {num_noisy}; it must lie in [0, top_k]")
-        turn.num_noisy += num_noisy
-        requests.append(
-            SearchRequest(
-                query=query,
-                top_k=settings.top_k,
-                question=rollout.example.question,
-                golden_answers=list(rollout.example.golden_answers),
-                num_noisy=num_noisy,
+    for rollout, turn in searches:
+        for query in rollout.protocol.queries(turn):
+            num_noisy = 0 if noise is None else noise(settings.top_k)
+            if not 0 <= num_noisy <= settings.top_k:
+                raise ValueError(f"noise({settings.top_k}) returned {num_noisy}; it must lie in [0, top_k]")
+            turn.num_noisy += num_noisy
+            requests.append(
+                SearchRequest(
+                    query=query,
+                    top_k=settings.top_k,
+                    question=rollout.example.question,
+                    golden_answers=list(rollout.example.golden_answers),
+                    num_noisy=num_noisy,
+                )
             )
-        )
     began = time.perf_counter()
     results = search.search(requests)
     clock.search_s += time.perf_counter() - began
     if len(results) != len(requests):
         raise ValueError(f"the search engine returned {len(results)} result lists for {len(requests)} requests")
-    blocks = [render_documents(documents, settings.rendering) for documents in results]
-    tagged = [i for i, (rollout, _, _) in enumerate(_queries(searches)) if rollout.conversation is None]
-    observations = dict(zip(tagged, tokens.observations([blocks[i] for i in tagged]))) if tagged else {}
+    # Each protocol renders its rows' results together (one tokenizer call for the tag protocol's).
+    by_protocol: dict[AgentProtocol, list[tuple[_Rollout, Turn, list[list[Document]]]]] = {}
     position = 0
     for rollout, turn in searches:
         turn.executed = True
-        if rollout.conversation is None:
-            turn.documents = list(results[position])
-            _insert(rollout, observations[position], settings)
-            position += 1
-            continue
-        calls = range(position, position + len(turn.call_queries))
-        position += len(turn.call_queries)
-        turn.call_documents = [list(results[i]) for i in calls]
-        added = rollout.conversation.add_turn(*rollout.pending, [tokens.cut_text(blocks[i]) for i in calls])
-        _insert(rollout, tokens.encode(added), settings)
+        count = len(rollout.protocol.queries(turn))
+        by_protocol.setdefault(rollout.protocol, []).append((rollout, turn, results[position : position + count]))
+        position += count
+    for protocol, rows in by_protocol.items():
+        inserted = protocol.observe(tokens, [(row.state, turn, found) for row, turn, found in rows], settings.rendering)
+        for (rollout, _, _), ids in zip(rows, inserted):
+            _insert(rollout, ids, settings)
 
 
-def _queries(searches: list[tuple[_Rollout, Turn]]) -> list[tuple[_Rollout, Turn, str]]:
-    """Every query to run, in order: a tag turn's one query, each call of a tool-call turn."""
-    return [
-        (rollout, turn, query)
-        for rollout, turn in searches
-        for query in (turn.call_queries if rollout.conversation is not None else [turn.query])
-    ]
-
-
-def _finish(rollouts: list[_Rollout], tokens: _TokenCache, settings: RolloutSettings, clock: _Clock) -> RolloutResult:
+def _finish(
+    rollouts: list[_Rollout], tokens: TokenCache, settings: RolloutSettings, protocol: AgentProtocol, clock: _Clock
+) -> RolloutResult:
     """Freezes the rollouts into trajectories and computes the batch metrics."""
     texts = tokens.tokenizer.batch_decode(
         [rollout.response_ids for rollout in rollouts],
@@ -718,7 +472,7 @@ def _finish(rollouts: list[_Rollout], tokens: _TokenCache, settings: RolloutSett
     trajectories = []
     for rollout, text in zip(rollouts, texts):
         assert rollout.finish is not None  # the final turn finishes every rollout
-        executed = sum(max(1, len(turn.call_queries)) for turn in rollout.turns if turn.executed)
+        executed = sum(len(rollout.protocol.queries(turn)) for turn in rollout.turns if turn.executed)
         self_answered = sum(len(turn.self_queries) for turn in rollout.turns)
         trajectories.append(
             Trajectory(
@@ -729,14 +483,14 @@ def _finish(rollouts: list[_Rollout], tokens: _TokenCache, settings: RolloutSett
                 loss_mask=rollout.loss_mask,
                 turns=rollout.turns,
                 response_text=text,
-                answer=_answer(rollout, text, settings),
+                answer=rollout.protocol.answer(rollout.turns, text),
                 num_searches=executed + self_answered,
                 num_invalid=rollout.num_invalid,
                 finish=rollout.finish,
                 logprobs=rollout.logprobs,
             )
         )
-    metrics = _metrics(trajectories, rollouts, settings, clock)
+    metrics = _metrics(trajectories, rollouts, settings, clock) | protocol.metrics(trajectories)
     total = time.perf_counter() - clock.started
     timings = {
         "time/generate_s": clock.generate_s,
@@ -747,26 +501,16 @@ def _finish(rollouts: list[_Rollout], tokens: _TokenCache, settings: RolloutSett
     return RolloutResult(trajectories=trajectories, metrics=metrics, timings=timings)
 
 
-def _answer(rollout: _Rollout, text: str, settings: RolloutSettings) -> str | None:
-    """The tag protocol's last answer of the response; tool-call's answer of the final assistant message."""
-    if rollout.conversation is None:
-        return extract_answer(text)
-    last = rollout.turns[-1] if rollout.turns else None
-    if last is None or last.action != "answer":
-        return None
-    return parse_turn(last.text, settings.rollout.tool_format).answer
-
-
 def _metrics(
     trajectories: list[Trajectory], rollouts: list[_Rollout], settings: RolloutSettings, clock: _Clock
 ) -> dict[str, float]:
     count = len(trajectories)
-    executed = [turn for t in trajectories for turn in t.turns if turn.executed]
-    searched = sum(max(1, len(turn.call_queries)) for turn in executed)
+    executed = [(r.protocol, turn) for r in rollouts for turn in r.turns if turn.executed]
+    searched = sum(len(protocol.queries(turn)) for protocol, turn in executed)
     metrics = {
         "search/calls_per_traj": sum(t.num_searches for t in trajectories) / count,
         "search/noisy_share": (
-            sum(turn.num_noisy for turn in executed) / (searched * settings.top_k) if executed else 0.0
+            sum(turn.num_noisy for _, turn in executed) / (searched * settings.top_k) if executed else 0.0
         ),
         "rollout/invalid_actions": sum(t.num_invalid for t in trajectories) / count,
         "rollout/over_budget_searches": sum(r.over_budget for r in rollouts) / count,
@@ -780,10 +524,4 @@ def _metrics(
     for reason in FINISHES:
         metrics[f"rollout/finish_{reason}"] = sum(t.finish == reason for t in trajectories) / count
     metrics["rollout/unfinished_share"] = sum(t.finish in UNFINISHED for t in trajectories) / count
-    if settings.tool_call:
-        metrics["rollout/call_errors"] = sum(len(turn.call_reasons) for t in trajectories for turn in t.turns) / count
-    if settings.self_search:
-        metrics["search/self_calls_per_traj"] = (
-            sum(len(turn.self_queries) for t in trajectories for turn in t.turns) / count
-        )
     return metrics

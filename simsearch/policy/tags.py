@@ -4,18 +4,34 @@ The policy writes `<think>…</think>`, then either `<search>query</search>` (th
 with `<information>documents</information>`) or `<answer>…</answer>`. Generation of one turn
 stops at the first `</search>` or `</answer>` (`STOP_STRINGS`). Patterns match across lines;
 `parse_action` reads the turn's last complete block; an empty query is an invalid action.
-Departures from Search-R1 / ZeroSearch: docs/protocols.md.
+`TagProtocol` is this language as the agent loop's protocol (`policy.protocol`): each observation
+is tokenized on its own and appended with loss mask 0, as is `INVALID_ACTION_MESSAGE` after an
+invalid turn. Departures from Search-R1 / ZeroSearch: docs/protocols.md.
 """
 
 from __future__ import annotations
 
+import random
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from simsearch.data.rendering import INFORMATION_CLOSE, INFORMATION_OPEN
-from simsearch.eval.metrics import ANSWER_CLOSE
+from simsearch.data.rendering import (
+    INFORMATION_CLOSE,
+    INFORMATION_OPEN,
+    RenderStyle,
+    encodable,
+    render_documents,
+    wrap_information,
+)
+from simsearch.data.templates import encode_prompt
+from simsearch.eval.metrics import ANSWER_CLOSE, extract_answer
 from simsearch.eval.metrics import ANSWER_OPEN as ANSWER_OPEN  # the agent's too (re-exported)
+from simsearch.types import Completion, Document, QAExample, Trajectory, Turn
+
+if TYPE_CHECKING:
+    from simsearch.policy.protocol import AgentProtocol, TokenCache
+    from simsearch.policy.recipe import RolloutConfig
 
 SEARCH_STOP = "</search>"
 ANSWER_STOP = ANSWER_CLOSE
@@ -23,6 +39,11 @@ STOP_STRINGS: tuple[str, ...] = (SEARCH_STOP, ANSWER_STOP)
 """Where one policy turn ends; pass `list(STOP_STRINGS)` as `SamplingParams.stop`."""
 
 TAG_NAMES: tuple[str, ...] = ("think", "search", "information", "answer")
+
+# wrap_information(block) == head + block + OBSERVATION_TAIL; derived from the compat wrapper
+# rather than spelled out, so the two cannot disagree.
+EMPTY_OBSERVATION = wrap_information("")
+OBSERVATION_TAIL = EMPTY_OBSERVATION[EMPTY_OBSERVATION.index(INFORMATION_CLOSE) :]
 
 INVALID_ACTION_MESSAGE = (
     "\nMy last action was not valid. To search, I need to put the query inside the search "
@@ -135,3 +156,84 @@ def information_spans(
         spans.append((start, end))
         position = end
     return spans
+
+
+def observation_ids(tokens: TokenCache, blocks: list[str]) -> list[list[int]]:
+    """Token ids of each wrapped block, cut to `tokens.max_obs_tokens` keeping the closing tag.
+
+    Each observation is tokenized on its own, never jointly with the context before it, and the
+    closing `</information>\\n\\n` is tokenized apart from the head so a cut keeps it whole.
+    """
+    heads = [encodable(wrap_information(block)[: -len(OBSERVATION_TAIL)]) for block in blocks]
+    tail_ids = tokens.fixed(OBSERVATION_TAIL)
+    room = tokens.max_obs_tokens - len(tail_ids)
+    head_ids = tokens.tokenizer(heads, add_special_tokens=False)["input_ids"]
+    return [ids[:room] + tail_ids for ids in head_ids]
+
+
+class TagProtocol:
+    """Search-R1's protocol (`rollout.protocol=tags`): the prompt of `rollout.template`, a turn
+    ending at `</search>` or `</answer>` and read by `parse_action`, the results in `<information>`.
+    """
+
+    stops: tuple[str, ...] = STOP_STRINGS
+    uses_engine = True
+    own_stops: tuple[str, ...] = (ANSWER_STOP,)
+    """A self-searching policy's stops: it writes its own `<information>` after `</search>`."""
+    own_results: tuple[str, str] = (INFORMATION_OPEN, INFORMATION_CLOSE)
+    """The tags a self-searching policy writes its own results in."""
+
+    def __init__(self, cfg: RolloutConfig) -> None:
+        self.template = cfg.template
+
+    def check(self, tokenizer: object) -> None:
+        return None  # any tokenizer writes tags
+
+    def for_question(self, rng: random.Random | None) -> AgentProtocol:
+        return self
+
+    def prompt(self, tokens: TokenCache, example: QAExample) -> list[int]:
+        # Rendered and tokenized as the template's reference does (chat template, special tokens).
+        return encode_prompt(example.question, template=self.template, tokenizer=tokens.tokenizer)
+
+    def start(self, tokens: TokenCache, example: QAExample) -> None:
+        return None
+
+    def turn_text(self, tokens: TokenCache, state: None, ids: list[int], completion: Completion, cut: bool) -> str:
+        """The turn's text: the engine's own unless the ids were cut."""
+        return tokens.decode(ids) if cut else completion.text
+
+    def parse(self, text: str) -> Turn:
+        action = parse_action(text)
+        return Turn(text=text, action=action.kind, query=action.payload if action.kind == "search" else "")
+
+    def parse_own(self, text: str) -> Turn:
+        """A self-searching turn: a search is invalid (it ended without answering); its own queries."""
+        kind = parse_action(text).kind
+        return Turn(text=text, action="invalid" if kind == "search" else kind, self_queries=extract_queries(text))
+
+    def read(
+        self, tokens: TokenCache, state: None, ids: list[int], completion: Completion, cut: bool
+    ) -> tuple[Turn, list[int]]:
+        return self.parse(self.turn_text(tokens, state, ids, completion, cut)), [1] * len(ids)
+
+    def correction(self, tokens: TokenCache, state: None, turn: Turn) -> list[int]:
+        return tokens.fixed(INVALID_ACTION_MESSAGE)
+
+    def queries(self, turn: Turn) -> list[str]:
+        return [turn.query]
+
+    def observe(
+        self, tokens: TokenCache, searches: list[tuple[None, Turn, list[list[Document]]]], rendering: RenderStyle
+    ) -> list[list[int]]:
+        """Each search's one result list in an `<information>` block, all tokenized in one call."""
+        for _, turn, [documents] in searches:
+            turn.documents = list(documents)
+        return observation_ids(tokens, [render_documents(documents, rendering) for _, _, [documents] in searches])
+
+    def answer(self, turns: list[Turn], text: str) -> str | None:
+        """The last answer of the response."""
+        return extract_answer(text)
+
+    def metrics(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        return {}

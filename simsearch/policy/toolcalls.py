@@ -5,24 +5,45 @@ calls of the `search` tool, in the format the model was taught (`TOOL_CALL_FORMA
 when it holds `<answer>…</answer>` instead. Text inside `<think>…</think>` is reasoning: a call or
 an answer written there is not acted on. A call that cannot be read (bad JSON, another tool's
 name, no `query`) is an invalid action with its reason; it is never executed.
+
+`ToolCallProtocol` runs this in the agent loop (`policy.protocol`): the prompt is the chat
+template's rendering of the question with the search tool offered (`data.chat`), each turn is
+generated up to the end-of-turn token and read by `parse_turn`, every call of the turn goes in the
+turn's one `search` call, and the text the template adds after a turn (the end of the assistant
+message, one tool message per call, the next assistant header) is tokenized and appended with mask
+0. An unreadable turn gets `TOOL_CALL_CORRECTION` as a tool message (mask 0), so the context stays
+the template's rendering of the conversation.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from simsearch.data.chat import SEARCH_TOOL
+from simsearch.data.chat import (
+    SEARCH_TOOL,
+    ToolConversation,
+    check_tool_support,
+    search_tool_schema,
+    tool_call_messages,
+)
+from simsearch.data.rendering import RenderStyle, encodable, render_documents
 from simsearch.eval.metrics import ANSWER_CLOSE, ANSWER_OPEN
+from simsearch.types import Completion, Document, QAExample, Trajectory, Turn
 
-PROTOCOLS: dict[str, str] = {
-    "tags": "Search-R1's <search>, <information> and <answer> tags in the generated text",
-    "tool-call": "the search tool called in the chat template's own format (rollout.tool_format)",
-}
-"""Every agent-loop protocol by its recipe name (`rollout.protocol`), with what it is."""
+if TYPE_CHECKING:
+    from simsearch.policy.protocol import AgentProtocol, TokenCache
+    from simsearch.policy.recipe import RolloutConfig
+
+TOOL_CALL_CORRECTION = (
+    "Your reply could not be used ({reasons}). To search, call the search tool; to answer, "
+    "put the answer between <answer> and </answer>."
+)
+"""The tool message an unreadable tool-call turn gets (the tag protocol's INVALID_ACTION_MESSAGE)."""
 
 THINK_BLOCK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
 # What a self-search policy writes its own results in, right after its call (SSRL's <information>).
@@ -202,3 +223,108 @@ def _think_only(text: str) -> str:
 def _blank_answers(text: str) -> str:
     pattern = re.escape(ANSWER_OPEN) + ".*?" + re.escape(ANSWER_CLOSE)
     return re.sub(pattern, lambda match: " " * len(match.group(0)), text, flags=re.DOTALL)
+
+
+@dataclass
+class ToolChat:
+    """One trajectory's conversation, and its last turn's (generated text, message content)."""
+
+    conversation: ToolConversation
+    pending: tuple[str, str] = ("", "")
+
+
+class ToolCallProtocol:
+    """The search tool called in the chat template's own format (`rollout.protocol=tool-call`)."""
+
+    stops: tuple[str, ...] = ()  # a turn ends at the model's end-of-turn token
+    uses_engine = True
+    own_stops: tuple[str, ...] = ()
+    """A self-searching policy's stops (the same: its own results are in its message)."""
+    own_results: tuple[str, str] = TOOL_RESPONSE_TAGS
+    """The tags a self-searching policy writes its own results in."""
+
+    def __init__(self, cfg: RolloutConfig) -> None:
+        self.template = cfg.template
+        self.tool_format = cfg.tool_format
+        self.template_kwargs = cfg.chat_template_kwargs
+
+    def check(self, tokenizer: Any) -> None:
+        check_tool_support(tokenizer, [search_tool_schema()], self.template_kwargs)
+
+    def for_question(self, rng: random.Random | None) -> AgentProtocol:
+        return self
+
+    def prompt(self, tokens: TokenCache, example: QAExample) -> list[int]:
+        return tokens.encode(self.start(tokens, example).conversation.text)
+
+    def start(self, tokens: TokenCache, example: QAExample) -> ToolChat:
+        """A fresh conversation: the question as the user message, the search tool offered."""
+        messages = tool_call_messages(example.question, self.template)
+        return ToolChat(ToolConversation(tokens.tokenizer, [search_tool_schema()], messages, self.template_kwargs))
+
+    def turn_text(self, tokens: TokenCache, state: ToolChat, ids: list[int], completion: Completion, cut: bool) -> str:
+        """The assistant message's content; records the turn as pending."""
+        # The context's text grows by exactly the decoded ids; the message content is that less the
+        # end-of-turn token the template writes itself.
+        generated = tokens.decode(ids)
+        eos = tokens.tokenizer.eos_token
+        content = generated[: -len(eos)] if eos and generated.endswith(eos) else generated
+        state.pending = (generated, content)
+        return content
+
+    def parse(self, text: str) -> Turn:
+        return _turn(text, parse_turn(text, self.tool_format), [])
+
+    def parse_own(self, text: str) -> Turn:
+        """A self-searching message: read outside the results it wrote; its own calls' queries."""
+        return _turn(text, *parse_self_search_turn(text, self.tool_format))
+
+    def read(
+        self, tokens: TokenCache, state: ToolChat, ids: list[int], completion: Completion, cut: bool
+    ) -> tuple[Turn, list[int]]:
+        return self.parse(self.turn_text(tokens, state, ids, completion, cut)), [1] * len(ids)
+
+    def correction(self, tokens: TokenCache, state: ToolChat, turn: Turn) -> list[int]:
+        correction = TOOL_CALL_CORRECTION.format(reasons="; ".join(turn.call_reasons))
+        return tokens.encode(state.conversation.add_turn(*state.pending, [correction]))
+
+    def queries(self, turn: Turn) -> list[str]:
+        return turn.call_queries
+
+    def observe(
+        self, tokens: TokenCache, searches: list[tuple[ToolChat, Turn, list[list[Document]]]], rendering: RenderStyle
+    ) -> list[list[int]]:
+        """One tool message per call, each result cut to `max_obs_tokens`; the template's text after the turn."""
+        inserted = []
+        for state, turn, results in searches:
+            turn.call_documents = [list(documents) for documents in results]
+            messages = [_cut_text(tokens, render_documents(documents, rendering)) for documents in results]
+            inserted.append(tokens.encode(state.conversation.add_turn(*state.pending, messages)))
+        return inserted
+
+    def answer(self, turns: list[Turn], text: str) -> str | None:
+        """The answer of the final assistant message."""
+        last = turns[-1] if turns else None
+        if last is None or last.action != "answer":
+            return None
+        return parse_turn(last.text, self.tool_format).answer
+
+    def metrics(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        errors = sum(len(turn.call_reasons) for t in trajectories for turn in t.turns)
+        return {"rollout/call_errors": errors / len(trajectories)}
+
+
+def _turn(text: str, parsed: ToolTurn, own: list[str]) -> Turn:
+    return Turn(
+        text=text,
+        action=parsed.kind,
+        call_queries=[call.query for call in parsed.calls],
+        call_reasons=list(parsed.reasons),
+        self_queries=own,
+    )
+
+
+def _cut_text(tokens: TokenCache, text: str) -> str:
+    """`text` cut to its first `max_obs_tokens` tokens (a tool message's result)."""
+    ids = tokens.encode(text)
+    return encodable(text) if len(ids) <= tokens.max_obs_tokens else tokens.decode(ids[: tokens.max_obs_tokens])

@@ -194,7 +194,8 @@ def test_a_lone_surrogate_is_encoded_as_the_replacement_character() -> None:
     ids = encode_prompt(half_emoji, template="search-r1-brief", tokenizer=tokenizer)
     assert "\ufffd was born" in tokenizer.decode(ids)
     # A search API's result holding one reaches the policy the same way.
-    from simsearch.policy.rollout import _TokenCache
+    from simsearch.policy.protocol import TokenCache
+    from simsearch.policy.tags import observation_ids
 
-    [observation] = _TokenCache(tokenizer, 64).observations([half_emoji])
+    [observation] = observation_ids(TokenCache(tokenizer, 64), [half_emoji])
     assert "Ganlo \ufffd was born" in tokenizer.decode(observation)

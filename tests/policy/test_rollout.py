@@ -21,12 +21,8 @@ from simsearch.data.templates import SEARCH_R1_TEMPLATE, SELF_SEARCH_TEMPLATE
 from simsearch.errors import DataError
 from simsearch.generation.hf import HFEngine
 from simsearch.models import EOS_TOKEN, PAD_TOKEN, build_tiny_model, train_tokenizer
-from simsearch.policy.rollout import (
-    RolloutSettings,
-    _decode_offsets,
-    generate_trajectories,
-    score_trajectories,
-)
+from simsearch.policy.rollout import RolloutSettings, generate_trajectories, score_trajectories
+from simsearch.policy.selfsearch import decode_offsets
 from simsearch.policy.tags import INVALID_ACTION_MESSAGE
 from simsearch.types import FINISHES, Completion, Document, QAExample, SamplingParams, SearchRequest
 
@@ -443,7 +439,7 @@ def test_incremental_decoding_credits_split_characters_to_the_completing_token(p
     tok = plain_tokenizer
     text = "a😀b"  # the emoji is 4 UTF-8 bytes, spread over several byte tokens
     ids = tok.encode(text, add_special_tokens=False)
-    decoded, ends = _decode_offsets(lambda i: tok.decode(i, skip_special_tokens=False), ids)
+    decoded, ends = decode_offsets(lambda i: tok.decode(i, skip_special_tokens=False), ids)
     assert decoded == text
     # Byte tokens before the emoji's last byte cover no character yet; the last one covers it.
     pieces = [tok.decode([i]) for i in ids]
