@@ -109,7 +109,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("first_result_token_trained", ROLLOUT_PY, "rollout.append(ids, [0] * len(ids), None)",
            "rollout.append(ids, [1] + [0] * (len(ids) - 1), None)", ROLLOUT,
            "the first inserted token (<information>) is left in the loss"),
-    Mutant("self_search_close_tag_trained", ROLLOUT_PY,
+    Mutant("self_search_close_tag_trained", "simsearch/policy/selfsearch.py",
            "        mask.append(0 if inside else 1)\n        if token == close_id:\n            inside = False\n",
            "        if token == close_id:\n            inside = False\n        mask.append(0 if inside else 1)\n",
            ROLLOUT, "self-search: the policy's own </information> token is trained on"),

@@ -29,6 +29,7 @@ from simsearch.data.recipe import DataConfig, EvalDataset
 from simsearch.errors import RecipeError
 from simsearch.eval.metrics import NORMALIZATIONS
 from simsearch.generation.recipe import GenerationConfig, ModelConfig, SamplingConfig
+from simsearch.policy.protocols import PROTOCOLS
 from simsearch.policy.recipe import RECIPE_TEMPLATES, AlgorithmConfig, RewardConfig, RolloutConfig
 from simsearch.simulator.prompts import PRESETS
 from simsearch.simulator.recipe import JudgeConfig, SearchConfig, SimulatorConfig, check_shows
@@ -575,7 +576,7 @@ class QuickstartRecipe:
     threads: int = 1
 
     def check(self, key: str) -> None:
-        check_choice("protocol", self.protocol, ("tags", "tool-call"))
+        check_choice("protocol", self.protocol, tuple(PROTOCOLS))
         for name in (
             "n_entities",
             "n_train_entities",

@@ -26,7 +26,6 @@ from typing import Any
 from simsearch.commands import preflight
 from simsearch.config import EvalDataset, EvalRecipe, SearchConfig, save_recipe
 from simsearch.curriculum.schedules import num_noisy
-from simsearch.data.chat import check_tool_support, search_tool_schema
 from simsearch.data.qa import load_qa
 from simsearch.errors import DataError, RecipeError
 from simsearch.eval import report
@@ -40,6 +39,7 @@ from simsearch.factory.build import (
 )
 from simsearch.fingerprints import digest
 from simsearch.generation.base import GenerationEngine
+from simsearch.policy.protocols import make_protocol
 from simsearch.policy.rag import rag_rows
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories
 from simsearch.retrieval import accounting
@@ -115,8 +115,7 @@ def _set_up(recipe: EvalRecipe) -> _Evaluation:
         for dataset in datasets
     }
     policy, tokenizer, _ = build_generation_engine(recipe.policy)
-    if recipe.rollout.protocol == "tool-call":  # before any row: a template without tools is named
-        check_tool_support(tokenizer, [search_tool_schema()], recipe.rollout.chat_template_kwargs)
+    make_protocol(recipe.rollout).check(tokenizer)  # before any row: a template without tools is named
     ledger, previous_cost = Ledger(), accounting.read_cost(run_dir)
     engines = {
         name: meter_search_engine(build_search_engine(cfg, seed=recipe.seed), cfg, ledger, name)

@@ -93,6 +93,12 @@ def wrap_information(block: str) -> str:
     return f"\n\n{INFORMATION_OPEN}{block.strip()}{INFORMATION_CLOSE}\n\n"
 
 
+# wrap_information(block) == head + block + OBSERVATION_TAIL; derived from the compat wrapper
+# rather than spelled out, so the two cannot disagree.
+EMPTY_OBSERVATION = wrap_information("")
+OBSERVATION_TAIL = EMPTY_OBSERVATION[EMPTY_OBSERVATION.index(INFORMATION_CLOSE) :]
+
+
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
 

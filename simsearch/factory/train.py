@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from simsearch.data.chat import check_tool_support, search_tool_schema
 from simsearch.errors import RecipeError
 from simsearch.factory.build import build_generation_engine, build_search_engine, meter_search_engine
 from simsearch.generation.hf import HFEngine
 from simsearch.models import load_model
 from simsearch.policy.critic import ValueModel
 from simsearch.policy.order import rank_share
+from simsearch.policy.protocols import make_protocol
 from simsearch.policy.rewards import FORMAT_SCORES
 from simsearch.policy.rollout import RolloutSettings
 from simsearch.policy.step import Rollouts, StepRecipe
@@ -199,7 +199,7 @@ def check_protocol(recipe: TrainRecipe, tokenizer: Any) -> None:
             f"reward.weights {tag_formats} score Search-R1 tags, which rollout.protocol=tool-call does not "
             "write: use reward.weights.toolcall_format instead"
         )
-    check_tool_support(tokenizer, [search_tool_schema()], recipe.rollout.chat_template_kwargs)
+    make_protocol(recipe.rollout).check(tokenizer)
 
 
 def save_training(

@@ -6,29 +6,34 @@ what the policy generated, the correction after an invalid turn, the queries of 
 observation that carries the results back (rendered and tokenized; inserted with loss mask 0), and
 the answer of a finished trajectory. `policy.rollout` runs every protocol through this interface.
 
-The protocols, by their recipe name (`rollout.protocol`), are in `PROTOCOLS`: `tags` (Search-R1's
-tags, `policy.tags`) and `tool-call` (the chat template's tool calls, `policy.toolcalls`). With
-`rollout.template=self-search` the chosen one is wrapped in `SelfSearch` (`policy.selfsearch`):
-the policy writes its own results in that protocol's spelling (SSRL). A new protocol is a class
-in its own module with the methods below, and one entry in `PROTOCOLS`.
+The protocols, by their recipe name (`rollout.protocol`), are in `policy.protocols.PROTOCOLS`:
+`tags` (Search-R1's tags, `policy.tags`) and `tool-call` (the chat template's tool calls,
+`policy.toolcalls`). With `rollout.template=self-search` the chosen one is wrapped in `SelfSearch`
+(`policy.selfsearch`): the policy writes its own results in that protocol's spelling (SSRL). A new
+protocol is a class in its own module with the methods of `SelfSearchable`, and one entry in
+`PROTOCOLS`.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from simsearch.data.rendering import RenderStyle, encodable
-from simsearch.policy.selfsearch import SELF_SEARCH_TEMPLATE, SelfSearch
-from simsearch.policy.tags import EMPTY_OBSERVATION, OBSERVATION_TAIL, TagProtocol
-from simsearch.policy.toolcalls import ToolCallProtocol
+from simsearch.data.rendering import EMPTY_OBSERVATION, OBSERVATION_TAIL, RenderStyle, encodable
 from simsearch.types import Completion, Document, QAExample, Trajectory, Turn
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from simsearch.policy.recipe import RolloutConfig
+
+class RolloutChoices(Protocol):
+    """What a protocol reads of the recipe's rollout section (`policy.recipe.RolloutConfig`)."""
+
+    protocol: str
+    template: str
+    tool_format: str
+    chat_template_kwargs: dict[str, Any]
+    self_search_real_share: float
 
 
 class AgentProtocol(Protocol):
@@ -100,21 +105,6 @@ class SelfSearchable(AgentProtocol, Protocol):
     def parse_own(self, text: str) -> Turn:
         """The turn read outside the results the policy wrote; `self_queries` its own queries."""
         ...
-
-
-PROTOCOLS: dict[str, Callable[[RolloutConfig], SelfSearchable]] = {
-    "tags": TagProtocol,
-    "tool-call": ToolCallProtocol,
-}
-"""Every agent-loop protocol by its recipe name (`rollout.protocol`)."""
-
-
-def make_protocol(cfg: RolloutConfig) -> AgentProtocol:
-    """The protocol a rollout section runs: `rollout.protocol`, self-searching under the self-search template."""
-    protocol = PROTOCOLS[cfg.protocol](cfg)
-    if cfg.template == SELF_SEARCH_TEMPLATE:
-        return SelfSearch(protocol, cfg.self_search_real_share)
-    return protocol
 
 
 class TokenCache:

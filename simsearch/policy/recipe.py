@@ -14,7 +14,7 @@ from simsearch.checks import check_choice, check_positive, check_range
 from simsearch.data.templates import TEMPLATE_NAMES
 from simsearch.errors import RecipeError
 from simsearch.eval.metrics import NORMALIZATIONS
-from simsearch.policy.protocol import PROTOCOLS
+from simsearch.policy.protocols import PROTOCOLS
 from simsearch.policy.rewards import REWARD_NAMES
 from simsearch.policy.toolcalls import TOOL_CALL_FORMATS
 
@@ -35,7 +35,7 @@ class RolloutConfig:
     max_context_tokens: int = 4096  # prompt + response tokens per trajectory
     group_size: int = 5  # rollouts per prompt (GRPO's G)
     self_search_real_share: float = 0.0  # self-search: share of questions whose searches `search` answers
-    # How the policy searches, from simsearch.policy.protocol.PROTOCOLS: tags (Search-R1's <search> tags in
+    # How the policy searches, from simsearch.policy.protocols.PROTOCOLS: tags (Search-R1's <search> tags in
     # the text) or tool-call (the search tool in the model's own chat template; `template` then only picks the user
     # message: search-r1-brief one sentence, self-search SSRL's in the tool format, any other the full one)
     protocol: str = "tags"

@@ -37,7 +37,7 @@ from simsearch.eval.metrics import (
     substring_exact_match,
 )
 from simsearch.policy.tags import TAG_NAMES
-from simsearch.types import Turn
+from simsearch.types import Trajectory, Turn
 
 PLACEHOLDERS: dict[str, tuple[str, ...]] = {
     "search": ("query",),
@@ -470,3 +470,29 @@ def shape_overlong(
         "reward/overlong_share": sum(extra < 0 for extra in penalties) / len(penalties),
     }
     return RewardOutput(total=total, components=output.components, stats=stats)
+
+
+def score_trajectories(
+    trajectories: Sequence[Trajectory], weights: dict[str, float], *, normalization: str = "unicode"
+) -> RewardOutput:
+    """Scores trajectories with `weighted_reward` on their response text.
+
+    Args:
+        trajectories: Finished trajectories.
+        weights: Reward component weights, e.g. `{"f1": 1.0}` or `{"em": 0.9, "ssrl_format": 0.1}`.
+        normalization: How answers are normalized (`simsearch.eval.metrics.NORMALIZATIONS`).
+
+    Returns:
+        Per-trajectory totals and components, plus `reward/...` batch means.
+
+    The answer components score `Trajectory.answer` (the protocol's answer: for the tag protocol
+    the last answer of the response, for tool-call the answer of the final assistant message).
+    """
+    return weighted_reward(
+        weights,
+        [trajectory.response_text for trajectory in trajectories],
+        [trajectory.example.golden_answers for trajectory in trajectories],
+        normalization=normalization,
+        answers=[trajectory.answer for trajectory in trajectories],
+        turns=[trajectory.turns for trajectory in trajectories],
+    )

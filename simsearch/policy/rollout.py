@@ -23,8 +23,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 from transformers import PreTrainedTokenizerBase
 
@@ -32,22 +31,12 @@ from simsearch.data.rendering import RenderStyle
 from simsearch.data.templates import TEMPLATE_NAMES
 from simsearch.errors import DataError, NonFiniteError
 from simsearch.generation.base import GenerationEngine
-from simsearch.policy.protocol import AgentProtocol, TokenCache, make_protocol
+from simsearch.policy.protocol import AgentProtocol, TokenCache
+from simsearch.policy.protocols import make_protocol
 from simsearch.policy.recipe import RolloutConfig
-from simsearch.policy.rewards import RewardOutput, weighted_reward
+from simsearch.policy.trajectories import Clock, Rollout, batch_metrics, freeze
 from simsearch.retrieval.base import SearchEngine
-from simsearch.types import (
-    FINISHES,
-    UNFINISHED,
-    Completion,
-    Document,
-    QAExample,
-    SamplingParams,
-    SearchRequest,
-    Trajectory,
-    TrajectoryFinish,
-    Turn,
-)
+from simsearch.types import Completion, Document, QAExample, SamplingParams, SearchRequest, Trajectory, Turn
 
 ROLLOUT_TEMPLATES: tuple[str, ...] = tuple(name for name in TEMPLATE_NAMES if name != "rag")
 """Templates a rollout can start from ("rag" needs documents in the prompt and is not one)."""
@@ -117,8 +106,7 @@ def generate_trajectories(
         examples: The questions; trajectory `prompt_id` is the index into this list.
         policy: Generates the policy's turns; called with token-id prompts.
         tokenizer: The policy's tokenizer: renders prompts, observations and messages to ids.
-        search: Answers the searches; may be None only when no search can be run (self-search
-            without a real share, or `max_turns=0`).
+        search: Answers the searches; None only when none can run (`max_turns=0`, self-search alone).
         settings: The loop's limits, template and rendering.
         sampling: Per-turn sampling; `stop` and `n` left at their defaults (the rollout sets them);
             `max_new_tokens` is per turn; with a `seed`, generate call c uses seed + c.
@@ -128,7 +116,7 @@ def generate_trajectories(
         should_stop: Asked at each turn boundary, before each turn (a preemption's early stop).
 
     Returns:
-        The trajectories and the batch's metrics (`_metrics` lists their keys).
+        The trajectories and the batch's metrics (`trajectories.batch_metrics`, then the protocol's).
 
     Raises:
         DataError: an example whose prompt leaves no room under `max_context_tokens`.
@@ -139,7 +127,7 @@ def generate_trajectories(
     """
     protocol = make_protocol(settings.rollout)
     _check_arguments(examples, tokenizer, search, settings, sampling, group_size, rng, protocol)
-    clock = _Clock(started=time.perf_counter())
+    clock = Clock(started=time.perf_counter())
     tokens = TokenCache(tokenizer, settings.rollout.max_obs_tokens)
     rollouts = _start(examples, tokens, settings, protocol, group_size, rng, sampling.logprobs)
 
@@ -150,7 +138,7 @@ def generate_trajectories(
         if should_stop is not None and should_stop():
             raise RolloutStopped(turn)
         completions = _generate_turn(policy, active, sampling, settings, group_size, turn == 0, clock)
-        searches: list[tuple[_Rollout, Turn]] = []
+        searches: list[tuple[Rollout, Turn]] = []
         for rollout, completion in zip(active, completions):
             if _take_turn(rollout, completion, tokens, settings, turn == settings.rollout.max_turns):
                 searches.append((rollout, rollout.turns[-1]))
@@ -159,80 +147,6 @@ def generate_trajectories(
             _run_searches(searches, search, tokens, settings, noise, clock)
 
     return _finish(rollouts, tokens, settings, protocol, clock)
-
-
-def score_trajectories(
-    trajectories: Sequence[Trajectory], weights: dict[str, float], *, normalization: str = "unicode"
-) -> RewardOutput:
-    """Scores trajectories with `rewards.weighted_reward` on their response text.
-
-    Args:
-        trajectories: Finished trajectories.
-        weights: Reward component weights, e.g. `{"f1": 1.0}` or `{"em": 0.9, "ssrl_format": 0.1}`.
-        normalization: How answers are normalized (`simsearch.eval.metrics.NORMALIZATIONS`).
-
-    Returns:
-        Per-trajectory totals and components, plus `reward/...` batch means.
-
-    The answer components score `Trajectory.answer` (the protocol's answer: for the tag protocol
-    the last answer of the response, for tool-call the answer of the final assistant message).
-    """
-    return weighted_reward(
-        weights,
-        [trajectory.response_text for trajectory in trajectories],
-        [trajectory.example.golden_answers for trajectory in trajectories],
-        normalization=normalization,
-        answers=[trajectory.answer for trajectory in trajectories],
-        turns=[trajectory.turns for trajectory in trajectories],
-    )
-
-
-# --------------------------------------------------------------------------- state
-
-
-@dataclass
-class _Rollout:
-    """The growing state of one trajectory."""
-
-    prompt_id: int
-    example: QAExample
-    prompt_ids: list[int]
-    protocol: AgentProtocol  # the protocol this question's rollouts use
-    state: Any  # the protocol's own state of this trajectory
-    logprobs: list[float] | None
-    response_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    turns: list[Turn] = field(default_factory=list)
-    num_invalid: int = 0
-    over_budget: bool = False
-    finish: TrajectoryFinish | None = None
-
-    def length(self) -> int:
-        return len(self.prompt_ids) + len(self.response_ids)
-
-    def context(self) -> list[int]:
-        return self.prompt_ids + self.response_ids
-
-    def append(self, ids: list[int], mask: list[int], logprobs: list[float] | None) -> None:
-        self.response_ids.extend(ids)
-        self.loss_mask.extend(mask)
-        if self.logprobs is not None:
-            self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
-
-
-@dataclass
-class _Clock:
-    """Time and token counters of one rollout."""
-
-    started: float
-    generate_s: float = 0.0
-    search_s: float = 0.0
-    generate_calls: int = 0
-    prompt_tokens: int = 0
-    decoded_tokens: int = 0
-
-
-# --------------------------------------------------------------------------- the loop
 
 
 def _check_arguments(
@@ -278,7 +192,7 @@ def _start(
     group_size: int,
     rng: random.Random | None,
     logprobs: bool,
-) -> list[_Rollout]:
+) -> list[Rollout]:
     """Tokenizes each prompt once and opens `group_size` rollouts per example."""
     rollouts = []
     for prompt_id, example in enumerate(examples):
@@ -292,7 +206,7 @@ def _start(
         speaks = protocol.for_question(rng)
         for _ in range(group_size):
             rollouts.append(
-                _Rollout(
+                Rollout(
                     prompt_id=prompt_id,
                     example=example,
                     prompt_ids=list(prompt_ids),  # each trajectory owns its lists
@@ -306,12 +220,12 @@ def _start(
 
 def _generate_turn(
     policy: GenerationEngine,
-    active: list[_Rollout],
+    active: list[Rollout],
     sampling: SamplingParams,
     settings: RolloutSettings,
     group_size: int,
     first: bool,
-    clock: _Clock,
+    clock: Clock,
 ) -> list[Completion]:
     """One generate call per stop list among `active` (one call unless the rollouts' protocols differ in it)."""
     by_stops: dict[tuple[str, ...], list[int]] = {}
@@ -361,7 +275,7 @@ def _generate_turn(
 
 
 def _take_turn(
-    rollout: _Rollout,
+    rollout: Rollout,
     completion: Completion,
     tokens: TokenCache,
     settings: RolloutSettings,
@@ -379,7 +293,7 @@ def _take_turn(
 
 
 def _fit(
-    rollout: _Rollout, completion: Completion, settings: RolloutSettings
+    rollout: Rollout, completion: Completion, settings: RolloutSettings
 ) -> tuple[list[int], list[float] | None, bool]:
     """The turn's ids and log-probs cut to the room left in the context, and whether they were cut."""
     room = settings.rollout.max_context_tokens - rollout.length()
@@ -389,7 +303,7 @@ def _fit(
     return ids[:room], None if logprobs is None else logprobs[:room], True
 
 
-def _settle(rollout: _Rollout, kind: str, cut: bool, final: bool, completion: Completion) -> str:
+def _settle(rollout: Rollout, kind: str, cut: bool, final: bool, completion: Completion) -> str:
     """Sets the finish a turn of `kind` gives: "search" (to run), "retry" (invalid, turns left) or "done"."""
     if cut:
         rollout.finish = "context"
@@ -408,7 +322,7 @@ def _settle(rollout: _Rollout, kind: str, cut: bool, final: bool, completion: Co
     return "done"
 
 
-def _insert(rollout: _Rollout, ids: list[int], settings: RolloutSettings) -> None:
+def _insert(rollout: Rollout, ids: list[int], settings: RolloutSettings) -> None:
     """Appends inserted ids (mask 0) if at least one token of room stays; else ends the rollout."""
     if rollout.length() + len(ids) >= settings.rollout.max_context_tokens:
         rollout.finish = "context"
@@ -417,12 +331,12 @@ def _insert(rollout: _Rollout, ids: list[int], settings: RolloutSettings) -> Non
 
 
 def _run_searches(
-    searches: list[tuple[_Rollout, Turn]],
+    searches: list[tuple[Rollout, Turn]],
     search: SearchEngine,
     tokens: TokenCache,
     settings: RolloutSettings,
     noise: Callable[[int], int] | None,
-    clock: _Clock,
+    clock: Clock,
 ) -> None:
     """Runs all searches of a turn, every query of every row, in one engine call; inserts the results."""
     requests = []
@@ -447,7 +361,7 @@ def _run_searches(
     if len(results) != len(requests):
         raise ValueError(f"the search engine returned {len(results)} result lists for {len(requests)} requests")
     # Each protocol renders its rows' results together (one tokenizer call for the tag protocol's).
-    by_protocol: dict[AgentProtocol, list[tuple[_Rollout, Turn, list[list[Document]]]]] = {}
+    by_protocol: dict[AgentProtocol, list[tuple[Rollout, Turn, list[list[Document]]]]] = {}
     position = 0
     for rollout, turn in searches:
         turn.executed = True
@@ -460,37 +374,11 @@ def _run_searches(
             _insert(rollout, ids, settings)
 
 
-def _finish(
-    rollouts: list[_Rollout], tokens: TokenCache, settings: RolloutSettings, protocol: AgentProtocol, clock: _Clock
-) -> RolloutResult:
+def _finish(rollouts: list[Rollout], tokens: TokenCache, settings: RolloutSettings, protocol: AgentProtocol,
+            clock: Clock) -> RolloutResult:  # fmt: skip
     """Freezes the rollouts into trajectories and computes the batch metrics."""
-    texts = tokens.tokenizer.batch_decode(
-        [rollout.response_ids for rollout in rollouts],
-        skip_special_tokens=False,
-        clean_up_tokenization_spaces=False,
-    )
-    trajectories = []
-    for rollout, text in zip(rollouts, texts):
-        assert rollout.finish is not None  # the final turn finishes every rollout
-        executed = sum(len(rollout.protocol.queries(turn)) for turn in rollout.turns if turn.executed)
-        self_answered = sum(len(turn.self_queries) for turn in rollout.turns)
-        trajectories.append(
-            Trajectory(
-                prompt_id=rollout.prompt_id,
-                example=rollout.example,
-                prompt_ids=rollout.prompt_ids,
-                response_ids=rollout.response_ids,
-                loss_mask=rollout.loss_mask,
-                turns=rollout.turns,
-                response_text=text,
-                answer=rollout.protocol.answer(rollout.turns, text),
-                num_searches=executed + self_answered,
-                num_invalid=rollout.num_invalid,
-                finish=rollout.finish,
-                logprobs=rollout.logprobs,
-            )
-        )
-    metrics = _metrics(trajectories, rollouts, settings, clock) | protocol.metrics(trajectories)
+    trajectories = freeze(rollouts, tokens.tokenizer)
+    metrics = batch_metrics(trajectories, rollouts, settings.top_k, clock) | protocol.metrics(trajectories)
     total = time.perf_counter() - clock.started
     timings = {
         "time/generate_s": clock.generate_s,
@@ -499,29 +387,3 @@ def _finish(
         "time/total_s": total,
     }
     return RolloutResult(trajectories=trajectories, metrics=metrics, timings=timings)
-
-
-def _metrics(
-    trajectories: list[Trajectory], rollouts: list[_Rollout], settings: RolloutSettings, clock: _Clock
-) -> dict[str, float]:
-    count = len(trajectories)
-    executed = [(r.protocol, turn) for r in rollouts for turn in r.turns if turn.executed]
-    searched = sum(len(protocol.queries(turn)) for protocol, turn in executed)
-    metrics = {
-        "search/calls_per_traj": sum(t.num_searches for t in trajectories) / count,
-        "search/noisy_share": (
-            sum(turn.num_noisy for _, turn in executed) / (searched * settings.top_k) if executed else 0.0
-        ),
-        "rollout/invalid_actions": sum(t.num_invalid for t in trajectories) / count,
-        "rollout/over_budget_searches": sum(r.over_budget for r in rollouts) / count,
-        "rollout/answer_rate": sum(t.answer is not None for t in trajectories) / count,
-        "rollout/response_len": sum(len(t.response_ids) for t in trajectories) / count,
-        "rollout/policy_tokens": sum(sum(t.loss_mask) for t in trajectories) / count,
-        "rollout/turns": sum(len(t.turns) for t in trajectories) / count,
-        "perf/prompt_tokens": float(clock.prompt_tokens),
-        "perf/decoded_tokens": float(clock.decoded_tokens),
-    }
-    for reason in FINISHES:
-        metrics[f"rollout/finish_{reason}"] = sum(t.finish == reason for t in trajectories) / count
-    metrics["rollout/unfinished_share"] = sum(t.finish in UNFINISHED for t in trajectories) / count
-    return metrics

@@ -32,8 +32,8 @@ from simsearch.policy.masked import Stats, masked_sum
 from simsearch.policy.offpolicy import truncated_is_weights
 from simsearch.policy.order import stream_indices
 from simsearch.policy.recipe import AlgorithmConfig, RewardConfig, RolloutConfig
-from simsearch.policy.rewards import RewardOutput, shape_overlong
-from simsearch.policy.rollout import RolloutResult, RolloutSettings, generate_trajectories, score_trajectories
+from simsearch.policy.rewards import RewardOutput, score_trajectories, shape_overlong
+from simsearch.policy.rollout import RolloutResult, RolloutSettings, generate_trajectories
 from simsearch.policy.sampling import Round, Sampled, sample_informative, trainable_groups
 from simsearch.policy.update import ForwardPasses, Learner, UpdateShape, derived_seed
 from simsearch.training.distributed import all_reduce_max, all_reduce_sum

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal
 from simsearch.data.rendering import (
     INFORMATION_CLOSE,
     INFORMATION_OPEN,
+    OBSERVATION_TAIL,
     RenderStyle,
     encodable,
     render_documents,
@@ -30,8 +31,7 @@ from simsearch.eval.metrics import ANSWER_OPEN as ANSWER_OPEN  # the agent's too
 from simsearch.types import Completion, Document, QAExample, Trajectory, Turn
 
 if TYPE_CHECKING:
-    from simsearch.policy.protocol import AgentProtocol, TokenCache
-    from simsearch.policy.recipe import RolloutConfig
+    from simsearch.policy.protocol import AgentProtocol, RolloutChoices, TokenCache
 
 SEARCH_STOP = "</search>"
 ANSWER_STOP = ANSWER_CLOSE
@@ -39,11 +39,6 @@ STOP_STRINGS: tuple[str, ...] = (SEARCH_STOP, ANSWER_STOP)
 """Where one policy turn ends; pass `list(STOP_STRINGS)` as `SamplingParams.stop`."""
 
 TAG_NAMES: tuple[str, ...] = ("think", "search", "information", "answer")
-
-# wrap_information(block) == head + block + OBSERVATION_TAIL; derived from the compat wrapper
-# rather than spelled out, so the two cannot disagree.
-EMPTY_OBSERVATION = wrap_information("")
-OBSERVATION_TAIL = EMPTY_OBSERVATION[EMPTY_OBSERVATION.index(INFORMATION_CLOSE) :]
 
 INVALID_ACTION_MESSAGE = (
     "\nMy last action was not valid. To search, I need to put the query inside the search "
@@ -183,7 +178,7 @@ class TagProtocol:
     own_results: tuple[str, str] = (INFORMATION_OPEN, INFORMATION_CLOSE)
     """The tags a self-searching policy writes its own results in."""
 
-    def __init__(self, cfg: RolloutConfig) -> None:
+    def __init__(self, cfg: RolloutChoices) -> None:
         self.template = cfg.template
 
     def check(self, tokenizer: object) -> None:

@@ -36,8 +36,7 @@ from simsearch.eval.metrics import ANSWER_CLOSE, ANSWER_OPEN
 from simsearch.types import Completion, Document, QAExample, Trajectory, Turn
 
 if TYPE_CHECKING:
-    from simsearch.policy.protocol import AgentProtocol, TokenCache
-    from simsearch.policy.recipe import RolloutConfig
+    from simsearch.policy.protocol import AgentProtocol, RolloutChoices, TokenCache
 
 TOOL_CALL_CORRECTION = (
     "Your reply could not be used ({reasons}). To search, call the search tool; to answer, "
@@ -243,7 +242,7 @@ class ToolCallProtocol:
     own_results: tuple[str, str] = TOOL_RESPONSE_TAGS
     """The tags a self-searching policy writes its own results in."""
 
-    def __init__(self, cfg: RolloutConfig) -> None:
+    def __init__(self, cfg: RolloutChoices) -> None:
         self.template = cfg.template
         self.tool_format = cfg.tool_format
         self.template_kwargs = cfg.chat_template_kwargs

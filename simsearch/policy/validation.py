@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from simsearch.policy.rollout import RolloutSettings, generate_trajectories, score_trajectories
+from simsearch.policy.rewards import score_trajectories
+from simsearch.policy.rollout import RolloutSettings, generate_trajectories
 from simsearch.training.distributed import all_reduce_sum
 from simsearch.types import QAExample, SamplingParams
 

@@ -31,7 +31,7 @@ from simsearch.curriculum.schedules import exponential
 from simsearch.errors import RecipeError, ServiceError
 from simsearch.models import load_model
 from simsearch.policy.advantages import ESTIMATORS
-from simsearch.policy.rollout import score_trajectories
+from simsearch.policy.rewards import score_trajectories
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.retrieval.server import create_app
 from simsearch.training.checkpoint import latest_checkpoint, load_state

@@ -21,7 +21,8 @@ from simsearch.data.templates import SEARCH_R1_TEMPLATE, SELF_SEARCH_TEMPLATE
 from simsearch.errors import DataError
 from simsearch.generation.hf import HFEngine
 from simsearch.models import EOS_TOKEN, PAD_TOKEN, build_tiny_model, train_tokenizer
-from simsearch.policy.rollout import RolloutSettings, generate_trajectories, score_trajectories
+from simsearch.policy.rewards import score_trajectories
+from simsearch.policy.rollout import RolloutSettings, generate_trajectories
 from simsearch.policy.selfsearch import decode_offsets
 from simsearch.policy.tags import INVALID_ACTION_MESSAGE
 from simsearch.types import FINISHES, Completion, Document, QAExample, SamplingParams, SearchRequest

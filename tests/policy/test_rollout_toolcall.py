@@ -14,8 +14,8 @@ from simsearch.data.rendering import render_documents
 from simsearch.generation.hf import HFEngine
 from simsearch.models import TINY_CHAT_TEMPLATE, build_tiny_model
 from simsearch.policy.infogain import gold_queries
-from simsearch.policy.rewards import toolcall_format_score
-from simsearch.policy.rollout import generate_trajectories, score_trajectories
+from simsearch.policy.rewards import score_trajectories, toolcall_format_score
+from simsearch.policy.rollout import generate_trajectories
 from simsearch.policy.toolcalls import TOOL_CALL_CORRECTION
 from simsearch.types import Document, QAExample, SamplingParams
 from tests.chat_templates import HERMES_SPECIALS, HERMES_TEMPLATE, LLAMA3_SPECIALS, LLAMA3_TEMPLATE, tokenizer
