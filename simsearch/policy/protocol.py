@@ -1,4 +1,4 @@
-"""How the policy asks for a search and reads its results: the `AgentProtocol` interface and its table.
+"""How the policy asks for a search and reads its results: the `AgentProtocol` interface.
 
 A protocol owns everything of the agent loop that depends on how a search is written: the prompt,
 the stop strings of a turn, the reading of a turn (search, answer or invalid) and the loss mask of
