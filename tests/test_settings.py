@@ -19,6 +19,7 @@ import simsearch
 DIFFERENT_SETTINGS = {
     "batch_size": "generation's prompts per engine call vs finetune's examples per optimizer step",
     "eval_every": "train's validation period (0 = none) vs finetune's",
+    "golden_answers": "none either way: a frozen integrations.SampleContext holds a tuple, a SearchRequest a list",
     "kind": "each section's own choice table (curriculum, generation engine, search engine, judge)",
     "kl_coef": "EstimatorInputs.kl_coef is the weight one estimator call folds into its reward (0 unless kl_in_reward)",
     "max_new_tokens": "the policy's turn, the simulator's documents, and an engine call's own default",
@@ -27,15 +28,21 @@ DIFFERENT_SETTINGS = {
     "steps": "RL steps of train vs optimizer steps of finetune",
     "temperature": "the policy's sampling vs the simulator's (SamplingParams: an engine call's default)",
     "timeout_s": "a generation request vs a search request",
+    "window": "the adaptive curriculum's reward average vs the health monitor's level rules",
 }
 
 UNSET = (None, "???")
+
+NEEDS_A_TRAINER = {"simsearch.integrations.verl": "imports verl, installed only beside the venv for its own test"}
+"""Modules another framework must be installed for; they declare no setting of a recipe."""
 
 
 def _defaults() -> dict[str, dict[str, object]]:
     """field name -> {class: default} over every dataclass defined in `simsearch`."""
     out: dict[str, dict[str, object]] = defaultdict(dict)
     for info in pkgutil.walk_packages(simsearch.__path__, "simsearch."):
+        if info.name in NEEDS_A_TRAINER:
+            continue
         module = importlib.import_module(info.name)
         for obj in vars(module).values():
             if not (isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == module.__name__):

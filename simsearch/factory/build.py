@@ -89,6 +89,9 @@ def _vllm_engine(cfg: GenerationConfig, tokenizer: Any, seed: int, backend: str 
         seed=seed,
         max_model_len=cfg.max_model_len or None,
         distributed_executor_backend=backend,
+        max_num_batched_tokens=cfg.max_num_batched_tokens or None,
+        max_num_seqs=cfg.max_num_seqs or None,
+        sleep_level=cfg.sleep_level,
     )
     return engine, engine.tokenizer, None
 
