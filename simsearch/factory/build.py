@@ -242,6 +242,13 @@ def _answerless_engine(cfg: SearchConfig, seed: int) -> SearchEngine:
     return AnswerlessSearchEngine(bm25, limit=len(getattr(bm25, "passages", ())) or None)
 
 
+def _oracle_engine(cfg: SearchConfig, seed: int) -> SearchEngine:
+    from simsearch.retrieval.oracle import OracleSearchEngine
+
+    bm25 = _local_engine(replace(cfg, kind="bm25"), seed)
+    return OracleSearchEngine(bm25, getattr(bm25, "passages", ()), seed=seed)
+
+
 def _http_engine(cfg: SearchConfig, seed: int) -> SearchEngine:
     from simsearch.retrieval.http import HTTPSearchEngine
 
@@ -281,6 +288,7 @@ SEARCH_ENGINES: dict[str, Callable[[SearchConfig, int], SearchEngine | None]] = 
     "empty": _empty_engine,  # finds nothing
     "random": _random_engine,  # top_k corpus passages drawn at random, whatever the query
     "answerless": _answerless_engine,  # BM25's results less every passage holding a gold answer
+    "oracle": _oracle_engine,  # the question's answer passage and random ones, whatever the query
 }
 """A builder for each of `SEARCH_KINDS`: kind -> (cfg, seed) -> engine (None for self-search)."""
 

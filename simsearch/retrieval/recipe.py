@@ -8,5 +8,7 @@ package sits above this one.
 
 from __future__ import annotations
 
-SEARCH_KINDS = ("bm25", "dense", "http", "serper", "serpapi", "simulator", "self", "empty", "random", "answerless")
+SEARCH_KINDS = (
+    "bm25", "dense", "http", "serper", "serpapi", "simulator", "self", "empty", "random", "answerless", "oracle",
+)  # fmt: skip
 """The search engine kinds (`SearchConfig.kind`), each built by `factory.build.SEARCH_ENGINES`; self = no engine."""

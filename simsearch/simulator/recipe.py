@@ -98,7 +98,7 @@ class SearchConfig:
                 f"{key}.rendering={VERBATIM_STYLE} shows the simulator's own text and needs {key}.kind=simulator; "
                 f"for {self.kind} results use search-r1, or zerosearch-google for serpapi/serper"
             )
-        if self.kind in ("bm25", "dense", "random", "answerless") and not self.corpus:
+        if self.kind in ("bm25", "dense", "random", "answerless", "oracle") and not self.corpus:
             raise RecipeError(f"{key}.kind={self.kind} needs {key}.corpus (a JSONL file of passages)")
         if self.kind == "http" and not self.url:
             raise RecipeError(f"{key}.kind=http needs {key}.url, e.g. http://127.0.0.1:8000/retrieve")

@@ -137,7 +137,7 @@ def test_the_builder_tables_cover_exactly_the_engine_kinds_the_recipe_modules_de
     assert set(SEARCH_ENGINES) == set(SEARCH_KINDS)
     assert GENERATION_KINDS == ("hf", "openai", "vllm")
     engines = ("bm25", "dense", "http", "serper", "serpapi", "simulator", "self")
-    controls = ("empty", "random", "answerless")  # the controls' engines
+    controls = ("empty", "random", "answerless", "oracle")  # the controls' engines
     assert engines + controls == SEARCH_KINDS
     with pytest.raises(RecipeError, match=r"policy.kind='tgi' is not one of hf, openai, vllm"):
         GenerationConfig(kind="tgi").check("policy")
