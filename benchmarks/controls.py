@@ -112,16 +112,36 @@ class Reading:
     batch_size: int
     lr: float
     articles: int  # per sequence
+    style: str = "articles"  # tinyworld.knowing.READING_STYLES
 
 
-KNOWING_READING = Reading(steps=1500, batch_size=16, lr=2e-3, articles=2)
-"""The knowing base's reading of the world (`tinyworld.knowing.pretrain_knowing_base`): 1,500 x 16 sequences of 2
-articles, about 109 reads of each of the 440 articles (200 RL people, 200 fit people, 40 cities)."""
+@dataclass(frozen=True)
+class KnowingDesign:
+    """How the knowing simulator is made: its base's reading, and how much of its SFT is reading too."""
+
+    reading: Reading
+    sft_reading_share: float = 0.0  # share of the SFT file that is reading (`tinyworld.knowing.mixed_sft_file`)
+
+
+_READING = Reading(steps=1500, batch_size=16, lr=2e-3, articles=2)
+KNOWING_DESIGNS = {
+    "articles": KnowingDesign(_READING),
+    "mixed": KnowingDesign(_READING, sft_reading_share=0.5),
+    "results": KnowingDesign(Reading(1500, 16, 2e-3, 2, style="mixed"), sft_reading_share=0.5),
+    "longer": KnowingDesign(Reading(3000, 16, 2e-3, 2, style="mixed"), sft_reading_share=0.5),
+}
+"""The knowing simulator's designs, in the order docs/controls.md's gate tries them. `articles`: 1,500 x 16
+sequences of 2 articles, about 109 reads of each of the 440 articles (200 RL people, 200 fit people, 40 cities),
+then SFT on the fit people's pairs alone (world 100's first run); `mixed`: the same, half the SFT file reading
+(mixed training); `results`: and half the articles read as results pages; `longer`: and twice the reading."""
+KNOWING_DESIGN = "articles"
+"""The design the knowing arm runs (chosen by docs/controls.md's gate)."""
 
 SMOKE_TRAIN = ["steps=2", "prompts_per_step=2", "rollout.group_size=2", "save_every=1", "eval_every=0"]
 SMOKE_EVAL = ["chunk_size=8"]
 SMOKE_LIMIT = 8  # held-out questions per evaluation (and RL questions per fidelity) in smoke mode
 SMOKE_READING = Reading(steps=2, batch_size=4, lr=5e-3, articles=1)
+GATE_SHARE = 0.5  # the gate: the knowing simulator shows the answer at least half as often as today's
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -129,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.one_world is not None:
         run_world(args.one_world, args)
         return {}
+    if args.gate:
+        return gate(args)
     if args.render:  # a finished run's JSON (its last line) written into the doc again
         figures = json.loads(Path(args.render).read_text().strip().splitlines()[-1])
         write_doc(args.out, figures)
@@ -160,6 +182,17 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--render", default="", help="write the doc from a finished run's output (its last line)")
     parser.add_argument("--aggregate", action="store_true", help="run nothing: summarize RUN_DIR's finished worlds")
     parser.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=list(ARMS), help="control arms to run")
+    parser.add_argument(
+        "--knowing",
+        choices=tuple(KNOWING_DESIGNS),
+        default=KNOWING_DESIGN,
+        help=f"the knowing simulator's design (default: {KNOWING_DESIGN}, the gate's choice)",
+    )
+    parser.add_argument(
+        "--gate",
+        action="store_true",
+        help="build and measure the knowing simulator only (docs/controls.md's gate), no RL",
+    )
     parser.add_argument("--borrow", default="", help="take the arms not run from this directory's world records")
     parser.add_argument("--compare", default="", help="each arm's paired difference from this directory's records")
     parser.add_argument("--one-world", type=int, default=None, help=argparse.SUPPRESS)  # a worker's seed
@@ -179,7 +212,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def _worker_arguments(seed: int, args: argparse.Namespace) -> list[str]:
     """One world in a worker process (its own threads and peak memory), which writes its controls.json."""
     return ["--one-world", str(seed), "--run-dir", str(args.run_dir), "--threads", str(args.threads),
-            "--arms", *args.arms, *(["--borrow", args.borrow] if args.borrow else []),
+            "--arms", *args.arms, "--knowing", args.knowing, *(["--borrow", args.borrow] if args.borrow else []),
             *(["--smoke"] if args.smoke else []), "--", *args.overrides]  # fmt: skip
 
 
@@ -271,7 +304,7 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     fidelity: dict[str, Any] = {}
     if "knowing" in args.arms:
         fingerprints["knowing"], paths["knowing"] = knowing_simulator(root, seed, paths, fingerprints, world, args)
-        fidelity = measure_fidelity(root, world, paths, args.smoke)
+        fidelity = {"design": args.knowing, **measure_fidelity(root, world, paths, args.smoke, args.knowing)}
     em = {"base": _real(report["em"]["base"]), "simulator": _real(report["em"]["rl_search"])}
     arm_runs: dict[str, dict[str, Any]] = {}
     for arm in args.arms:
@@ -310,6 +343,48 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     carry_arms(result, earlier, args.borrow)
     (root / "controls.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def gate(args: argparse.Namespace) -> dict[str, Any]:
+    """docs/controls.md's gate: per world, the quickstart's stages 1-4, the knowing simulator in `args.knowing`'s
+    design and both simulators' fidelity (no RL); passes when, in mean over the worlds, the knowing simulator shows
+    the answer for at least `GATE_SHARE` of what today's simulator does. Prints a table, then one JSON line."""
+    from simsearch.commands import quickstart
+    from simsearch.config import QuickstartRecipe, load_recipe
+
+    rows = {}
+    for seed in args.seeds:
+        root = args.run_dir / f"world_{seed}"
+        qs = load_recipe(
+            QuickstartRecipe, None,
+            [f"run_dir={root / 'quickstart'}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}",
+             *args.overrides],
+        )  # fmt: skip
+        world, paths, fingerprints = quickstart.through_simulator(qs)
+        _, paths["knowing"] = knowing_simulator(root, seed, paths, fingerprints, world, args)
+        rows[seed] = measure_fidelity(root, world, paths, args.smoke, args.knowing)
+    shown = {name: [row[name]["answer_shown"] for row in rows.values()] for name in ("knowing", "simulator", "bm25")}
+    means = {name: sum(values) / len(values) for name, values in shown.items()}
+    print(f"gate: the knowing simulator ({args.knowing}) before RL, a good query for each of RL's questions")
+    print("| world | knowing: answer shown / on topic | today's simulator | BM25 |")
+    print("|---|---|---|---|")
+    for seed, row in rows.items():
+        cells = [f"{row[n]['answer_shown']:.2f} / {row[n]['on_topic']:.2f}" for n in ("knowing", "simulator", "bm25")]
+        print(f"| {seed} | " + " | ".join(cells) + " |")
+    ratio = means["knowing"] / means["simulator"] if means["simulator"] else None
+    figures = {
+        "design": args.knowing,
+        "worlds": list(rows),
+        "knowing_answer_shown_mean": round(means["knowing"], 4),
+        "simulator_answer_shown_mean": round(means["simulator"], 4),
+        "bm25_answer_shown_mean": round(means["bm25"], 4),
+        "knowing_over_simulator": None if ratio is None else round(ratio, 3),
+        "passes": ratio is not None and ratio >= GATE_SHARE,
+        **provenance(),
+        "torch_threads": args.threads,
+    }
+    print(json.dumps(figures))
+    return figures
 
 
 @contextlib.contextmanager
@@ -358,25 +433,34 @@ def keeping_checkpoints(train_run: Path, keep: Path, every_s: float = 0.5) -> It
 def knowing_simulator(
     root: Path, seed: int, paths: dict[str, str], fingerprints: dict[str, str], world: Any, args: argparse.Namespace
 ) -> tuple[str, str]:
-    """The knowing simulator of a world (`tinyworld.knowing`): its base reads, its pairs are collected on the fit
-    people, it is fine-tuned as the quickstart's simulator is; its fingerprint and model path."""
+    """The knowing simulator of a world (`tinyworld.knowing`) in `args.knowing`'s design: its base reads, its pairs
+    are collected on the fit people, it is fine-tuned as the quickstart's simulator is (with reading mixed into
+    its SFT file if the design says so); its fingerprint and model path."""
     from simsearch.commands import quickstart, simulator_collect, simulator_finetune
     from simsearch.config import CollectRecipe, FinetuneRecipe
     from simsearch.data.qa import write_qa_jsonl
     from simsearch.factory.build import build_search_engine
     from simsearch.fingerprints import claim_stage, digest, finish_stage
     from simsearch.simulator.recipe import SearchConfig
-    from simsearch.tinyworld.knowing import fit_corpus, fit_questions, pretrain_knowing_base, reading_passages
+    from simsearch.tinyworld.knowing import (
+        fit_corpus,
+        fit_questions,
+        mixed_sft_file,
+        pretrain_knowing_base,
+        reading_passages,
+    )
     from simsearch.tinyworld.world import write_corpus
 
     out = root / "knowing"
-    reading = SMOKE_READING if args.smoke else KNOWING_READING
+    design = KNOWING_DESIGNS[args.knowing]
+    reading = SMOKE_READING if args.smoke else design.reading
+    passages = reading_passages(world, KNOWING_FIT_PEOPLE)
+    base = out / ("base" if reading in (_READING, SMOKE_READING) else f"base-{reading.style}-{reading.steps}")
     base_fp = digest({"stage": "knowing_base", "inputs": [fingerprints["base"]], "fit_people": KNOWING_FIT_PEOPLE,
                       "reading": asdict(reading), "threads": args.threads})  # fmt: skip
-    if not claim_stage(out / "base", base_fp):
-        passages = reading_passages(world, KNOWING_FIT_PEOPLE)
-        pretrain_knowing_base(Path(paths["base"]), out / "base", passages, seed=seed, **asdict(reading))
-        finish_stage(out / "base", base_fp)
+    if not claim_stage(base, base_fp):
+        pretrain_knowing_base(Path(paths["base"]), base, passages, seed=seed, **asdict(reading))
+        finish_stage(base, base_fp)
     write_qa_jsonl(fit_questions(world, KNOWING_FIT_PEOPLE), out / "fit.jsonl")
     corpus, index = out / "corpus_fit.jsonl", out / "index_fit"
     if not claim_stage(index, fingerprints["world"]):  # no RL person's passage, no held-out person's
@@ -389,28 +473,35 @@ def knowing_simulator(
         f"data.train=[{out / 'fit.jsonl'}]",  # the fit people only: never a question RL asks
         f"search.corpus={corpus}", f"search.index_dir={index}", *smoke.get("collect", []),
     ]  # fmt: skip
-    inputs = [base_fp, fingerprints["world"]]
+    inputs = [fingerprints["base"], fingerprints["world"]]  # the policy's base collects, never the knowing base
     collect_fp = run_stage(CollectRecipe, RECIPES / "collect.yaml", collect, simulator_collect.main, inputs)
+    train_file = out / "collect" / "train.jsonl"
+    if design.sft_reading_share:  # the reading mixed in: a file of its own per design, its bytes fingerprinted
+        train_file = out / f"sft-{args.knowing}.jsonl"
+        mixed_sft_file(out / "collect" / "train.jsonl", passages, train_file, share=design.sft_reading_share,
+                       articles=reading.articles, seed=seed, style=reading.style)  # fmt: skip
+    mixed = digest(train_file.read_text(encoding="utf-8")) if design.sft_reading_share else ""
     val = out / "collect" / "val.jsonl"
+    simulator = out / ("simulator" if args.knowing == "articles" else f"simulator-{args.knowing}")
     finetune = [
-        f"run_dir={out / 'simulator'}", f"seed={seed}", f"threads={args.threads}", f"model.path={out / 'base'}",
-        f"train_file={out / 'collect' / 'train.jsonl'}", f"val_file={val}" if val.stat().st_size else "val_file=''",
+        f"run_dir={simulator}", f"seed={seed}", f"threads={args.threads}", f"model.path={base}",
+        f"train_file={train_file}", f"val_file={val}" if val.stat().st_size else "val_file=''",
         *smoke.get("simulator", []),
     ]  # fmt: skip
     fingerprint = run_stage(
-        FinetuneRecipe, RECIPES / "simulator.yaml", finetune, simulator_finetune.main, [collect_fp, base_fp]
+        FinetuneRecipe, RECIPES / "simulator.yaml", finetune, simulator_finetune.main, [collect_fp, base_fp, mixed]
     )
-    return fingerprint, str(quickstart.final_model(out / "simulator"))
+    return fingerprint, str(quickstart.final_model(simulator))
 
 
-def measure_fidelity(root: Path, world: Any, paths: dict[str, str], smoke: bool) -> dict[str, Any]:
+def measure_fidelity(root: Path, world: Any, paths: dict[str, str], smoke: bool, design: str) -> dict[str, Any]:
     """Before any RL: each simulator (greedy, no noise, as train.yaml builds it) and real BM25 asked a good query
-    for each of RL's questions (`tinyworld.knowing.results_fidelity`); cached in knowing/fidelity.json."""
+    for each of RL's questions (`tinyworld.knowing.results_fidelity`); cached in knowing/fidelity-DESIGN.json."""
     from simsearch.config import TrainRecipe, load_recipe
     from simsearch.factory.build import build_search_engine
     from simsearch.tinyworld.knowing import results_fidelity
 
-    cached = root / "knowing" / "fidelity.json"
+    cached = root / "knowing" / f"fidelity-{design}.json"
     engines = {"knowing": paths["knowing"], "simulator": paths["simulator"], "bm25": ""}
     if cached.is_file() and json.loads(cached.read_text()).get("models") == engines:
         return json.loads(cached.read_text())

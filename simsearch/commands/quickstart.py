@@ -167,6 +167,15 @@ def world_and_base(recipe: QuickstartRecipe) -> tuple[World, dict[str, str], dic
     return world, {**pipeline.paths, "base": str(pipeline.run / "base")}, {"world": world_fp, "base": base_fp}
 
 
+def through_simulator(recipe: QuickstartRecipe) -> tuple[World, dict[str, str], dict[str, str]]:
+    """Stages 1-4 alone, as `main` runs them: `world_and_base`'s, with the simulator's model and fingerprint."""
+    pipeline, _, world, world_fp, base_fp = _first_stages(recipe, None)
+    simulator_fp = _simulator_stage(pipeline, _collect_stage(pipeline, base_fp))
+    paths = {**pipeline.paths, "base": str(pipeline.run / "base"),
+             "simulator": str(final_model(pipeline.run / "simulator"))}  # fmt: skip
+    return world, paths, {"world": world_fp, "base": base_fp, "simulator": simulator_fp}
+
+
 def _first_stages(
     recipe: QuickstartRecipe, clock: _StageClock | None
 ) -> tuple[_Pipeline, TrainRecipe, World, str, str]:

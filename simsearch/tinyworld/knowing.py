@@ -22,6 +22,7 @@ on RL's questions before any RL.
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from collections.abc import Sequence
@@ -76,6 +77,43 @@ def reading_passages(world: World, n_fit_people: int) -> list[Passage]:
     return [p for p in world.passages if p.title.strip('"') in readers or p.title.strip('"') in world.cities]
 
 
+READING_STYLES = ("articles", "mixed")
+"""How the knowing base reads an article: `articles` as a wiki page (its passages one a line), `mixed` half of
+them so and half as a results page (`Doc i: text` lines under the title, no query)."""
+
+
+def reading_texts(
+    passages: Sequence[Passage], *, n: int, articles: int, seed: int, style: str = "articles"
+) -> list[str]:
+    """`n` texts of `articles` articles each.
+
+    An article is what a wiki page would be: its title (a person or a city) in double quotes, then
+    its passages, one a line, in a random order (under `style="mixed"`, every other article, at
+    random, numbered as results are: `Doc 1: ...`). Articles are drawn in shuffled rounds, so each
+    is read about equally often.
+
+    Raises:
+        ValueError: An unknown style.
+    """
+    if style not in READING_STYLES:
+        raise ValueError(f"style={style!r}: choose one of {', '.join(READING_STYLES)}")
+    by_title: dict[str, list[str]] = {}
+    for passage in passages:
+        by_title.setdefault(passage.title, []).append(passage.text)
+    titles = sorted(by_title)
+    rng = random.Random(seed)
+    order: list[str] = []
+    texts = []
+    for _ in range(n):
+        while len(order) < articles:
+            fresh = list(titles)
+            rng.shuffle(fresh)
+            order += fresh
+        chosen, order = order[:articles], order[articles:]
+        texts.append("\n\n".join(_article(title, by_title[title], rng, style) for title in chosen))
+    return texts
+
+
 def reading_traces(
     passages: Sequence[Passage],
     tokenizer: PreTrainedTokenizerBase,
@@ -83,35 +121,45 @@ def reading_traces(
     n: int,
     articles: int,
     seed: int,
+    style: str = "articles",
 ) -> list[Trace]:
-    """`n` sequences of `articles` articles each, every token in the LM loss, nothing in the copy loss.
-
-    An article is what a wiki page would be: its title (a person or a city) in double quotes, then
-    its passages, one a line, in a random order. Articles are drawn in shuffled rounds, so each is
-    read about equally often.
-    """
-    by_title: dict[str, list[str]] = {}
-    for passage in passages:
-        by_title.setdefault(passage.title, []).append(passage.text)
-    titles = sorted(by_title)
-    rng = random.Random(seed)
-    order: list[str] = []
+    """`reading_texts`, tokenized: every token in the LM loss, nothing in the copy loss."""
     traces = []
-    for _ in range(n):
-        while len(order) < articles:
-            fresh = list(titles)
-            rng.shuffle(fresh)
-            order += fresh
-        chosen, order = order[:articles], order[articles:]
-        text = "\n\n".join(_article(title, by_title[title], rng) for title in chosen)
+    for text in reading_texts(passages, n=n, articles=articles, seed=seed, style=style):
         ids = [*tokenizer(text, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
         traces.append(Trace(input_ids=ids, loss_mask=[0] + [1] * (len(ids) - 1), copy_mask=[0] * len(ids)))
     return traces
 
 
-def _article(title: str, texts: list[str], rng: random.Random) -> str:
+def reading_pairs(passages: Sequence[Passage], *, n: int, articles: int, seed: int, style: str) -> list[dict[str, str]]:
+    """`reading_texts` as SFT pairs with an empty prompt (the whole text in the loss): the reading mixed into a
+    simulator's SFT file (`mixed_sft_file`), as a model's pretraining data is mixed into its fine-tuning."""
+    texts = reading_texts(passages, n=n, articles=articles, seed=seed, style=style)
+    return [{"prompt": "", "response": text} for text in texts]
+
+
+def mixed_sft_file(pairs_file: Path, passages: Sequence[Passage], out: Path, *, share: float, articles: int,
+                   seed: int, style: str) -> int:  # fmt: skip
+    """Writes `out`: the SFT pairs of `pairs_file`, then reading pairs (`reading_pairs`) making `share` of the
+    whole; returns how many reading pairs were added.
+
+    Raises:
+        ValueError: `share` not in [0, 1).
+    """
+    if not 0.0 <= share < 1.0:
+        raise ValueError(f"share={share}: the reading's share of the SFT file must be at least 0 and below 1")
+    lines = [line for line in pairs_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    n = round(len(lines) * share / (1.0 - share))
+    extra = [json.dumps(pair) for pair in reading_pairs(passages, n=n, articles=articles, seed=seed, style=style)]
+    out.write_text("".join(f"{line}\n" for line in [*lines, *extra]), encoding="utf-8")
+    return n
+
+
+def _article(title: str, texts: list[str], rng: random.Random, style: str) -> str:
     shuffled = list(texts)
     rng.shuffle(shuffled)
+    if style == "mixed" and rng.random() < 0.5:
+        shuffled = [f"Doc {i}: {text}" for i, text in enumerate(shuffled, start=1)]
     return "\n".join([title, *shuffled])
 
 
@@ -125,10 +173,11 @@ def pretrain_knowing_base(
     lr: float,
     articles: int,
     seed: int,
+    style: str = "articles",
 ) -> dict[str, list[float]]:
     """The policy's base at `base`, after reading `passages` for `steps` steps; saved to `out`; the loss history."""
     model, tokenizer = load_model(base)
-    traces = reading_traces(passages, tokenizer, n=steps * batch_size, articles=articles, seed=seed)
+    traces = reading_traces(passages, tokenizer, n=steps * batch_size, articles=articles, seed=seed, style=style)
     history = pretrain(model, traces, steps=steps, batch_size=batch_size, lr=lr, copy_loss_weight=0.0, seed=seed)
     save_tiny(model, tokenizer, out)
     return history
