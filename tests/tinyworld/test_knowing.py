@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import json
+
 import pytest
 import torch
 
@@ -14,9 +16,11 @@ from simsearch.tinyworld.knowing import (
     fit_corpus,
     fit_people,
     fit_questions,
+    mixed_sft_file,
     names,
     pretrain_knowing_base,
     reading_passages,
+    reading_texts,
     reading_traces,
     results_fidelity,
     title_recall,
@@ -70,6 +74,43 @@ def test_the_knowing_base_reads_rl_and_fit_people_and_cities_never_a_held_out_pe
     assert all(sum(t.loss_mask) == len(t.input_ids) - 1 and not any(t.copy_mask) for t in traces)
     read = Counter(line.strip('"') for text in texts for line in text.split("\n") if line.startswith('"'))
     assert set(read) == titles and set(read.values()) == {4}
+
+
+def test_mixed_reading_numbers_half_the_articles_as_results_and_reads_the_same_articles(three_groups) -> None:
+    passages = reading_passages(three_groups, 8)
+    plain = reading_texts(passages, n=200, articles=1, seed=3)
+    mixed = reading_texts(passages, n=200, articles=1, seed=3, style="mixed")
+    assert not any("Doc 1: " in text for text in plain)
+    as_results = [text for text in mixed if text.split("\n")[1].startswith("Doc 1: ")]
+    assert 70 <= len(as_results) <= 130  # about half, at random
+    for text in as_results:  # a title, then its passages numbered from 1
+        lines = text.split("\n")
+        assert lines[0].startswith('"') and [line.split(": ")[0] for line in lines[1:]] == [
+            f"Doc {i}" for i in range(1, len(lines))
+        ]
+    # Numbered or not, every article is read equally often: 210 reads of 30 articles, 7 each.
+    titles = Counter(text.split("\n")[0] for text in reading_texts(passages, n=210, articles=1, seed=3, style="mixed"))
+    assert len(titles) == 30 and set(titles.values()) == {7}
+    with pytest.raises(ValueError, match="style='wiki'"):
+        reading_texts(passages, n=1, articles=1, seed=0, style="wiki")
+
+
+def test_the_mixed_sft_file_keeps_every_pair_and_adds_reading_to_the_share(three_groups, tmp_path) -> None:
+    pairs = tmp_path / "train.jsonl"
+    rows = [{"prompt": f"Query: q{i}\nResults:\n", "response": f"Doc 1: d{i}"} for i in range(30)]
+    pairs.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    passages = reading_passages(three_groups, 8)
+    out = tmp_path / "mixed.jsonl"
+    added = mixed_sft_file(pairs, passages, out, share=0.25, articles=2, seed=0, style="articles")
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert added == 10 and written[:30] == rows and len(written) == 40  # 10 of 40: a quarter
+    reading = written[30:]
+    assert all(row["prompt"] == "" and row["response"].startswith('"') for row in reading)
+    assert not any(names(row["response"], name) for row in reading for name in three_groups.people("test"))
+    assert mixed_sft_file(pairs, passages, out, share=0.0, articles=2, seed=0, style="articles") == 0
+    assert out.read_text().splitlines() == pairs.read_text().splitlines()
+    with pytest.raises(ValueError, match="below 1"):
+        mixed_sft_file(pairs, passages, out, share=1.0, articles=2, seed=0, style="articles")
 
 
 def test_pretraining_the_knowing_base_lowers_its_loss_and_saves_it(three_groups, tokenizer, tmp_path) -> None:
