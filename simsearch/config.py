@@ -574,6 +574,9 @@ class QuickstartRecipe:
     tool_call_pretrain_factor: float = 1.0
     # torch threads (0 = torch's default: every core); 1 gives the same floats on any number of cores
     threads: int = 1
+    # a stage built under the very fingerprint of a model shipped with the package (the default world's base and
+    # simulator) installs that model instead of building it; false builds every stage here
+    released: bool = True
 
     def check(self, key: str) -> None:
         check_choice("protocol", self.protocol, tuple(PROTOCOLS))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import platform
 import resource
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from importlib import metadata
@@ -91,7 +92,8 @@ class _Pipeline:
     def stage(self, name: str, schema: type, command: Any, inputs: list[str], overrides: list[str]) -> str:
         """Runs one stage's command on its shipped recipe with the run's paths; returns its fingerprint.
 
-        A stage finished under that fingerprint is skipped; an unfinished one resumes.
+        A stage finished under that fingerprint is skipped; an unfinished one resumes; one released
+        under it (`released_stage`) is installed instead of run.
         """
         smoke = SMOKE.get(name.removesuffix("_nosearch"), []) if self.recipe.smoke else []
         # The quickstart's thread count, not the stage recipe's own: it changes the floats, so it is fingerprinted.
@@ -107,9 +109,38 @@ class _Pipeline:
         recipe = _inside(asdict(stage), str(self.run))
         fingerprint = digest({"stage": name, "inputs": inputs, "recipe": recipe})
         if not claim_stage(Path(stage.run_dir), fingerprint):
-            command(stage)
+            if not install_released(self.recipe, name, fingerprint, Path(stage.run_dir)):
+                command(stage)
             finish_stage(Path(stage.run_dir), fingerprint)
         return fingerprint
+
+
+RELEASED = "released.json"  # in a stage folder installed from the release: where its model was built
+RELEASE = Path(__file__).resolve().parents[1] / "tinyworld" / "release"
+"""The default world's models, shipped with the package: `release.json` gives each released stage (`base`,
+`simulator`) the fingerprint it was built under, the folder here that holds it, and where it was built."""
+
+
+def released_stage(recipe: QuickstartRecipe, stage: str, fingerprint: str) -> Path | None:
+    """The released folder of `stage` if it was built under `fingerprint` (and `recipe.released`), else None."""
+    index = RELEASE / "release.json"
+    if not recipe.released or not index.is_file():
+        return None
+    entry = json.loads(index.read_text())["stages"].get(stage)
+    return RELEASE / entry["folder"] if entry and entry["fingerprint"] == fingerprint else None
+
+
+def install_released(recipe: QuickstartRecipe, stage: str, fingerprint: str, out: Path) -> bool:
+    """Copies the released `stage` built under `fingerprint` into the claimed folder `out`; False if none is."""
+    source = released_stage(recipe, stage, fingerprint)
+    if source is None:
+        return False
+    shutil.copytree(source, out, dirs_exist_ok=True)
+    index = json.loads((RELEASE / "release.json").read_text())
+    (out / RELEASED).write_text(json.dumps({"stage": stage, **index["built"]}, indent=2) + "\n")
+    print(f"quickstart: {stage}: the default world's released model (built under this very fingerprint; "
+          "released=false builds it here)", flush=True)  # fmt: skip
+    return True
 
 
 def _inside(value: Any, run: str) -> Any:
@@ -250,9 +281,10 @@ def _base_stage(pipeline: _Pipeline, world: World, world_fp: str, rl_recipe: Tra
     base = pipeline.run / "base"
     base_fp = digest({"stage": "base", "inputs": [world_fp], "recipe": _base_settings(pipeline.recipe, rl_recipe)})
     if not claim_stage(base, base_fp):
-        # The base LM learns from questions about the background entities, the simulator from
-        # the training questions (the world RL asks about); test entities stay unseen by both.
-        pretrain_base(pipeline.recipe, world, world.background or world.train, rl_recipe, base)
+        if not install_released(pipeline.recipe, "base", base_fp, base):
+            # The base LM learns from questions about the background entities, the simulator from
+            # the training questions (the world RL asks about); test entities stay unseen by both.
+            pretrain_base(pipeline.recipe, world, world.background or world.train, rl_recipe, base)
         finish_stage(base, base_fp)
     return base_fp
 
@@ -425,7 +457,7 @@ def first_query(sample: dict[str, Any]) -> str:
     return queries[0] if queries else ""
 
 
-def _machine() -> dict[str, Any]:
+def machine() -> dict[str, Any]:
     """What a run's float results depend on besides its recipe: CPU, threads, library versions."""
     cpu = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
@@ -572,10 +604,12 @@ def _report(
     result = {
         "wall_s": round(wall_s, 1),
         "stage_s": stage_s,
+        # the stages whose model was installed from the release, not built (`install_released`)
+        "released": [stage for stage in ("base", "simulator") if (run / stage / RELEASED).is_file()],
         "peak_rss_gb": round(peak_rss_gb, 3),
         "smoke": recipe.smoke,
         "seed": recipe.seed,
-        "machine": _machine(),
+        "machine": machine(),
         "em": em,
         **diagnostics,  # base_reading, query_naming
         "rl_search_baselines_em": baselines,
