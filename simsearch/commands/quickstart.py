@@ -95,6 +95,16 @@ class _Pipeline:
         A stage finished under that fingerprint is skipped; an unfinished one resumes; one released
         under it (`released_stage`) is installed instead of run.
         """
+        stage, fingerprint = self.plan(name, schema, inputs, overrides)
+        if not claim_stage(Path(stage.run_dir), fingerprint):
+            if not install_released(self.recipe, name, fingerprint, Path(stage.run_dir)):
+                command(stage)
+            finish_stage(Path(stage.run_dir), fingerprint)
+        return fingerprint
+
+    def plan(self, name: str, schema: type, inputs: list[str], overrides: list[str]) -> tuple[Any, str]:
+        """One stage's recipe (its shipped recipe with the run's paths and the quickstart's settings) and the
+        fingerprint it runs under."""
         smoke = SMOKE.get(name.removesuffix("_nosearch"), []) if self.recipe.smoke else []
         # The quickstart's thread count, not the stage recipe's own: it changes the floats, so it is fingerprinted.
         threads = [f"threads={self.recipe.threads}"]
@@ -107,12 +117,7 @@ class _Pipeline:
             if isinstance(stage, TrainRecipe):
                 stage.optim.lr = self.recipe.tool_call_lr
         recipe = _inside(asdict(stage), str(self.run))
-        fingerprint = digest({"stage": name, "inputs": inputs, "recipe": recipe})
-        if not claim_stage(Path(stage.run_dir), fingerprint):
-            if not install_released(self.recipe, name, fingerprint, Path(stage.run_dir)):
-                command(stage)
-            finish_stage(Path(stage.run_dir), fingerprint)
-        return fingerprint
+        return stage, digest({"stage": name, "inputs": inputs, "recipe": recipe})
 
 
 RELEASED = "released.json"  # in a stage folder installed from the release: where its model was built
@@ -224,10 +229,11 @@ def _first_stages(
     return pipeline, rl_recipe, world, world_fp, base_fp
 
 
-def _pipeline(recipe: QuickstartRecipe) -> _Pipeline:
-    """The run directory (its recipe saved) and the paths every stage reads."""
+def _pipeline(recipe: QuickstartRecipe, *, save: bool = True) -> _Pipeline:
+    """The run directory (its recipe saved, unless `save` is false) and the paths every stage reads."""
     run = Path(recipe.run_dir)
-    save_recipe(recipe, run)
+    if save:
+        save_recipe(recipe, run)
     paths = {name: str(run / "world" / f"{name}.jsonl") for name in ("corpus", "train", "test", "corpus_known")}
     paths.update(
         bm25=str(run / "index" / "bm25"),
@@ -245,11 +251,8 @@ def recipe_world(recipe: QuickstartRecipe) -> World:
     )  # fmt: skip
 
 
-def _world_stage(pipeline: _Pipeline) -> tuple[World, str]:
-    """The world (rebuilt in memory each time), its files and indexes."""
-    recipe, run, paths = pipeline.recipe, pipeline.run, pipeline.paths
-    world = recipe_world(recipe)
-    world_fp = digest(
+def _world_fingerprint(recipe: QuickstartRecipe) -> str:
+    return digest(
         {
             "stage": "world",
             "seed": recipe.seed,
@@ -259,6 +262,13 @@ def _world_stage(pipeline: _Pipeline) -> tuple[World, str]:
             "collect_corpus": "without held-out people",
         }
     )
+
+
+def _world_stage(pipeline: _Pipeline) -> tuple[World, str]:
+    """The world (rebuilt in memory each time), its files and indexes."""
+    recipe, run, paths = pipeline.recipe, pipeline.run, pipeline.paths
+    world = recipe_world(recipe)
+    world_fp = _world_fingerprint(recipe)
     claimed = [claim_stage(run / folder, world_fp) for folder in ("world", "index")]
     if not all(claimed):
         world.write(run / "world")
@@ -276,10 +286,14 @@ def _world_stage(pipeline: _Pipeline) -> tuple[World, str]:
     return world, world_fp
 
 
+def _base_fingerprint(recipe: QuickstartRecipe, world_fp: str, rl_recipe: TrainRecipe) -> str:
+    return digest({"stage": "base", "inputs": [world_fp], "recipe": _base_settings(recipe, rl_recipe)})
+
+
 def _base_stage(pipeline: _Pipeline, world: World, world_fp: str, rl_recipe: TrainRecipe) -> str:
     """The pretrained base policy in run/base; returns its fingerprint."""
     base = pipeline.run / "base"
-    base_fp = digest({"stage": "base", "inputs": [world_fp], "recipe": _base_settings(pipeline.recipe, rl_recipe)})
+    base_fp = _base_fingerprint(pipeline.recipe, world_fp, rl_recipe)
     if not claim_stage(base, base_fp):
         if not install_released(pipeline.recipe, "base", base_fp, base):
             # The base LM learns from questions about the background entities, the simulator from
@@ -290,8 +304,12 @@ def _base_stage(pipeline: _Pipeline, world: World, world_fp: str, rl_recipe: Tra
 
 
 def _collect_stage(pipeline: _Pipeline, base_fp: str) -> str:
+    return pipeline.stage("collect", CollectRecipe, simulator_collect.main, [base_fp], _collect_overrides(pipeline))
+
+
+def _collect_overrides(pipeline: _Pipeline) -> list[str]:
     run, paths = pipeline.run, pipeline.paths
-    overrides = [
+    return [
         f"run_dir={run / 'collect'}",
         f"seed={pipeline.recipe.seed}",
         f"policy.model.path={run / 'base'}",
@@ -299,24 +317,38 @@ def _collect_stage(pipeline: _Pipeline, base_fp: str) -> str:
         f"search.corpus={paths['corpus_known']}",
         f"search.index_dir={paths['bm25_known']}",
     ]
-    return pipeline.stage("collect", CollectRecipe, simulator_collect.main, [base_fp], overrides)
 
 
 def _simulator_stage(pipeline: _Pipeline, collect_fp: str) -> str:
-    run = pipeline.run
-    val = run / "collect" / "val.jsonl"
-    has_val = val.stat().st_size > 0
+    has_val = (pipeline.run / "collect" / "val.jsonl").stat().st_size > 0
     if not has_val:  # collect holds no question out when every pair came from one
         print("quickstart: collect held out no validation pairs (all came from one question); the simulator "
               "fine-tunes without validation")  # fmt: skip
-    overrides = [
+    overrides = _simulator_overrides(pipeline, has_val)
+    return pipeline.stage("simulator", FinetuneRecipe, simulator_finetune.main, [collect_fp], overrides)
+
+
+def _simulator_overrides(pipeline: _Pipeline, has_val: bool) -> list[str]:
+    run = pipeline.run
+    return [
         f"run_dir={run / 'simulator'}",
         f"seed={pipeline.recipe.seed}",
         f"model.path={run / 'base'}",
         f"train_file={run / 'collect' / 'train.jsonl'}",
-        f"val_file={val}" if has_val else "val_file=''",
+        f"val_file={run / 'collect' / 'val.jsonl'}" if has_val else "val_file=''",
     ]
-    return pipeline.stage("simulator", FinetuneRecipe, simulator_finetune.main, [collect_fp], overrides)
+
+
+def planned_fingerprints(recipe: QuickstartRecipe) -> dict[str, str]:
+    """The fingerprints stages 1-4 of `recipe` run under, computed without running anything (the simulator's as
+    when collect holds out validation pairs, as it does for every world of the default size)."""
+    pipeline = _pipeline(recipe, save=False)
+    rl_recipe = load_recipe(TrainRecipe, pipeline.recipes / "train.yaml")
+    world_fp = _world_fingerprint(recipe)
+    base_fp = _base_fingerprint(recipe, world_fp, rl_recipe)
+    _, collect_fp = pipeline.plan("collect", CollectRecipe, [base_fp], _collect_overrides(pipeline))
+    _, simulator_fp = pipeline.plan("simulator", FinetuneRecipe, [collect_fp], _simulator_overrides(pipeline, True))
+    return {"world": world_fp, "base": base_fp, "collect": collect_fp, "simulator": simulator_fp}
 
 
 def _rl_stages(pipeline: _Pipeline, base_fp: str, simulator_fp: str) -> dict[str, str]:

@@ -13,8 +13,10 @@ from PIL import Image
 from transformers import AutoTokenizer
 
 from simsearch.commands import quickstart
+from simsearch.commands import release as release_command
 from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.errors import RecipeError
+from simsearch.fingerprints import stage_fingerprint
 from simsearch.models import TINY_TOOL_TEMPLATE
 from simsearch.tinyworld.diagnostics import QUERY_NAMING
 from simsearch.tinyworld.traces import tiny_call
@@ -239,6 +241,61 @@ def test_the_same_recipe_gives_the_same_numbers(smoke_run, tmp_path: Path) -> No
     }
     for run in ("train", "train_nosearch"):
         assert _train_metrics(tmp_path / run) == _train_metrics(first_dir / run)
+
+
+class Built(Exception):
+    """Raised by a stage's builder that must not run: its model was to be installed from the release."""
+
+
+def _refuse(*args, **kwargs):
+    raise Built
+
+
+@pytest.mark.slow
+def test_a_released_base_and_simulator_are_installed_not_built(smoke_run, tmp_path: Path, monkeypatch) -> None:
+    first_dir, first = smoke_run
+    release = tmp_path / "release"
+    index = release_command.ship(first_dir, release)
+    assert {stage: entry["fingerprint"] for stage, entry in index["stages"].items()} == {
+        stage: stage_fingerprint(first_dir / stage) for stage in ("base", "simulator")
+    }
+    assert json.loads((release / "release.json").read_text()) == index
+    monkeypatch.setattr(quickstart, "RELEASE", release)
+    monkeypatch.setattr(quickstart, "pretrain_base", _refuse)
+    monkeypatch.setattr(quickstart.simulator_finetune, "main", _refuse)
+    second = _smoke(tmp_path / "run")
+    assert first["released"] == [] and second["released"] == ["base", "simulator"]
+    volatile = {*VOLATILE, "released"}
+    assert {k: v for k, v in second.items() if k not in volatile} == {
+        k: v for k, v in first.items() if k not in volatile
+    }
+    for model in ("base/model.safetensors", "simulator/checkpoints/step_0000002/model/model.safetensors"):
+        assert (tmp_path / "run" / model).read_bytes() == (first_dir / model).read_bytes()
+    assert json.loads((tmp_path / "run" / "base" / quickstart.RELEASED).read_text())["stage"] == "base"
+    # released=false builds the base here; another world's base fingerprint is not the released one.
+    with pytest.raises(Built):
+        _smoke(tmp_path / "built", "released=false")
+    with pytest.raises(Built):
+        _smoke(tmp_path / "other", "seed=1")
+
+
+def test_the_shipped_release_is_the_default_recipes_base_and_simulator(tmp_path: Path) -> None:
+    """A change of the default recipe (or a stage recipe) that moves a fingerprint leaves the release unused: the
+    quickstart would build both again. Rebuild and ship them: `python -m simsearch.commands.release runs/release`."""
+    index = json.loads((quickstart.RELEASE / "release.json").read_text())
+    planned = quickstart.planned_fingerprints(load_recipe(QuickstartRecipe, None, [f"run_dir={tmp_path}"]))
+    assert {stage: entry["fingerprint"] for stage, entry in index["stages"].items()} == {
+        stage: planned[stage] for stage in ("base", "simulator")
+    }
+    assert not any(tmp_path.iterdir())  # planning writes nothing
+    recipe = load_recipe(QuickstartRecipe, None, [f"run_dir={tmp_path}"])
+    assert quickstart.released_stage(recipe, "base", planned["base"]) == quickstart.RELEASE / "base"
+    assert quickstart.released_stage(recipe, "base", planned["simulator"]) is None
+    recipe.released = False
+    assert quickstart.released_stage(recipe, "base", planned["base"]) is None
+    for entry in index["stages"].values():  # each model as `load_model` reads it
+        folder = quickstart.RELEASE / entry["folder"]
+        assert list(folder.rglob("model.safetensors")) and list(folder.rglob("tokenizer.json"))
 
 
 @pytest.mark.slow

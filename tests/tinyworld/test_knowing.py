@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 import json
+from collections import Counter
 
 import pytest
 import torch
