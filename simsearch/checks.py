@@ -34,7 +34,7 @@ def setting(default: Any = dataclasses.MISSING, help: str = "", *, default_facto
 
     The help is data, `field.metadata["help"]`: `simsearch config COMMAND --doc` and docs/recipes.md
     print it beside the key, and a test requires it on every field of every recipe. A setting several
-    recipes share is declared once, as a function returning its `setting` (`config.THREADS`).
+    recipes share is declared once, as a function returning its `setting` (`config._threads`).
     """
     return dataclasses.field(default=default, default_factory=default_factory, metadata={HELP: help})
 

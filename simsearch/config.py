@@ -96,47 +96,88 @@ def _resume_mode(value: str) -> str:
     return mode
 
 
-@dataclass
-class TrainRecipe:
-    """`simsearch train`: curriculum RL of a search agent."""
+# --------------------------------------------------------------------------- settings several recipes share
+# Each declared once, default and help; a recipe declares its field with the function
+# (`threads: int = _threads()`), which hands each dataclass a field of its own.
 
-    seed: int = setting(0, "")
-    run_dir: str = setting(MISSING, "where metrics, checkpoints and the resolved recipe go")
-    policy: GenerationConfig = setting(default_factory=GenerationConfig, help="")
-    sampling: SamplingConfig = setting(default_factory=SamplingConfig, help="")
-    data: DataConfig = setting(default_factory=DataConfig, help="")
-    search: SearchConfig = setting(default_factory=SearchConfig, help="")
-    val_search: SearchConfig | None = setting(None, "engine for validation (default: `search`)")
-    curriculum: CurriculumConfig = setting(default_factory=CurriculumConfig, help="")
-    rollout: RolloutConfig = setting(default_factory=RolloutConfig, help="")
-    reward: RewardConfig = setting(default_factory=RewardConfig, help="")
-    algorithm: AlgorithmConfig = setting(default_factory=AlgorithmConfig, help="")
-    optim: OptimConfig = setting(default_factory=OptimConfig, help="")
-    lora: LoraConfig = setting(default_factory=LoraConfig, help="")
-    deepspeed: DeepSpeedConfig = setting(default_factory=DeepSpeedConfig, help="")
-    health: HealthConfig = setting(default_factory=HealthConfig, help="the collapse monitor (docs/health.md)")
-    steps: int = setting(200, "optimizer steps (ZeroSearch: 203)")
-    prompts_per_step: int = setting(64, "questions per step; trajectories = prompts_per_step x group_size")
-    micro_batch_size: int = setting(8, "trajectories per forward/backward pass (gradient accumulation)")
-    gradient_checkpointing: bool = setting(False, "")
-    bf16: bool = setting(False, "bf16 autocast where the hardware has it")
-    save_every: int = setting(50, "steps between checkpoints (0 = only at the end)")
-    eval_every: int = setting(0, "steps between validations (0 = never)")
-    resume: str = setting(
+
+def _seed() -> int:
+    return setting(0, "random seed of the run's draws (sampling, data order, search noise)")
+
+
+def _run_dir() -> str:
+    """`run_dir` of the commands that train (train, simulator finetune)."""
+    return setting(MISSING, "where metrics, checkpoints and the resolved recipe go")
+
+
+def _resume() -> str:
+    return setting(
         "true",
         "true: continue from the run directory's last checkpoint if there is one, refused when the recipe differs from "
         "its recipe.yaml | false: start over | force: continue and apply the changed recipe (the change is recorded in "
         "recipe_changes.jsonl)",
     )
-    threads: int = setting(1, "torch threads, as the quickstart's (0 = torch's default: every core)")
-    tensorboard: bool = setting(True, "")
+
+
+def _threads() -> int:
+    return setting(1, "torch threads (0 = torch's default: every core); 1 gives the same floats on any number of cores")
+
+
+def _gradient_checkpointing() -> bool:
+    return setting(False, "recompute activations in the backward pass instead of keeping them: less memory, more time")
+
+
+def _stop_grace_s(work: str, stops: str) -> float:
+    """`stop_grace_s` of a command whose unit of `work` finishes before `stops` on a signal."""
+    return setting(
+        60.0, f"SIGTERM / SIGINT: seconds {work} may take to finish before {stops} stops at once (0 = no limit)"
+    )
+
+
+@dataclass
+class TrainRecipe:
+    """`simsearch train`: curriculum RL of a search agent."""
+
+    seed: int = _seed()
+    run_dir: str = _run_dir()
+    policy: GenerationConfig = setting(
+        default_factory=GenerationConfig, help="the policy RL trains, and the engine that generates its rollouts"
+    )
+    sampling: SamplingConfig = setting(default_factory=SamplingConfig, help="how the policy samples its rollouts")
+    data: DataConfig = setting(default_factory=DataConfig, help="the training and validation questions")
+    search: SearchConfig = setting(
+        default_factory=SearchConfig, help="the engine that answers the policy's searches in training"
+    )
+    val_search: SearchConfig | None = setting(None, "engine for validation (default: `search`)")
+    curriculum: CurriculumConfig = setting(
+        default_factory=CurriculumConfig,
+        help="how the share of noisy search results (the simulator's) moves over training",
+    )
+    rollout: RolloutConfig = setting(default_factory=RolloutConfig, help="the multi-turn agent loop")
+    reward: RewardConfig = setting(default_factory=RewardConfig, help="the reward: a weighted sum of named components")
+    algorithm: AlgorithmConfig = setting(default_factory=AlgorithmConfig, help="the advantage estimator and the loss")
+    optim: OptimConfig = setting(default_factory=OptimConfig, help="the policy's optimizer and its schedule")
+    lora: LoraConfig = setting(
+        default_factory=LoraConfig, help="LoRA adapters on the policy instead of full fine-tuning (r > 0)"
+    )
+    deepspeed: DeepSpeedConfig = setting(
+        default_factory=DeepSpeedConfig, help="DeepSpeed ZeRO for the policy's training (stage > 0)"
+    )
+    health: HealthConfig = setting(default_factory=HealthConfig, help="the collapse monitor (docs/health.md)")
+    steps: int = setting(200, "optimizer steps (ZeroSearch: 203)")
+    prompts_per_step: int = setting(64, "questions per step; trajectories = prompts_per_step x group_size")
+    micro_batch_size: int = setting(8, "trajectories per forward/backward pass (gradient accumulation)")
+    gradient_checkpointing: bool = _gradient_checkpointing()
+    bf16: bool = setting(False, "bf16 autocast where the hardware has it")
+    save_every: int = setting(50, "steps between checkpoints (0 = only at the end)")
+    eval_every: int = setting(0, "steps between validations (0 = never)")
+    resume: str = _resume()
+    threads: int = _threads()
+    tensorboard: bool = setting(True, "also log the metrics as TensorBoard events (tensorboard/ in the run directory)")
     wandb_project: str = setting("", "log to Weights & Biases too (needs [wandb])")
     trajectory_samples: int = setting(4, "trajectories per sampled step written to trajectories.jsonl (0 = none)")
     trajectory_every: int = setting(10, "steps between samples (and always the first and last step)")
-    stop_grace_s: float = setting(
-        60.0,
-        "SIGTERM / SIGINT: seconds the step in flight may take to finish before the run stops at once (0 = no limit)",
-    )
+    stop_grace_s: float = _stop_grace_s("the step in flight", "the run")
 
     def check(self, key: str) -> None:
         self.resume = _resume_mode(self.resume)
@@ -267,17 +308,23 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # eval row and dataset
 class EvalRecipe:
     """`simsearch eval`: one policy x several engines x several datasets."""
 
-    seed: int = setting(0, "")
-    run_dir: str = setting(MISSING, "")
-    policy: GenerationConfig = setting(default_factory=GenerationConfig, help="")
-    sampling: SamplingConfig = setting(default_factory=lambda: SamplingConfig(temperature=0.0), help="")
+    seed: int = _seed()
+    run_dir: str = setting(
+        MISSING, "where the rows, the report (table.md, summary.json, bars.png) and the resolved recipe go"
+    )
+    policy: GenerationConfig = setting(default_factory=GenerationConfig, help="the policy evaluated, and its engine")
+    sampling: SamplingConfig = setting(
+        default_factory=lambda: SamplingConfig(temperature=0.0), help="how the policy samples (greedy by default)"
+    )
     n: int = setting(1, "samples per question (pass@n when > 1)")
-    datasets: list[EvalDataset] = setting(default_factory=list, help="")
+    datasets: list[EvalDataset] = setting(default_factory=list, help="the QA sets evaluated on, one table column each")
     engines: dict[str, SearchConfig] = setting(default_factory=dict, help="row name -> engine")
     noisy_share: float = setting(0.0, "simulator engines: probability a search is noisy")
     baselines: list[str] = setting(default_factory=list, help="direct | rag")
     rag_engine: str = setting("", "which of `engines` feeds the RAG baseline (default: the first)")
-    rollout: RolloutConfig = setting(default_factory=lambda: RolloutConfig(group_size=1), help="")
+    rollout: RolloutConfig = setting(
+        default_factory=lambda: RolloutConfig(group_size=1), help="the multi-turn agent loop"
+    )
     training_run: str = setting("", "a train run directory whose curves go in the report")
     chunk_size: int = setting(64, "questions per rollout call; rows are appended after each chunk (the resume unit)")
     fidelity_size: int = setting(100, "questions per dataset in the simulator-fidelity section (0 = skip it)")
@@ -288,11 +335,8 @@ class EvalRecipe:
         "theirs; unicode (ours) also deletes non-ASCII punctuation and never matches a gold answer that normalizes to "
         '"".',
     )
-    threads: int = setting(1, "torch threads, as the quickstart's (0 = torch's default: every core)")
-    stop_grace_s: float = setting(
-        60.0,
-        "SIGTERM / SIGINT: seconds the chunk in flight may take to finish before eval stops at once (0 = no limit)",
-    )
+    threads: int = _threads()
+    stop_grace_s: float = _stop_grace_s("the chunk in flight", "eval")
 
     def check(self, key: str) -> None:
         _check_threads(self.threads)
@@ -374,14 +418,20 @@ class EvalRecipe:
 class CollectRecipe:
     """`simsearch simulator collect`: simulator SFT data from real-search trajectories."""
 
-    seed: int = setting(0, "")
-    run_dir: str = setting(MISSING, "")
-    policy: GenerationConfig = setting(default_factory=GenerationConfig, help="")
-    sampling: SamplingConfig = setting(default_factory=SamplingConfig, help="")
-    data: DataConfig = setting(default_factory=DataConfig, help="")
+    seed: int = _seed()
+    run_dir: str = setting(MISSING, "where the SFT pairs, their statistics and the resolved recipe go")
+    policy: GenerationConfig = setting(
+        default_factory=GenerationConfig, help="the policy whose searches are recorded, and its engine"
+    )
+    sampling: SamplingConfig = setting(default_factory=SamplingConfig, help="how the policy samples its rollouts")
+    data: DataConfig = setting(default_factory=DataConfig, help="the questions rolled out (data.train)")
     search: SearchConfig = setting(default_factory=SearchConfig, help="the real retriever")
-    rollout: RolloutConfig = setting(default_factory=lambda: RolloutConfig(group_size=1), help="")
-    judge: JudgeConfig = setting(default_factory=JudgeConfig, help="")
+    rollout: RolloutConfig = setting(
+        default_factory=lambda: RolloutConfig(group_size=1), help="the multi-turn agent loop"
+    )
+    judge: JudgeConfig = setting(
+        default_factory=JudgeConfig, help="labels each search's documents useful or noisy (target: judged)"
+    )
     preset: str = setting("simsearch", "prompt preset the SFT pairs are rendered with")
     show_question: bool = setting(True, "false: prompts leave out the question (as the simulator will run)")
     show_answer: bool = setting(True, "false: prompts leave out the gold answer (as the simulator will run)")
@@ -408,7 +458,7 @@ class CollectRecipe:
     val_fraction: float = setting(0.1, "share of questions whose pairs go to validation")
     batch_size: int = setting(64, "questions per rollout call")
     max_questions: int = setting(0, "first N questions of data.train only (0 = all)")
-    threads: int = setting(1, "torch threads, as the quickstart's (0 = torch's default: every core)")
+    threads: int = _threads()
 
     def check(self, key: str) -> None:
         _check_threads(self.threads)
@@ -455,30 +505,37 @@ class CollectRecipe:
 class FinetuneRecipe:
     """`simsearch simulator finetune`: SFT of the simulator LLM."""
 
-    seed: int = setting(0, "")
-    run_dir: str = setting(MISSING, "")
-    model: ModelConfig = setting(default_factory=ModelConfig, help="")
+    seed: int = _seed()
+    run_dir: str = _run_dir()
+    model: ModelConfig = setting(default_factory=ModelConfig, help="the simulator LLM fine-tuned")
     train_file: str = setting(MISSING, "JSONL of {prompt, response} pairs (from `simulator collect`)")
-    val_file: str = setting("", "")
+    val_file: str = setting("", 'JSONL of validation pairs, whose loss is logged every eval_every steps ("" = none)')
     chat_template: bool = setting(False, "render prompts through the tokenizer's chat template")
-    optim: OptimConfig = setting(default_factory=lambda: OptimConfig(lr=1e-6), help="")
-    lora: LoraConfig = setting(default_factory=LoraConfig, help="")
-    deepspeed: DeepSpeedConfig = setting(default_factory=DeepSpeedConfig, help="")
+    optim: OptimConfig = setting(
+        default_factory=lambda: OptimConfig(lr=1e-6), help="the simulator's optimizer and its schedule"
+    )
+    lora: LoraConfig = setting(
+        default_factory=LoraConfig, help="LoRA adapters on the simulator instead of full fine-tuning (r > 0)"
+    )
+    deepspeed: DeepSpeedConfig = setting(
+        default_factory=DeepSpeedConfig, help="DeepSpeed ZeRO for the simulator's training (stage > 0)"
+    )
     steps: int = setting(1000, "ZeroSearch: 1000")
     batch_size: int = setting(2, "ZeroSearch: 2")
-    grad_accum: int = setting(1, "")
-    max_length: int = setting(1024, "")
+    grad_accum: int = setting(1, "micro-batches of batch_size pairs each process accumulates per optimizer step")
+    max_length: int = setting(
+        1024, "tokens per pair: a longer response is cut to fit; a pair whose prompt alone reaches it is dropped"
+    )
     answer_loss_weight: float = setting(1.0, "loss weight of response tokens spelling a gold answer (1 = plain SFT)")
     save_every: int = setting(0, "0 = only at the end")
-    eval_every: int = setting(100, "")
-    gradient_checkpointing: bool = setting(False, "")
-    bf16: bool = setting(False, "")
-    resume: str = setting("true", "true | false | force: as `simsearch train`'s resume")
-    threads: int = setting(1, "torch threads, as the quickstart's (0 = torch's default: every core)")
-    stop_grace_s: float = setting(
-        60.0,
-        "SIGTERM / SIGINT: seconds the step in flight may take to finish before the run stops at once (0 = no limit)",
+    eval_every: int = setting(
+        100, "steps between validation losses on val_file, also taken at the last step (0 = never)"
     )
+    gradient_checkpointing: bool = _gradient_checkpointing()
+    bf16: bool = setting(False, "bf16 autocast (under DeepSpeed: its bf16 mode)")
+    resume: str = _resume()
+    threads: int = _threads()
+    stop_grace_s: float = _stop_grace_s("the step in flight", "the run")
 
     def check(self, key: str) -> None:
         self.resume = _resume_mode(self.resume)
@@ -505,15 +562,15 @@ class FinetuneRecipe:
 class ServeRecipe:
     """`simsearch serve`: any engine behind Search-R1's POST /retrieve."""
 
-    search: SearchConfig = setting(default_factory=SearchConfig, help="")
+    search: SearchConfig = setting(default_factory=SearchConfig, help="the engine served")
     host: str = setting("127.0.0.1", "wider binds are warned about")
-    port: int = setting(8000, "")
+    port: int = setting(8000, "TCP port the server listens on")
     max_batch: int = setting(256, "queries per engine call (requests are coalesced up to this)")
-    max_queries_per_request: int = setting(512, "")
-    max_body_bytes: int = setting(1_000_000, "")
+    max_queries_per_request: int = setting(512, "queries one request may send (more get 413)")
+    max_body_bytes: int = setting(1_000_000, "bytes one request body may hold (more get 413)")
     max_top_k: int = setting(100, "larger topk requests get 422")
     token_env: str = setting("", "environment variable with a bearer token required on /retrieve")
-    threads: int = setting(1, "torch threads, as the quickstart's (0 = torch's default: every core)")
+    threads: int = _threads()
     run_dir: str = setting(
         "",
         'where cost.json (what was served and what it cost) is written at shutdown ("" = nowhere)',
@@ -556,8 +613,10 @@ class QuickstartRecipe:
     start from.
     """
 
-    seed: int = setting(0, "")
-    run_dir: str = setting("runs/quickstart", "")
+    seed: int = setting(0, "random seed of the tiny world, the base model and every stage's run")
+    run_dir: str = setting(
+        "runs/quickstart", "where every stage writes: the world, the base model, the simulator, the RL and eval runs"
+    )
     smoke: bool = setting(False, "every stage for a step or two (a pipeline check, not a result)")
     recipes_dir: str = setting("", 'stage recipes ("" = recipes/quickstart beside the package)')
     n_entities: int = setting(300, "people in the tiny world RL and evaluation ask about")
@@ -570,9 +629,13 @@ class QuickstartRecipe:
         "base-model pretraining on reading and random-query traces (1,600 chosen on development worlds; "
         "docs/quickstart-notes.md)",
     )
-    pretrain_batch_size: int = setting(32, "")
-    pretrain_lr: float = setting(2e-3, "")
-    pretrain_traces: int = setting(16000, "")
+    pretrain_batch_size: int = setting(32, "traces per pretraining step")
+    pretrain_lr: float = setting(
+        2e-3, "peak learning rate of the copy drills and the traces (linear warm-up, cosine decay)"
+    )
+    pretrain_traces: int = setting(
+        16000, "traces made for pretraining (pretrain_steps go over them in epochs, each shuffled)"
+    )
     copy_loss_weight: float = setting(1.0, "auxiliary loss on copyable tokens inside <information>")
     typed_answer_share: float = setting(
         0.8,
@@ -627,10 +690,7 @@ class QuickstartRecipe:
         "protocol tool-call: the base pretrains for pretrain_steps times this (1.0: the 1,600 steps chosen for it on "
         "development worlds, docs/toolcall.md)",
     )
-    threads: int = setting(
-        1,
-        "torch threads (0 = torch's default: every core); 1 gives the same floats on any number of cores",
-    )
+    threads: int = _threads()
     released: bool = setting(
         True,
         "a stage built under the very fingerprint of a model shipped with the package (the default world's base and "

@@ -34,7 +34,10 @@ class GenerationConfig:
     """A text-generation engine: transformers in-process, an OpenAI-compatible server, or vLLM."""
 
     kind: str = setting("hf", "a name in generation.recipe.GENERATION_KINDS (hf: transformers in process)")
-    model: ModelConfig = setting(default_factory=ModelConfig, help="")
+    model: ModelConfig = setting(
+        default_factory=ModelConfig,
+        help="the model: the weights hf and vllm load (openai: the tokenizer, where one is needed)",
+    )
     batch_size: int = setting(64, "hf: prompts per forward batch")
     compile: bool = setting(
         False,
@@ -109,7 +112,9 @@ class SamplingConfig:
     """Sampling for one generation call."""
 
     temperature: float = setting(1.0, "0 = greedy")
-    top_p: float = setting(1.0, "")
+    top_p: float = setting(
+        1.0, "nucleus sampling: only the most likely tokens whose probabilities sum to top_p (1 = off)"
+    )
     max_new_tokens: int = setting(500, "per turn for the policy; per call for the simulator")
 
     def check(self, key: str) -> None:

@@ -33,7 +33,7 @@ class SimulatorConfig:
     preset: str = setting("simsearch", "a name in simulator.prompts.PRESETS")
     useful_template: str = setting("", "presets that need templates (custom): {query} {question} {answers} {top_k}")
     noisy_template: str = setting("", "preset=custom: the noisy counterpart")
-    generation: GenerationConfig = setting(default_factory=GenerationConfig, help="")
+    generation: GenerationConfig = setting(default_factory=GenerationConfig, help="the simulator LLM and its engine")
     chat: bool = setting(False, "hf: send prompts through the simulator's chat template (openai: generation.chat)")
     temperature: float = setting(0.8, "ZeroSearch samples the simulator at 0.8")
     max_new_tokens: int = setting(600, "ZeroSearch's max_tokens for the simulator")

@@ -12,9 +12,9 @@ from simsearch.errors import RecipeError
 class OptimConfig:
     """AdamW with warmup and decay."""
 
-    lr: float = setting(1e-6, "")
-    weight_decay: float = setting(0.01, "")
-    betas: list[float] = setting(default_factory=lambda: [0.9, 0.999], help="")
+    lr: float = setting(1e-6, "learning rate (the peak, after any warm-up)")
+    weight_decay: float = setting(0.01, "AdamW's decoupled weight decay")
+    betas: list[float] = setting(default_factory=lambda: [0.9, 0.999], help="AdamW's (beta1, beta2)")
     warmup_steps: int = setting(
         0,
         "Schedule steps of linear warm-up. `simsearch train` steps its schedule once per training step (after all of "
@@ -26,7 +26,7 @@ class OptimConfig:
         "`optim.lr_warmup_steps_ratio` with its rounding; exclusive with warmup_steps",
     )
     schedule: str = setting("constant", "constant | linear | cosine (decay after warmup)")
-    grad_clip: float = setting(1.0, "")
+    grad_clip: float = setting(1.0, "gradient-norm clip (0 = none)")
 
     def check(self, key: str) -> None:
         check_positive(f"{key}.lr", self.lr)
@@ -49,12 +49,12 @@ class OptimConfig:
 class LoraConfig:
     """PEFT LoRA; disabled when r = 0."""
 
-    r: int = setting(0, "")
-    alpha: int = setting(16, "")
-    dropout: float = setting(0.0, "")
+    r: int = setting(0, "LoRA rank (0 = no LoRA: full fine-tuning)")
+    alpha: int = setting(16, "LoRA's alpha: the adapter's update is scaled by alpha / r")
+    dropout: float = setting(0.0, "dropout on the adapter's input")
     target_modules: list[str] = setting(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        help="",
+        help="names of the modules that get an adapter (Llama and Qwen's attention and MLP projections)",
     )
     merge_on_save: bool = setting(False, "write merged full weights instead of the adapter")
 
