@@ -1,4 +1,5 @@
-"""The checks that recipe sections share: each raises `RecipeError` naming the key, the value and the bound.
+"""What recipe sections share: `setting` (a field and its help) and the checks, each of which raises
+`RecipeError` naming the key, the value and the bound.
 
 A section checks itself under its own key (`policy` gives `policy.kind`); a command's recipe checks its
 own fields under the key "", so their names arrive as `.steps` and are shown as `steps`.
@@ -6,10 +7,37 @@ own fields under the key "", so their names arrive as `.steps` and are shown as 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, TypeVar, overload
 
 from simsearch.errors import RecipeError
+
+T = TypeVar("T")
+
+HELP = "help"
+"""The metadata key of a recipe field's help: `dataclasses.fields(cls)[i].metadata[HELP]`."""
+
+
+@overload
+def setting(default: T, help: str) -> T: ...
+
+
+@overload
+def setting(*, default_factory: Callable[[], T], help: str) -> T: ...
+
+
+def setting(default: Any = dataclasses.MISSING, help: str = "", *, default_factory: Any = dataclasses.MISSING) -> Any:
+    """A recipe field declared with its help: `steps: int = setting(200, "optimizer steps")`, or
+    `setting(default_factory=list, help="...")` for a mutable default.
+
+    The help is data, `field.metadata["help"]`: `simsearch config COMMAND --doc` and docs/recipes.md
+    print it beside the key, and a test requires it on every field of every recipe. A setting several
+    recipes share is declared once, as a function returning its `setting` (`config._threads`).
+    """
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={HELP: help})
+
 
 _recorders: list[list[tuple[str, tuple[str, ...]]]] = []  # open `recording_choices` blocks
 

@@ -14,7 +14,7 @@ import math
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -22,7 +22,7 @@ import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from simsearch.checks import check_choice, check_positive, check_range
+from simsearch.checks import check_choice, check_positive, check_range, setting
 from simsearch.curriculum.recipe import CurriculumConfig
 from simsearch.curriculum.served import check_served_curriculum
 from simsearch.data.recipe import DataConfig, EvalDataset
@@ -96,43 +96,88 @@ def _resume_mode(value: str) -> str:
     return mode
 
 
+# --------------------------------------------------------------------------- settings several recipes share
+# Each declared once, default and help; a recipe declares its field with the function
+# (`threads: int = _threads()`), which hands each dataclass a field of its own.
+
+
+def _seed() -> int:
+    return setting(0, "random seed of the run's draws (sampling, data order, search noise)")
+
+
+def _run_dir() -> str:
+    """`run_dir` of the commands that train (train, simulator finetune)."""
+    return setting(MISSING, "where metrics, checkpoints and the resolved recipe go")
+
+
+def _resume() -> str:
+    return setting(
+        "true",
+        "true: continue from the run directory's last checkpoint if there is one, refused when the recipe differs from "
+        "its recipe.yaml | false: start over | force: continue and apply the changed recipe (the change is recorded in "
+        "recipe_changes.jsonl)",
+    )
+
+
+def _threads() -> int:
+    return setting(1, "torch threads (0 = torch's default: every core); 1 gives the same floats on any number of cores")
+
+
+def _gradient_checkpointing() -> bool:
+    return setting(False, "recompute activations in the backward pass instead of keeping them: less memory, more time")
+
+
+def _stop_grace_s(work: str, stops: str) -> float:
+    """`stop_grace_s` of a command whose unit of `work` finishes before `stops` on a signal."""
+    return setting(
+        60.0, f"SIGTERM / SIGINT: seconds {work} may take to finish before {stops} stops at once (0 = no limit)"
+    )
+
+
 @dataclass
 class TrainRecipe:
     """`simsearch train`: curriculum RL of a search agent."""
 
-    seed: int = 0
-    run_dir: str = MISSING  # where metrics, checkpoints and the resolved recipe go
-    policy: GenerationConfig = field(default_factory=GenerationConfig)
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    search: SearchConfig = field(default_factory=SearchConfig)
-    val_search: SearchConfig | None = None  # engine for validation (default: `search`)
-    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
-    health: HealthConfig = field(default_factory=HealthConfig)  # the collapse monitor (docs/health.md)
-    steps: int = 200  # optimizer steps (ZeroSearch: 203)
-    prompts_per_step: int = 64  # questions per step; trajectories = prompts_per_step x group_size
-    micro_batch_size: int = 8  # trajectories per forward/backward pass (gradient accumulation)
-    gradient_checkpointing: bool = False
-    bf16: bool = False  # bf16 autocast where the hardware has it
-    save_every: int = 50  # steps between checkpoints (0 = only at the end)
-    eval_every: int = 0  # steps between validations (0 = never)
-    # true: continue from the run directory's last checkpoint if there is one, refused when the recipe
-    # differs from its recipe.yaml | false: start over | force: continue and apply the changed recipe
-    # (the change is recorded in recipe_changes.jsonl)
-    resume: str = "true"
-    threads: int = 1  # torch threads, as the quickstart's (0 = torch's default: every core)
-    tensorboard: bool = True
-    wandb_project: str = ""  # log to Weights & Biases too (needs [wandb])
-    trajectory_samples: int = 4  # trajectories per sampled step written to trajectories.jsonl (0 = none)
-    trajectory_every: int = 10  # steps between samples (and always the first and last step)
-    # SIGTERM / SIGINT: seconds the step in flight may take to finish before the run stops at once (0 = no limit)
-    stop_grace_s: float = 60.0
+    seed: int = _seed()
+    run_dir: str = _run_dir()
+    policy: GenerationConfig = setting(
+        default_factory=GenerationConfig, help="the policy RL trains, and the engine that generates its rollouts"
+    )
+    sampling: SamplingConfig = setting(default_factory=SamplingConfig, help="how the policy samples its rollouts")
+    data: DataConfig = setting(default_factory=DataConfig, help="the training and validation questions")
+    search: SearchConfig = setting(
+        default_factory=SearchConfig, help="the engine that answers the policy's searches in training"
+    )
+    val_search: SearchConfig | None = setting(None, "engine for validation (default: `search`)")
+    curriculum: CurriculumConfig = setting(
+        default_factory=CurriculumConfig,
+        help="how the share of noisy search results (the simulator's) moves over training",
+    )
+    rollout: RolloutConfig = setting(default_factory=RolloutConfig, help="the multi-turn agent loop")
+    reward: RewardConfig = setting(default_factory=RewardConfig, help="the reward: a weighted sum of named components")
+    algorithm: AlgorithmConfig = setting(default_factory=AlgorithmConfig, help="the advantage estimator and the loss")
+    optim: OptimConfig = setting(default_factory=OptimConfig, help="the policy's optimizer and its schedule")
+    lora: LoraConfig = setting(
+        default_factory=LoraConfig, help="LoRA adapters on the policy instead of full fine-tuning (r > 0)"
+    )
+    deepspeed: DeepSpeedConfig = setting(
+        default_factory=DeepSpeedConfig, help="DeepSpeed ZeRO for the policy's training (stage > 0)"
+    )
+    health: HealthConfig = setting(default_factory=HealthConfig, help="the collapse monitor (docs/health.md)")
+    steps: int = setting(200, "optimizer steps (ZeroSearch: 203)")
+    prompts_per_step: int = setting(64, "questions per step; trajectories = prompts_per_step x group_size")
+    micro_batch_size: int = setting(8, "trajectories per forward/backward pass (gradient accumulation)")
+    gradient_checkpointing: bool = _gradient_checkpointing()
+    bf16: bool = setting(False, "bf16 autocast where the hardware has it")
+    save_every: int = setting(50, "steps between checkpoints (0 = only at the end)")
+    eval_every: int = setting(0, "steps between validations (0 = never)")
+    resume: str = _resume()
+    threads: int = _threads()
+    tensorboard: bool = setting(True, "also log the metrics as TensorBoard events (tensorboard/ in the run directory)")
+    wandb_project: str = setting("", "log to Weights & Biases too (needs [wandb])")
+    trajectory_samples: int = setting(4, "trajectories per sampled step written to trajectories.jsonl (0 = none)")
+    trajectory_every: int = setting(10, "steps between samples (and always the first and last step)")
+    stop_grace_s: float = _stop_grace_s("the step in flight", "the run")
 
     def check(self, key: str) -> None:
         self.resume = _resume_mode(self.resume)
@@ -263,28 +308,35 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # eval row and dataset
 class EvalRecipe:
     """`simsearch eval`: one policy x several engines x several datasets."""
 
-    seed: int = 0
-    run_dir: str = MISSING
-    policy: GenerationConfig = field(default_factory=GenerationConfig)
-    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.0))
-    n: int = 1  # samples per question (pass@n when > 1)
-    datasets: list[EvalDataset] = field(default_factory=list)
-    engines: dict[str, SearchConfig] = field(default_factory=dict)  # row name -> engine
-    noisy_share: float = 0.0  # simulator engines: probability a search is noisy
-    baselines: list[str] = field(default_factory=list)  # direct | rag
-    rag_engine: str = ""  # which of `engines` feeds the RAG baseline (default: the first)
-    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(group_size=1))
-    training_run: str = ""  # a train run directory whose curves go in the report
-    chunk_size: int = 64  # questions per rollout call; rows are appended after each chunk (the resume unit)
-    fidelity_size: int = 100  # questions per dataset in the simulator-fidelity section (0 = skip it)
-    # How answers are normalized before em / substring_em / f1 (simsearch.eval.metrics), named
-    # under every table. squad by default: the SQuAD v1.1 rule Search-R1, ZeroSearch and SSRL
-    # score with, so a table compares with theirs; unicode (ours) also deletes non-ASCII
-    # punctuation and never matches a gold answer that normalizes to "".
-    normalization: str = "squad"
-    threads: int = 1  # torch threads, as the quickstart's (0 = torch's default: every core)
-    # SIGTERM / SIGINT: seconds the chunk in flight may take to finish before eval stops at once (0 = no limit)
-    stop_grace_s: float = 60.0
+    seed: int = _seed()
+    run_dir: str = setting(
+        MISSING, "where the rows, the report (table.md, summary.json, bars.png) and the resolved recipe go"
+    )
+    policy: GenerationConfig = setting(default_factory=GenerationConfig, help="the policy evaluated, and its engine")
+    sampling: SamplingConfig = setting(
+        default_factory=lambda: SamplingConfig(temperature=0.0), help="how the policy samples (greedy by default)"
+    )
+    n: int = setting(1, "samples per question (pass@n when > 1)")
+    datasets: list[EvalDataset] = setting(default_factory=list, help="the QA sets evaluated on, one table column each")
+    engines: dict[str, SearchConfig] = setting(default_factory=dict, help="row name -> engine")
+    noisy_share: float = setting(0.0, "simulator engines: probability a search is noisy")
+    baselines: list[str] = setting(default_factory=list, help="direct | rag")
+    rag_engine: str = setting("", "which of `engines` feeds the RAG baseline (default: the first)")
+    rollout: RolloutConfig = setting(
+        default_factory=lambda: RolloutConfig(group_size=1), help="the multi-turn agent loop"
+    )
+    training_run: str = setting("", "a train run directory whose curves go in the report")
+    chunk_size: int = setting(64, "questions per rollout call; rows are appended after each chunk (the resume unit)")
+    fidelity_size: int = setting(100, "questions per dataset in the simulator-fidelity section (0 = skip it)")
+    normalization: str = setting(
+        "squad",
+        "How answers are normalized before em / substring_em / f1 (simsearch.eval.metrics), named under every table. "
+        "squad by default: the SQuAD v1.1 rule Search-R1, ZeroSearch and SSRL score with, so a table compares with "
+        "theirs; unicode (ours) also deletes non-ASCII punctuation and never matches a gold answer that normalizes to "
+        '"".',
+    )
+    threads: int = _threads()
+    stop_grace_s: float = _stop_grace_s("the chunk in flight", "eval")
 
     def check(self, key: str) -> None:
         _check_threads(self.threads)
@@ -366,31 +418,47 @@ class EvalRecipe:
 class CollectRecipe:
     """`simsearch simulator collect`: simulator SFT data from real-search trajectories."""
 
-    seed: int = 0
-    run_dir: str = MISSING
-    policy: GenerationConfig = field(default_factory=GenerationConfig)
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    search: SearchConfig = field(default_factory=SearchConfig)  # the real retriever
-    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(group_size=1))
-    judge: JudgeConfig = field(default_factory=JudgeConfig)
-    preset: str = "simsearch"  # prompt preset the SFT pairs are rendered with
-    show_question: bool = True  # false: prompts leave out the question (as the simulator will run)
-    show_answer: bool = True  # false: prompts leave out the gold answer (as the simulator will run)
-    # How pairs are labelled (simsearch.simulator.sft_data): trajectory = ZeroSearch's paper (all searches of a
-    # trajectory that answered correctly are useful, of one that did not noisy) | judged = ours, by content
-    # (judge: does the set hold the answer?) | retrieved = ours, keeps the retriever's query sensitivity.
-    target: str = "judged"
-    outcome_metric: str = "substring_em"  # trajectory: correct = this is 1 (substring_em: ZeroSearch's "EM" | em)
-    contrast_queries: int = 0  # per search, perturbed queries also sent to the retriever (word dropped/cut/swapped)
-    # the edits those variants draw from: simulator.sft_data.CONTRAST_EDITS (respell: a word's prefix kept, its
-    # ending replaced, as a policy miscopies a name)
-    contrast_edits: list[str] = field(default_factory=lambda: ["drop", "cut", "swap"])
-    balance: bool = True  # judged, trajectory: equal numbers of useful and noisy pairs
-    val_fraction: float = 0.1  # share of questions whose pairs go to validation
-    batch_size: int = 64  # questions per rollout call
-    max_questions: int = 0  # first N questions of data.train only (0 = all)
-    threads: int = 1  # torch threads, as the quickstart's (0 = torch's default: every core)
+    seed: int = _seed()
+    run_dir: str = setting(MISSING, "where the SFT pairs, their statistics and the resolved recipe go")
+    policy: GenerationConfig = setting(
+        default_factory=GenerationConfig, help="the policy whose searches are recorded, and its engine"
+    )
+    sampling: SamplingConfig = setting(default_factory=SamplingConfig, help="how the policy samples its rollouts")
+    data: DataConfig = setting(default_factory=DataConfig, help="the questions rolled out (data.train)")
+    search: SearchConfig = setting(default_factory=SearchConfig, help="the real retriever")
+    rollout: RolloutConfig = setting(
+        default_factory=lambda: RolloutConfig(group_size=1), help="the multi-turn agent loop"
+    )
+    judge: JudgeConfig = setting(
+        default_factory=JudgeConfig, help="labels each search's documents useful or noisy (target: judged)"
+    )
+    preset: str = setting("simsearch", "prompt preset the SFT pairs are rendered with")
+    show_question: bool = setting(True, "false: prompts leave out the question (as the simulator will run)")
+    show_answer: bool = setting(True, "false: prompts leave out the gold answer (as the simulator will run)")
+    target: str = setting(
+        "judged",
+        "How pairs are labelled (simsearch.simulator.sft_data): trajectory = ZeroSearch's paper (all searches of a "
+        "trajectory that answered correctly are useful, of one that did not noisy) | judged = ours, by content (judge: "
+        "does the set hold the answer?) | retrieved = ours, keeps the retriever's query sensitivity.",
+    )
+    outcome_metric: str = setting(
+        "substring_em",
+        'trajectory: correct = this is 1 (substring_em: ZeroSearch\'s "EM" | em)',
+    )
+    contrast_queries: int = setting(
+        0,
+        "per search, perturbed queries also sent to the retriever (word dropped/cut/swapped)",
+    )
+    contrast_edits: list[str] = setting(
+        default_factory=lambda: ["drop", "cut", "swap"],
+        help="the edits those variants draw from: simulator.sft_data.CONTRAST_EDITS (respell: a word's prefix kept, "
+        "its ending replaced, as a policy miscopies a name)",
+    )
+    balance: bool = setting(True, "judged, trajectory: equal numbers of useful and noisy pairs")
+    val_fraction: float = setting(0.1, "share of questions whose pairs go to validation")
+    batch_size: int = setting(64, "questions per rollout call")
+    max_questions: int = setting(0, "first N questions of data.train only (0 = all)")
+    threads: int = _threads()
 
     def check(self, key: str) -> None:
         _check_threads(self.threads)
@@ -437,28 +505,37 @@ class CollectRecipe:
 class FinetuneRecipe:
     """`simsearch simulator finetune`: SFT of the simulator LLM."""
 
-    seed: int = 0
-    run_dir: str = MISSING
-    model: ModelConfig = field(default_factory=ModelConfig)
-    train_file: str = MISSING  # JSONL of {prompt, response} pairs (from `simulator collect`)
-    val_file: str = ""
-    chat_template: bool = False  # render prompts through the tokenizer's chat template
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6))
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
-    steps: int = 1000  # ZeroSearch: 1000
-    batch_size: int = 2  # ZeroSearch: 2
-    grad_accum: int = 1
-    max_length: int = 1024
-    answer_loss_weight: float = 1.0  # loss weight of response tokens spelling a gold answer (1 = plain SFT)
-    save_every: int = 0  # 0 = only at the end
-    eval_every: int = 100
-    gradient_checkpointing: bool = False
-    bf16: bool = False
-    resume: str = "true"  # true | false | force: as `simsearch train`'s resume
-    threads: int = 1  # torch threads, as the quickstart's (0 = torch's default: every core)
-    # SIGTERM / SIGINT: seconds the step in flight may take to finish before the run stops at once (0 = no limit)
-    stop_grace_s: float = 60.0
+    seed: int = _seed()
+    run_dir: str = _run_dir()
+    model: ModelConfig = setting(default_factory=ModelConfig, help="the simulator LLM fine-tuned")
+    train_file: str = setting(MISSING, "JSONL of {prompt, response} pairs (from `simulator collect`)")
+    val_file: str = setting("", 'JSONL of validation pairs, whose loss is logged every eval_every steps ("" = none)')
+    chat_template: bool = setting(False, "render prompts through the tokenizer's chat template")
+    optim: OptimConfig = setting(
+        default_factory=lambda: OptimConfig(lr=1e-6), help="the simulator's optimizer and its schedule"
+    )
+    lora: LoraConfig = setting(
+        default_factory=LoraConfig, help="LoRA adapters on the simulator instead of full fine-tuning (r > 0)"
+    )
+    deepspeed: DeepSpeedConfig = setting(
+        default_factory=DeepSpeedConfig, help="DeepSpeed ZeRO for the simulator's training (stage > 0)"
+    )
+    steps: int = setting(1000, "ZeroSearch: 1000")
+    batch_size: int = setting(2, "ZeroSearch: 2")
+    grad_accum: int = setting(1, "micro-batches of batch_size pairs each process accumulates per optimizer step")
+    max_length: int = setting(
+        1024, "tokens per pair: a longer response is cut to fit; a pair whose prompt alone reaches it is dropped"
+    )
+    answer_loss_weight: float = setting(1.0, "loss weight of response tokens spelling a gold answer (1 = plain SFT)")
+    save_every: int = setting(0, "0 = only at the end")
+    eval_every: int = setting(
+        100, "steps between validation losses on val_file, also taken at the last step (0 = never)"
+    )
+    gradient_checkpointing: bool = _gradient_checkpointing()
+    bf16: bool = setting(False, "bf16 autocast (under DeepSpeed: its bf16 mode)")
+    resume: str = _resume()
+    threads: int = _threads()
+    stop_grace_s: float = _stop_grace_s("the step in flight", "the run")
 
     def check(self, key: str) -> None:
         self.resume = _resume_mode(self.resume)
@@ -485,22 +562,29 @@ class FinetuneRecipe:
 class ServeRecipe:
     """`simsearch serve`: any engine behind Search-R1's POST /retrieve."""
 
-    search: SearchConfig = field(default_factory=SearchConfig)
-    host: str = "127.0.0.1"  # wider binds are warned about
-    port: int = 8000
-    max_batch: int = 256  # queries per engine call (requests are coalesced up to this)
-    max_queries_per_request: int = 512
-    max_body_bytes: int = 1_000_000
-    max_top_k: int = 100  # larger topk requests get 422
-    token_env: str = ""  # environment variable with a bearer token required on /retrieve
-    threads: int = 1  # torch threads, as the quickstart's (0 = torch's default: every core)
-    run_dir: str = ""  # where cost.json (what was served and what it cost) is written at shutdown ("" = nowhere)
-    drain_s: int = 10  # on SIGTERM / SIGINT: seconds in-flight requests may take before they are cancelled
-    # the noise curriculum of requests that send neither noisy nor p_noise, by the step a client reports
-    # (train's schedules; null = none, no noise)
-    curriculum: CurriculumConfig | None = None
-    # searches the training run makes in all: they move the curriculum of a client that reports no step (0 = none)
-    curriculum_total_searches: int = 0
+    search: SearchConfig = setting(default_factory=SearchConfig, help="the engine served")
+    host: str = setting("127.0.0.1", "wider binds are warned about")
+    port: int = setting(8000, "TCP port the server listens on")
+    max_batch: int = setting(256, "queries per engine call (requests are coalesced up to this)")
+    max_queries_per_request: int = setting(512, "queries one request may send (more get 413)")
+    max_body_bytes: int = setting(1_000_000, "bytes one request body may hold (more get 413)")
+    max_top_k: int = setting(100, "larger topk requests get 422")
+    token_env: str = setting("", "environment variable with a bearer token required on /retrieve")
+    threads: int = _threads()
+    run_dir: str = setting(
+        "",
+        'where cost.json (what was served and what it cost) is written at shutdown ("" = nowhere)',
+    )
+    drain_s: int = setting(10, "on SIGTERM / SIGINT: seconds in-flight requests may take before they are cancelled")
+    curriculum: CurriculumConfig | None = setting(
+        None,
+        "the noise curriculum of requests that send neither noisy nor p_noise, by the step a client reports (train's "
+        "schedules; null = none, no noise)",
+    )
+    curriculum_total_searches: int = setting(
+        0,
+        "searches the training run makes in all: they move the curriculum of a client that reports no step (0 = none)",
+    )
 
     def check(self, key: str) -> None:
         _check_threads(self.threads)
@@ -529,54 +613,89 @@ class QuickstartRecipe:
     start from.
     """
 
-    seed: int = 0
-    run_dir: str = "runs/quickstart"
-    smoke: bool = False  # every stage for a step or two (a pipeline check, not a result)
-    recipes_dir: str = ""  # stage recipes ("" = recipes/quickstart beside the package)
-    n_entities: int = 300  # people in the tiny world RL and evaluation ask about
-    n_train_entities: int = 200  # of them, those training questions ask about
-    n_background_entities: int = 900  # more people, in the corpus, whose questions pretrain the base LM
-    vocab_size: int = 1000  # byte-level BPE of the tiny models
-    drill_steps: int = 300  # copy drills (batch 64) before the traces: they form induction heads
-    # base-model pretraining on reading and random-query traces (1,600 chosen on development worlds;
-    # docs/quickstart-notes.md)
-    pretrain_steps: int = 1600
-    pretrain_batch_size: int = 32
-    pretrain_lr: float = 2e-3
-    pretrain_traces: int = 16000
-    copy_loss_weight: float = 1.0  # auxiliary loss on copyable tokens inside <information>
-    typed_answer_share: float = 0.8  # traces answering with a value of the asked kind (a city for a birthplace)
-    # reading traces: the person's name searched (out of the LM loss) and the gold value answered; they
-    # teach reading, not which query to write
-    reading_share: float = 0.7
-    # shares of the other traces' query kinds (tinyworld.traces.QUERY_KINDS): the person's name alone,
-    # question words alone, or both (40% of these traces name the person; the base names them in about
-    # one query in eight)
-    query_mix: list[float] = field(default_factory=lambda: [0.2, 0.6, 0.2])
-    # redraw a trace query that finds nothing (which favours the name wherever the question's other words
-    # are not in the corpus); false keeps it, with empty results and a guessed answer
-    redraw_empty_searches: bool = False
-    two_hop_share: float = 0.0  # people (each split) with a two-hop question: the birth city of their venture's founder
-    two_search_share: float = 0.0  # pretraining traces that search twice before answering (the multi-turn format)
-    year_tokens: bool = True  # every year of the world one token of the tiny tokenizer (else four digit tokens)
-    city_tokens: bool = True  # every city name one token (else the BPE's pieces)
-    # how the policy searches in every stage (rollout.protocol): tags, or tool-call (the base learns
-    # Hermes tool calls in a ChatML template of its own, models.TINY_TOOL_TEMPLATE)
-    protocol: str = "tags"
-    # the RL stages' optim.lr under protocol tool-call (train.yaml's 3e-4 is the tags protocol's): chosen on
-    # development world 100, where GRPO at 3e-4 took the calls apart (docs/toolcall.md)
-    tool_call_lr: float = 1e-4
-    # protocol tool-call: the tiny tokenizer writes the call's fixed JSON before the query and after it as one
-    # token each, as it writes years and cities (off: the BPE's 13 and 2 pieces; docs/toolcall.md)
-    call_tokens: bool = False
-    # protocol tool-call: the base pretrains for pretrain_steps times this (1.0: the 1,600 steps chosen for
-    # it on development worlds, docs/toolcall.md)
-    tool_call_pretrain_factor: float = 1.0
-    # torch threads (0 = torch's default: every core); 1 gives the same floats on any number of cores
-    threads: int = 1
-    # a stage built under the very fingerprint of a model shipped with the package (the default world's base and
-    # simulator) installs that model instead of building it; false builds every stage here
-    released: bool = True
+    seed: int = setting(0, "random seed of the tiny world, the base model and every stage's run")
+    run_dir: str = setting(
+        "runs/quickstart", "where every stage writes: the world, the base model, the simulator, the RL and eval runs"
+    )
+    smoke: bool = setting(False, "every stage for a step or two (a pipeline check, not a result)")
+    recipes_dir: str = setting("", 'stage recipes ("" = recipes/quickstart beside the package)')
+    n_entities: int = setting(300, "people in the tiny world RL and evaluation ask about")
+    n_train_entities: int = setting(200, "of them, those training questions ask about")
+    n_background_entities: int = setting(900, "more people, in the corpus, whose questions pretrain the base LM")
+    vocab_size: int = setting(1000, "byte-level BPE of the tiny models")
+    drill_steps: int = setting(300, "copy drills (batch 64) before the traces: they form induction heads")
+    pretrain_steps: int = setting(
+        1600,
+        "base-model pretraining on reading and random-query traces (1,600 chosen on development worlds; "
+        "docs/quickstart-notes.md)",
+    )
+    pretrain_batch_size: int = setting(32, "traces per pretraining step")
+    pretrain_lr: float = setting(
+        2e-3, "peak learning rate of the copy drills and the traces (linear warm-up, cosine decay)"
+    )
+    pretrain_traces: int = setting(
+        16000, "traces made for pretraining (pretrain_steps go over them in epochs, each shuffled)"
+    )
+    copy_loss_weight: float = setting(1.0, "auxiliary loss on copyable tokens inside <information>")
+    typed_answer_share: float = setting(
+        0.8,
+        "traces answering with a value of the asked kind (a city for a birthplace)",
+    )
+    reading_share: float = setting(
+        0.7,
+        "reading traces: the person's name searched (out of the LM loss) and the gold value answered; they teach "
+        "reading, not which query to write",
+    )
+    query_mix: list[float] = setting(
+        default_factory=lambda: [0.2, 0.6, 0.2],
+        help="shares of the other traces' query kinds (tinyworld.traces.QUERY_KINDS): the person's name alone, "
+        "question words alone, or both (40% of these traces name the person; the base names them in about one query "
+        "in eight)",
+    )
+    redraw_empty_searches: bool = setting(
+        False,
+        "redraw a trace query that finds nothing (which favours the name wherever the question's other words are not "
+        "in the corpus); false keeps it, with empty results and a guessed answer",
+    )
+    two_hop_share: float = setting(
+        0.0,
+        "people (each split) with a two-hop question: the birth city of their venture's founder",
+    )
+    two_search_share: float = setting(
+        0.0,
+        "pretraining traces that search twice before answering (the multi-turn format)",
+    )
+    year_tokens: bool = setting(
+        True,
+        "every year of the world one token of the tiny tokenizer (else four digit tokens)",
+    )
+    city_tokens: bool = setting(True, "every city name one token (else the BPE's pieces)")
+    protocol: str = setting(
+        "tags",
+        "how the policy searches in every stage (rollout.protocol): tags, or tool-call (the base learns Hermes tool "
+        "calls in a ChatML template of its own, models.TINY_TOOL_TEMPLATE)",
+    )
+    tool_call_lr: float = setting(
+        1e-4,
+        "the RL stages' optim.lr under protocol tool-call (train.yaml's 3e-4 is the tags protocol's): chosen on "
+        "development world 100, where GRPO at 3e-4 took the calls apart (docs/toolcall.md)",
+    )
+    call_tokens: bool = setting(
+        False,
+        "protocol tool-call: the tiny tokenizer writes the call's fixed JSON before the query and after it as one "
+        "token each, as it writes years and cities (off: the BPE's 13 and 2 pieces; docs/toolcall.md)",
+    )
+    tool_call_pretrain_factor: float = setting(
+        1.0,
+        "protocol tool-call: the base pretrains for pretrain_steps times this (1.0: the 1,600 steps chosen for it on "
+        "development worlds, docs/toolcall.md)",
+    )
+    threads: int = _threads()
+    released: bool = setting(
+        True,
+        "a stage built under the very fingerprint of a model shipped with the package (the default world's base and "
+        "simulator) installs that model instead of building it; false builds every stage here",
+    )
 
     def check(self, key: str) -> None:
         check_choice("protocol", self.protocol, tuple(PROTOCOLS))

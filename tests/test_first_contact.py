@@ -106,7 +106,8 @@ def test_config_doc_annotates_every_key_and_still_loads(tmp_path: Path, capsys: 
     assert cli.main(["config", "train", str(recipe), "optim.lr=1e-3", "--doc"]) == 0
     text = capsys.readouterr().out
     lines = text.splitlines()
-    assert "  lr: 0.001" in lines
+    assert "  lr: 0.001  # learning rate (the peak, after any warm-up)" in lines
+    assert [line for line in lines if "  # " not in line] == []  # every key has its help (tests/test_config_help.py)
     estimator = next(line for line in lines if line.startswith("  estimator:"))
     assert "[grpo | " in estimator and "igpo" in estimator  # allowed values, from ESTIMATORS via the check
     template = next(line for line in lines if line.startswith("  template:"))

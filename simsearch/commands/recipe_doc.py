@@ -2,9 +2,9 @@
 
 Everything shown is read from the recipe dataclasses (`simsearch.config` and the sections its recipes
 compose, each in its library's `recipe` module), so it cannot drift from what a command accepts: each
-key's description is the comment beside (or above) its field, and its allowed values are those its
-section's `check` tests (recorded while checking the recipe and the shipped recipes, so a choice table
-added to a check shows up here unasked).
+key's description is the help declared with its field (`checks.setting(default, help)`, kept in the
+field's metadata), and its allowed values are those its section's `check` tests (recorded while checking
+the recipe and the shipped recipes, so a choice table added to a check shows up here unasked).
 
     python -m simsearch.commands.recipe_doc --write docs/recipes.md   # regenerate the reference
     python -m simsearch.commands.recipe_doc --check docs/recipes.md   # exit 1 when it is stale
@@ -13,12 +13,7 @@ added to a check shows up here unasked).
 from __future__ import annotations
 
 import argparse
-import inspect
-import io
-import re
 import sys
-import textwrap
-import tokenize
 import types
 import typing
 from dataclasses import fields, is_dataclass
@@ -29,7 +24,7 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-from simsearch.checks import recording_choices
+from simsearch.checks import HELP, recording_choices
 from simsearch.config import (
     CollectRecipe,
     EvalRecipe,
@@ -79,27 +74,9 @@ def main(command: str, path: str | None, overrides: list[str], *, doc: bool) -> 
 # --------------------------------------------------------------------------- what the dataclasses say
 
 
-@cache
 def descriptions(cls: type) -> dict[str, str]:
-    """Field name -> the comment beside its declaration, after the block comment above it, as one line."""
-    source = textwrap.dedent(inspect.getsource(cls))
-    comments = {
-        token.start[0]: token.string.lstrip("#").strip()
-        for token in tokenize.generate_tokens(io.StringIO(source).readline)
-        if token.type == tokenize.COMMENT and not token.string.lstrip("#").strip().startswith(("fmt:", "type:"))
-    }
-    names = {f.name for f in fields(cls)}
-    out: dict[str, str] = {}
-    block: list[str] = []
-    for number, line in enumerate(source.splitlines(), 1):
-        if line.strip().startswith("#"):
-            block += [comments[number]] if number in comments else []
-            continue
-        match = re.match(r" {4}(\w+)\s*:", line)
-        if match and match.group(1) in names:
-            out[match.group(1)] = " ".join([*block, comments.get(number, "")]).strip()
-        block = []
-    return out
+    """Field name -> the help declared with it (`checks.setting`); "" for a field declared without one."""
+    return {f.name: f.metadata.get(HELP, "") for f in fields(cls)}
 
 
 def section_type(cls: type, name: str) -> tuple[type | None, str]:

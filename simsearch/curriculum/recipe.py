@@ -5,9 +5,9 @@ Its `kind` and `granularity` are names in `curriculum.schedules`' tables, which 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from simsearch.checks import check_choice, check_range
+from simsearch.checks import check_choice, check_range, setting
 from simsearch.curriculum.schedules import GRANULARITIES, SCHEDULE_KINDS
 from simsearch.errors import RecipeError
 
@@ -16,20 +16,23 @@ from simsearch.errors import RecipeError
 class CurriculumConfig:
     """How the probability that a search returns noisy documents moves over training."""
 
-    kind: str = "exponential"  # a name in curriculum.schedules.SCHEDULE_KINDS (ZeroSearch's is exponential)
-    p_start: float = 0.0  # p_noise at step 0 (constant: the value throughout)
-    p_end: float = 0.5  # p_noise at total_steps (ZeroSearch README: 0.5)
-    base: float = 4.0  # exponential: b in p_s + (b^(i/m) - 1)/(b - 1)(p_e - p_s)
-    total_steps: int = 0  # steps over which p moves; 0 = the trainer's total steps
-    milestones: list[int] = field(default_factory=list)  # step: steps where p changes
-    values: list[float] = field(default_factory=list)  # step: p from each milestone on
-    target_reward: float = 0.5  # adaptive: raise p when the recent mean reward passes this
-    collapse_reward: float = 0.1  # adaptive: lower p when it falls under this
-    delta: float = 0.05  # adaptive: change of p per adjustment
-    window: int = 10  # adaptive: steps in the reward average
-    p_min: float = 0.0  # adaptive: lower bound
-    p_max: float = 0.9  # adaptive: upper bound
-    granularity: str = "call"  # a name in curriculum.schedules.GRANULARITIES (call: ZeroSearch's one flip per search)
+    kind: str = setting("exponential", "a name in curriculum.schedules.SCHEDULE_KINDS (ZeroSearch's is exponential)")
+    p_start: float = setting(0.0, "p_noise at step 0 (constant: the value throughout)")
+    p_end: float = setting(0.5, "p_noise at total_steps (ZeroSearch README: 0.5)")
+    base: float = setting(4.0, "exponential: b in p_s + (b^(i/m) - 1)/(b - 1)(p_e - p_s)")
+    total_steps: int = setting(0, "steps over which p moves; 0 = the trainer's total steps")
+    milestones: list[int] = setting(default_factory=list, help="step: steps where p changes")
+    values: list[float] = setting(default_factory=list, help="step: p from each milestone on")
+    target_reward: float = setting(0.5, "adaptive: raise p when the recent mean reward passes this")
+    collapse_reward: float = setting(0.1, "adaptive: lower p when it falls under this")
+    delta: float = setting(0.05, "adaptive: change of p per adjustment")
+    window: int = setting(10, "adaptive: steps in the reward average")
+    p_min: float = setting(0.0, "adaptive: lower bound")
+    p_max: float = setting(0.9, "adaptive: upper bound")
+    granularity: str = setting(
+        "call",
+        "a name in curriculum.schedules.GRANULARITIES (call: ZeroSearch's one flip per search)",
+    )
 
     def check(self, key: str) -> None:
         check_choice(f"{key}.kind", self.kind, SCHEDULE_KINDS)

@@ -7,9 +7,9 @@ builder there. Torch-free: `import simsearch.config` (and so `simsearch --help`)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from simsearch.checks import check_choice, check_positive, check_range, user_key
+from simsearch.checks import check_choice, check_positive, check_range, setting, user_key
 from simsearch.errors import RecipeError
 
 GENERATION_KINDS = ("hf", "openai", "vllm")
@@ -20,10 +20,10 @@ GENERATION_KINDS = ("hf", "openai", "vllm")
 class ModelConfig:
     """A Hugging Face causal LM."""
 
-    path: str = ""  # local directory or hub name; required wherever the model is used
-    adapter: str | None = None  # optional PEFT adapter directory loaded on top
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    device: str = "cpu"  # cpu | cuda | cuda:N
+    path: str = setting("", "local directory or hub name; required wherever the model is used")
+    adapter: str | None = setting(None, "optional PEFT adapter directory loaded on top")
+    dtype: str = setting("auto", "auto | float32 | bfloat16 | float16")
+    device: str = setting("cpu", "cpu | cuda | cuda:N")
 
     def check(self, key: str) -> None:
         check_choice(f"{key}.dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
@@ -33,29 +33,39 @@ class ModelConfig:
 class GenerationConfig:
     """A text-generation engine: transformers in-process, an OpenAI-compatible server, or vLLM."""
 
-    kind: str = "hf"  # a name in generation.recipe.GENERATION_KINDS (hf: transformers in process)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    batch_size: int = 64  # hf: prompts per forward batch
-    compile: bool = False  # hf: decode over a static KV cache under torch.compile (CUDA graphs; docs/performance.md)
-    base_urls: list[str] = field(default_factory=list)  # openai: server URLs (load balanced)
-    served_model_name: str = ""  # openai: the model name the server expects
-    api_key_env: str | None = None  # openai: environment variable holding the API key
-    chat: bool = False  # openai: use /v1/chat/completions (needed by chat-template prompts)
-    timeout_s: float = 120.0  # openai: per-request timeout
-    max_retries: int = 3  # openai: bounded retries before a clear error
-    backoff_s: float = 1.0  # openai: first backoff, doubled each retry
-    max_concurrency: int = 8  # openai: requests in flight at once
-    gpu_memory_utilization: float = 0.5  # vllm: share of GPU memory for weights + KV cache
-    tensor_parallel_size: int = 1  # vllm: GPUs per engine
-    enable_sleep_mode: bool = False  # vllm: free GPU memory between rollouts (colocated training)
-    max_model_len: int = 0  # vllm: context length (0 = the model's)
-    # vllm: most tokens per scheduler step; vLLM profiles its memory with a batch this large, so
-    # it bounds what the profile takes from the KV cache (TRL's 4096; 0 = vLLM's own, up to 16384)
-    max_num_batched_tokens: int = 4096
-    max_num_seqs: int = 256  # vllm: most sequences decoded at once (0 = vLLM's own, up to 1024)
-    # vllm, with enable_sleep_mode: 2 drops the weights while asleep (the sync after each update
-    # rewrites every one), 1 copies them to the CPU and back
-    sleep_level: int = 2
+    kind: str = setting("hf", "a name in generation.recipe.GENERATION_KINDS (hf: transformers in process)")
+    model: ModelConfig = setting(
+        default_factory=ModelConfig,
+        help="the model: the weights hf and vllm load (openai: the tokenizer, where one is needed)",
+    )
+    batch_size: int = setting(64, "hf: prompts per forward batch")
+    compile: bool = setting(
+        False,
+        "hf: decode over a static KV cache under torch.compile (CUDA graphs; docs/performance.md)",
+    )
+    base_urls: list[str] = setting(default_factory=list, help="openai: server URLs (load balanced)")
+    served_model_name: str = setting("", "openai: the model name the server expects")
+    api_key_env: str | None = setting(None, "openai: environment variable holding the API key")
+    chat: bool = setting(False, "openai: use /v1/chat/completions (needed by chat-template prompts)")
+    timeout_s: float = setting(120.0, "openai: per-request timeout")
+    max_retries: int = setting(3, "openai: bounded retries before a clear error")
+    backoff_s: float = setting(1.0, "openai: first backoff, doubled each retry")
+    max_concurrency: int = setting(8, "openai: requests in flight at once")
+    gpu_memory_utilization: float = setting(0.5, "vllm: share of GPU memory for weights + KV cache")
+    tensor_parallel_size: int = setting(1, "vllm: GPUs per engine")
+    enable_sleep_mode: bool = setting(False, "vllm: free GPU memory between rollouts (colocated training)")
+    max_model_len: int = setting(0, "vllm: context length (0 = the model's)")
+    max_num_batched_tokens: int = setting(
+        4096,
+        "vllm: most tokens per scheduler step; vLLM profiles its memory with a batch this large, so it bounds what the "
+        "profile takes from the KV cache (TRL's 4096; 0 = vLLM's own, up to 16384)",
+    )
+    max_num_seqs: int = setting(256, "vllm: most sequences decoded at once (0 = vLLM's own, up to 1024)")
+    sleep_level: int = setting(
+        2,
+        "vllm, with enable_sleep_mode: 2 drops the weights while asleep (the sync after each update rewrites every "
+        "one), 1 copies them to the CPU and back",
+    )
 
     def check(self, key: str) -> None:
         check_choice(f"{key}.kind", self.kind, GENERATION_KINDS)
@@ -101,9 +111,11 @@ class GenerationConfig:
 class SamplingConfig:
     """Sampling for one generation call."""
 
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    max_new_tokens: int = 500  # per turn for the policy; per call for the simulator
+    temperature: float = setting(1.0, "0 = greedy")
+    top_p: float = setting(
+        1.0, "nucleus sampling: only the most likely tokens whose probabilities sum to top_p (1 = off)"
+    )
+    max_new_tokens: int = setting(500, "per turn for the policy; per call for the simulator")
 
     def check(self, key: str) -> None:
         # The bounds of vLLM's SamplingParams (0.32-0.33) for every engine, so a recipe samples

@@ -7,9 +7,9 @@ engine kinds it picks from are `retrieval.recipe.SEARCH_KINDS`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from simsearch.checks import check_choice, check_positive
+from simsearch.checks import check_choice, check_positive, setting
 from simsearch.data.rendering import RENDER_STYLES, VERBATIM_STYLE
 from simsearch.errors import RecipeError
 from simsearch.generation.recipe import GenerationConfig, SamplingConfig
@@ -30,18 +30,23 @@ def check_shows(name: str, shown: bool, preset: str) -> None:
 class SimulatorConfig:
     """An LLM that plays search engine (ZeroSearch)."""
 
-    preset: str = "simsearch"  # a name in simulator.prompts.PRESETS
-    useful_template: str = ""  # presets that need templates (custom): {query} {question} {answers} {top_k}
-    noisy_template: str = ""  # preset=custom: the noisy counterpart
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
-    chat: bool = False  # hf: send prompts through the simulator's chat template (openai: generation.chat)
-    temperature: float = 0.8  # ZeroSearch samples the simulator at 0.8
-    max_new_tokens: int = 600  # ZeroSearch's max_tokens for the simulator
-    show_question: bool = True  # false: the prompt leaves out the question (simsearch, simsearch-brief, custom)
-    show_answer: bool = True  # false: not told the answer, it writes what it learned of the world (idem)
-    # keep: noisy documents as written (ZeroSearch) | redact: every gold answer in them replaced, so noise never
-    # shows the answer (simulator.engine.redact_answers); training only, where requests carry gold answers
-    noisy_answers: str = "keep"
+    preset: str = setting("simsearch", "a name in simulator.prompts.PRESETS")
+    useful_template: str = setting("", "presets that need templates (custom): {query} {question} {answers} {top_k}")
+    noisy_template: str = setting("", "preset=custom: the noisy counterpart")
+    generation: GenerationConfig = setting(default_factory=GenerationConfig, help="the simulator LLM and its engine")
+    chat: bool = setting(False, "hf: send prompts through the simulator's chat template (openai: generation.chat)")
+    temperature: float = setting(0.8, "ZeroSearch samples the simulator at 0.8")
+    max_new_tokens: int = setting(600, "ZeroSearch's max_tokens for the simulator")
+    show_question: bool = setting(
+        True,
+        "false: the prompt leaves out the question (simsearch, simsearch-brief, custom)",
+    )
+    show_answer: bool = setting(True, "false: not told the answer, it writes what it learned of the world (idem)")
+    noisy_answers: str = setting(
+        "keep",
+        "keep: noisy documents as written (ZeroSearch) | redact: every gold answer in them replaced, so noise never "
+        "shows the answer (simulator.engine.redact_answers); training only, where requests carry gold answers",
+    )
 
     def check(self, key: str) -> None:
         check_choice(f"{key}.preset", self.preset, tuple(PRESETS))
@@ -64,26 +69,31 @@ class SimulatorConfig:
 class SearchConfig:
     """A search engine: a real retriever, the simulator, or none (self-search)."""
 
-    kind: str = "bm25"  # a name in retrieval.recipe.SEARCH_KINDS (self: self-search, no engine)
-    top_k: int = 3  # documents per search
-    corpus: str = ""  # bm25/dense/random: corpus JSONL ({id, contents} or {id, title, text})
-    index_dir: str = ""  # bm25/dense: where the index is saved; built on first use when empty
-    embedding_model: str = ""  # dense: sentence-transformers model; "" = embedded all-MiniLM-L6-v2
-    query_prefix: str = ""  # dense: e.g. "query: " for e5 models
-    passage_prefix: str = ""  # dense: e.g. "passage: " for e5 models
-    use_faiss: bool = False  # dense: FAISS flat inner product instead of numpy (needs [faiss])
-    url: str = ""  # http: a Search-R1 /retrieve endpoint; serper/serpapi: override the API URL
-    api_key_env: str = ""  # serper/serpapi: variable with the key ("" = their default); http: bearer token
-    timeout_s: float = 30.0  # http/web: per-request timeout
-    max_retries: int = 3  # http/web: bounded retries before a clear error
-    backoff_s: float = 1.0  # http/web: first backoff, doubled each retry
-    cache: str = ""  # SQLite file caching results across runs ("" = no cache)
-    rendering: str = "search-r1"  # how the policy reads documents: data.rendering.RENDER_STYLES (docs there)
-    simulator: SimulatorConfig = field(default_factory=SimulatorConfig)  # kind=simulator
-    # $ per 1,000 queries sent (cache hits are free); null = the kind's documented default
-    # (retrieval.accounting.QUERY_PRICES: 0 for local engines, unknown where none is documented).
-    price_per_1k_queries: float | None = None
-    gpu_hour_price: float | None = None  # simulator: $ per hour of the GPUs serving it (all of them); null = unknown
+    kind: str = setting("bm25", "a name in retrieval.recipe.SEARCH_KINDS (self: self-search, no engine)")
+    top_k: int = setting(3, "documents per search")
+    corpus: str = setting("", "bm25/dense/random: corpus JSONL ({id, contents} or {id, title, text})")
+    index_dir: str = setting("", "bm25/dense: where the index is saved; built on first use when empty")
+    embedding_model: str = setting("", 'dense: sentence-transformers model; "" = embedded all-MiniLM-L6-v2')
+    query_prefix: str = setting("", 'dense: e.g. "query: " for e5 models')
+    passage_prefix: str = setting("", 'dense: e.g. "passage: " for e5 models')
+    use_faiss: bool = setting(False, "dense: FAISS flat inner product instead of numpy (needs [faiss])")
+    url: str = setting("", "http: a Search-R1 /retrieve endpoint; serper/serpapi: override the API URL")
+    api_key_env: str = setting("", 'serper/serpapi: variable with the key ("" = their default); http: bearer token')
+    timeout_s: float = setting(30.0, "http/web: per-request timeout")
+    max_retries: int = setting(3, "http/web: bounded retries before a clear error")
+    backoff_s: float = setting(1.0, "http/web: first backoff, doubled each retry")
+    cache: str = setting("", 'SQLite file caching results across runs ("" = no cache)')
+    rendering: str = setting("search-r1", "how the policy reads documents: data.rendering.RENDER_STYLES (docs there)")
+    simulator: SimulatorConfig = setting(default_factory=SimulatorConfig, help="kind=simulator")
+    price_per_1k_queries: float | None = setting(
+        None,
+        "$ per 1,000 queries sent (cache hits are free); null = the kind's documented default "
+        "(retrieval.accounting.QUERY_PRICES: 0 for local engines, unknown where none is documented).",
+    )
+    gpu_hour_price: float | None = setting(
+        None,
+        "simulator: $ per hour of the GPUs serving it (all of them); null = unknown",
+    )
 
     def check(self, key: str) -> None:
         check_choice(f"{key}.kind", self.kind, SEARCH_KINDS)
@@ -110,8 +120,8 @@ class SearchConfig:
 class JudgeConfig:
     """Labels a retrieved document set useful or noisy."""
 
-    kind: str = "rule"  # rule: a normalized gold answer is contained | llm: ask a model
-    generation: GenerationConfig | None = None  # kind=llm
+    kind: str = setting("rule", "rule: a normalized gold answer is contained | llm: ask a model")
+    generation: GenerationConfig | None = setting(None, "kind=llm")
 
     def check(self, key: str) -> None:
         check_choice(f"{key}.kind", self.kind, ("rule", "llm"))

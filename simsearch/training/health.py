@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from simsearch.checks import check_choice, check_positive, check_range
+from simsearch.checks import check_choice, check_positive, check_range, setting
 from simsearch.errors import RecipeError
 from simsearch.types import Trajectory
 
@@ -47,21 +47,30 @@ KL = "losses/kl"
 class HealthConfig:
     """The health monitor of `simsearch train` (docs/health.md): its rules, thresholds and action."""
 
-    on_alarm: str = "warn"  # a name in training.health.ON_ALARM: warn | stop | rollback
-    rules: list[str] = field(default_factory=lambda: list(RULES))  # the rules checked (names in training.health.RULES)
-    baseline_steps: int = 5  # a signal's baseline: the median of its first this many steps; rules wait for it
-    window: int = 3  # rules on levels compare the mean of a signal's last this many steps
-    entropy_low: float = 0.3  # entropy_low: fires under this share of health/entropy's baseline
-    entropy_high: float = 3.0  # entropy_high: fires over this multiple of health/entropy's baseline
-    search_floor: float = 0.1  # search_stopped: fires when health/search_share falls under this (baseline above it)
-    answer_low: float = 0.5  # answer_drop: fires under this share of rollout/answer_rate's baseline
-    repeat_rise: float = 0.2  # repeats_rising: fires when health/repeat_ngram_share rises this much over its baseline
-    repeat_n: int = 4  # tokens per n-gram of health/repeat_ngram_share
-    spike_k: float = 10.0  # grad_norm_spike / kl_spike: fires over k x the median of the signal's recent steps
-    spike_window: int = 20  # steps in that running median
-    kl_floor: float = 0.01  # kl_spike: the running median counts as at least this (KL starts at 0)
-    lr_scale: float = 0.5  # rollback: the learning rate is multiplied by this at each rollback
-    max_rollbacks: int = 2  # rollback: at most this many; an alarm after them stops the run (status 3)
+    on_alarm: str = setting("warn", "a name in training.health.ON_ALARM: warn | stop | rollback")
+    rules: list[str] = setting(
+        default_factory=lambda: list(RULES),
+        help="the rules checked (names in training.health.RULES)",
+    )
+    baseline_steps: int = setting(5, "a signal's baseline: the median of its first this many steps; rules wait for it")
+    window: int = setting(3, "rules on levels compare the mean of a signal's last this many steps")
+    entropy_low: float = setting(0.3, "entropy_low: fires under this share of health/entropy's baseline")
+    entropy_high: float = setting(3.0, "entropy_high: fires over this multiple of health/entropy's baseline")
+    search_floor: float = setting(
+        0.1,
+        "search_stopped: fires when health/search_share falls under this (baseline above it)",
+    )
+    answer_low: float = setting(0.5, "answer_drop: fires under this share of rollout/answer_rate's baseline")
+    repeat_rise: float = setting(
+        0.2,
+        "repeats_rising: fires when health/repeat_ngram_share rises this much over its baseline",
+    )
+    repeat_n: int = setting(4, "tokens per n-gram of health/repeat_ngram_share")
+    spike_k: float = setting(10.0, "grad_norm_spike / kl_spike: fires over k x the median of the signal's recent steps")
+    spike_window: int = setting(20, "steps in that running median")
+    kl_floor: float = setting(0.01, "kl_spike: the running median counts as at least this (KL starts at 0)")
+    lr_scale: float = setting(0.5, "rollback: the learning rate is multiplied by this at each rollback")
+    max_rollbacks: int = setting(2, "rollback: at most this many; an alarm after them stops the run (status 3)")
 
     def check(self, key: str) -> None:
         check_choice(f"{key}.on_alarm", self.on_alarm, tuple(ON_ALARM))
