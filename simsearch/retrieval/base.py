@@ -48,9 +48,18 @@ def select_top_k(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 def write_index_meta(meta_path: Path, format_version: int, passages: Sequence[Passage], fields: dict[str, Any]) -> None:
-    """Writes an index's metadata file: its format version, its corpus's fingerprint, then `fields`."""
-    meta = {"format_version": format_version, "corpus": corpus_fingerprint(passages), **fields}
-    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+    """Writes an index's metadata file: its format version, its corpus's fingerprint (and, for a corpus read from a
+    file, that file's `corpus_file` identity: `check_index_corpus` then needs no scan of it), then `fields`."""
+    meta: dict[str, Any] = {"format_version": format_version, "corpus": corpus_fingerprint(passages)}
+    if isinstance(passages, JsonlCorpus):
+        meta["corpus_file"] = _file_identity(passages.path)
+    meta_path.write_text(json.dumps({**meta, **fields}, indent=2) + "\n")
+
+
+def _file_identity(path: Path) -> list[int]:
+    """[size, modification time in ns]: a file rewritten in place gets another."""
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns]
 
 
 def read_index_meta(
@@ -85,11 +94,15 @@ def check_index_corpus(index_dir: Path, corpus_path: str | Path) -> None:
     metas = sorted(index_dir.glob(INDEX_META_GLOB)) if index_dir.is_dir() else []
     if not metas or not Path(corpus_path).is_file():
         return
+    identity = _file_identity(Path(corpus_path))
+    expected = [meta for meta in (json.loads(path.read_text()) for path in metas) if meta.get("corpus") is not None]
+    # The very file the index was built from, untouched since: no need to read it (a wiki-sized corpus takes minutes).
+    expected = [meta for meta in expected if meta.get("corpus_file") != identity]
+    if not expected:
+        return
     passages = JsonlCorpus(corpus_path)
     try:
-        for meta_path in metas:
-            expected = json.loads(meta_path.read_text()).get("corpus")
-            if expected is not None:
-                check_fingerprint(expected, passages, index_dir=index_dir, corpus=str(corpus_path))
+        for meta in expected:
+            check_fingerprint(meta["corpus"], passages, index_dir=index_dir, corpus=str(corpus_path))
     finally:
         passages.close()

@@ -131,3 +131,27 @@ def test_load_from_a_directory_without_index(tmp_path):
     corpus = write_corpus(tmp_path / "fruit.jsonl", FRUIT)
     with pytest.raises(FileNotFoundError, match=r"no BM25 index in .*simsearch_bm25.json missing"):
         BM25SearchEngine.load(tmp_path, corpus)
+
+
+def test_the_corpus_check_reads_no_corpus_file_the_index_was_built_from_untouched(tmp_path, monkeypatch):
+    import os
+
+    from simsearch.data.corpus import JsonlCorpus
+    from simsearch.retrieval import base
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "contents": f"t{i}\nword {i}"}) + "\n" for i in range(5)))
+    BM25SearchEngine.build(JsonlCorpus(corpus)).save(tmp_path / "index")
+    meta = json.loads((tmp_path / "index" / "simsearch_bm25.json").read_text())
+    assert meta["corpus_file"] == [corpus.stat().st_size, corpus.stat().st_mtime_ns]
+    opened = []
+    monkeypatch.setattr(base, "JsonlCorpus", lambda path: opened.append(path) or JsonlCorpus(path))
+    base.check_index_corpus(tmp_path / "index", corpus)
+    assert opened == []  # the very file, untouched: no scan
+    # The same bytes touched later: scanned, and they still pass; other bytes of the same size are refused.
+    os.utime(corpus, ns=(corpus.stat().st_atime_ns, corpus.stat().st_mtime_ns + 10**9))
+    base.check_index_corpus(tmp_path / "index", corpus)
+    assert opened == [corpus]
+    corpus.write_text(corpus.read_text().replace("word 3", "word 8"))
+    with pytest.raises(ValueError, match="another corpus"):
+        base.check_index_corpus(tmp_path / "index", corpus)
