@@ -59,7 +59,6 @@ import contextlib
 import json
 import math
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -68,8 +67,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
-from benchlib import (
+from benchmarks.benchlib import (
     NO_NOISE,
     RECIPES,
     finished_world,

@@ -42,9 +42,9 @@ from typing import Any
 
 import torch
 import transformers
-from benchlib import synchronize  # sibling modules: benchmarks/ is on sys.path (python benchmarks/x.py)
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
+from benchmarks.benchlib import synchronize
 from simsearch.generation.attention import PACKED_SDPA
 
 ARMS = ("even", "ragged", "packed")

@@ -37,9 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib
-
-from benchlib import provenance
+from benchmarks.benchlib import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 COPIED = ("simsearch", "tests", "benchmarks", "recipes", "docs", ".ci", "pyproject.toml", "README.md")

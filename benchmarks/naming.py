@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,15 +43,13 @@ from typing import Any
 
 import torch
 
+from benchmarks.benchlib import RECIPES, provenance, run_stage
+from benchmarks.controls import ARMS, SMOKE_EVAL, SMOKE_LIMIT
 from simsearch.commands import evaluate, quickstart, train
 from simsearch.config import EvalRecipe, QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.fingerprints import stage_fingerprint
 from simsearch.tinyworld.diagnostics import query_naming
 from simsearch.tinyworld.world import World
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
-from benchlib import RECIPES, provenance, run_stage
-from controls import ARMS, SMOKE_EVAL, SMOKE_LIMIT
 
 PROBES = tuple((engine, dataset) for engine in ("none", "noisy", "bm25") for dataset in ("train", "heldout"))
 HALVES = ("first_half", "second_half")

@@ -37,9 +37,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import provenance
-
+from benchmarks.benchlib import provenance
 from simsearch.data.templates import SEARCH_R1_TEMPLATE, render_prompt
 from simsearch.models import build_tiny_model, save_tiny, train_tokenizer
 from simsearch.training.checkpoint import latest_checkpoint, load_state

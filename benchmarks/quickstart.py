@@ -31,10 +31,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.benchlib import mean_sd
 from simsearch.commands.quickstart import ENGINES, POLICIES
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
-from benchlib import mean_sd
 
 
 def run_quickstart(run_dir: Path, seed: int, overrides: list[str]) -> dict[str, Any]:

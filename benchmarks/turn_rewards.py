@@ -47,7 +47,6 @@ import argparse
 import json
 import random
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,15 +55,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from simsearch.commands import evaluate, quickstart, train
-from simsearch.config import EvalRecipe, QuickstartRecipe, TrainRecipe, load_recipe
-from simsearch.data.qa import write_qa_jsonl
-from simsearch.fingerprints import digest
-from simsearch.tinyworld.world import TWO_HOP, World
-from simsearch.training.runlog import read_metrics
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
-from benchlib import (
+from benchmarks.benchlib import (
     NO_NOISE,
     RECIPES,
     arm_arguments,
@@ -77,6 +68,12 @@ from benchlib import (
     run_stage,
     timed,
 )
+from simsearch.commands import evaluate, quickstart, train
+from simsearch.config import EvalRecipe, QuickstartRecipe, TrainRecipe, load_recipe
+from simsearch.data.qa import write_qa_jsonl
+from simsearch.fingerprints import digest
+from simsearch.tinyworld.world import TWO_HOP, World
+from simsearch.training.runlog import read_metrics
 
 ARMS: dict[str, tuple[str, ...]] = {
     "grpo": (),

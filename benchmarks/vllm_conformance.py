@@ -44,14 +44,13 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from simsearch.config import SamplingConfig
+from simsearch.errors import RecipeError
+from simsearch.generation.openai import NEUTRAL_SAMPLING, OpenAIEngine
+from simsearch.generation.vllm import SLEEP_TAGS, sampling_kwargs
+from simsearch.types import SamplingParams
 
-from simsearch.config import SamplingConfig  # noqa: E402
-from simsearch.errors import RecipeError  # noqa: E402
-from simsearch.generation.openai import NEUTRAL_SAMPLING, OpenAIEngine  # noqa: E402
-from simsearch.generation.vllm import SLEEP_TAGS, sampling_kwargs  # noqa: E402
-from simsearch.types import SamplingParams  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 # Where simsearch's protocols meet vLLM's classes: (our protocol, vLLM module, vLLM class).
 OUTPUT_CLASSES = [

@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmark_scripts import load_benchmark
-
-controls = load_benchmark("controls")
-naming_probe = load_benchmark("naming")
+from benchmarks import controls
+from benchmarks import naming as naming_probe
 
 KEYS = {
     "knowing_em_bm25_mean", "knowing_em_bm25_min", "oracle_em_bm25_mean", "knowing_over_oracle_mean",

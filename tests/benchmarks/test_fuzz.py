@@ -6,10 +6,8 @@ import json
 
 import pytest
 
+from benchmarks import fuzz
 from simsearch.errors import DataError, RecipeError
-from tests.benchmark_scripts import load_benchmark
-
-fuzz = load_benchmark("fuzz")
 
 
 def test_cases_are_tallied_by_how_they_end() -> None:

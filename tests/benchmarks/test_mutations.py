@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmark_scripts import load_benchmark
+from benchmarks import mutations
 
-mutations = load_benchmark("mutations")
 ROOT = Path(__file__).resolve().parents[2]
 
 # A comment of eval/metrics.py reworded: no behaviour changes, so no test can fail on it.

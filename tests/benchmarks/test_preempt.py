@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmark_scripts import load_benchmark
-
-preempt = load_benchmark("preempt")
+from benchmarks import preempt
 
 
 @pytest.mark.slow  # ~30 s: five tiny train runs in subprocesses
