@@ -1,8 +1,8 @@
 """ZeroSearch's and SSRL's findings, measured in miniature: one RL policy per arm on the quickstart's world.
 
-    python benchmarks/ablations.py                            # the full benchmark, worlds 0 1 2: docs/ablations.md
-    python benchmarks/ablations.py --arms default ppo         # some arms only (the others stay "-")
-    python benchmarks/ablations.py --smoke                    # every arm for two steps, in a temp dir
+    python -m benchmarks.ablations                            # the full benchmark, worlds 0 1 2: docs/ablations.md
+    python -m benchmarks.ablations --arms default ppo         # some arms only (the others stay "-")
+    python -m benchmarks.ablations --smoke                    # every arm for two steps, in a temp dir
 
 For each seed: `simsearch quickstart` in its run directory first (a finished run is reused stage
 by stage through its fingerprints, so an existing run costs nothing; `--quickstart-dir` points at
@@ -726,7 +726,7 @@ def _skeleton() -> str:
 
 SKELETON_TEXT = """# Ablations: ZeroSearch's and SSRL's findings, measured in miniature
 
-    python benchmarks/ablations.py --seeds 0 1 2
+    python -m benchmarks.ablations --seeds 0 1 2
 
 <!-- measured -->
 Not measured yet.

@@ -1,7 +1,7 @@
 """Fuzzing at scale: generated bad input ends in a value or a clear user error, never a traceback or a 5xx.
 
-    python benchmarks/fuzz.py                 # >= 10,000 cases (docs/reliability.md)
-    python benchmarks/fuzz.py --tiny          # a few hundred cases in seconds (the test suite's)
+    python -m benchmarks.fuzz                 # >= 10,000 cases (docs/reliability.md)
+    python -m benchmarks.fuzz --tiny          # a few hundred cases in seconds (the test suite's)
 
 The generators are those of `tests/reliability/test_fuzz.py` (hypothesis strategies, seeded),
 drawn first and then run outside hypothesis, so a failing case is counted rather than shrunk:
@@ -303,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "cases": sum(t.cases for t in tallies.values()), "tracebacks": sum(t.tracebacks for t in tallies.values()),
         "server_5xx": sum(t.server_5xx for t in tallies.values()), "wall_s": round(time.perf_counter() - began, 1),
         "per_target": {name: t.cases for name, t in tallies.items()}, "examples": examples,
-        "command": "python benchmarks/fuzz.py" + (" --tiny" if args.tiny else f" --cases {args.cases}"),
+        "command": "python -m benchmarks.fuzz" + (" --tiny" if args.tiny else f" --cases {args.cases}"),
         "provenance": provenance(),
     }  # fmt: skip
     print(json.dumps(figures))

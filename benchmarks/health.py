@@ -1,7 +1,7 @@
 """The health monitor against real collapses: how early each rule fires, and how often on healthy runs.
 
-    python benchmarks/health.py                 # the arms below, seeds 0 1, 40 steps (docs/health.md)
-    python benchmarks/health.py --smoke         # two arms, 3 steps, in a temp dir (its test)
+    python -m benchmarks.health                 # the arms below, seeds 0 1, 40 steps (docs/health.md)
+    python -m benchmarks.health --smoke         # two arms, 3 steps, in a temp dir (its test)
 
 World: the toy world of `tests.toy_world` (16 "What color is item N?" questions, BM25 over 16
 passages, a tiny Qwen2 taught to search once and answer red or blue), validated on its first 4

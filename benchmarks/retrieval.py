@@ -1,7 +1,7 @@
 """Retrieval speed: index build time and queries/s of the BM25 and dense engines.
 
-    python benchmarks/retrieval.py                    # 200k passages, dense on 2k
-    python benchmarks/retrieval.py --passages 20000   # a quick run
+    python -m benchmarks.retrieval                    # 200k passages, dense on 2k
+    python -m benchmarks.retrieval --passages 20000   # a quick run
 
 The corpus is synthetic, generated in-process from `--seed`: 100-word passages with 3-word titles,
 words drawn from a Zipf distribution (exponent 1.07) over a 200k-word vocabulary whose 20k most

@@ -1,7 +1,7 @@
 """The /retrieve server under load: 200 concurrent clients for 30 s against BM25 over 20k passages.
 
-    python benchmarks/server_load.py                              # the published figures
-    python benchmarks/server_load.py --clients 50 --duration 10   # a quick run
+    python -m benchmarks.server_load                              # the published figures
+    python -m benchmarks.server_load --clients 50 --duration 10   # a quick run
 
 The server is `simsearch.retrieval.server.create_app` over a real `BM25SearchEngine`, built on a
 synthetic corpus generated from `--seed` (60-word passages, 3-word titles, words drawn from a
