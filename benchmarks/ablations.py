@@ -1,8 +1,8 @@
 """ZeroSearch's and SSRL's findings, measured in miniature: one RL policy per arm on the quickstart's world.
 
-    python benchmarks/ablations.py                            # the full benchmark, worlds 0 1 2: docs/ablations.md
-    python benchmarks/ablations.py --arms default ppo         # some arms only (the others stay "-")
-    python benchmarks/ablations.py --smoke                    # every arm for two steps, in a temp dir
+    python -m benchmarks.ablations                            # the full benchmark, worlds 0 1 2: docs/ablations.md
+    python -m benchmarks.ablations --arms default ppo         # some arms only (the others stay "-")
+    python -m benchmarks.ablations --smoke                    # every arm for two steps, in a temp dir
 
 For each seed: `simsearch quickstart` in its run directory first (a finished run is reused stage
 by stage through its fingerprints, so an existing run costs nothing; `--quickstart-dir` points at
@@ -63,13 +63,25 @@ import argparse
 import json
 import re
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.benchlib import (
+    NO_NOISE,
+    RECIPES,
+    arm_arguments,
+    difference_cell,
+    difference_figures,
+    mean_sd,
+    measured_at,
+    provenance,
+    replace_block,
+    run_stage,
+    timed,
+)
 from simsearch.commands import evaluate, quickstart, simulator_collect, simulator_finetune, train
 from simsearch.config import CollectRecipe, EvalRecipe, FinetuneRecipe, QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.curriculum.schedules import exponential
@@ -83,21 +95,6 @@ from simsearch.tinyworld.pretrain import pretrain
 from simsearch.tinyworld.traces import make_traces
 from simsearch.tinyworld.world import World
 from simsearch.types import SearchRequest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
-from benchlib import (
-    NO_NOISE,
-    RECIPES,
-    arm_arguments,
-    difference_cell,
-    difference_figures,
-    mean_sd,
-    measured_at,
-    provenance,
-    replace_block,
-    run_stage,
-    timed,
-)
 
 ENGINES = ("simulator", "bm25", "dense")
 SELF_ENGINES = ("self", *ENGINES)  # a self-search policy also writes its own information
@@ -729,7 +726,7 @@ def _skeleton() -> str:
 
 SKELETON_TEXT = """# Ablations: ZeroSearch's and SSRL's findings, measured in miniature
 
-    python benchmarks/ablations.py --seeds 0 1 2
+    python -m benchmarks.ablations --seeds 0 1 2
 
 <!-- measured -->
 Not measured yet.

@@ -1,8 +1,8 @@
 """What several benchmarks share: their common options, fingerprinted stages, worlds run in worker
 processes, timing, mean ± sd and the doc's rewritten blocks.
 
-A benchmark imports it as a sibling module (`sys.path` gets this folder first, as `python
-benchmarks/x.py` already gives it), so a benchmark loaded by path from a test finds it too.
+A benchmark imports it as `benchmarks.benchlib`: the benchmarks run as modules of the `benchmarks`
+package from the repository root (`python -m benchmarks.NAME`), and tests import them the same way.
 """
 
 from __future__ import annotations
@@ -98,11 +98,14 @@ def run_worlds(
 ) -> dict[int, dict[str, Any]]:
     """Each of `args.seeds`' RUN_DIR/world_SEED/NAME.json (NAME: `script`'s stem), by seed.
 
-    With `args.aggregate` the finished worlds are read; else `script` runs once per world with
-    `worker(seed)` as its arguments, `args.jobs` processes at once, each logging to
-    RUN_DIR/world_SEED.log, and `done(result)` is printed as each world ends.
+    With `args.aggregate` the finished worlds are read; else `script`'s module (`python -m
+    benchmarks.NAME`) runs once per world with `worker(seed)` as its arguments, `args.jobs` processes
+    at once, each logging to RUN_DIR/world_SEED.log, and `done(result)` is printed as each world ends.
+    A worker inherits this process's working directory and environment: it finds the package as the
+    benchmark did (run from the repository root), and reads relative paths in its arguments as here.
     """
     name = Path(script).stem
+    module = f"benchmarks.{name}"
     if args.aggregate:
         return {seed: finished_world(name, args.run_dir, seed) for seed in args.seeds}
 
@@ -111,7 +114,9 @@ def run_worlds(
         log.parent.mkdir(parents=True, exist_ok=True)
         print(f"world {seed}: running (log: {log})", flush=True)
         with log.open("w") as out:
-            subprocess.run([sys.executable, script, *worker(seed)], check=True, stdout=out, stderr=subprocess.STDOUT)
+            subprocess.run(
+                [sys.executable, "-m", module, *worker(seed)], check=True, stdout=out, stderr=subprocess.STDOUT
+            )
         result = finished_world(name, args.run_dir, seed)
         print(f"world {seed}: done, {done(result)}", flush=True)
         return result

@@ -1,11 +1,11 @@
 """Does the simulator teach search, or only show answers? RL arms that differ only in the engine in the loop.
 
-    python benchmarks/controls.py --seeds 200 201 202 203 204 205 --jobs 2 --threads 1  # the reporting worlds
-    python benchmarks/controls.py --seeds 100 101 102 --jobs 2 --threads 1   # development worlds
-    python benchmarks/controls.py --smoke                                    # a pipeline check
-    python benchmarks/controls.py --seeds 100 101 --aggregate                # worlds run in parts, summarized
-    python benchmarks/controls.py --seeds 0 1 --arms noisy --borrow docs/controls/avx512  # some arms again
-    python benchmarks/controls.py --seeds 0 1 --aggregate --compare docs/controls/avx512  # against earlier runs
+    python -m benchmarks.controls --seeds 200 201 202 203 204 205 --jobs 2 --threads 1  # the reporting worlds
+    python -m benchmarks.controls --seeds 100 101 102 --jobs 2 --threads 1   # development worlds
+    python -m benchmarks.controls --smoke                                    # a pipeline check
+    python -m benchmarks.controls --seeds 100 101 --aggregate                # worlds run in parts, summarized
+    python -m benchmarks.controls --seeds 0 1 --arms noisy --borrow docs/controls/avx512  # some arms again
+    python -m benchmarks.controls --seeds 0 1 --aggregate --compare docs/controls/avx512  # against earlier runs
 
 Per world (seed): `simsearch quickstart` in RUN_DIR/world_SEED (its base, its simulator and its
 RL policy, which is the simulator arm), then one RL run per arm on the same base with
@@ -59,7 +59,6 @@ import contextlib
 import json
 import math
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -68,8 +67,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
-from benchlib import (
+from benchmarks.benchlib import (
     NO_NOISE,
     RECIPES,
     finished_world,
@@ -811,7 +809,7 @@ def doc_lines(figures: dict[str, Any]) -> list[str]:
     rows, controls = figures.get("rows", ROWS), figures.get("controls", CONTROLS)
     where = figures.get("provenance")
     jobs = where.get("jobs", 1) if where else 1
-    command = f"python benchmarks/controls.py --seeds {' '.join(seeds)} --jobs {jobs} --threads {figures['threads']}"
+    command = f"python -m benchmarks.controls --seeds {' '.join(seeds)} --jobs {jobs} --threads {figures['threads']}"
     if where and where.get("aggregated"):
         command += "`, the worlds run in parts, then the same with `--aggregate"
     smoke = ", smoke: a pipeline check, not a result" if figures["smoke"] else ""

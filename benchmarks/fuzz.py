@@ -1,7 +1,7 @@
 """Fuzzing at scale: generated bad input ends in a value or a clear user error, never a traceback or a 5xx.
 
-    python benchmarks/fuzz.py                 # >= 10,000 cases (docs/reliability.md)
-    python benchmarks/fuzz.py --tiny          # a few hundred cases in seconds (the test suite's)
+    python -m benchmarks.fuzz                 # >= 10,000 cases (docs/reliability.md)
+    python -m benchmarks.fuzz --tiny          # a few hundred cases in seconds (the test suite's)
 
 The generators are those of `tests/reliability/test_fuzz.py` (hypothesis strategies, seeded),
 drawn first and then run outside hypothesis, so a failing case is counted rather than shrunk:
@@ -39,33 +39,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib
-sys.path.insert(0, str(ROOT))  # the generators of tests/reliability/test_fuzz.py
+import httpx
+import pandas as pd
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import strategies as st
 
-import httpx  # noqa: E402
-import pandas as pd  # noqa: E402
-from benchlib import provenance  # noqa: E402
-from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from simsearch.config import load_recipe  # noqa: E402
-from simsearch.data.corpus import load_passages, parse_passage  # noqa: E402
-from simsearch.data.qa import load_qa  # noqa: E402
-from simsearch.data.templates import SEARCH_R1_TEMPLATE, SELF_SEARCH_TEMPLATE, encode_prompt  # noqa: E402
-from simsearch.errors import DataError, RecipeError  # noqa: E402
-from simsearch.eval.metrics import extract_answer  # noqa: E402
-from simsearch.models import EOS_TOKEN, PAD_TOKEN, train_tokenizer  # noqa: E402
-from simsearch.policy.protocol import TokenCache  # noqa: E402
-from simsearch.policy.rewards import format_score  # noqa: E402
-from simsearch.policy.selfsearch import self_search_mask  # noqa: E402
-from simsearch.policy.tags import TagProtocol, extract_queries, information_spans, observation_ids, parse_action  # noqa: E402
-from simsearch.policy.toolcalls import TOOL_CALL_FORMATS, parse_turn  # noqa: E402
-from simsearch.retrieval.bm25 import BM25SearchEngine  # noqa: E402
-from simsearch.retrieval.server import create_app  # noqa: E402
-from simsearch.types import Passage  # noqa: E402
-from tests.reliability import test_fuzz as gen  # noqa: E402
-from tests.servers import serve_in_thread  # noqa: E402
+from benchmarks.benchlib import provenance
+from simsearch.config import load_recipe
+from simsearch.data.corpus import load_passages, parse_passage
+from simsearch.data.qa import load_qa
+from simsearch.data.templates import SEARCH_R1_TEMPLATE, SELF_SEARCH_TEMPLATE, encode_prompt
+from simsearch.errors import DataError, RecipeError
+from simsearch.eval.metrics import extract_answer
+from simsearch.models import EOS_TOKEN, PAD_TOKEN, train_tokenizer
+from simsearch.policy.protocol import TokenCache
+from simsearch.policy.rewards import format_score
+from simsearch.policy.selfsearch import self_search_mask
+from simsearch.policy.tags import TagProtocol, extract_queries, information_spans, observation_ids, parse_action
+from simsearch.policy.toolcalls import TOOL_CALL_FORMATS, parse_turn
+from simsearch.retrieval.bm25 import BM25SearchEngine
+from simsearch.retrieval.server import create_app
+from simsearch.types import Passage
+from tests.reliability import test_fuzz as gen
+from tests.servers import serve_in_thread
 
 FULL = {"tags": 2000, "tool_calls": 1000, "recipes": 1500, "qa_jsonl": 1500, "qa_parquet": 1000, "corpus": 1500,
         "retrieve": 1500, "tokenizer": 1000}  # fmt: skip
@@ -307,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "cases": sum(t.cases for t in tallies.values()), "tracebacks": sum(t.tracebacks for t in tallies.values()),
         "server_5xx": sum(t.server_5xx for t in tallies.values()), "wall_s": round(time.perf_counter() - began, 1),
         "per_target": {name: t.cases for name, t in tallies.items()}, "examples": examples,
-        "command": "python benchmarks/fuzz.py" + (" --tiny" if args.tiny else f" --cases {args.cases}"),
+        "command": "python -m benchmarks.fuzz" + (" --tiny" if args.tiny else f" --cases {args.cases}"),
         "provenance": provenance(),
     }  # fmt: skip
     print(json.dumps(figures))

@@ -1,6 +1,6 @@
 """Generation speed of HFEngine: batched vs one prompt at a time vs a bare KV-cached loop.
 
-Run:  python benchmarks/generate.py [--prompts 32] [--new-tokens 64] [--repeats 3]
+Run:  python -m benchmarks.generate [--prompts 32] [--new-tokens 64] [--repeats 3]
           [--threads N]
 
 For each tiny Qwen2 model built in-process (random weights, 1000-token byte-level BPE), on the same

@@ -55,10 +55,10 @@ from typing import Any
 
 import torch
 import transformers
-from benchlib import RECIPES, synchronize  # sibling modules: benchmarks/ is on sys.path (python benchmarks/x.py)
-from generate import bare_loop
 from transformers import AutoTokenizer
 
+from benchmarks.benchlib import RECIPES, synchronize
+from benchmarks.generate import bare_loop
 from simsearch.commands import evaluate, quickstart, train
 from simsearch.config import EvalRecipe, QuickstartRecipe, RolloutConfig, TrainRecipe, load_recipe
 from simsearch.data.templates import encode_prompt

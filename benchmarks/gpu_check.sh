@@ -7,7 +7,12 @@
 #   bash benchmarks/gpu_check.sh --device cpu --shape tiny --new-tokens 8 --batch 8   # the suite's run
 # env: PYTHON (default python). Record what it prints in docs/scaling.md ("Verified where"); what a
 # GPU session runs beside it (masked_decode.py's rollout-shaped case, the bf16 compiled-agreement
-# test) is listed there under "What only a GPU shows".
+# test) is listed there under "What only a GPU shows". Run it from the repository root: it runs
+# `python -m benchmarks.gpu_check`, which imports the package `benchmarks` from there.
 set -euo pipefail
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-exec "${PYTHON:-python}" "$HERE/gpu_check.py" "$@"
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+if [[ "$(pwd -P)" != "$ROOT" ]]; then
+  echo "gpu_check.sh: run it from the repository root, $ROOT (it runs python -m benchmarks.gpu_check)" >&2
+  exit 2
+fi
+exec "${PYTHON:-python}" -m benchmarks.gpu_check "$@"

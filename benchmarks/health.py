@@ -1,7 +1,7 @@
 """The health monitor against real collapses: how early each rule fires, and how often on healthy runs.
 
-    python benchmarks/health.py                 # the arms below, seeds 0 1, 40 steps (docs/health.md)
-    python benchmarks/health.py --smoke         # two arms, 3 steps, in a temp dir (its test)
+    python -m benchmarks.health                 # the arms below, seeds 0 1, 40 steps (docs/health.md)
+    python -m benchmarks.health --smoke         # two arms, 3 steps, in a temp dir (its test)
 
 World: the toy world of `tests.toy_world` (16 "What color is item N?" questions, BM25 over 16
 passages, a tiny Qwen2 taught to search once and answer red or blue), validated on its first 4
@@ -28,23 +28,19 @@ import argparse
 import contextlib
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests.toy_world: the world the train tests use
+import torch
 
-import torch  # noqa: E402
-from benchlib import provenance  # noqa: E402
-
-from simsearch.commands import train  # noqa: E402
-from simsearch.config import TrainRecipe, load_recipe  # noqa: E402
-from simsearch.training.health import HEALTH_FILE  # noqa: E402
-from simsearch.training.runlog import read_metrics  # noqa: E402
-from tests.toy_world import TRAIN_SETTINGS, build_world  # noqa: E402
+from benchmarks.benchlib import provenance
+from simsearch.commands import train
+from simsearch.config import TrainRecipe, load_recipe
+from simsearch.training.health import HEALTH_FILE
+from simsearch.training.runlog import read_metrics
+from tests.toy_world import TRAIN_SETTINGS, build_world
 
 ARMS: dict[str, dict[str, object]] = {
     "healthy": {"optim.lr": 3e-4},

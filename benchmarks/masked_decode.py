@@ -1,6 +1,6 @@
 """What a padding mask costs a decode step of a grouped-query model, with and without packed queries.
 
-Run:  python benchmarks/masked_decode.py [--layers 4] [--batch 40] [--contexts 300 1100]
+Run:  python -m benchmarks.masked_decode [--layers 4] [--batch 40] [--contexts 300 1100]
           [--rollout-context 1100] [--steps 12] [--threads 1] [--device cpu]
 
 A Qwen2 with Qwen2.5-0.5B's layer shape (hidden 896, 14 query heads on 2 key/value heads, FFN
@@ -42,9 +42,9 @@ from typing import Any
 
 import torch
 import transformers
-from benchlib import synchronize  # sibling modules: benchmarks/ is on sys.path (python benchmarks/x.py)
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
+from benchmarks.benchlib import synchronize
 from simsearch.generation.attention import PACKED_SDPA
 
 ARMS = ("even", "ragged", "packed")

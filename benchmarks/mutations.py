@@ -1,8 +1,8 @@
 """Mutation testing: does the suite catch a plausible bug in the curriculum, masks, rewards, losses, resume?
 
-    python benchmarks/mutations.py                        # every mutant of `MUTANTS`
-    python benchmarks/mutations.py --only f1_no_factor_2 em_first_gold_only
-    python benchmarks/mutations.py --list                 # the table, nothing run
+    python -m benchmarks.mutations                        # every mutant of `MUTANTS`
+    python -m benchmarks.mutations --only f1_no_factor_2 em_first_gold_only
+    python -m benchmarks.mutations --list                 # the table, nothing run
 
 Each mutant is one small, plausible bug: a text of one file of `simsearch/` (found exactly once,
 else the table is wrong and the run stops naming the mutant) replaced by another. The runner
@@ -37,9 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib
-
-from benchlib import provenance
+from benchmarks.benchlib import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 COPIED = ("simsearch", "tests", "benchmarks", "recipes", "docs", ".ci", "pyproject.toml", "README.md")
@@ -321,7 +319,7 @@ def summary(outcomes: Sequence[Outcome], wall_s: float, argv: Sequence[str]) -> 
         "timeouts": named["timeout"],
         "errors": [o.mutant.name for o in outcomes if o.status == "error"],
         "wall_s": round(wall_s, 1),
-        "command": " ".join(["python", "benchmarks/mutations.py", *argv]),
+        "command": " ".join(["python", "-m", "benchmarks.mutations", *argv]),
         "provenance": provenance(),
     }
 

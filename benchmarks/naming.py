@@ -1,8 +1,8 @@
 """Why a control arm's policy names the person in its queries: a probe of a controls run's policies.
 
-    python benchmarks/naming.py --run-dir RUNS --seeds 0 1 2 3 4              # every policy RUNS holds
-    python benchmarks/naming.py --run-dir RUNS --seeds 1 --reseed 1 11 12      # the noisy arm trained again
-    python benchmarks/naming.py --smoke --run-dir SMOKE_RUNS                   # on a `controls.py --smoke` run
+    python -m benchmarks.naming --run-dir RUNS --seeds 0 1 2 3 4              # every policy RUNS holds
+    python -m benchmarks.naming --run-dir RUNS --seeds 1 --reseed 1 11 12      # the noisy arm trained again
+    python -m benchmarks.naming --smoke --run-dir SMOKE_RUNS                   # on a `benchmarks.controls --smoke` run
 
 Input: a finished `benchmarks/controls.py` run directory (RUN_DIR/world_SEED: its quickstart, and the
 control arms it trained there). Per world, each policy found there (the base, the simulator arm,
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,15 +43,13 @@ from typing import Any
 
 import torch
 
+from benchmarks.benchlib import RECIPES, provenance, run_stage
+from benchmarks.controls import ARMS, SMOKE_EVAL, SMOKE_LIMIT
 from simsearch.commands import evaluate, quickstart, train
 from simsearch.config import EvalRecipe, QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.fingerprints import stage_fingerprint
 from simsearch.tinyworld.diagnostics import query_naming
 from simsearch.tinyworld.world import World
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
-from benchlib import RECIPES, provenance, run_stage
-from controls import ARMS, SMOKE_EVAL, SMOKE_LIMIT
 
 PROBES = tuple((engine, dataset) for engine in ("none", "noisy", "bm25") for dataset in ("train", "heldout"))
 HALVES = ("first_half", "second_half")
@@ -89,7 +86,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = every core)")
     args = parser.parse_args(argv)
     if not args.run_dir.is_dir():
-        parser.error(f"--run-dir {args.run_dir}: no such directory; run benchmarks/controls.py into it first")
+        parser.error(f"--run-dir {args.run_dir}: no such directory; run python -m benchmarks.controls into it first")
     return args
 
 
@@ -98,7 +95,9 @@ def probe_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     root = args.run_dir / f"world_{seed}"
     qs_dir = root / "quickstart"
     if not (qs_dir / "recipe.yaml").is_file():
-        raise SystemExit(f"naming: {qs_dir} holds no finished quickstart; run benchmarks/controls.py --seeds {seed}")
+        raise SystemExit(
+            f"naming: {qs_dir} holds no finished quickstart; run python -m benchmarks.controls --seeds {seed}"
+        )
     qs = load_recipe(QuickstartRecipe, qs_dir / "recipe.yaml", [])
     world = quickstart.recipe_world(qs)
     runs = {"simulator": qs_dir / "train"}

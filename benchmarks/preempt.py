@@ -1,7 +1,7 @@
 """SIGTERM at random steps of a tiny CPU `simsearch train` run: is the resumed run the uninterrupted one?
 
-    python benchmarks/preempt.py                 # 20 runs of 6 steps (docs/reliability.md)
-    python benchmarks/preempt.py --tiny          # 2 runs of 4 steps (the test suite's)
+    python -m benchmarks.preempt                 # 20 runs of 6 steps (docs/reliability.md)
+    python -m benchmarks.preempt --tiny          # 2 runs of 4 steps (the test suite's)
 
 A tiny world built in-process (a toy QA set "What color is item N?", a BM25 corpus stating each
 answer, a tiny Qwen2 taught for a few seconds to answer red or blue at random, so rewards vary in
@@ -37,9 +37,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import provenance
-
+from benchmarks.benchlib import provenance
 from simsearch.data.templates import SEARCH_R1_TEMPLATE, render_prompt
 from simsearch.models import build_tiny_model, save_tiny, train_tokenizer
 from simsearch.training.checkpoint import latest_checkpoint, load_state
@@ -167,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "resumed_identical": sum(r["identical"] for r in results), "runs": runs,
         "max_stop_s": round(max(r["stop_s"] for r in results), 2), "lost_steps": sum(r["lost"] for r in results),
         "exit_143": sum(r["status"] == 143 for r in results), "grace_s": GRACE_S, "steps": steps,
-        "command": "python benchmarks/preempt.py" + (" --tiny" if args.tiny else f" --runs {runs} --steps {steps}"),
+        "command": "python -m benchmarks.preempt" + (" --tiny" if args.tiny else f" --runs {runs} --steps {steps}"),
         "provenance": provenance(),
     }  # fmt: skip
     print(json.dumps(figures))

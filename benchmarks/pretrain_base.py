@@ -1,7 +1,7 @@
 """Pretrain a tiny base model of the quickstart's shape and measure what RL would start from.
 
-    python benchmarks/pretrain_base.py                         # this script's defaults
-    python benchmarks/pretrain_base.py --steps 800 --lr 2e-3   # tuning
+    python -m benchmarks.pretrain_base                         # this script's defaults
+    python -m benchmarks.pretrain_base --steps 800 --lr 2e-3   # tuning
 
 An experiment bench for base pretraining, not the quickstart's own base (`simsearch quickstart`
 builds that one; its recipe and docs/quickstart.md give its settings). This script pretrains on

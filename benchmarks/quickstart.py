@@ -1,7 +1,7 @@
 """The quickstart over several draws: held-out EM gains per seed, their spread, and a rerun.
 
-    python benchmarks/quickstart.py --seeds 0 1 2          # three worlds, then seed 0 again
-    python benchmarks/quickstart.py --seeds 0 -- pretrain_steps=600   # quickstart overrides
+    python -m benchmarks.quickstart --seeds 0 1 2          # three worlds, then seed 0 again
+    python -m benchmarks.quickstart --seeds 0 -- pretrain_steps=600   # quickstart overrides
 
 For each seed, runs `simsearch quickstart seed=N` in a fresh run directory (a subprocess, so its
 peak memory is its own), one after another; then the first seed once more in another fresh
@@ -31,10 +31,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.benchlib import mean_sd
 from simsearch.commands.quickstart import ENGINES, POLICIES
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
-from benchlib import mean_sd
 
 
 def run_quickstart(run_dir: Path, seed: int, overrides: list[str]) -> dict[str, Any]:

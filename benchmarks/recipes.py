@@ -1,7 +1,7 @@
 """The shipped CPU training recipes, run as shipped on the quickstart's artifacts: does each one learn?
 
-    python benchmarks/recipes.py                  # builds runs/quickstart's world and base if missing
-    python benchmarks/recipes.py --smoke          # two steps each, on a smoke world and base, in a temp dir
+    python -m benchmarks.recipes                  # builds runs/quickstart's world and base if missing
+    python -m benchmarks.recipes --smoke          # two steps each, on a smoke world and base, in a temp dir
 
 For each recipe of `CPU_RECIPES` (the train recipes whose inputs are the quickstart's world and base
 policy), the world and base are built by `quickstart.world_and_base` (stages 1-2 of `simsearch
@@ -14,7 +14,7 @@ Output: a table on stdout, then as the last line one JSON object: per recipe `re
 `reward_last5` (mean `reward/mean` of the first and last five steps; with fewer than ten steps, the
 first and last halves), `steps` and `wall_s`; and `smoke`, `threads`.
 
-Measured with `python benchmarks/recipes.py --artifacts runs/recipes_quickstart --threads 1` (2-core
+Measured with `python -m benchmarks.recipes --artifacts runs/recipes_quickstart --threads 1` (2-core
 AMD EPYC, 1 torch thread, another benchmark on the second core; the quickstart's default world and
 base, which the run built first, in about 17 min):
 

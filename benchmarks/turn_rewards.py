@@ -1,8 +1,8 @@
 """IGPO's turn rewards and DAPO's dynamic sampling vs GRPO on two-hop questions, in miniature.
 
-    python benchmarks/turn_rewards.py                  # seeds 0 1 2, the defaults: docs/turn_rewards.md
-    python benchmarks/turn_rewards.py --steps 120      # a longer run (the budget: docs/turn_rewards.md)
-    python benchmarks/turn_rewards.py --smoke          # every arm for two steps, seed 0, in a temp dir
+    python -m benchmarks.turn_rewards                  # seeds 0 1 2, the defaults: docs/turn_rewards.md
+    python -m benchmarks.turn_rewards --steps 120      # a longer run (the budget: docs/turn_rewards.md)
+    python -m benchmarks.turn_rewards --smoke          # every arm for two steps, seed 0, in a temp dir
 
 For each seed: the quickstart's world with a two-hop question for every person (`two_hop_share:
 1.0`, "Where was the founder of the Belsa rope works born?": search the venture, read the
@@ -47,7 +47,6 @@ import argparse
 import json
 import random
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,15 +55,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from simsearch.commands import evaluate, quickstart, train
-from simsearch.config import EvalRecipe, QuickstartRecipe, TrainRecipe, load_recipe
-from simsearch.data.qa import write_qa_jsonl
-from simsearch.fingerprints import digest
-from simsearch.tinyworld.world import TWO_HOP, World
-from simsearch.training.runlog import read_metrics
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also when loaded by path
-from benchlib import (
+from benchmarks.benchlib import (
     NO_NOISE,
     RECIPES,
     arm_arguments,
@@ -77,6 +68,12 @@ from benchlib import (
     run_stage,
     timed,
 )
+from simsearch.commands import evaluate, quickstart, train
+from simsearch.config import EvalRecipe, QuickstartRecipe, TrainRecipe, load_recipe
+from simsearch.data.qa import write_qa_jsonl
+from simsearch.fingerprints import digest
+from simsearch.tinyworld.world import TWO_HOP, World
+from simsearch.training.runlog import read_metrics
 
 ARMS: dict[str, tuple[str, ...]] = {
     "grpo": (),
@@ -353,7 +350,7 @@ def write_doc(out: Path, lines: list[str], figures: dict[str, Any]) -> None:
 
 SKELETON = """# Turn rewards: IGPO and dynamic sampling vs GRPO on two-hop questions
 
-    python benchmarks/turn_rewards.py --seeds 0 1 2
+    python -m benchmarks.turn_rewards --seeds 0 1 2
 
 <!-- measured -->
 Not measured yet.

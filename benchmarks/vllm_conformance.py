@@ -1,8 +1,8 @@
 """Static conformance of simsearch's vLLM calls with a vLLM release, on a machine without a GPU.
 
-    python benchmarks/vllm_conformance.py                     # the newest vLLM the `vllm` extra allows
-    python benchmarks/vllm_conformance.py --version 0.32.0    # another version the extra allows
-    python benchmarks/vllm_conformance.py --wheel vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
+    python -m benchmarks.vllm_conformance                     # the newest vLLM the `vllm` extra allows
+    python -m benchmarks.vllm_conformance --version 0.32.0    # another version the extra allows
+    python -m benchmarks.vllm_conformance --wheel vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
 
 Fetches the vLLM wheel with `pip download --no-deps` (about 330 MB; reused when already in
 `--dest`), never installs or imports it, and reads its Python sources with `ast`. What simsearch
@@ -44,14 +44,13 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from simsearch.config import SamplingConfig
+from simsearch.errors import RecipeError
+from simsearch.generation.openai import NEUTRAL_SAMPLING, OpenAIEngine
+from simsearch.generation.vllm import SLEEP_TAGS, sampling_kwargs
+from simsearch.types import SamplingParams
 
-from simsearch.config import SamplingConfig  # noqa: E402
-from simsearch.errors import RecipeError  # noqa: E402
-from simsearch.generation.openai import NEUTRAL_SAMPLING, OpenAIEngine  # noqa: E402
-from simsearch.generation.vllm import SLEEP_TAGS, sampling_kwargs  # noqa: E402
-from simsearch.types import SamplingParams  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 # Where simsearch's protocols meet vLLM's classes: (our protocol, vLLM module, vLLM class).
 OUTPUT_CLASSES = [

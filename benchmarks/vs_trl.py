@@ -1,6 +1,6 @@
 """Seconds per GRPO step: simsearch's trainer against TRL's GRPOTrainer, on the same job.
 
-Run:  python benchmarks/vs_trl.py [--steps 6] [--prompts 8] [--group 8]
+Run:  python -m benchmarks.vs_trl [--steps 6] [--prompts 8] [--group 8]
           [--new-tokens 32] [--threads 2]
 Needs TRL, which simsearch does not depend on: `pip install trl` (measured with trl 1.16.0).
 

@@ -1,5 +1,6 @@
 """docs/make_architecture.py --check: the layer rules hold, and it finds an import circle when there is one."""
 
+import ast
 import importlib.util
 from pathlib import Path
 
@@ -27,3 +28,28 @@ def test_config_importing_the_factory_runs_back_up() -> None:
 
 def test_simsearch_keeps_the_layer_rules_and_has_no_import_circle(capsys) -> None:
     assert _script().check() == 0, capsys.readouterr().out
+
+
+def _imported(path: Path) -> set[str]:
+    """The top-level names of the modules `path` imports (absolute imports)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_library_imports_neither_the_benchmarks_nor_the_tests() -> None:
+    wrong = {str(p.relative_to(ROOT)): sorted(_imported(p) & {"benchmarks", "tests"})
+             for p in sorted((ROOT / "simsearch").rglob("*.py"))}  # fmt: skip
+    assert {path: names for path, names in wrong.items() if names} == {}
+
+
+def test_the_benchmarks_are_a_package_that_leaves_sys_path_alone() -> None:
+    # They run as `python -m benchmarks.NAME` from the repository root and import each other by name.
+    assert (ROOT / "benchmarks" / "__init__.py").is_file()
+    scripts = sorted((ROOT / "benchmarks").glob("*.py"))
+    edits = [str(p.relative_to(ROOT)) for p in scripts if "sys.path" in p.read_text(encoding="utf-8")]
+    assert edits == []

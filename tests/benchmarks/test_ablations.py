@@ -10,11 +10,9 @@ import pytest
 import torch
 from PIL import Image
 
+from benchmarks import ablations
 from simsearch.tinyworld.world import build_world
 from simsearch.types import Document, SearchRequest
-from tests.benchmark_scripts import load_benchmark
-
-ablations = load_benchmark("ablations")
 
 KEYS = {
     "curriculum_exp", "curriculum_constant", "curriculum_none", "loop_simulator", "loop_bm25", "loop_none",

@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmark_scripts import load_benchmark
-
-controls = load_benchmark("controls")
-naming_probe = load_benchmark("naming")
+from benchmarks import controls
+from benchmarks import naming as naming_probe
 
 KEYS = {
     "knowing_em_bm25_mean", "knowing_em_bm25_min", "oracle_em_bm25_mean", "knowing_over_oracle_mean",
@@ -74,7 +72,7 @@ def test_the_best_control_is_taken_world_by_world() -> None:
     lines = controls.doc_lines(figures)
     cells = "no measurable difference (+30.0; -97.1 to +157.1) | no measurable difference (+15.0; -48.5 to +78.5)"
     assert f"| best control | {cells} |" in lines
-    assert lines[0].startswith("Command: `python benchmarks/controls.py --seeds 0 1 --jobs 1 --threads 1`")
+    assert lines[0].startswith("Command: `python -m benchmarks.controls --seeds 0 1 --jobs 1 --threads 1`")
 
 
 def test_the_knowing_arm_against_the_oracle_and_em_against_steps(tmp_path: Path) -> None:

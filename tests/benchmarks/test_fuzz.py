@@ -6,10 +6,8 @@ import json
 
 import pytest
 
+from benchmarks import fuzz
 from simsearch.errors import DataError, RecipeError
-from tests.benchmark_scripts import load_benchmark
-
-fuzz = load_benchmark("fuzz")
 
 
 def test_cases_are_tallied_by_how_they_end() -> None:
@@ -42,4 +40,4 @@ def test_tiny_mode_runs_every_target_without_a_traceback(capsys: pytest.CaptureF
     assert set(figures["per_target"]) == set(fuzz.FULL) and all(n == 40 for n in figures["per_target"].values())
     assert figures["cases"] == 40 * len(fuzz.FULL)
     assert figures["tracebacks"] == 0 and figures["server_5xx"] == 0, figures["examples"]
-    assert figures["command"] == "python benchmarks/fuzz.py --tiny"
+    assert figures["command"] == "python -m benchmarks.fuzz --tiny"

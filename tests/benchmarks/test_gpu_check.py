@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from simsearch.training.runlog import read_metrics
-from tests.benchmark_scripts import load_benchmark
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.sh"
 
@@ -25,7 +24,8 @@ def test_gpu_check_runs_every_part_on_cpu_and_ends_with_its_json(tmp_path: Path)
             "--prompts-per-step", "2", "--quickstart-steps", "2", "--skip", "zero3", "compiled",
             "--work-dir", str(tmp_path)]  # fmt: skip
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=280, env=env)
+    done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=280, env=env,
+                          cwd=SCRIPT.parents[1])  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     lines = done.stdout.strip().splitlines()
     facts = next(line for line in lines if line.startswith("gpu_check: Python "))  # libraries may log before it
@@ -61,7 +61,8 @@ def test_gpu_check_runs_every_part_on_cpu_and_ends_with_its_json(tmp_path: Path)
 
 
 def test_first_difference_finds_where_compiled_decoding_parts_from_eager() -> None:
-    first_difference = load_benchmark("gpu_check").first_difference
+    from benchmarks.gpu_check import first_difference
+
     assert first_difference([5, 6, 7], [5, 6, 7]) is None
     assert first_difference([5, 6, 7], [5, 9, 7]) == 1
     assert first_difference([4, 6], [5, 6]) == 0
@@ -71,9 +72,9 @@ def test_first_difference_finds_where_compiled_decoding_parts_from_eager() -> No
 def test_the_compiled_part_reports_teacher_forced_agreement(tmp_path: Path, monkeypatch) -> None:
     import torch
 
+    from benchmarks import gpu_check
     from simsearch.tinyworld.world import build_world
 
-    gpu_check = load_benchmark("gpu_check")
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)  # the static-cache loop, eagerly
     args = gpu_check.parse(["--device", "cpu", "--shape", "tiny", "--batch", "4", "--prompt-tokens", "8",
                             "--new-tokens", "5"])  # fmt: skip

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from tests.benchmark_scripts import load_benchmark
-
-health = load_benchmark("health")
+from benchmarks import health
 
 
 def _rows(ems: list[float | None]) -> list[dict]:

@@ -11,14 +11,14 @@ import json
 import pytest
 import transformers
 
-from tests.benchmark_scripts import load_benchmark
-
 TINY = ["--layers", "1", "--batch", "8", "--contexts", "48", "64", "--rollout-context", "96", "--steps", "3"]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    return load_benchmark("masked_decode")
+    from benchmarks import masked_decode
+
+    return masked_decode
 
 
 def test_masked_decode_reports_each_arm_and_the_rollout_case_and_prints_its_json_last(bench, capsys):

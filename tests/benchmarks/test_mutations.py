@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmark_scripts import load_benchmark
+from benchmarks import mutations
 
-mutations = load_benchmark("mutations")
 ROOT = Path(__file__).resolve().parents[2]
 
 # A comment of eval/metrics.py reworded: no behaviour changes, so no test can fail on it.
@@ -67,7 +66,7 @@ def test_main_reports_a_real_bug_caught_and_prints_the_record_last(capsys: pytes
     out = capsys.readouterr().out.splitlines()
     assert json.loads(out[-1]) == figures
     assert (figures["mutants"], figures["caught"], figures["survivors"], figures["errors"]) == (1, 1, [], [])
-    assert figures["command"] == "python benchmarks/mutations.py --only f1_no_factor_2"
+    assert figures["command"] == "python -m benchmarks.mutations --only f1_no_factor_2"
     assert out[-2] == "caught 1 / 1" and out[1].split()[:3] == ["f1_no_factor_2", "eval/metrics.py", "caught"]
 
 

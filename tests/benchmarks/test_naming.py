@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import naming
 from simsearch.tinyworld.world import build_world
-from tests.benchmark_scripts import load_benchmark
 
-naming = load_benchmark("naming")
 WORLD = build_world(seed=0, n_entities=12, n_train_entities=6)
 
 

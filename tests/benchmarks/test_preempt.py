@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmark_scripts import load_benchmark
-
-preempt = load_benchmark("preempt")
+from benchmarks import preempt
 
 
 @pytest.mark.slow  # ~30 s: five tiny train runs in subprocesses
@@ -18,4 +16,4 @@ def test_tiny_mode_resumes_every_stopped_run_identically(tmp_path: Path, capsys:
     assert json.loads(capsys.readouterr().out.splitlines()[-1]) == figures
     assert figures["runs"] == 2 and figures["resumed_identical"] == 2 and figures["lost_steps"] == 0
     assert 0 < figures["max_stop_s"] <= figures["grace_s"]
-    assert figures["command"] == "python benchmarks/preempt.py --tiny"
+    assert figures["command"] == "python -m benchmarks.preempt --tiny"

@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmark_scripts import load_benchmark
-
-recipes = load_benchmark("recipes")
+from benchmarks import recipes
 
 
 def test_first_and_last_average_five_steps_or_each_half() -> None:

@@ -7,9 +7,7 @@ import sys
 
 import pytest
 
-from tests.benchmark_scripts import load_benchmark
-
-rollout = load_benchmark("rollout")
+from benchmarks import rollout
 
 TINY = ["--questions", "1", "--group-size", "2", "--repeats", "1", "--pretrain-steps", "1", "--new-tokens", "8"]
 

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tests.benchmark_scripts import BENCHMARKS, load_benchmark
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_only_5xx_answers_count_as_server_errors() -> None:
-    server_load = load_benchmark("server_load")
+    from benchmarks import server_load
+
     load = server_load.Load()
     for kind in ("HTTP 503", "HTTP 500", "HTTP 422", "TimeoutError", "HTTP 503"):
         load.error(kind)
@@ -21,9 +23,9 @@ def test_only_5xx_answers_count_as_server_errors() -> None:
 
 @pytest.mark.slow  # ~30 s: three server processes build BM25 over 1,000 passages and take load
 def test_a_tiny_run_measures_both_arms_side_by_side() -> None:
-    command = [sys.executable, str(BENCHMARKS / "server_load.py"), "--clients", "4", "--duration", "1",
+    command = [sys.executable, "-m", "benchmarks.server_load", "--clients", "4", "--duration", "1",
                "--passages", "1000", "--direct-queries", "0", "--arm-rounds", "2", "--arm-duration", "1"]  # fmt: skip
-    out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=300).stdout
+    out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=300, cwd=ROOT).stdout
     figures = json.loads(out.splitlines()[-1])
     assert figures["errors"] == 0 and figures["arm_5xx"] == {"plain": 0, "curriculum": 0}
     assert [len(v) for v in figures["arm_p99_passes_ms"].values()] == [2, 2]

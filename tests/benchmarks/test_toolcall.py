@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmark_scripts import load_benchmark
-
-toolcall = load_benchmark("toolcall")
+from benchmarks import toolcall
 
 KEYS = {"tags_em_bm25", "toolcall_em_bm25", "toolcall_invalid_call_share"}  # the keys
 

@@ -7,10 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import turn_rewards
 from simsearch.tinyworld.world import TWO_HOP, build_world
-from tests.benchmark_scripts import load_benchmark
-
-turn_rewards = load_benchmark("turn_rewards")
 
 KEYS = {
     "grpo_em", "igpo_em", "grpo_dynamic_em", "grpo_flat_share", "igpo_flat_share", "igpo_s_per_step_over_grpo",

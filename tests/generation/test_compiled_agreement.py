@@ -23,14 +23,15 @@ import torch
 from simsearch.generation.hf import HFEngine
 from simsearch.models import build_tiny_model, train_tokenizer
 from simsearch.types import SamplingParams
-from tests.benchmark_scripts import load_benchmark
 
 CUDA = torch.cuda.is_available()
 
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    return load_benchmark("gpu_check")
+    from benchmarks import gpu_check
+
+    return gpu_check
 
 
 @pytest.fixture(scope="module", autouse=True)
