@@ -5,7 +5,9 @@ Reads what runs already write, and nothing else:
 - an eval run: `examples/{method}/{dataset}.jsonl` (`simsearch.eval.report`'s per-example rows):
   one item per (dataset, question), one column per method (engines and baselines);
 - a train run: `trajectories.jsonl` (`simsearch.training.runlog`): one item per (step, question group),
-  one column per sampled rollout of the group, so queries can be compared across steps.
+  one column per sampled rollout of the group, so queries can be compared across steps; above them a
+  run panel, from `metrics.jsonl` and `health.jsonl` (`simsearch.training.health`): one small chart per
+  training-health signal (`RUN_SIGNALS`) with the monitor's alarms marked, and a table of the alarms.
 
 The page holds its data as JSON inside a `<script type="application/json">` element and its own
 script and style: no network, no external scripts or fonts. The script builds the DOM with
@@ -30,8 +32,22 @@ from simsearch.eval.report import read_rows
 
 EXAMPLES_DIR = "examples"
 TRAJECTORIES_FILE = "trajectories.jsonl"
+METRICS_FILE = "metrics.jsonl"  # simsearch.training.runlog's per-step metrics
+HEALTH_FILE = "health.jsonl"  # simsearch.training.health's alarms (and rollbacks), written by `simsearch train`
 PAGE_FILE = "view.html"
 CORRECT_METRIC = "substring_em"
+RUN_SIGNALS = (
+    "reward/mean",
+    "health/entropy",
+    "health/search_share",
+    "rollout/answer_rate",
+    "health/repeat_ngram_share",
+    "health/group_reward_std",
+    "health/ratio_mean",
+    "losses/kl",
+    "optim/grad_norm",
+)
+"""The metrics the run panel of a train run's page charts, in its order (docs/health.md)."""
 
 
 def _documents(documents: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -152,7 +168,70 @@ def train_page_data(run_dir: str | os.PathLike) -> dict[str, Any]:
         item["runs"][column] = {"scores": sample["scores"], "samples": [sample]}
     columns.sort(key=lambda c: int(c.split()[-1]))
     ordered = [items[k] for k in sorted(items)]
-    return {"kind": "train", "title": f"Training: {Path(run_dir).name}", "columns": columns, "items": ordered}
+    data: dict[str, Any] = {
+        "kind": "train",
+        "title": f"Training: {Path(run_dir).name}",
+        "columns": columns,
+        "items": ordered,
+    }
+    run = run_panel_data(run_dir)
+    if run is not None:
+        data["run"] = run
+    return data
+
+
+def _json_objects(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file, one a line ([] when the file does not exist).
+
+    A last line without its newline that does not parse (a run still writing it) is left out.
+
+    Raises:
+        DataError: any other line that is not a JSON object, naming the file and the line.
+    """
+    if not path.is_file():
+        return []
+    lines = path.read_text(encoding="utf-8").split("\n")
+    rows = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if lineno == len(lines):  # no newline after it: still being written
+                break
+            row = None
+        if not isinstance(row, dict):
+            raise DataError(f"{path}: line {lineno} is not a JSON object; fix or delete that line")
+        rows.append(row)
+    return rows
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def run_panel_data(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The run panel of a train run's page; None when it has no `metrics.jsonl` rows (no panel).
+
+    Returns:
+        `signals`: each key of `RUN_SIGNALS` that some row holds a number for -> `[[step, value], ...]`
+        in file order (rows with null, a non-finite value, leave a gap); `alarms`: the objects of
+        `health.jsonl` in file order (alarms with `rule`, `signal`, `value`, `threshold`, `action`, and
+        rollbacks with `action` "rolled_back"), [] without the file.
+
+    Raises:
+        DataError: a line of either file that is not a JSON object.
+    """
+    rows = [row for row in _json_objects(Path(run_dir) / METRICS_FILE) if _number(row.get("step"))]
+    if not rows:
+        return None
+    signals = {}
+    for key in RUN_SIGNALS:
+        points = [[row["step"], row[key]] for row in rows if _number(row.get(key))]
+        if points:
+            signals[key] = points
+    return {"signals": signals, "alarms": _json_objects(Path(run_dir) / HEALTH_FILE)}
 
 
 def page_data(run_dir: str | os.PathLike) -> dict[str, Any]:
@@ -214,6 +293,7 @@ PAGE_TEMPLATE = """<!DOCTYPE html>
     <span id="count"></span>
   </div>
 </header>
+<section id="run" hidden aria-label="training health"></section>
 <main>
   <nav id="list" aria-label="questions"></nav>
   <section id="detail"></section>
@@ -266,6 +346,21 @@ main { display: grid; grid-template-columns: 330px 1fr; height: calc(100vh - 78p
   margin-left: 4px; }
 .sample + .sample { margin-top: 10px; border-top: 2px solid #d5dbe1; padding-top: 8px; }
 .empty { color: #6b7682; padding: 16px; }
+#run { background: #fff; border-bottom: 1px solid #d5dbe1; padding: 6px 16px 10px; }
+#run summary { font-weight: 600; cursor: pointer; }
+.charts { display: flex; flex-wrap: wrap; gap: 8px; margin: 6px 0; }
+.chart { margin: 0; border: 1px solid #e3e8ed; border-radius: 4px; padding: 2px 4px; }
+.chart figcaption { font-size: 12px; color: #33404c; }
+.chart svg { display: block; }
+.chart text { font-size: 10px; fill: #5d6873; }
+.chart .axis { fill: none; stroke: #c5ccd3; }
+.chart .series { fill: none; stroke: #2b6cb0; stroke-width: 1.5; }
+.chart .dot { fill: #2b6cb0; }
+.chart .alarm-line { stroke: #c53030; stroke-dasharray: 3 2; }
+.chart text.alarm-label { fill: #c53030; }
+table.alarms { border-collapse: collapse; font-size: 12px; margin-top: 4px; }
+table.alarms th, table.alarms td { padding: 2px 10px 2px 0; border-bottom: 1px solid #eef1f4; text-align: left; }
+.run-note { color: #6b7682; font-size: 12px; margin: 4px 0; }
 """
 
 SCRIPT = r"""
@@ -452,6 +547,89 @@ function update() {
   writeHash(state);
 }
 
+// The run panel of a train run: one line chart per signal (inline SVG), alarms marked and tabled.
+const SVG_NS = "http://www.w3.org/2000/svg";
+function svg(tag, attrs, text) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  return node;
+}
+function fmt(v) {
+  if (typeof v === "number") return String(Number(v.toPrecision(4)));
+  return v === undefined || v === null ? "" : String(v);
+}
+function span(lo, hi) { return lo === hi ? [lo - (Math.abs(lo) || 1) / 2, hi + (Math.abs(hi) || 1) / 2] : [lo, hi]; }
+
+function chart(key, points, alarms) {
+  const W = 250, H = 104, L = 40, R = 8, T = 6, B = 16;
+  const steps = points.map((p) => p[0]), values = points.map((p) => p[1]);
+  const marked = alarms.map((a) => a.step);
+  const [x0, x1] = span(Math.min(...steps, ...marked), Math.max(...steps, ...marked));
+  const [y0, y1] = span(Math.min(...values), Math.max(...values));
+  const x = (s) => L + (s - x0) / (x1 - x0) * (W - L - R);
+  const y = (v) => T + (y1 - v) / (y1 - y0) * (H - T - B);
+  const box = el("figure", "chart");
+  box.dataset.signal = key;
+  box.appendChild(el("figcaption", null, key + " · last " + fmt(values[values.length - 1])));
+  const g = svg("svg", {width: W, height: H, viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": key});
+  g.appendChild(svg("path", {class: "axis", d: `M${L} ${T}V${H - B}H${W - R}`}));
+  g.appendChild(svg("text", {x: L - 3, y: T + 8, "text-anchor": "end"}, fmt(y1)));
+  g.appendChild(svg("text", {x: L - 3, y: H - B, "text-anchor": "end"}, fmt(y0)));
+  g.appendChild(svg("text", {x: L, y: H - 3}, "step " + fmt(steps[0])));
+  g.appendChild(svg("text", {x: W - R, y: H - 3, "text-anchor": "end"}, fmt(steps[steps.length - 1])));
+  if (points.length === 1) g.appendChild(svg("circle", {class: "dot", cx: x(steps[0]), cy: y(values[0]), r: 2.5}));
+  else g.appendChild(svg("polyline", {class: "series", points: points.map((p) => x(p[0]) + "," + y(p[1])).join(" ")}));
+  alarms.forEach((a, i) => {
+    const ax = x(a.step), left = ax > (L + W) / 2;
+    const mark = svg("g", {class: "alarm", "data-rule": a.rule});
+    mark.appendChild(svg("title", null, a.line || ("step " + a.step + ": " + a.rule)));
+    mark.appendChild(svg("line", {class: "alarm-line", x1: ax, x2: ax, y1: T, y2: H - B}));
+    mark.appendChild(svg("text", {class: "alarm-label", x: ax + (left ? -3 : 3), y: T + 10 + 11 * (i % 5),
+      "text-anchor": left ? "end" : "start"}, fmt(a.step) + " " + a.rule));
+    g.appendChild(mark);
+  });
+  box.appendChild(g);
+  return box;
+}
+
+function alarmTable(alarms) {
+  const table = el("table", "alarms");
+  const head = el("tr");
+  ["step", "rule", "signal", "value", "threshold", "action"].forEach((h) => head.appendChild(el("th", null, h)));
+  table.appendChild(head);
+  for (const a of alarms) {
+    const row = el("tr", "alarm-row");
+    if (a.line) row.title = a.line;
+    const action = a.action === "rolled_back"
+      ? "rolled back to step " + fmt(a.to_step) + ", lr x" + fmt(a.lr_scale) : fmt(a.action);
+    const threshold = (a.relation ? a.relation + " " : "") + fmt(a.threshold);
+    [fmt(a.step), fmt(a.rule), fmt(a.signal), fmt(a.value), threshold, action]
+      .forEach((c) => row.appendChild(el("td", null, c)));
+    table.appendChild(row);
+  }
+  return table;
+}
+
+function renderRun() {
+  const run = DATA.run;
+  if (!run) return;
+  const keys = Object.keys(run.signals), fired = run.alarms.filter((a) => a.rule);
+  const panel = el("details");
+  panel.open = true;
+  panel.appendChild(el("summary", null, "Training health: " + keys.length + " signals, " + fired.length +
+    (fired.length === 1 ? " alarm" : " alarms") + " (docs/health.md)"));
+  const charts = el("div", "charts");
+  keys.forEach((k) => charts.appendChild(chart(k, run.signals[k], fired.filter((a) => a.signal === k))));
+  if (!keys.length) panel.appendChild(el("p", "run-note", "metrics.jsonl holds none of the health signals."));
+  panel.appendChild(charts);
+  if (run.alarms.length) panel.appendChild(alarmTable(run.alarms));
+  else panel.appendChild(el("p", "run-note", "No alarms recorded (health.jsonl)."));
+  $("run").appendChild(panel);
+  $("run").hidden = false;
+}
+
+renderRun();
 setup();
 update();
 window.addEventListener("hashchange", () => { state = readHash(); syncControls(); update(); });
