@@ -3,6 +3,7 @@
     python -m benchmarks.ablations                            # the full benchmark, worlds 0 1 2: docs/ablations.md
     python -m benchmarks.ablations --arms default ppo         # some arms only (the others stay "-")
     python -m benchmarks.ablations --smoke                    # every arm for two steps, in a temp dir
+    python -m benchmarks.ablations --render docs/ablations/figures.json   # the page again from a record
 
 For each seed: `simsearch quickstart` in its run directory first (a finished run is reused stage
 by stage through its fingerprints, so an existing run costs nothing; `--quickstart-dir` points at
@@ -44,17 +45,21 @@ exact match on held-out entities (ZeroSearch reports substring match); far fewer
 either paper.
 
 Each table also gives, for each arm, its paired difference against the default arm (`PAIRS`:
-the same world per seed, arm minus default) with a 95% bootstrap interval over seeds; an
-interval that holds 0 is written "no measurable difference" (`benchlib.difference_cell`).
+the same world per seed, arm minus default) with its 95% t-interval over seeds
+(`benchlib.INTERVAL_METHOD`; none for one seed); an interval that holds 0 is written "no
+measurable difference" (`benchlib.difference_cell`).
 
 Output: `docs/ablations.md` (`--out`; its table blocks and the commit and machine it was measured
 on are rewritten, the prose around them is kept), one PNG bar chart per table in
 `docs/ablations/`, and as the last line one JSON object: the EM points on BM25, mean over seeds,
 under `FIGURES`' keys; `leak_*` (answer leakage without the name, percent, `LEAK_FIGURES`);
-`differences` (per pair and engine: mean, ci_low, ci_high); `wall_s`; `provenance`; and the detail
-(`by_seed`, `leak_noisy_*`, `constant_p_noise`, `steps`, `seeds`, `smoke`). `--smoke` runs on the
-quickstart's smoke pipeline, two steps an arm, and writes into its run directory (a temporary one
-by default).
+`differences` (per pair and engine: mean, ci_low, ci_high) and `interval_method`; `wall_s`;
+`provenance`; and the detail (`by_seed`, `leak_noisy_*`, `constant_p_noise`, `steps`, `seeds`,
+`smoke`). `--smoke` runs on the quickstart's smoke pipeline, two steps an arm, and writes into its
+run directory (a temporary one by default). `--render RECORD` runs nothing: from such a JSON object
+saved in a file (docs/ablations/figures.json) it computes the differences and their intervals again
+from the per-seed figures (`by_seed`), rewrites the doc's table blocks and charts (not its measured
+and wall blocks) and the record's `differences`.
 """
 
 from __future__ import annotations
@@ -70,11 +75,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.benchlib import (
+    INTERVAL_METHOD,
     NO_NOISE,
     RECIPES,
     arm_arguments,
     difference_cell,
-    difference_figures,
     mean_sd,
     measured_at,
     provenance,
@@ -82,6 +87,7 @@ from benchmarks.benchlib import (
     run_stage,
     timed,
 )
+from benchmarks.benchlib import paired as paired_figures
 from simsearch.commands import evaluate, quickstart, simulator_collect, simulator_finetune, train
 from simsearch.config import CollectRecipe, EvalRecipe, FinetuneRecipe, QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.curriculum.schedules import exponential
@@ -286,6 +292,8 @@ class Seed:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = _parse(argv)
+    if args.render:
+        return render(Path(args.render), args.out)
     began = time.perf_counter()
     run_dir, out, steps = args.run_dir, args.out, args.steps
     results = {seed: run_seed(seed, args, run_dir, steps) for seed in args.seeds}
@@ -305,6 +313,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--quickstart-dir", default="", help="the quickstart run of each seed, '{seed}' filled in "
         "(default RUN_DIR/seed_{seed}/quickstart); e.g. 'runs/bench_quickstart/seed_{seed}' reuses those runs",
     )  # fmt: skip
+    parser.add_argument("--render", default="", help="run nothing: the doc's tables again from a saved JSON record")
     args = arm_arguments(
         argv, parser, "ablations", steps=STEPS, smoke_steps=SMOKE_STEPS,
         seeds_help="one world, base and simulators per seed (default 0 1 2; smoke 0)",
@@ -583,10 +592,11 @@ def summarize(
             for engine in question.engines:
                 diffs = paired(results, "em", row, against, engine)
                 if diffs:
-                    differences.setdefault(f"{row}-{against}", {})[engine] = difference_figures(diffs)
+                    differences.setdefault(f"{row}-{against}", {})[engine] = paired_figures(diffs)
     rl = load_recipe(TrainRecipe, RECIPES / "train.yaml", ["run_dir=unused"]).curriculum
     figures.update(
         differences=differences,
+        interval_method=INTERVAL_METHOD,
         wall_s=round(wall_s, 1),
         steps=steps,
         seeds=list(results),
@@ -616,8 +626,8 @@ def _cell(values: list[float]) -> str:
 
 
 DIFFERENCE_HEAD = (
-    "Paired difference, row minus reference, per seed on the same world; mean and 95% bootstrap interval over "
-    "seeds (EM points); an interval that holds 0 is no measurable difference:"
+    f"Paired difference, row minus reference, per seed on the same world (EM points): mean, and {INTERVAL_METHOD}; "
+    "an interval that holds 0 is no measurable difference:"
 )
 
 
@@ -687,9 +697,25 @@ def plot_question(question: Question, results: dict[int, dict[str, Any]], path: 
     return path
 
 
-def write_doc(out: Path, results: dict[int, dict[str, Any]], figures: dict[str, Any]) -> None:
+def render(record: Path, out: Path) -> dict[str, Any]:
+    """The doc's tables from a saved record (the JSON object a run prints) without running anything: the
+    differences and their intervals computed again from its per-seed figures, the table blocks and charts of
+    `out` rewritten (its measured and wall blocks kept), the record's figures updated. Returns them."""
+    figures = json.loads(record.read_text())
+    results = {int(seed): r for seed, r in figures["by_seed"].items()}
+    fresh = summarize(results, argparse.Namespace(smoke=figures["smoke"]), figures["steps"], wall_s=figures["wall_s"])
+    figures.update(differences=fresh["differences"], interval_method=fresh["interval_method"])
+    write_doc(out, results, figures, tables_only=True)
+    record.write_text(json.dumps(figures, indent=1) + "\n")
+    print(f"ablations: {out} from {record}", flush=True)
+    return figures
+
+
+def write_doc(
+    out: Path, results: dict[int, dict[str, Any]], figures: dict[str, Any], *, tables_only: bool = False
+) -> None:
     """Fills each question's block of `out` (`<!-- table:KEY -->` ... `<!-- /table:KEY -->`), the commit and
-    machine (`<!-- measured -->`) and the wall time, keeping the prose.
+    machine (`<!-- measured -->`) and the wall time (not with `tables_only`), keeping the prose.
 
     A missing doc, or one without the blocks, is started from `SKELETON`. Charts go to the
     folder named like the doc without its suffix (docs/ablations/KEY.png).
@@ -712,9 +738,10 @@ def write_doc(out: Path, results: dict[int, dict[str, Any]], figures: dict[str, 
             f"![{question.title}]({charts.name}/{chart.name})",
         ]
         text = replace_block(text, f"table:{question.key}", "\n".join(["", *block, ""]))
-    text = replace_block(text, "wall", f"{figures['wall_s'] / 60:.1f} min")
-    measured = measured_at(figures["provenance"]) + f" Seeds {seeds}; {figures['steps']} RL steps an arm."
-    text = replace_block(text, "measured", "\n" + measured + "\n")
+    if not tables_only:
+        text = replace_block(text, "wall", f"{figures['wall_s'] / 60:.1f} min")
+        measured = measured_at(figures["provenance"]) + f" Seeds {seeds}; {figures['steps']} RL steps an arm."
+        text = replace_block(text, "measured", "\n" + measured + "\n")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
 
@@ -738,12 +765,11 @@ when its stages' fingerprints match), one RL policy per arm, each with the quick
 questions x 16 rollouts (the quickstart runs 250), so the numbers here sit below the quickstart's.
 Each policy is evaluated greedily on the held-out entities' questions against the simulator, BM25
 and dense retrieval (`recipes/quickstart/eval.yaml`). EM is strict exact match. Each table gives
-each arm's paired difference against the default arm (the same world per seed) with a 95% bootstrap
-interval over seeds; an interval that holds 0 is written "no measurable difference". Fewer than 3
-seeds give the mean alone; with 3, an interval leaves out 0 only when every seed's difference has
-the same sign. Wall time of the last full run: <!-- wall -->not measured yet<!-- /wall -->. The
-arms and how each is built: the docstring of `benchmarks/ablations.py`. The tables below are
-rewritten by each run; the text around them is not.
+each arm's paired difference against the default arm (the same world per seed) with its 95%
+t-interval over seeds (Student's t, n - 1 degrees of freedom); an interval that holds 0 is written
+"no measurable difference". One seed gives the mean alone. Wall time of the last full run:
+<!-- wall -->not measured yet<!-- /wall -->. The arms and how each is built: the docstring of
+`benchmarks/ablations.py`. The tables below are rewritten by each run; the text around them is not.
 
 ## Budget
 

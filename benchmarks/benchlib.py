@@ -1,5 +1,5 @@
 """What several benchmarks share: their common options, fingerprinted stages, worlds run in worker
-processes, timing, mean ± sd and the doc's rewritten blocks.
+processes, timing, mean ± sd, paired differences' t-intervals and the doc's rewritten blocks.
 
 A benchmark imports it as `benchmarks.benchlib`: the benchmarks run as modules of the `benchmarks`
 package from the repository root (`python -m benchmarks.NAME`), and tests import them the same way.
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
-import random
 import statistics
 import subprocess
 import sys
@@ -151,14 +151,6 @@ def mean_sd(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def bootstrap_interval(values: Sequence[float], *, draws: int = 10_000, seed: int = 0) -> tuple[float, float]:
-    """95% percentile bootstrap interval of the mean of `values` (worlds resampled with replacement)."""
-    rng = random.Random(seed)
-    n = len(values)
-    means = sorted(sum(values[rng.randrange(n)] for _ in range(n)) / n for _ in range(draws))
-    return means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
-
-
 def replace_block(text: str, name: str, content: str) -> str:
     """`text` with what stands between `<!-- name -->` and `<!-- /name -->` replaced by `content`."""
     begin, end = f"<!-- {name} -->", f"<!-- /{name} -->"
@@ -166,23 +158,49 @@ def replace_block(text: str, name: str, content: str) -> str:
     return text[:start] + content + text[stop:]
 
 
-MIN_WORLDS = 3  # fewer worlds give no interval: over 2, a percentile bootstrap is just their range
+INTERVAL_METHOD = "95% t-interval of the paired mean over worlds (scipy.stats.t, n - 1 degrees of freedom)"
+"""How every benchmark's paired difference gets its interval (`t_interval`), as its pages and JSON name it."""
+
+
+def t_interval(diffs: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
+    """The `level` t-interval of the mean of `diffs` (paired differences, one a world): mean ± t * sd / sqrt(n),
+    t the (1 + level) / 2 quantile of Student's t with n - 1 degrees of freedom; None for fewer than 2 worlds."""
+    from scipy import stats
+
+    n = len(diffs)
+    if n < 2:
+        return None
+    mean, sd = mean_sd(list(diffs))
+    half = float(stats.t.ppf((1 + level) / 2, n - 1)) * sd / math.sqrt(n)
+    return mean - half, mean + half
+
+
+def paired(diffs: Sequence[float]) -> dict[str, float | None]:
+    """A paired difference for the JSON: its mean and t-interval (`t_interval`; None for one world), rounded."""
+    interval = t_interval(diffs)
+    low, high = interval if interval else (None, None)
+    return {"mean": round(mean_sd(list(diffs))[0], 2), "ci_low": _round(low), "ci_high": _round(high)}
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
 
 
 def difference_cell(diffs: Sequence[float], digits: int = 1) -> str:
     """A paired difference as a table cell: `diffs` holds one arm's value minus the reference arm's, one per
     world (the same world for both).
 
-    The mean with its 95% bootstrap interval over worlds (`bootstrap_interval`), as "+4.0 (+2.0 to +6.0)";
-    an interval that holds 0 reads "no measurable difference (+1.0; -1.0 to +3.0)"; fewer than MIN_WORLDS
-    worlds give the mean alone ("+5.0 (1 world: no interval)"), none at all "-".
+    The mean with its 95% t-interval over worlds (`t_interval`), as "+4.0 (+2.0 to +6.0)"; an interval that
+    holds 0 reads "no measurable difference (+1.0; -1.0 to +3.0)"; one world gives the mean alone ("+5.0
+    (1 world: no interval)"), none at all "-".
     """
     if not diffs:
         return "-"
     mean = _signed(statistics.fmean(diffs), digits)
-    if len(diffs) < MIN_WORLDS:
-        return f"{mean} ({len(diffs)} world{'s' if len(diffs) > 1 else ''}: no interval)"
-    low, high = bootstrap_interval(diffs)
+    interval = t_interval(diffs)
+    if interval is None:
+        return f"{mean} (1 world: no interval)"
+    low, high = interval
     span = f"{_signed(low, digits)} to {_signed(high, digits)}"
     if low <= 0.0 <= high:
         return f"no measurable difference ({mean}; {span})"
@@ -192,17 +210,6 @@ def difference_cell(diffs: Sequence[float], digits: int = 1) -> str:
 def _signed(value: float, digits: int) -> str:
     """`value` with its sign, 0 without one ("-0.0" would read as a direction)."""
     return f"{value:+.{digits}f}" if round(value, digits) else f"{0.0:.{digits}f}"
-
-
-def difference_figures(diffs: Sequence[float]) -> dict[str, float | None]:
-    """A paired difference for the JSON: its mean and 95% bootstrap interval over worlds (None for fewer than
-    MIN_WORLDS)."""
-    low, high = bootstrap_interval(diffs) if len(diffs) >= MIN_WORLDS else (None, None)
-    return {
-        "mean": round(statistics.fmean(diffs), 2),
-        "ci_low": None if low is None else round(low, 2),
-        "ci_high": None if high is None else round(high, 2),
-    }
 
 
 def provenance(repo: Path = RECIPES.parents[1]) -> dict[str, Any]:

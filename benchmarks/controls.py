@@ -57,7 +57,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import shutil
 import tempfile
 import threading
@@ -68,16 +67,19 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.benchlib import (
+    INTERVAL_METHOD,
     NO_NOISE,
     RECIPES,
     finished_world,
     mean_sd,
     measured_at,
+    paired,
     provenance,
     replace_block,
     run_stage,
     run_worlds,
 )
+from benchmarks.benchlib import difference_cell as t_cell
 
 ARMS: dict[str, tuple[str, ...]] = {
     "knowing": ("search.simulator.generation.model.path={knowing}",),
@@ -97,7 +99,6 @@ ENGINES = ("bm25", "dense")
 REPORTING_WORLDS = (200, 201, 202, 203, 204, 205)
 """The worlds pre-registered in docs/controls.md before any ran: no design choice has seen them."""
 KEPT_STAMP = ".checkpoint_mtime_ns"  # in a kept checkpoint copy: its checkpoint's trainer-state time
-INTERVAL_METHOD = "95% t-interval of the paired mean over worlds (scipy.stats.t, n - 1 degrees of freedom)"
 
 KNOWING_FIT_PEOPLE = 200  # background people the knowing simulator's SFT pairs ask about (as many as RL's)
 
@@ -678,30 +679,6 @@ def em_at_checkpoints(
 # --------------------------------------------------------------------------- over worlds
 
 
-def t_interval(diffs: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
-    """The `level` t-interval of the mean of `diffs` (paired differences, one a world): mean ± t * sd / sqrt(n),
-    t the (1 + level) / 2 quantile of Student's t with n - 1 degrees of freedom; None for fewer than 2 worlds."""
-    from scipy import stats
-
-    n = len(diffs)
-    if n < 2:
-        return None
-    mean, sd = mean_sd(list(diffs))
-    half = float(stats.t.ppf((1 + level) / 2, n - 1)) * sd / math.sqrt(n)
-    return mean - half, mean + half
-
-
-def paired(diffs: Sequence[float]) -> dict[str, float | None]:
-    """A paired difference's mean and t-interval (`t_interval`; None for one world), rounded."""
-    interval = t_interval(diffs)
-    low, high = interval if interval else (None, None)
-    return {"mean": round(mean_sd(list(diffs))[0], 2), "ci_low": _round(low), "ci_high": _round(high)}
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 2)
-
-
 def summarize(worlds: dict[int, dict[str, Any]], args: argparse.Namespace, *, wall_s: float) -> dict[str, Any]:
     """The JSON figures: per-arm means, paired differences with their t-intervals, the issue's keys."""
     seeds = list(worlds)
@@ -876,25 +853,6 @@ def doc_lines(figures: dict[str, Any]) -> list[str]:
         f"{figures['wall_s_max'] / 60:.1f} min and {figures['peak_rss_gb_max']:.2f} GB.",
     ]
     return lines
-
-
-def t_cell(diffs: Sequence[float], digits: int = 1) -> str:
-    """A paired difference as a table cell: the mean and its 95% t-interval (`t_interval`), as "+4.0 (+2.0 to
-    +6.0)"; one that holds 0 reads "no measurable difference (+1.0; -1.0 to +3.0)"; one world gives the mean
-    alone ("+5.0 (1 world: no interval)"), none "-"."""
-    if not diffs:
-        return "-"
-    mean = _signed(mean_sd(list(diffs))[0], digits)
-    interval = t_interval(diffs)
-    if interval is None:
-        return f"{mean} (1 world: no interval)"
-    span = f"{_signed(interval[0], digits)} to {_signed(interval[1], digits)}"
-    return f"no measurable difference ({mean}; {span})" if interval[0] <= 0.0 <= interval[1] else f"{mean} ({span})"
-
-
-def _signed(value: float, digits: int) -> str:
-    text = f"{value:+.{digits}f}"
-    return text.replace("+0.0", "0.0").replace("-0.0", "0.0") if float(text) == 0 else text
 
 
 def _fidelity_lines(worlds: dict[str, Any]) -> list[str]:

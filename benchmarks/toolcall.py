@@ -15,12 +15,13 @@ fingerprints), made at `--tags-commit`.
 
 Prints, per world and as mean ± sd, the held-out EM (greedy) of the base and of the RL policy on
 BM25, dense retrieval and the simulator for each protocol, the paired difference tool-call minus
-tags with a 95% bootstrap interval over worlds, and, of the tool-call policy's held-out turns on
-BM25, the share of calls it wrote that could not be read (`toolcall_invalid_call_share`: bad
-JSON, another tool, no query). The last line is one JSON object with `tags_em_bm25` and
-`toolcall_em_bm25` (the RL policies, means over worlds), `toolcall_minus_tags_bm25` (mean,
-ci_low, ci_high), `toolcall_invalid_call_share`, `within_5_points`, `wall_s`, `provenance` and the
-detail per world. The tables also go into the results block of docs/toolcall.md (`--out`).
+tags with its 95% t-interval over worlds (`benchlib.INTERVAL_METHOD`; none for one world), and, of
+the tool-call policy's held-out turns on BM25, the share of calls it wrote that could not be read
+(`toolcall_invalid_call_share`: bad JSON, another tool, no query). The last line is one JSON object
+with `tags_em_bm25` and `toolcall_em_bm25` (the RL policies, means over worlds),
+`toolcall_minus_tags_bm25` (mean, ci_low, ci_high), `interval_method`,
+`toolcall_invalid_call_share`, `within_5_points`, `wall_s`, `provenance` and the detail per world.
+The tables also go into the results block of docs/toolcall.md (`--out`).
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.benchlib import (
+    INTERVAL_METHOD,
     difference_cell,
-    difference_figures,
     mean_sd,
     measured_at,
+    paired,
     provenance,
     replace_block,
     run_worlds,
@@ -174,19 +176,20 @@ def summarize(worlds: dict[int, dict[str, Any]], *, smoke: bool, wall_s: float) 
     counts = [worlds[s]["tool_calls"] for s in seeds]
     written = sum(c["calls"] + c["unreadable_calls"] for c in counts)
     unreadable, invalid, turns = (sum(c[key] for c in counts) for key in ("unreadable_calls", "invalid_turns", "turns"))
-    gap = difference_figures(diffs["bm25"])
+    gap = paired(diffs["bm25"])
     return {
         "seeds": seeds,
         "smoke": smoke,
         "tags_em_bm25": means["tags"]["rl_search"]["bm25"],
         "toolcall_em_bm25": means["tool-call"]["rl_search"]["bm25"],
         "toolcall_minus_tags_bm25": gap,
+        "interval_method": INTERVAL_METHOD,
         "toolcall_invalid_call_share": round(unreadable / written, 4) if written else None,
         "toolcall_invalid_turn_share": round(invalid / turns, 4) if turns else None,
         "within_5_points": abs(gap["mean"]) <= 5.0,
         "wall_s": round(wall_s, 1),
         "em_mean": means,
-        "toolcall_minus_tags": {e: difference_figures(diffs[e]) for e in ENGINES},
+        "toolcall_minus_tags": {e: paired(diffs[e]) for e in ENGINES},
         "by_world": {str(s): worlds[s] for s in seeds},
     }
 
@@ -225,6 +228,7 @@ def doc_lines(figures: dict[str, Any], args: argparse.Namespace) -> list[str]:
         diffs = [w["em"]["tool-call"]["rl_search"][e] - w["em"]["tags"]["rl_search"][e] for w in worlds.values()]
         diff_cells.append(difference_cell(diffs))
     lines.append("| tool-call minus tags (RL) | " + " | ".join(diff_cells) + " |")
+    lines += ["", f"Tool-call minus tags: the mean over worlds, and {INTERVAL_METHOD}."]
     share = figures["toolcall_invalid_call_share"]
     lines += [
         "",

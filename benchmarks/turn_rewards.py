@@ -3,6 +3,7 @@
     python -m benchmarks.turn_rewards                  # seeds 0 1 2, the defaults: docs/turn_rewards.md
     python -m benchmarks.turn_rewards --steps 120      # a longer run (the budget: docs/turn_rewards.md)
     python -m benchmarks.turn_rewards --smoke          # every arm for two steps, seed 0, in a temp dir
+    python -m benchmarks.turn_rewards --render docs/turn_rewards/figures.json   # the table again from a record
 
 For each seed: the quickstart's world with a two-hop question for every person (`two_hop_share:
 1.0`, "Where was the founder of the Belsa rope works born?": search the venture, read the
@@ -28,8 +29,9 @@ The arms:
   prompts each arm rolled out per step and its seconds per step, so the extra cost is in view.
 
 The table is followed by each arm's paired difference in EM against `grpo` (the same world per
-seed, arm minus grpo) with a 95% bootstrap interval over seeds; an interval that holds 0 is
-written "no measurable difference" (`benchlib.difference_cell`).
+seed, arm minus grpo) with its 95% t-interval over seeds (`benchlib.INTERVAL_METHOD`; none for
+one seed); an interval that holds 0 is written "no measurable difference"
+(`benchlib.difference_cell`).
 
 Output: `docs/turn_rewards.md` (`--out`; its table block and the commit and machine it was
 measured on are rewritten, the prose kept), the tables on stdout, and as the last line one JSON
@@ -37,8 +39,11 @@ object: `grpo_em`, `igpo_em`, `grpo_dynamic_em` (held-out EM on BM25 in points, 
 `grpo_flat_share`, `igpo_flat_share` (`sampling/flat_share`, the share of groups whose rewards are
 all equal in a step's first rollout round, mean over steps and seeds), `igpo_s_per_step_over_grpo`
 (mean `time/step_s` of igpo over grpo's), `differences` (arm -> EM column -> mean, ci_low,
-ci_high against grpo), `provenance`, and the detail (`by_seed`, `steps`, `seeds`, `smoke`,
-`wall_s`).
+ci_high against grpo), `interval_method`, `provenance`, and the detail (`by_seed`, `steps`, `seeds`,
+`smoke`, `wall_s`). `--render RECORD` runs nothing: from such a JSON object saved in a file
+(docs/turn_rewards/figures.json) it computes the differences and their intervals again from the
+per-seed figures (`by_seed`) and rewrites the doc's table block (not its measured and wall blocks)
+and the record's `differences`.
 """
 
 from __future__ import annotations
@@ -56,13 +61,14 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from benchmarks.benchlib import (
+    INTERVAL_METHOD,
     NO_NOISE,
     RECIPES,
     arm_arguments,
     difference_cell,
-    difference_figures,
     mean_sd,
     measured_at,
+    paired,
     provenance,
     replace_block,
     run_stage,
@@ -99,6 +105,8 @@ SMOKE_LIMIT = 4  # held-out questions per dataset
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = _parse(argv)
+    if args.render:
+        return render(Path(args.render), args.out)
     began = time.perf_counter()
     run_dir, out, steps = args.run_dir, args.out, args.steps
     results = {seed: run_seed(seed, args, run_dir / f"seed_{seed}", steps) for seed in args.seeds}
@@ -114,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.set_defaults(seeds=SEEDS)  # a tuple: a --seeds given on the command line parses to a list
+    parser.add_argument("--render", default="", help="run nothing: the doc's table again from a saved JSON record")
     args = arm_arguments(
         argv, parser, "turn_rewards", steps=STEPS, smoke_steps=SMOKE_STEPS,
         seeds_help="one world and base per seed (default 0 1 2; smoke 0)",
@@ -272,10 +281,11 @@ def summarize(results: dict[int, dict[str, Any]], steps: int, *, smoke: bool, wa
     step_s = {arm: statistics.fmean(r["rl"][arm]["step_s"] for r in results.values()) for arm in ("grpo", "igpo")}
     figures["igpo_s_per_step_over_grpo"] = round(step_s["igpo"] / step_s["grpo"], 4)
     figures["differences"] = {
-        arm: {column: difference_figures(em_differences(results, arm, column)) for column in EM_COLUMNS}
+        arm: {column: paired(em_differences(results, arm, column)) for column in EM_COLUMNS}
         for arm in ARMS
         if arm != REFERENCE
     }
+    figures["interval_method"] = INTERVAL_METHOD
     figures.update(
         wall_s=round(wall_s, 1), steps=steps, seeds=list(results), smoke=smoke,
         by_seed={str(seed): r for seed, r in results.items()},
@@ -315,8 +325,8 @@ def table_lines(results: dict[int, dict[str, Any]]) -> list[str]:
         lines.append(f"| {label} | " + " | ".join(em + rl) + " |")
     lines += [
         "",
-        f"Paired difference in held-out EM against {REFERENCE}, per seed on the same world; mean and 95% bootstrap "
-        "interval over seeds (EM points); an interval that holds 0 is no measurable difference:",
+        f"Paired difference in held-out EM against {REFERENCE}, per seed on the same world (EM points): mean, and "
+        f"{INTERVAL_METHOD}; an interval that holds 0 is no measurable difference:",
         "",
         f"| arm − {REFERENCE} | EM all | EM one-hop | EM two-hop |",
         "|---|---|---|---|",
@@ -328,10 +338,24 @@ def table_lines(results: dict[int, dict[str, Any]]) -> list[str]:
     return lines
 
 
-def write_doc(out: Path, lines: list[str], figures: dict[str, Any]) -> None:
+def render(record: Path, out: Path) -> dict[str, Any]:
+    """The doc's table from a saved record (the JSON object a run prints) without running anything: the
+    differences and their intervals computed again from its per-seed figures, the table block of `out`
+    rewritten (its measured and wall blocks kept), the record's figures updated. Returns them."""
+    figures = json.loads(record.read_text())
+    results = {int(seed): r for seed, r in figures["by_seed"].items()}
+    fresh = summarize(results, figures["steps"], smoke=figures["smoke"], wall_s=figures["wall_s"])
+    figures.update(differences=fresh["differences"], interval_method=fresh["interval_method"])
+    write_doc(out, table_lines(results), figures, tables_only=True)
+    record.write_text(json.dumps(figures) + "\n")
+    print(f"turn rewards: {out} from {record}", flush=True)
+    return figures
+
+
+def write_doc(out: Path, lines: list[str], figures: dict[str, Any], *, tables_only: bool = False) -> None:
     """Fills the doc's table block (`<!-- table -->` ... `<!-- /table -->`), the commit and machine
-    (`<!-- measured -->`) and the wall time, keeping the prose; a missing doc, or one without the blocks, is
-    started from `SKELETON`."""
+    (`<!-- measured -->`) and the wall time (not with `tables_only`), keeping the prose; a missing doc, or one
+    without the blocks, is started from `SKELETON`."""
     text = out.read_text() if out.is_file() else SKELETON
     if not all(f"<!-- {n} -->" in text and f"<!-- /{n} -->" in text for n in ("measured", "table", "wall")):
         text = SKELETON
@@ -341,9 +365,10 @@ def write_doc(out: Path, lines: list[str], figures: dict[str, Any]) -> None:
         f"{figures['steps']} RL steps an arm" + (" (smoke: a pipeline check, not a result)" if figures["smoke"] else "")
     )
     text = replace_block(text, "table", "\n".join(["", head + ".", "", *lines, ""]))
-    text = replace_block(text, "wall", f"{figures['wall_s'] / 60:.1f} min")
-    measured = measured_at(figures["provenance"]) + f" Seeds {seeds}; {figures['steps']} RL steps an arm."
-    text = replace_block(text, "measured", "\n" + measured + "\n")
+    if not tables_only:
+        text = replace_block(text, "wall", f"{figures['wall_s'] / 60:.1f} min")
+        measured = measured_at(figures["provenance"]) + f" Seeds {seeds}; {figures['steps']} RL steps an arm."
+        text = replace_block(text, "measured", "\n" + measured + "\n")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
 

@@ -31,20 +31,16 @@ def test_constant_arm_takes_the_exponential_schedules_mean() -> None:
 
 
 def test_difference_cell_by_hand() -> None:
-    # [2, 4, 6]: mean 4. A bootstrap mean of 3 draws is 2 only when all three draw the 2, p = 1/27 = 3.7%,
-    # above the 2.5% tail: the interval's ends are the extremes, 2 and 6, and 0 lies outside.
-    assert ablations.difference_cell([2.0, 4.0, 6.0]) == "+4.0 (+2.0 to +6.0)"
-    assert ablations.difference_cell([-2.0, -4.0, -6.0]) == "-4.0 (-6.0 to -2.0)"
-    # [-1, 3, 1]: mean 1; the interval's ends are again the extremes, -1 and 3, and hold 0.
-    assert ablations.difference_cell([-1.0, 3.0, 1.0]) == "no measurable difference (+1.0; -1.0 to +3.0)"
-    # Zero, and what rounds to it, has no sign: mean -0.01, ends -0.02 and 0.
-    assert ablations.difference_cell([-0.02, -0.01, 0.0]) == "no measurable difference (0.0; 0.0 to 0.0)"
-    # Fewer than 3 worlds: over 2 the bootstrap would give their range, which is no 95% interval.
+    # The page's cells are benchlib's t-interval (t(0.975, n - 1) standard errors either side of the mean).
+    # 2, 4, 6: mean 4, sd 2, standard error 1.1547, t(0.975, 2) = 4.302653: 4 -+ 4.968, which holds 0 (a
+    # percentile bootstrap over three worlds gave their range, +2.0 to +6.0).
+    assert ablations.difference_cell([2.0, 4.0, 6.0]) == "no measurable difference (+4.0; -1.0 to +9.0)"
+    # 9, 10, 11: 10 -+ 4.302653 / sqrt(3) = 10 -+ 2.484, clear of 0.
+    assert ablations.difference_cell([9.0, 10.0, 11.0]) == "+10.0 (+7.5 to +12.5)"
+    # Two worlds give an interval (one degree of freedom, t = 12.7062): 6 -+ 12.7062 * 1 = 6 -+ 12.706.
+    assert ablations.difference_cell([5.0, 7.0]) == "no measurable difference (+6.0; -6.7 to +18.7)"
     assert ablations.difference_cell([5.0]) == "+5.0 (1 world: no interval)"
-    assert ablations.difference_cell([5.0, 7.0]) == "+6.0 (2 worlds: no interval)"
     assert ablations.difference_cell([]) == "-"
-    # mean (0.25 + 0.5 + 0.5) / 3 = 0.41667.
-    assert ablations.difference_cell([0.25, 0.5, 0.5], digits=2) == "+0.42 (+0.25 to +0.50)"
 
 
 def test_paired_subtracts_per_seed_where_both_were_measured() -> None:
@@ -57,9 +53,10 @@ def test_paired_subtracts_per_seed_where_both_were_measured() -> None:
     assert ablations.paired(results, "em", "a", "default", "self") == []
     leak = {0: {"leak": {"x": {"no_name": 0.5}, "y": {"no_name": 0.125}}}}
     assert ablations.paired(leak, "leak", "x", "y", "no_name", scale=100.0) == [37.5]
-    # one or two seeds: the mean only; three: the extremes (each drawn thrice with p 1/27 > 2.5%).
-    assert ablations.difference_figures([10.0, -5.0]) == {"mean": 2.5, "ci_low": None, "ci_high": None}
-    assert ablations.difference_figures([10.0, -5.0, 10.0]) == {"mean": 5.0, "ci_low": -5.0, "ci_high": 10.0}
+    # One seed: the mean only. 10, -5, 10: mean 5, sd 8.6603, standard error 5, t(0.975, 2) = 4.302653:
+    # 5 -+ 21.513.
+    assert ablations.paired_figures([10.0]) == {"mean": 10.0, "ci_low": None, "ci_high": None}
+    assert ablations.paired_figures([10.0, -5.0, 10.0]) == {"mean": 5.0, "ci_low": -16.51, "ci_high": 26.51}
 
 
 def test_provenance_names_the_commit_or_unknown(tmp_path: Path) -> None:
@@ -133,13 +130,15 @@ def test_table_lines_give_each_arms_paired_difference() -> None:
         return {"em": {"default": {"bm25": default}, "reinforce": {"bm25": reinforce}}, "leak": {}}
 
     question = ablations.Question("q", "title", (("GRPO", "default"),), ("bm25",), pairs=(("reinforce", "default"),))
-    # reinforce - default per seed: 5, 10, 15 (same sign): mean 10, interval 5 to 15.
-    better = {0: seed(40.0, 45.0), 1: seed(30.0, 40.0), 2: seed(20.0, 35.0)}
-    assert "| `reinforce` − `default` | +10.0 (+5.0 to +15.0) |" in ablations.table_lines(question, better)
-    # -5, 10, 15: interval -5 to 15 holds 0 (the mean, 6.7, is not a finding).
-    mixed = {0: seed(40.0, 35.0), 1: seed(30.0, 40.0), 2: seed(20.0, 35.0)}
-    cell = "| `reinforce` − `default` | no measurable difference (+6.7; -5.0 to +15.0) |"
-    assert cell in ablations.table_lines(question, mixed)
+    # reinforce - default per seed: 9, 10, 11: mean 10, sd 1, 10 -+ 4.302653 / sqrt(3) = 10 -+ 2.484.
+    better = {0: seed(40.0, 49.0), 1: seed(30.0, 40.0), 2: seed(20.0, 31.0)}
+    lines = ablations.table_lines(question, better)
+    assert "| `reinforce` − `default` | +10.0 (+7.5 to +12.5) |" in lines
+    assert any("95% t-interval of the paired mean" in line for line in lines)
+    # 5, 10, 15: the same sign on every seed, but sd 5: 10 -+ 12.421 holds 0.
+    same_sign = {0: seed(40.0, 45.0), 1: seed(30.0, 40.0), 2: seed(20.0, 35.0)}
+    cell = "| `reinforce` − `default` | no measurable difference (+10.0; -2.4 to +22.4) |"
+    assert cell in ablations.table_lines(question, same_sign)
 
 
 def test_leakage_lines_give_each_variants_difference_from_the_quickstarts_simulator() -> None:
@@ -217,3 +216,33 @@ def test_smoke_runs_every_arm_and_prints_every_key(tmp_path: Path, capsys: pytes
     for question in ablations.QUESTIONS:
         with Image.open(tmp_path / "ablations" / f"{question.key}.png") as image:
             assert image.size == (1200, 600)
+
+
+def test_render_rewrites_the_tables_and_differences_from_a_record(tmp_path: Path) -> None:
+    def seed(default: float, no_noise: float) -> dict:
+        em = {
+            "default": {"simulator": 1.0, "bm25": default, "dense": 5.0},
+            "no_noise": {"simulator": 1.0, "bm25": no_noise, "dense": 5.0},
+        }
+        return {"em": em, "leak": {}}
+
+    # no_noise - default on BM25 per seed: 9, 10, 11: 10 -+ 4.302653 / sqrt(3) = 10 -+ 2.484.
+    by_seed = {"0": seed(40.0, 49.0), "1": seed(30.0, 40.0), "2": seed(20.0, 31.0)}
+    record = tmp_path / "figures.json"
+    stale = {"no_noise-default": {"bm25": {"mean": 10.0, "ci_low": 9.0, "ci_high": 11.0}}}
+    figures = {"seeds": [0, 1, 2], "steps": 5, "smoke": False, "wall_s": 120.0, "provenance": PROVENANCE,
+               "by_seed": by_seed, "differences": stale, "kept": "as it was"}  # fmt: skip
+    record.write_text(json.dumps(figures))
+    doc = tmp_path / "ablations.md"
+    ablations.write_doc(doc, {int(s): r for s, r in by_seed.items()}, figures)
+    doc.write_text(doc.read_text().replace("Measured at commit abc1234", "Measured by hand at abc1234"))
+    doc.write_text(doc.read_text().replace("2.0 min", "66-73 min a world"))
+    rendered = ablations.main(["--render", str(record), "--out", str(doc)])
+    text = doc.read_text()
+    same = "no measurable difference (0.0; 0.0 to 0.0)"  # 0 on every seed: no width
+    assert f"| `no_noise` − `default` | {same} | +10.0 (+7.5 to +12.5) | {same} |" in text
+    assert "Measured by hand at abc1234" in text and "66-73 min a world" in text  # not rewritten
+    saved = json.loads(record.read_text())
+    assert saved == rendered and saved["kept"] == "as it was" and saved["by_seed"] == by_seed
+    assert saved["differences"]["no_noise-default"]["bm25"] == {"mean": 10.0, "ci_low": 7.52, "ci_high": 12.48}
+    assert saved["interval_method"].startswith("95% t-interval of the paired mean")

@@ -21,19 +21,13 @@ KEYS = {
 }  # fmt: skip  # the issue's keys
 
 
-def test_t_interval_by_hand() -> None:
-    # Two worlds, 0 and 10: mean 5, sd 7.0711, standard error 5; Student's t at 0.975 with 1 degree of
-    # freedom is 12.7062, so 5 -+ 63.531 (a percentile bootstrap would have said 0 to 10: the range).
-    low, high = controls.t_interval([0.0, 10.0])
-    assert low == pytest.approx(-58.531, abs=1e-3) and high == pytest.approx(68.531, abs=1e-3)
-    # 1..5: mean 3, sd 1.5811, standard error 0.70711; t(0.975, 4) = 2.77645, so 3 -+ 1.96324.
-    low, high = controls.t_interval([1.0, 2.0, 3.0, 4.0, 5.0])
-    assert low == pytest.approx(1.03676, abs=1e-4) and high == pytest.approx(4.96324, abs=1e-4)
-    assert controls.t_interval([4.0, 4.0, 4.0]) == (4.0, 4.0)
-    assert controls.t_interval([7.0]) is None  # one world: no interval
+def test_cells_are_benchlibs_t_interval() -> None:
+    # The interval is benchlib's (tests/benchmarks/test_benchlib.py). Two worlds, 0 and 10: mean 5, standard
+    # error 5, t(0.975, 1) = 12.7062, so 5 -+ 63.531; 1..5: 3 -+ 2.77645 * 0.70711 = 3 -+ 1.96324.
     assert controls.t_cell([7.0]) == "+7.0 (1 world: no interval)"
     assert controls.t_cell([0.0, 10.0]) == "no measurable difference (+5.0; -58.5 to +68.5)"
     assert controls.t_cell([1.0, 2.0, 3.0, 4.0, 5.0]) == "+3.0 (+1.0 to +5.0)"
+    assert controls.paired([0.0, 10.0]) == {"mean": 5.0, "ci_low": -58.53, "ci_high": 68.53}
 
 
 def test_world_sets() -> None:

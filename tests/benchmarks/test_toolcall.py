@@ -32,7 +32,9 @@ def test_the_figures_pair_the_protocols_world_by_world() -> None:
     figures = toolcall.summarize(worlds, smoke=False, wall_s=1.0)
     assert figures["tags_em_bm25"] == 50.0 and figures["toolcall_em_bm25"] == 45.33
     assert figures["toolcall_minus_tags_bm25"]["mean"] == pytest.approx(-4.67, abs=0.01)
-    assert figures["toolcall_minus_tags_bm25"]["ci_low"] == -10.0 and figures["within_5_points"] is True
+    # Differences -4, 0, -10: mean -4.667, sd 5.0332, standard error 2.9059, t(0.975, 2) = 4.302653: -+ 12.503.
+    assert figures["toolcall_minus_tags_bm25"] == {"mean": -4.67, "ci_low": -17.17, "ci_high": 7.84}
+    assert figures["within_5_points"] is True and figures["interval_method"].startswith("95% t-interval")
     # 20 unreadable of the 200 calls written (180 read); 6 invalid of 400 turns.
     assert figures["toolcall_invalid_call_share"] == 0.1
     assert figures["toolcall_invalid_turn_share"] == 0.015
@@ -40,11 +42,12 @@ def test_the_figures_pair_the_protocols_world_by_world() -> None:
                              "commits": {"tags": ["abc"], "tool-call": ["def"]}}  # fmt: skip
     lines = toolcall.doc_lines(figures, argparse.Namespace(jobs=1, threads=1, tags_dir="", tags_commit=""))
     assert "| 2 | 60.0 (5.0) / 30.0 (5.0) / 60.0 (5.0) | 50.0 (5.0) / 25.0 (5.0) / 50.0 (5.0) | -10.0 |" in lines
-    # Differences -4, 0, -10: the interval (-10 to 0) holds 0.
+    # BM25 and the simulator: -4.7 -+ 12.5 holds 0; dense halves every EM: -2, 0, -5, -2.333 -+ 6.252.
     assert (
-        "| tool-call minus tags (RL) | no measurable difference (-4.7; -10.0 to 0.0) | no measurable difference "
-        "(-2.3; -5.0 to 0.0) | no measurable difference (-4.7; -10.0 to 0.0) |"
+        "| tool-call minus tags (RL) | no measurable difference (-4.7; -17.2 to +7.8) | no measurable difference "
+        "(-2.3; -8.6 to +3.9) | no measurable difference (-4.7; -17.2 to +7.8) |"
     ) in lines
+    assert any(line.startswith("Tool-call minus tags: the mean over worlds, and 95% t-interval") for line in lines)
     assert "tags runs at abc; tool-call runs at def" in lines[0] and "--tags-dir" not in lines[0]
     # Reused tag runs are named by their commit, never by a path of this machine.
     reused = argparse.Namespace(jobs=1, threads=1, tags_dir="/somewhere/seed_{seed}", tags_commit="abc")

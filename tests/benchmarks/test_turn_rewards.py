@@ -56,30 +56,31 @@ def test_summarize_gives_means_over_seeds_and_the_step_time_ratio() -> None:
     grpo = "| GRPO | 15.0 ± 7.1 | 30.0 ± 14.1 | 0.0 ± 0.0 | 0.60 ± 0.14 | 1.50 ± 0.71 | 8.0 ± 0.0 | 1.50 ± 0.00 |"
     assert grpo in lines
     assert "| base, no RL | 2.0 ± 1.4 | 4.0 ± 2.8 | 0.0 ± 0.0 | - | - | - | - |" in lines
-    # igpo - grpo per seed: all 10, 20; one-hop 20, 40; two-hop 0, 0. Two seeds: means, no interval.
-    assert figures["differences"]["igpo"]["all"] == {"mean": 15.0, "ci_low": None, "ci_high": None}
-    assert (
-        lines[-2]
-        == "| IGPO turn rewards | "
-        + " | ".join(f"{d} (2 worlds: no interval)" for d in ("+15.0", "+30.0", "0.0"))
-        + " |"
+    # igpo - grpo per seed: all 10, 20; one-hop 20, 40; two-hop 0, 0. Two seeds: one degree of freedom,
+    # t(0.975, 1) = 12.706205; all: 15 -+ 12.706205 * 5 = 15 -+ 63.531; one-hop 30 -+ 127.062; two-hop 0 -+ 0.
+    assert figures["differences"]["igpo"]["all"] == {"mean": 15.0, "ci_low": -48.53, "ci_high": 78.53}
+    assert figures["differences"]["igpo"]["two_hop"] == {"mean": 0.0, "ci_low": 0.0, "ci_high": 0.0}
+    assert figures["interval_method"].startswith("95% t-interval of the paired mean")
+    assert lines[-2] == (
+        "| IGPO turn rewards | no measurable difference (+15.0; -48.5 to +78.5) "
+        "| no measurable difference (+30.0; -97.1 to +157.1) | no measurable difference (0.0; 0.0 to 0.0) |"
     )
     assert set(figures["differences"]) == {"igpo", "grpo_dynamic"}
 
 
 def test_a_difference_whose_interval_holds_zero_is_no_measurable_difference() -> None:
-    # grpo_dynamic - grpo: 3 seeds, +10, -4, +6 on EM all: bootstrap interval -4 to +10 (the extremes, each
-    # drawn thrice with p 1/27 > 2.5%), which holds 0.
+    # grpo_dynamic - grpo: 3 seeds, +10, -4, +6 on EM all: mean 4, sd 7.2111, standard error 4.1633,
+    # t(0.975, 2) = 4.302653: 4 -+ 17.913, which holds 0.
     results = {
         seed: _seed({"base": 0.0, "grpo": 20.0, "igpo": 20.0 + d, "grpo_dynamic": 20.0 + d}, flat=0.5, step_s=1.0)
         for seed, d in enumerate((10.0, -4.0, 6.0))
     }
     lines = turn_rewards.table_lines(results)
     row = next(line for line in lines if line.startswith("| GRPO + dynamic sampling | no"))
-    # mean (10 - 4 + 6) / 3 = 4.0; one-hop doubles every EM: +8.0 on -8 to +20.
+    # one-hop doubles every EM: 8 -+ 35.827.
     assert row.startswith(
-        "| GRPO + dynamic sampling | no measurable difference (+4.0; -4.0 to +10.0) "
-        "| no measurable difference (+8.0; -8.0 to +20.0) |"
+        "| GRPO + dynamic sampling | no measurable difference (+4.0; -13.9 to +21.9) "
+        "| no measurable difference (+8.0; -27.8 to +43.8) |"
     )
 
 
@@ -130,3 +131,25 @@ def test_smoke_runs_every_arm_and_prints_every_key(tmp_path: Path, capsys: pytes
     text = (tmp_path / "turn_rewards.md").read_text()
     assert text.count("smoke: a pipeline check") == 1 and "(1 world: no interval)" in text
     assert "Measured at commit " in text and "torch thread(s)" in text
+
+
+def test_render_rewrites_the_table_and_differences_from_a_record(tmp_path: Path) -> None:
+    # igpo - grpo per seed on EM all: 9, 10, 11 (one-hop doubles: 18, 20, 22): 10 -+ 4.302653 / sqrt(3).
+    by_seed = {
+        str(seed): _seed({"base": 1.0, "grpo": 20.0, "igpo": 20.0 + d, "grpo_dynamic": 20.0}, flat=0.5, step_s=1.0)
+        for seed, d in enumerate((9.0, 10.0, 11.0))
+    }
+    record = tmp_path / "figures.json"
+    figures = {"seeds": [0, 1, 2], "steps": 5, "smoke": False, "wall_s": 120.0, "provenance": PROVENANCE,
+               "by_seed": by_seed, "differences": {"igpo": "stale"}}  # fmt: skip
+    record.write_text(json.dumps(figures))
+    doc = tmp_path / "turn_rewards.md"
+    turn_rewards.write_doc(doc, ["| a |"], figures)
+    doc.write_text(doc.read_text().replace("2.0 min", "about 62 min"))
+    rendered = turn_rewards.main(["--render", str(record), "--out", str(doc)])
+    text = doc.read_text()
+    assert "| IGPO turn rewards | +10.0 (+7.5 to +12.5) | +20.0 (+15.0 to +25.0) | no measurable difference" in text
+    assert "about 62 min" in text and "| a |" not in text
+    saved = json.loads(record.read_text())
+    assert saved == rendered and saved["by_seed"] == by_seed
+    assert saved["differences"]["igpo"]["all"] == {"mean": 10.0, "ci_low": 7.52, "ci_high": 12.48}
