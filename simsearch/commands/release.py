@@ -34,13 +34,15 @@ BASE_FILES = ("config.json", "generation_config.json", "model.safetensors", "tok
 def build(run_dir: Path, release: Path = quickstart.RELEASE) -> dict:
     """Stages 1-4 of the default quickstart in `run_dir` (every stage built: `released=false`), then their base and
     simulator copied into `release` with `release.json`; returns what it holds."""
+    commit = _commit()  # the code that builds them, before anything can change it
     recipe = load_recipe(QuickstartRecipe, None, [f"run_dir={run_dir}", "released=false"])
     quickstart.through_simulator(recipe)
-    return ship(Path(recipe.run_dir), release)
+    return ship(Path(recipe.run_dir), release, commit=commit)
 
 
-def ship(run: Path, release: Path) -> dict:
-    """The finished base and simulator of the quickstart run `run` copied into `release`, with `release.json`."""
+def ship(run: Path, release: Path, *, commit: str) -> dict:
+    """The finished base and simulator of the quickstart run `run` (built by the code of `commit`) copied into
+    `release`, with `release.json`."""
     shutil.rmtree(release, ignore_errors=True)
     (release / "base").mkdir(parents=True)
     for name in BASE_FILES:
@@ -62,7 +64,7 @@ def ship(run: Path, release: Path) -> dict:
         "built": {
             **quickstart.machine(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "commit": _commit(),
+            "commit": commit,
         },
     }
     (release / "release.json").write_text(json.dumps(index, indent=2) + "\n")

@@ -255,11 +255,11 @@ def _refuse(*args, **kwargs):
 def test_a_released_base_and_simulator_are_installed_not_built(smoke_run, tmp_path: Path, monkeypatch) -> None:
     first_dir, first = smoke_run
     release = tmp_path / "release"
-    index = release_command.ship(first_dir, release)
+    index = release_command.ship(first_dir, release, commit="abc1234")
     assert {stage: entry["fingerprint"] for stage, entry in index["stages"].items()} == {
         stage: stage_fingerprint(first_dir / stage) for stage in ("base", "simulator")
     }
-    assert json.loads((release / "release.json").read_text()) == index
+    assert json.loads((release / "release.json").read_text()) == index and index["built"]["commit"] == "abc1234"
     monkeypatch.setattr(quickstart, "RELEASE", release)
     monkeypatch.setattr(quickstart, "pretrain_base", _refuse)
     monkeypatch.setattr(quickstart.simulator_finetune, "main", _refuse)
