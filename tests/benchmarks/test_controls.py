@@ -38,6 +38,42 @@ def test_world_sets() -> None:
     assert controls.world_set([0, 200]) == "mixed"
 
 
+def test_the_gate_passes_on_the_mean_over_worlds_at_half_of_todays_simulator(monkeypatch, capsys, tmp_path) -> None:
+    shown = {100: (0.10, 0.40), 101: (0.30, 0.30)}  # knowing, today's simulator: means 0.2 and 0.35
+    built = []
+
+    def through_simulator(recipe):
+        built.append((recipe.seed, recipe.threads, recipe.run_dir))
+        return f"world {recipe.seed}", {}, {}
+
+    def fidelity(root, world, paths, smoke, design):
+        knowing, simulator = shown[int(world.split()[1])]
+        assert design == "mixed" and paths["knowing"] == f"{world} knowing"
+        row = {"answer_shown": 0.0, "on_topic": 0.5, "documents": 3.0}
+        return {"knowing": {**row, "answer_shown": knowing}, "simulator": {**row, "answer_shown": simulator},
+                "bm25": {**row, "answer_shown": 1.0}}  # fmt: skip
+
+    from simsearch.commands import quickstart
+
+    monkeypatch.setattr(quickstart, "through_simulator", through_simulator)
+    monkeypatch.setattr(
+        controls, "knowing_simulator", lambda root, seed, paths, fps, world, args: ("fp", f"{world} knowing")
+    )
+    monkeypatch.setattr(controls, "measure_fidelity", fidelity)
+    argv = ["--gate", "--knowing", "mixed", "--seeds", "100", "101", "--run-dir", str(tmp_path)]
+    figures = controls.main(argv)
+    assert built == [
+        (100, 1, str(tmp_path / "world_100" / "quickstart")),
+        (101, 1, str(tmp_path / "world_101" / "quickstart")),
+    ]
+    assert figures["knowing_answer_shown_mean"] == 0.2 and figures["simulator_answer_shown_mean"] == 0.35
+    assert figures["knowing_over_simulator"] == 0.571 and figures["passes"] is True  # 0.2 / 0.35 >= 0.5
+    out = capsys.readouterr().out.splitlines()
+    assert "| 100 | 0.10 / 0.50 | 0.40 / 0.50 | 1.00 / 0.50 |" in out and json.loads(out[-1]) == figures
+    shown[101] = (0.05, 0.30)  # 0.075 / 0.35: fails
+    assert controls.main(argv)["passes"] is False
+
+
 def _world(seed: int, bm25: dict[str, float]) -> dict:
     em = {row: {"bm25": value, "dense": value / 2} for row, value in bm25.items()}
     return {"seed": seed, "em": em, "quickstart_wall_s": 100.0 + seed, "quickstart_peak_rss_gb": 1.0}
