@@ -351,6 +351,7 @@ def gate(args: argparse.Namespace) -> dict[str, Any]:
     from simsearch.commands import quickstart
     from simsearch.config import QuickstartRecipe, load_recipe
 
+    where = provenance()  # the code the gate runs, before anything can change it
     rows = {}
     for seed in args.seeds:
         root = args.run_dir / f"world_{seed}"
@@ -379,7 +380,7 @@ def gate(args: argparse.Namespace) -> dict[str, Any]:
         "bm25_answer_shown_mean": round(means["bm25"], 4),
         "knowing_over_simulator": None if ratio is None else round(ratio, 3),
         "passes": ratio is not None and ratio >= GATE_SHARE,
-        **provenance(),
+        **where,
         "torch_threads": args.threads,
     }
     print(json.dumps(figures))
