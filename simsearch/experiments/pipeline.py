@@ -142,13 +142,14 @@ def _inside(value: Any, run: str) -> Any:
 
 
 def world_and_base(recipe: QuickstartRecipe) -> tuple[World, dict[str, str], dict[str, str]]:
-    """Stages 1-2 alone, as `main` runs them: the world, its file and index paths, and fingerprints."""
+    """Stages 1-2 alone, as `quickstart.main` runs them: the world, its file and index paths, and fingerprints."""
     pipeline, _, world, world_fp, base_fp = first_stages(recipe)
     return world, {**pipeline.paths, "base": str(pipeline.run / "base")}, {"world": world_fp, "base": base_fp}
 
 
 def through_simulator(recipe: QuickstartRecipe) -> tuple[World, dict[str, str], dict[str, str]]:
-    """Stages 1-4 alone, as `main` runs them: `world_and_base`'s, with the simulator's model and fingerprint."""
+    """Stages 1-4 alone, as `quickstart.main` runs them: `world_and_base`'s, with the simulator's model and
+    fingerprint."""
     pipeline, _, world, world_fp, base_fp = first_stages(recipe)
     simulator_fp = simulator_stage(pipeline, collect_stage(pipeline, base_fp))
     paths = {**pipeline.paths, "base": str(pipeline.run / "base"),
