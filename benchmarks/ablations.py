@@ -88,9 +88,10 @@ from benchmarks.benchlib import (
     timed,
 )
 from benchmarks.benchlib import paired as paired_figures
-from simsearch.commands import evaluate, quickstart, simulator_collect, simulator_finetune, train
+from simsearch.commands import evaluate, simulator_collect, simulator_finetune, train
 from simsearch.config import CollectRecipe, EvalRecipe, FinetuneRecipe, QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.curriculum.schedules import exponential
+from simsearch.experiments import pipeline, quickstart
 from simsearch.factory.build import build_search_engine
 from simsearch.fingerprints import claim_stage, digest, finish_stage, stage_fingerprint
 from simsearch.models import load_model, save_tiny
@@ -332,7 +333,7 @@ def run_seed(seed: int, args: argparse.Namespace, run_dir: Path, steps: int) -> 
     clock: dict[str, float] = {}
     with timed(clock, "quickstart"):
         ctx, report = prepare(seed, args, run_dir, steps)
-    world = quickstart.recipe_world(ctx.qs_recipe)
+    world = pipeline.recipe_world(ctx.qs_recipe)
     for variant in sorted({ARMS[name].simulator for name in args.arms} & set(VARIANTS)):
         with timed(clock, f"simulator_{variant}"):
             train_simulator(ctx, variant, VARIANTS[variant])
@@ -363,7 +364,7 @@ def prepare(seed: int, args: argparse.Namespace, run_dir: Path, steps: int) -> t
     report = quickstart.main(qs_recipe)
     paths = {name: str(qs_dir / "world" / f"{name}.jsonl") for name in ("corpus", "train", "test")}
     paths.update(bm25=str(qs_dir / "index" / "bm25"), dense=str(qs_dir / "index" / "dense"), base=str(qs_dir / "base"))
-    paths.update(simulator=str(quickstart.final_model(qs_dir / "simulator")), knowing=str(root / "knowing_base"))
+    paths.update(simulator=str(pipeline.final_model(qs_dir / "simulator")), knowing=str(root / "knowing_base"))
     # a variant's run directory until its model exists (train_simulator)
     paths.update({variant: str(root / f"simulator_{variant}") for variant in VARIANTS})
     fingerprints = {stage: stage_fingerprint(qs_dir / stage) for stage in ("world", "base", "simulator")}
@@ -399,7 +400,7 @@ def train_simulator(ctx: Seed, name: str, variant: Variant) -> None:
         simulator_finetune.main,
         [collect_fp],
     )  # fmt: skip
-    ctx.paths[name] = str(quickstart.final_model(Path(ctx.paths[name])))
+    ctx.paths[name] = str(pipeline.final_model(Path(ctx.paths[name])))
 
 
 def knowing_base_stage(ctx: Seed, world: World) -> None:
@@ -493,7 +494,7 @@ def constant_p_noise(p_start: float, p_end: float, base: float, steps: int) -> f
 
 def evaluate_policy(ctx: Seed, name: str, arm: Arm, policy_fp: str) -> dict[str, float]:
     """eval.yaml for one policy on the held-out questions; returns EM (percent) per engine."""
-    model = ctx.paths["knowing"] if name == "knowing_base" else quickstart.final_model(ctx.root / "train" / name)
+    model = ctx.paths["knowing"] if name == "knowing_base" else pipeline.final_model(ctx.root / "train" / name)
     self_search = arm.base == "knowing"
     overrides = [
         f"run_dir={ctx.root / 'eval' / name}", f"seed={ctx.seed}", f"policy.model.path={model}",

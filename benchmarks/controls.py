@@ -265,8 +265,8 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     controls.json keeps what the earlier run recorded of them (commit, times, machine): only what
     ran now is recorded as now.
     """
-    from simsearch.commands import quickstart
     from simsearch.config import QuickstartRecipe, load_recipe
+    from simsearch.experiments import pipeline, quickstart
     from simsearch.fingerprints import stage_fingerprint
 
     where = provenance()  # the code this world runs, before anything can change it
@@ -288,7 +288,7 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         "bm25_known": str(run / "index" / "bm25_known"),
         "dense": str(run / "index" / "dense"),
         "base": str(run / "base"),
-        "simulator": str(quickstart.final_model(run / "simulator")),
+        "simulator": str(pipeline.final_model(run / "simulator")),
     }
     fingerprints = {stage: stage_fingerprint(run / stage) for stage in ("world", "base", "simulator", "train")}
     previous = json.loads((root / "controls.json").read_text()) if (root / "controls.json").is_file() else {}
@@ -299,7 +299,7 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     recorded = previous.get("fingerprints", {})
     if {stage: recorded.get(stage) for stage in fingerprints} == fingerprints:  # the quickstart part was reused
         here = {key: previous[key] for key in here}
-    world = quickstart.recipe_world(qs)
+    world = pipeline.recipe_world(qs)
     fidelity: dict[str, Any] = {}
     if "knowing" in args.arms:
         fingerprints["knowing"], paths["knowing"] = knowing_simulator(root, seed, paths, fingerprints, world, args)
@@ -348,8 +348,8 @@ def gate(args: argparse.Namespace) -> dict[str, Any]:
     """docs/controls.md's gate: per world, the quickstart's stages 1-4, the knowing simulator in `args.knowing`'s
     design and both simulators' fidelity (no RL); passes when, in mean over the worlds, the knowing simulator shows
     the answer for at least `GATE_SHARE` of what today's simulator does. Prints a table, then one JSON line."""
-    from simsearch.commands import quickstart
     from simsearch.config import QuickstartRecipe, load_recipe
+    from simsearch.experiments import pipeline
 
     where = provenance()  # the code the gate runs, before anything can change it
     rows = {}
@@ -360,7 +360,7 @@ def gate(args: argparse.Namespace) -> dict[str, Any]:
             [f"run_dir={root / 'quickstart'}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}",
              *args.overrides],
         )  # fmt: skip
-        world, paths, fingerprints = quickstart.through_simulator(qs)
+        world, paths, fingerprints = pipeline.through_simulator(qs)
         _, paths["knowing"] = knowing_simulator(root, seed, paths, fingerprints, world, args)
         rows[seed] = measure_fidelity(root, world, paths, args.smoke, args.knowing)
     shown = {name: [row[name]["answer_shown"] for row in rows.values()] for name in ("knowing", "simulator", "bm25")}
@@ -436,9 +436,10 @@ def knowing_simulator(
     """The knowing simulator of a world (`tinyworld.knowing`) in `args.knowing`'s design: its base reads, its pairs
     are collected on the fit people, it is fine-tuned as the quickstart's simulator is (with reading mixed into
     its SFT file if the design says so); its fingerprint and model path."""
-    from simsearch.commands import quickstart, simulator_collect, simulator_finetune
+    from simsearch.commands import simulator_collect, simulator_finetune
     from simsearch.config import CollectRecipe, FinetuneRecipe
     from simsearch.data.qa import write_qa_jsonl
+    from simsearch.experiments import pipeline
     from simsearch.factory.build import build_search_engine
     from simsearch.fingerprints import claim_stage, digest, finish_stage
     from simsearch.simulator.recipe import SearchConfig
@@ -467,7 +468,7 @@ def knowing_simulator(
         write_corpus(fit_corpus(world), corpus)
         build_search_engine(SearchConfig(kind="bm25", corpus=str(corpus), index_dir=str(index)))
         finish_stage(index, fingerprints["world"])
-    smoke = quickstart.SMOKE if args.smoke else {}
+    smoke = pipeline.SMOKE if args.smoke else {}
     collect = [
         f"run_dir={out / 'collect'}", f"seed={seed}", f"threads={args.threads}", f"policy.model.path={paths['base']}",
         f"data.train=[{out / 'fit.jsonl'}]",  # the fit people only: never a question RL asks
@@ -491,7 +492,7 @@ def knowing_simulator(
     fingerprint = run_stage(
         FinetuneRecipe, RECIPES / "simulator.yaml", finetune, simulator_finetune.main, [collect_fp, base_fp, mixed]
     )
-    return fingerprint, str(quickstart.final_model(simulator))
+    return fingerprint, str(pipeline.final_model(simulator))
 
 
 def measure_fidelity(root: Path, world: Any, paths: dict[str, str], smoke: bool, design: str) -> dict[str, Any]:
@@ -581,9 +582,9 @@ def answer_in_results(train_run: Path) -> dict[str, float | int]:
 
 def _arms_query_naming(qs: Any, root: Path, arms: Sequence[str]) -> dict[str, Any]:
     """The quickstart report's `query_naming` for each control arm's evaluation."""
-    from simsearch.commands import quickstart
+    from simsearch.experiments import pipeline, quickstart
 
-    world = quickstart.recipe_world(qs)  # the quickstart's, in memory
+    world = pipeline.recipe_world(qs)  # the quickstart's, in memory
     return {arm: quickstart.evaluation_query_naming(root / "eval" / arm, world) for arm in arms}
 
 
@@ -625,9 +626,9 @@ def evaluate_arm(
     root: Path, arm: str, seed: int, paths: dict[str, str], inputs: list[str], args: argparse.Namespace
 ) -> dict[str, float]:
     """eval.yaml for one arm's final policy, BM25 and dense only; EM (percent) per engine."""
-    from simsearch.commands import quickstart
+    from simsearch.experiments import pipeline
 
-    policy = quickstart.final_model(root / "train" / arm)
+    policy = pipeline.final_model(root / "train" / arm)
     return evaluate_policy(root / "eval" / arm, policy, seed, paths, inputs, args)
 
 

@@ -59,9 +59,10 @@ from transformers import AutoTokenizer
 
 from benchmarks.benchlib import RECIPES, synchronize
 from benchmarks.generate import bare_loop
-from simsearch.commands import evaluate, quickstart, train
+from simsearch.commands import evaluate, train
 from simsearch.config import EvalRecipe, QuickstartRecipe, RolloutConfig, TrainRecipe, load_recipe
 from simsearch.data.templates import encode_prompt
+from simsearch.experiments import pipeline
 from simsearch.generation.hf import HFEngine
 from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories
@@ -439,12 +440,12 @@ def quickstart_rl(args: argparse.Namespace, world: World, data: dict[str, Path],
     root = work / "quickstart"
     if args.quickstart_run:
         done = Path(args.quickstart_run)
-        base, simulator = done / "base", quickstart.final_model(done / "simulator")
+        base, simulator = done / "base", pipeline.final_model(done / "simulator")
         data = {name: done / "world" / f"{name}.jsonl" for name in ("corpus", "train", "test")}
     else:
         smoke = load_recipe(QuickstartRecipe, None, ["smoke=true", f"run_dir={root}"])
         base = simulator = root / "base"
-        quickstart.pretrain_base(
+        pipeline.pretrain_base(
             smoke, world, world.background or world.train, load_recipe(TrainRecipe, RECIPES / "train.yaml"), base
         )
     run, steps, on = root / "train", args.quickstart_steps, args.device
@@ -456,7 +457,7 @@ def quickstart_rl(args: argparse.Namespace, world: World, data: dict[str, Path],
     rows = read_metrics(run)
     began = time.perf_counter()
     recipe = load_recipe(EvalRecipe, RECIPES / "eval.yaml", [f"{key}={value}" for key, value in {
-        "run_dir": root / "eval", "policy.model.path": quickstart.final_model(run), "policy.model.device": on,
+        "run_dir": root / "eval", "policy.model.path": pipeline.final_model(run), "policy.model.device": on,
         "datasets": f"[{{name: heldout, path: {data['test']}, limit: {args.batch}}}]",
         "engines.simulator.simulator.generation.model.path": simulator,
         "engines.simulator.simulator.generation.model.device": on, "engines.bm25.corpus": data["corpus"],

@@ -45,8 +45,9 @@ import torch
 
 from benchmarks.benchlib import RECIPES, provenance, run_stage
 from benchmarks.controls import ARMS, SMOKE_EVAL, SMOKE_LIMIT
-from simsearch.commands import evaluate, quickstart, train
+from simsearch.commands import evaluate, train
 from simsearch.config import EvalRecipe, QuickstartRecipe, TrainRecipe, load_recipe
+from simsearch.experiments import pipeline, quickstart
 from simsearch.fingerprints import stage_fingerprint
 from simsearch.tinyworld.diagnostics import query_naming
 from simsearch.tinyworld.world import World
@@ -99,13 +100,13 @@ def probe_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
             f"naming: {qs_dir} holds no finished quickstart; run python -m benchmarks.controls --seeds {seed}"
         )
     qs = load_recipe(QuickstartRecipe, qs_dir / "recipe.yaml", [])
-    world = quickstart.recipe_world(qs)
+    world = pipeline.recipe_world(qs)
     runs = {"simulator": qs_dir / "train"}
     runs.update({arm: root / "train" / arm for arm in ARMS if (root / "train" / arm / "checkpoints").is_dir()})
     for reseed in args.reseed:
         runs[f"{args.arm}_seed{reseed}"] = reseed_arm(root, args.arm, reseed)
     policies = {"base": (qs_dir / "base", stage_fingerprint(qs_dir / "base"))}
-    policies.update({name: (quickstart.final_model(run), stage_fingerprint(run)) for name, run in runs.items()})
+    policies.update({name: (pipeline.final_model(run), stage_fingerprint(run)) for name, run in runs.items()})
     probes = {name: probe_policy(root, qs_dir, qs.seed, name, policy, args.smoke) for name, policy in policies.items()}
     return {
         "policies": {name: {key: _naming_cells(out, world, key) for key in _keys()} for name, out in probes.items()},
@@ -139,7 +140,7 @@ def probe_policy(root: Path, qs_dir: Path, seed: int, name: str, policy: tuple[P
         f"datasets=[{{name: train, path: {world_dir / 'train.jsonl'}, limit: {limit}}}, "
         f"{{name: heldout, path: {world_dir / 'test.jsonl'}, limit: {limit}}}]",
         f"engines.bm25.corpus={world_dir / 'corpus.jsonl'}", f"engines.bm25.index_dir={qs_dir / 'index' / 'bm25'}",
-        f"engines.simulator.simulator.generation.model.path={quickstart.final_model(qs_dir / 'simulator')}",
+        f"engines.simulator.simulator.generation.model.path={pipeline.final_model(qs_dir / 'simulator')}",
         "engines.simulator.simulator.noisy_answers=redact", "noisy_share=1.0",
         "training_run=''", "baselines=[]", "fidelity_size=0", *(SMOKE_EVAL if smoke else []),
     ]  # fmt: skip

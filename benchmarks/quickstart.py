@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.benchlib import mean_sd
-from simsearch.commands.quickstart import ENGINES, POLICIES
+from simsearch.experiments.quickstart import ENGINES, POLICIES
 
 
 def run_quickstart(run_dir: Path, seed: int, overrides: list[str]) -> dict[str, Any]:

@@ -4,7 +4,7 @@
     python -m benchmarks.recipes --smoke          # two steps each, on a smoke world and base, in a temp dir
 
 For each recipe of `CPU_RECIPES` (the train recipes whose inputs are the quickstart's world and base
-policy), the world and base are built by `quickstart.world_and_base` (stages 1-2 of `simsearch
+policy), the world and base are built by `pipeline.world_and_base` (stages 1-2 of `simsearch
 quickstart`, reused when they exist: the same fingerprints), every `runs/quickstart` path in the
 recipe is pointed at them, and the recipe trains for its own `steps` (2 with --smoke) in its own
 run directory under --run-dir. recipes/quickstart/train.yaml also needs the fine-tuned simulator:
@@ -42,8 +42,9 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from simsearch.commands import quickstart, train
+from simsearch.commands import train
 from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
+from simsearch.experiments import pipeline
 from simsearch.training.runlog import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         QuickstartRecipe, None, [f"run_dir={artifacts}", f"threads={args.threads}", f"smoke={str(args.smoke).lower()}",
                                  *(SMOKE_WORLD if args.smoke else [])],
     )  # fmt: skip
-    quickstart.world_and_base(world_recipe)
+    pipeline.world_and_base(world_recipe)
     results = {name: run_recipe(name, path, artifacts, run_dir, smoke=args.smoke) for name, path in CPU_RECIPES.items()}
     print("\n".join(table_lines(results)))
     figures = {**results, "smoke": args.smoke, "threads": torch.get_num_threads()}

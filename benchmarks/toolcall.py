@@ -107,8 +107,8 @@ def _rl_line(result: dict[str, Any]) -> str:
 
 def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """The quickstart with each protocol; writes and returns toolcall.json."""
-    from simsearch.commands import quickstart
     from simsearch.config import QuickstartRecipe, load_recipe
+    from simsearch.experiments import quickstart
 
     root = args.run_dir / f"world_{seed}"
     # Tool calls first: a reused tag run may still be finishing elsewhere.

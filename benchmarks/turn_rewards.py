@@ -8,7 +8,7 @@
 For each seed: the quickstart's world with a two-hop question for every person (`two_hop_share:
 1.0`, "Where was the founder of the Belsa rope works born?": search the venture, read the
 founder's name, search the founder, answer) and its base policy pretrained with half of its
-traces searching twice (`two_search_share: 0.5`), both built by `quickstart.world_and_base`
+traces searching twice (`two_search_share: 0.5`), both built by `pipeline.world_and_base`
 (fingerprinted: a rerun reuses them). Then one RL run per arm (`ARMS`) with the quickstart's
 train.yaml, up to `rollout.max_turns=3` searches, against real BM25 in the loop: the question
 is the estimator, not the simulator. Every arm has the same budget: `--steps` steps of 8
@@ -74,9 +74,10 @@ from benchmarks.benchlib import (
     run_stage,
     timed,
 )
-from simsearch.commands import evaluate, quickstart, train
+from simsearch.commands import evaluate, train
 from simsearch.config import EvalRecipe, QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.data.qa import write_qa_jsonl
+from simsearch.experiments import pipeline
 from simsearch.fingerprints import digest
 from simsearch.tinyworld.world import TWO_HOP, World
 from simsearch.training.runlog import read_metrics
@@ -157,7 +158,7 @@ def run_seed(seed: int, args: argparse.Namespace, root: Path, steps: int) -> dic
              f"two_hop_share={TWO_HOP_SHARE}", f"two_search_share={TWO_SEARCH_SHARE}",
              *(SMOKE_WORLD if args.smoke else [])],
         )  # fmt: skip
-        world, paths, fingerprints = quickstart.world_and_base(recipe)
+        world, paths, fingerprints = pipeline.world_and_base(recipe)
     files, fingerprints["data"] = write_data(world, root / "data", seed, limit=SMOKE_LIMIT if args.smoke else 0)
     ctx = Seed(seed, args.smoke, root, {**paths, **files}, fingerprints)
     em = {}
@@ -169,7 +170,7 @@ def run_seed(seed: int, args: argparse.Namespace, root: Path, steps: int) -> dic
             policy_fp = train_arm(ctx, arm, extra, steps)
         rl[arm] = rl_metrics(root / "train" / arm)
         with timed(clock, f"eval_{arm}"):
-            em[arm] = evaluate_policy(ctx, arm, str(quickstart.final_model(root / "train" / arm)), policy_fp)
+            em[arm] = evaluate_policy(ctx, arm, str(pipeline.final_model(root / "train" / arm)), policy_fp)
     return {"em": em, "rl": rl, "stage_s": {k: round(v, 1) for k, v in clock.items()}}
 
 

@@ -6,7 +6,7 @@
 Every `import` / `from ... import` in simsearch/ (function-level ones included, `TYPE_CHECKING` ones
 too) is read with `ast`, so the picture shows the code as it is, not as intended. An arrow goes
 from the importing package to the imported one; a red arrow is an import against the rules of
-docs/architecture.md (upward or sideways across a floor, or a library importing `commands`).
+docs/architecture.md (upward or sideways across a floor, or a library importing an entry point).
 `--check` names each such import file by file, and each circle of files that import each other.
 """
 
@@ -24,6 +24,7 @@ PACKAGE = ROOT / "simsearch"
 # Floors, top to bottom: a package may import packages on lower floors only (plus itself).
 LAYERS: list[list[str]] = [
     ["cli"],
+    ["experiments"],
     ["commands"],
     ["factory"],
     ["config"],
@@ -35,10 +36,11 @@ LAYERS: list[list[str]] = [
 ]
 # Shared by every floor (no simsearch imports of their own besides `errors`); drawn at the side.
 UTILITIES = ["errors", "httpclient", "fingerprints", "checks"]
-# Only the entry points (cli, commands) may import each other. They and the factory (recipe
-# sections -> objects, for the entry points) read whole recipes: `config` sits on the floor below
-# them and above the libraries, whose recipe sections it composes.
-ENTRY = {"cli", "commands"}
+# Only the entry points (cli, experiments, commands) may import an entry point, and only one on a lower
+# floor: cli -> experiments -> commands, never back up (no library, and no command, imports the
+# experiments). They and the factory (recipe sections -> objects, for the entry points) read whole
+# recipes: `config` sits on the floor below them and above the libraries, whose recipe sections it composes.
+ENTRY = {"cli", "experiments", "commands"}
 RECIPE_READERS = ENTRY | {"factory", "config"}
 
 
@@ -175,7 +177,8 @@ def floor(unit: str) -> int | None:
 def breaks_rule(source: str, target: str, type_only: bool = False) -> bool:
     """True when `source` importing `target` goes against the layer rules."""
     if target in ENTRY:
-        return source not in ENTRY
+        src_floor, dst_floor = floor(source), floor(target)
+        return source not in ENTRY or src_floor is None or dst_floor is None or dst_floor <= src_floor
     if target in UTILITIES:
         return False
     if source in UTILITIES:

@@ -1,5 +1,6 @@
 """`simsearch <command> RECIPE [key=value ...]` (and `simsearch view RUN_DIR`, `simsearch config COMMAND
-RECIPE`, `simsearch --version`): a thin dispatcher to `simsearch.commands`.
+RECIPE`, `simsearch --version`): a thin dispatcher to `simsearch.commands` (and, for `quickstart`, to
+`simsearch.experiments.quickstart`).
 
 Commands import their heavy dependencies (torch, transformers) only when they run, so
 `simsearch --help` answers at once, and a recipe's keys, paths and what the machine must offer
@@ -287,7 +288,7 @@ def _quiet_stderr() -> None:
 def _command_main(name: str) -> Callable[[Any], Any]:
     """The command's `main`, imported only now: torch loads with it."""
     if name == "quickstart":
-        from simsearch.commands import quickstart
+        from simsearch.experiments import quickstart
 
         return quickstart.main
     if name == "train":

@@ -53,3 +53,45 @@ def test_the_benchmarks_are_a_package_that_leaves_sys_path_alone() -> None:
     scripts = sorted((ROOT / "benchmarks").glob("*.py"))
     edits = [str(p.relative_to(ROOT)) for p in scripts if "sys.path" in p.read_text(encoding="utf-8")]
     assert edits == []
+
+
+def test_the_experiments_sit_between_the_cli_and_the_commands() -> None:
+    script = _script()
+    assert not script.breaks_rule("cli", "experiments") and not script.breaks_rule("experiments", "commands")
+    assert script.breaks_rule("commands", "experiments") and script.breaks_rule("experiments", "cli")
+    assert script.breaks_rule("commands", "cli")
+    for library in ("factory", "config", "tinyworld", "policy", "types"):
+        assert script.breaks_rule(library, "experiments"), library
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every dotted name `path` imports, function-level imports included: `from a.b import c` gives a.b and a.b.c."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+    return names
+
+
+def _importing(paths: list[Path], module: str) -> list[str]:
+    return [str(p.relative_to(ROOT)) for p in paths
+            if any(name == module or name.startswith(module + ".") for name in _imported_modules(p))]  # fmt: skip
+
+
+def test_only_the_cli_and_the_experiments_import_the_experiments() -> None:
+    package = ROOT / "simsearch"
+    library = [
+        p for p in sorted(package.rglob("*.py")) if p.relative_to(package).parts[0] not in ("cli.py", "experiments")
+    ]
+    assert _importing(library, "simsearch.experiments") == []
+    assert _importing([package / "cli.py"], "simsearch.experiments") == ["simsearch/cli.py"]  # the check sees them
+
+
+def test_the_tiny_world_pipeline_is_imported_from_the_experiments_only() -> None:
+    scripts = sorted(p for folder in ("benchmarks", "tests", "docs") for p in (ROOT / folder).rglob("*.py"))
+    for gone in ("simsearch.commands.quickstart", "simsearch.commands.release"):
+        assert _importing(scripts, gone) == [], gone
+    assert not (ROOT / "simsearch" / "commands" / "quickstart.py").exists()
+    assert not (ROOT / "simsearch" / "commands" / "release.py").exists()

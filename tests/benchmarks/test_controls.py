@@ -53,9 +53,9 @@ def test_the_gate_passes_on_the_mean_over_worlds_at_half_of_todays_simulator(mon
         return {"knowing": {**row, "answer_shown": knowing}, "simulator": {**row, "answer_shown": simulator},
                 "bm25": {**row, "answer_shown": 1.0}}  # fmt: skip
 
-    from simsearch.commands import quickstart
+    from simsearch.experiments import pipeline
 
-    monkeypatch.setattr(quickstart, "through_simulator", through_simulator)
+    monkeypatch.setattr(pipeline, "through_simulator", through_simulator)
     monkeypatch.setattr(
         controls, "knowing_simulator", lambda root, seed, paths, fps, world, args: ("fp", f"{world} knowing")
     )

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from simsearch.commands import quickstart
 from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.data.rendering import render_documents, wrap_information
 from simsearch.data.templates import render_prompt
+from simsearch.experiments import pipeline
 from simsearch.models import build_tiny_model, train_tokenizer
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.tinyworld.diagnostics import reading_accuracy
@@ -220,10 +220,10 @@ def test_two_search_share_out_of_range_is_refused(two_hop: World, tokenizer) -> 
 
 
 def test_quickstart_fingerprints_name_the_two_hop_settings_only_when_set() -> None:
-    rl = load_recipe(TrainRecipe, quickstart._recipes_dir(QuickstartRecipe()) / "train.yaml")
-    default = quickstart._base_settings(QuickstartRecipe(), rl)
+    rl = load_recipe(TrainRecipe, pipeline.recipes_dir(QuickstartRecipe()) / "train.yaml")
+    default = pipeline.base_settings(QuickstartRecipe(), rl)
     assert "two_search_share" not in default  # so a default base keeps the fingerprint it had before
-    two = quickstart._base_settings(load_recipe(QuickstartRecipe, None, ["two_search_share=0.5"]), rl)
+    two = pipeline.base_settings(load_recipe(QuickstartRecipe, None, ["two_search_share=0.5"]), rl)
     assert two == {**default, "two_search_share": 0.5}
 
 

@@ -1,22 +1,23 @@
-"""`simsearch quickstart`: the ZeroSearch pipeline end to end on a tiny world, offline on CPU.
+"""The tiny-world pipeline of `simsearch quickstart`: its stages, their fingerprints, the released models.
 
-Stages: build a fictional world; pretrain a tiny base LM on copy drills and on traces about
-background entities only; collect simulator SFT data with it and BM25 (`simulator collect`);
-fine-tune a tiny simulator (`simulator finetune`); RL the policy against the simulator
-(`train`), and without search; evaluate both on held-out questions against the simulator,
-BM25, dense retrieval and no search (`eval`), and write `report.json`, `report.md` and plots.
-Stages 3-6 run `recipes/quickstart/` with their paths pointed into the run directory.
+Stage by stage, each returning its fingerprint (and the artifacts the next one reads): build a
+fictional world and its indexes (`world_stage`); pretrain a tiny base LM on copy drills and on traces
+about background entities only (`base_stage`, `pretrain_base`); collect simulator SFT data with it
+and BM25 (`collect_stage`: `simulator collect`); fine-tune a tiny simulator (`simulator_stage`:
+`simulator finetune`); RL the policy against the simulator and without search (`rl_stages`:
+`train`); evaluate one policy (`eval_stage`: `eval`). Stages 3-6 run `recipes/quickstart/` with
+their paths pointed into the run directory (`Pipeline.stage`). `world_and_base` and
+`through_simulator` run stages 1-2 and 1-4 alone, as the benchmarks do; `planned_fingerprints`
+computes stages 1-4's fingerprints without running anything. The default world's base and simulator
+ship in `simsearch/tinyworld/release/` (`RELEASE`), installed where a stage's fingerprint is theirs.
 """
 
 from __future__ import annotations
 
 import json
-import platform
-import resource
 import shutil
-import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,6 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from simsearch.commands import evaluate, simulator_collect, simulator_finetune, train
-from simsearch.commands.evaluate import examples_file
 from simsearch.config import (
     CollectRecipe,
     EvalRecipe,
@@ -38,34 +38,16 @@ from simsearch.config import (
 from simsearch.data.chat import tool_call_messages
 from simsearch.data.templates import render_prompt
 from simsearch.errors import RecipeError, SimsearchError
-from simsearch.eval import report
-from simsearch.eval.view import write_page
 from simsearch.factory.build import build_search_engine
 from simsearch.fingerprints import claim_stage, digest, finish_stage
-from simsearch.models import (
-    TINY_TOOL_TEMPLATE,
-    TOOL_SPECIAL_TOKENS,
-    build_tiny_model,
-    load_model,
-    save_tiny,
-    train_tokenizer,
-)
-from simsearch.policy.tags import extract_queries
+from simsearch.models import TINY_TOOL_TEMPLATE, TOOL_SPECIAL_TOKENS, build_tiny_model, save_tiny, train_tokenizer
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.simulator.prompts import render as render_simulator_prompt
-from simsearch.tinyworld.diagnostics import QUERY_NAMING, query_naming, reading_accuracy
 from simsearch.tinyworld.pretrain import pretrain
 from simsearch.tinyworld.traces import CALL_QUERY_PREFIX, Trace, make_copy_drills, make_traces, tiny_call
 from simsearch.tinyworld.world import YEARS, World, build_world, write_corpus
 from simsearch.training.checkpoint import latest_checkpoint
-from simsearch.training.runlog import read_metrics
 from simsearch.types import Passage, QAExample
-
-ENGINES = ("simulator", "bm25", "dense", "none")  # none: every search finds nothing
-# The no-search policy is evaluated as it was trained: given a search engine at test time, its
-# score would be the base's search habit plus 50 steps of noise, not what RL without search learns.
-POLICY_ENGINES = {"base": ENGINES, "rl_search": ENGINES, "rl_nosearch": ("none",)}
-POLICIES = tuple(POLICY_ENGINES)
 
 TOOL_CALL_EXTRA_TOKENS = 12
 """How many more tokens a Hermes call and its end-of-turn token take than `<search> … </search>` with
@@ -81,7 +63,7 @@ SMOKE = {
 
 
 @dataclass
-class _Pipeline:
+class Pipeline:
     """What every stage reads: the recipe, the stage recipes, the run directory and its files."""
 
     recipe: QuickstartRecipe
@@ -159,77 +141,41 @@ def _inside(value: Any, run: str) -> Any:
     return value
 
 
-def main(recipe: QuickstartRecipe) -> dict[str, Any]:
-    """Runs every stage; returns what `report.json` holds.
-
-    In the same `run_dir`, a stage whose inputs are unchanged is reused (or resumed), any other
-    rebuilt (`fingerprints.claim_stage`).
-    """
-    began = time.perf_counter()
-    clock = _StageClock()
-    pipeline, rl_recipe, world, world_fp, base_fp = _first_stages(recipe, clock)
-    run = pipeline.run
-    reading = _base_reading(run / "base", world, rl_recipe, recipe.protocol)
-    clock.start("collect", "3/6 simulator SFT data (base policy x real BM25)")
-    collect_fp = _collect_stage(pipeline, base_fp)
-    clock.start("simulator_sft", "4/6 simulator fine-tuning")
-    simulator_fp = _simulator_stage(pipeline, collect_fp)
-    clock.start("rl", "5/6 RL against the simulator, then RL without search")
-    policy_fps = {"base": base_fp, **_rl_stages(pipeline, base_fp, simulator_fp)}
-    clock.start("eval", "6/6 held-out evaluation: simulator, BM25, dense, no search")
-    policies = {
-        "base": run / "base",
-        "rl_search": final_model(run / "train"),
-        "rl_nosearch": final_model(run / "train_nosearch"),
-    }
-    for name, model_dir in policies.items():
-        _evaluate(pipeline, name, model_dir, [policy_fps[name], simulator_fp, world_fp])
-    summaries = {name: json.loads((run / "eval" / name / "summary.json").read_text()) for name in POLICIES}
-    page = write_page(run / "eval" / "rl_search")  # the RL policy's trajectories, engine by engine
-
-    naming = {name: evaluation_query_naming(run / "eval" / name, world) for name in ("base", "rl_search")}
-    result = _report(
-        recipe, run, summaries, {"base_reading": reading, "query_naming": naming},
-        wall_s=time.perf_counter() - began, stage_s=clock.stop(),
-    )  # fmt: skip
-    print((run / "report.md").read_text())
-    print(f"simsearch quickstart: the RL policy's trajectories, engine by engine: {page}")
-    return result
-
-
 def world_and_base(recipe: QuickstartRecipe) -> tuple[World, dict[str, str], dict[str, str]]:
-    """Stages 1-2 alone, as `main` runs them: the world, its file and index paths, and fingerprints."""
-    pipeline, _, world, world_fp, base_fp = _first_stages(recipe, None)
+    """Stages 1-2 alone, as `quickstart.main` runs them: the world, its file and index paths, and fingerprints."""
+    pipeline, _, world, world_fp, base_fp = first_stages(recipe)
     return world, {**pipeline.paths, "base": str(pipeline.run / "base")}, {"world": world_fp, "base": base_fp}
 
 
 def through_simulator(recipe: QuickstartRecipe) -> tuple[World, dict[str, str], dict[str, str]]:
-    """Stages 1-4 alone, as `main` runs them: `world_and_base`'s, with the simulator's model and fingerprint."""
-    pipeline, _, world, world_fp, base_fp = _first_stages(recipe, None)
-    simulator_fp = _simulator_stage(pipeline, _collect_stage(pipeline, base_fp))
+    """Stages 1-4 alone, as `quickstart.main` runs them: `world_and_base`'s, with the simulator's model and
+    fingerprint."""
+    pipeline, _, world, world_fp, base_fp = first_stages(recipe)
+    simulator_fp = simulator_stage(pipeline, collect_stage(pipeline, base_fp))
     paths = {**pipeline.paths, "base": str(pipeline.run / "base"),
              "simulator": str(final_model(pipeline.run / "simulator"))}  # fmt: skip
     return world, paths, {"world": world_fp, "base": base_fp, "simulator": simulator_fp}
 
 
-def _first_stages(
-    recipe: QuickstartRecipe, clock: _StageClock | None
-) -> tuple[_Pipeline, TrainRecipe, World, str, str]:
-    """Threads, then (pipeline, RL recipe, world, world fingerprint, base fingerprint) of stages 1-2."""
+def first_stages(
+    recipe: QuickstartRecipe, announce: Callable[[str, str], None] | None = None
+) -> tuple[Pipeline, TrainRecipe, World, str, str]:
+    """Threads, then (pipeline, RL recipe, world, world fingerprint, base fingerprint) of stages 1-2;
+    `announce(key, banner)` as each of the two begins."""
     torch.set_num_threads(recipe.threads or torch.get_num_threads())
     pipeline = _pipeline(recipe)
     # The base LM is pretrained on prompts and results shown as RL will show them.
     rl_recipe = load_recipe(TrainRecipe, pipeline.recipes / "train.yaml")
-    if clock is not None:
-        clock.start("world", "1/6 world and search indexes")
-    world, world_fp = _world_stage(pipeline)
-    if clock is not None:
-        clock.start("pretrain", "2/6 base policy (copy drills, then reading and random-query traces)")
-    base_fp = _base_stage(pipeline, world, world_fp, rl_recipe)
+    if announce is not None:
+        announce("world", "1/6 world and search indexes")
+    world, world_fp = world_stage(pipeline)
+    if announce is not None:
+        announce("pretrain", "2/6 base policy (copy drills, then reading and random-query traces)")
+    base_fp = base_stage(pipeline, world, world_fp, rl_recipe)
     return pipeline, rl_recipe, world, world_fp, base_fp
 
 
-def _pipeline(recipe: QuickstartRecipe, *, save: bool = True) -> _Pipeline:
+def _pipeline(recipe: QuickstartRecipe, *, save: bool = True) -> Pipeline:
     """The run directory (its recipe saved, unless `save` is false) and the paths every stage reads."""
     run = Path(recipe.run_dir)
     if save:
@@ -240,7 +186,7 @@ def _pipeline(recipe: QuickstartRecipe, *, save: bool = True) -> _Pipeline:
         dense=str(run / "index" / "dense"),
         bm25_known=str(run / "index" / "bm25_known"),
     )
-    return _Pipeline(recipe, _recipes_dir(recipe), run, paths)
+    return Pipeline(recipe, recipes_dir(recipe), run, paths)
 
 
 def recipe_world(recipe: QuickstartRecipe) -> World:
@@ -264,7 +210,7 @@ def _world_fingerprint(recipe: QuickstartRecipe) -> str:
     )
 
 
-def _world_stage(pipeline: _Pipeline) -> tuple[World, str]:
+def world_stage(pipeline: Pipeline) -> tuple[World, str]:
     """The world (rebuilt in memory each time), its files and indexes."""
     recipe, run, paths = pipeline.recipe, pipeline.run, pipeline.paths
     world = recipe_world(recipe)
@@ -287,10 +233,10 @@ def _world_stage(pipeline: _Pipeline) -> tuple[World, str]:
 
 
 def _base_fingerprint(recipe: QuickstartRecipe, world_fp: str, rl_recipe: TrainRecipe) -> str:
-    return digest({"stage": "base", "inputs": [world_fp], "recipe": _base_settings(recipe, rl_recipe)})
+    return digest({"stage": "base", "inputs": [world_fp], "recipe": base_settings(recipe, rl_recipe)})
 
 
-def _base_stage(pipeline: _Pipeline, world: World, world_fp: str, rl_recipe: TrainRecipe) -> str:
+def base_stage(pipeline: Pipeline, world: World, world_fp: str, rl_recipe: TrainRecipe) -> str:
     """The pretrained base policy in run/base; returns its fingerprint."""
     base = pipeline.run / "base"
     base_fp = _base_fingerprint(pipeline.recipe, world_fp, rl_recipe)
@@ -303,11 +249,11 @@ def _base_stage(pipeline: _Pipeline, world: World, world_fp: str, rl_recipe: Tra
     return base_fp
 
 
-def _collect_stage(pipeline: _Pipeline, base_fp: str) -> str:
+def collect_stage(pipeline: Pipeline, base_fp: str) -> str:
     return pipeline.stage("collect", CollectRecipe, simulator_collect.main, [base_fp], _collect_overrides(pipeline))
 
 
-def _collect_overrides(pipeline: _Pipeline) -> list[str]:
+def _collect_overrides(pipeline: Pipeline) -> list[str]:
     run, paths = pipeline.run, pipeline.paths
     return [
         f"run_dir={run / 'collect'}",
@@ -319,7 +265,7 @@ def _collect_overrides(pipeline: _Pipeline) -> list[str]:
     ]
 
 
-def _simulator_stage(pipeline: _Pipeline, collect_fp: str) -> str:
+def simulator_stage(pipeline: Pipeline, collect_fp: str) -> str:
     has_val = (pipeline.run / "collect" / "val.jsonl").stat().st_size > 0
     if not has_val:  # collect holds no question out when every pair came from one
         print("quickstart: collect held out no validation pairs (all came from one question); the simulator "
@@ -328,7 +274,7 @@ def _simulator_stage(pipeline: _Pipeline, collect_fp: str) -> str:
     return pipeline.stage("simulator", FinetuneRecipe, simulator_finetune.main, [collect_fp], overrides)
 
 
-def _simulator_overrides(pipeline: _Pipeline, has_val: bool) -> list[str]:
+def _simulator_overrides(pipeline: Pipeline, has_val: bool) -> list[str]:
     run = pipeline.run
     return [
         f"run_dir={run / 'simulator'}",
@@ -351,7 +297,7 @@ def planned_fingerprints(recipe: QuickstartRecipe) -> dict[str, str]:
     return {"world": world_fp, "base": base_fp, "collect": collect_fp, "simulator": simulator_fp}
 
 
-def _rl_stages(pipeline: _Pipeline, base_fp: str, simulator_fp: str) -> dict[str, str]:
+def rl_stages(pipeline: Pipeline, base_fp: str, simulator_fp: str) -> dict[str, str]:
     """RL against the simulator (train/), then without search (train_nosearch/); their fingerprints."""
     run = pipeline.run
     with_simulator = [
@@ -373,7 +319,7 @@ def _rl_stages(pipeline: _Pipeline, base_fp: str, simulator_fp: str) -> dict[str
     return fingerprints
 
 
-def _evaluate(pipeline: _Pipeline, name: str, policy: Path, inputs: list[str]) -> None:
+def eval_stage(pipeline: Pipeline, name: str, policy: Path, inputs: list[str]) -> None:
     """The eval stage for one policy into run/eval/{name} (eval_nosearch.yaml for the no-search policy)."""
     run, paths = pipeline.run, pipeline.paths
     common = [
@@ -406,7 +352,7 @@ def _simulator(run: Path) -> Path:
     return final_model(run / "simulator")
 
 
-def _recipes_dir(recipe: QuickstartRecipe) -> Path:
+def recipes_dir(recipe: QuickstartRecipe) -> Path:
     folder = (
         Path(recipe.recipes_dir)
         if recipe.recipes_dir
@@ -420,7 +366,7 @@ def _recipes_dir(recipe: QuickstartRecipe) -> Path:
     return folder
 
 
-def _base_settings(recipe: QuickstartRecipe, rl: TrainRecipe) -> dict[str, Any]:
+def base_settings(recipe: QuickstartRecipe, rl: TrainRecipe) -> dict[str, Any]:
     """Everything the base model is built from besides the world."""
     fields = (
         "seed",
@@ -450,68 +396,6 @@ def _base_settings(recipe: QuickstartRecipe, rl: TrainRecipe) -> dict[str, Any]:
             settings["call_tokens"] = True
     settings["trace_corpus"] = "background people and cities"  # `trace_passages`
     return settings
-
-
-def _base_reading(base: Path, world: World, rl: TrainRecipe, protocol: str) -> dict[str, dict[str, float]]:
-    """The base model's reading of held-out results per relation (`reading_accuracy`), cached in base/."""
-    path = base / "reading.json"
-    if path.is_file():
-        return json.loads(path.read_text())
-    model, tokenizer = load_model(str(base))
-    engine = BM25SearchEngine.build(world.passages, show_progress=False)
-    reading = reading_accuracy(
-        model, tokenizer, world, engine, world.test,
-        top_k=rl.search.top_k, template=rl.rollout.template, rendering=rl.search.rendering, protocol=protocol,
-    )  # fmt: skip
-    path.write_text(json.dumps(reading, indent=2) + "\n")
-    return reading
-
-
-def evaluation_query_naming(
-    eval_dir: Path, world: World, *, engine: str = "bm25", dataset: str = "heldout"
-) -> dict[str, dict[str, float]]:
-    """Per query kind (`QUERY_NAMING`), the share and EM of an evaluation's questions (by default the
-    held-out ones with BM25) whose first query names the asked person that way."""
-    rows = [json.loads(line) for line in examples_file(eval_dir, engine, dataset).read_text().splitlines()]
-    kinds: dict[str, list[float]] = {kind: [] for kind in QUERY_NAMING}
-    for row in rows:
-        kinds[query_naming(first_query(row["samples"][0]), world.facts[row["id"]].entity)].append(row["scores"]["em"])
-    return {
-        kind: {"share": len(ems) / len(rows), "em": sum(ems) / len(ems) if ems else 0.0} for kind, ems in kinds.items()
-    }
-
-
-def first_query(sample: dict[str, Any]) -> str:
-    """The first query of an evaluation sample or saved RL trajectory: its first tool call, else its
-    first `<search>` tag ("" for none)."""
-    calls = [q for turn in sample["turns"] for q in turn.get("call_queries", [])]
-    queries = calls or extract_queries(sample["response"])
-    return queries[0] if queries else ""
-
-
-def machine() -> dict[str, Any]:
-    """What a run's float results depend on besides its recipe: CPU, threads, library versions."""
-    cpu = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        names = [
-            line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
-        ]
-        cpu = names[0] if names else cpu
-    packages = ("simsearch", "torch", "transformers", "tokenizers", "numpy", "bm25s", "sentence-transformers")
-    return {
-        "cpu": cpu,
-        "threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "versions": {name: _version(name) for name in packages},
-    }
-
-
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def final_model(train_run: Path) -> Path:
@@ -612,138 +496,3 @@ def base_traces(
 def trace_passages(world: World) -> list[Passage]:
     """The corpus less the train and test people: what the base's pretraining traces search."""
     return world.passages_without(world.people("train") | world.people("test"))
-
-
-def _report(
-    recipe: QuickstartRecipe,
-    run: Path,
-    summaries: dict[str, dict],
-    diagnostics: dict[str, dict[str, Any]],
-    *,
-    wall_s: float,
-    stage_s: dict[str, float],
-) -> dict[str, Any]:
-    """`report.json` (figures), `report.md` (the table), `bars.png` and `curves.png`."""
-    em = {
-        policy: {engine: 100.0 * summaries[policy]["rows"][engine]["average"]["em"] for engine in engines}
-        for policy, engines in POLICY_ENGINES.items()
-    }
-    rl = summaries["rl_search"]["rows"]
-    baselines = {name: 100.0 * rl[name]["average"]["em"] for name in ("direct", "rag") if name in rl}
-    # This process's peak plus that of any child process (Linux reports KiB): an upper bound.
-    peak_kib = sum(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    peak_rss_gb = peak_kib / 2**20
-    result = {
-        "wall_s": round(wall_s, 1),
-        "stage_s": stage_s,
-        # the stages whose model was installed from the release, not built (`install_released`)
-        "released": [stage for stage in ("base", "simulator") if (run / stage / RELEASED).is_file()],
-        "peak_rss_gb": round(peak_rss_gb, 3),
-        "smoke": recipe.smoke,
-        "seed": recipe.seed,
-        "machine": machine(),
-        "em": em,
-        **diagnostics,  # base_reading, query_naming
-        "rl_search_baselines_em": baselines,
-        "fidelity": summaries["rl_search"]["fidelity"],
-    }
-    (run / "report.json").write_text(json.dumps(result, indent=2) + "\n")
-    (run / "report.md").write_text(_report_markdown(recipe.smoke, em, baselines, diagnostics, wall_s, peak_rss_gb))
-    _plot_report(run, summaries)
-    return result
-
-
-def _report_markdown(
-    smoke: bool,
-    em: dict[str, dict[str, float]],
-    baselines: dict[str, float],
-    diagnostics: dict[str, dict[str, Any]],
-    wall_s: float,
-    peak_rss_gb: float,
-) -> str:
-    """report.md: the held-out exact-match table, the RL policy's baselines and the diagnostics."""
-    lines = [
-        "# simsearch quickstart" + (" (smoke: a pipeline check, not a result)" if smoke else ""),
-        "",
-        "Held-out exact match (%), greedy; the RL policy only ever searched the simulator, and the",
-        "no-search policy never got a search result (none: every search finds nothing).",
-        "",
-        "| policy | " + " | ".join(ENGINES) + " |",
-        "|---|" + "---|" * len(ENGINES),
-        *(f"| {p} | " + " | ".join(f"{em[p][e]:.1f}" if e in em[p] else "-" for e in ENGINES) + " |" for p in POLICIES),
-        "",
-        *(f"RL policy, {name} baseline: {value:.1f}" for name, value in baselines.items()),
-        "",
-        *_diagnostic_lines(diagnostics),
-        "",
-        f"Wall time {wall_s / 60:.1f} min, peak memory {peak_rss_gb:.2f} GB.",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def _plot_report(run: Path, summaries: dict[str, dict]) -> None:
-    """bars.png (engines as the groups, policies as the bars: does what was learned against the
-    simulator carry over to real retrievers?) and curves.png (the training metrics)."""
-    by_engine = {
-        "datasets": list(ENGINES),
-        "rows": {
-            p: {
-                "kind": "policy",
-                "search": "trained vs simulator" if p == "rl_search" else "",
-                "results": {e: summaries[p]["rows"][e]["average"] for e in POLICY_ENGINES[p]},
-                "average": {},
-            }
-            for p in POLICIES
-        },
-    }
-    report.plot_bars(by_engine, run / "bars.png", metric="em", title="Held-out exact match (%) per search engine")
-    rows = read_metrics(run / "train")
-    if rows:
-        report.plot_training_curves(rows, run / "curves.png")
-
-
-def _diagnostic_lines(diagnostics: dict[str, dict[str, Any]]) -> list[str]:
-    """report.md's tables of the base's reading and of how each policy's queries name the person."""
-    return [
-        "The base's reading of held-out results (name query; share of questions whose answer is a",
-        "value of the asked kind copied from the results / found nowhere in them / the gold answer):",
-        "",
-        "| relation | copied | invented | right |",
-        "|---|---|---|---|",
-        *(
-            f"| {rel} | {row['copied']:.2f} | {row['invented']:.2f} | {row['right']:.2f} |"
-            for rel, row in diagnostics["base_reading"].items()
-        ),
-        "",
-        "How the first query names the asked person (held-out, BM25; share of questions, and their EM):",
-        "",
-        "| policy | " + " | ".join(QUERY_NAMING) + " |",
-        "|---|" + "---|" * len(QUERY_NAMING),
-        *(
-            f"| {policy} | "
-            + " | ".join(f"{kinds[k]['share']:.2f} ({kinds[k]['em']:.2f})" for k in QUERY_NAMING)
-            + " |"
-            for policy, kinds in diagnostics["query_naming"].items()
-        ),
-    ]
-
-
-class _StageClock:
-    """Prints each stage's banner and keeps how long every stage took (seconds)."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self._current: tuple[str, float] | None = None
-
-    def start(self, key: str, banner: str) -> None:
-        self.stop()
-        print(f"\n=== simsearch quickstart: {banner} ===", flush=True)
-        self._current = (key, time.perf_counter())
-
-    def stop(self) -> dict[str, float]:
-        if self._current is not None:
-            key, began = self._current
-            self.seconds[key] = round(time.perf_counter() - began, 1)
-            self._current = None
-        return self.seconds

@@ -1,11 +1,11 @@
 """The default world's released models: built here once, shipped with the package, installed by the quickstart.
 
-    python -m simsearch.commands.release runs/release   # build stages 1-4 of the default quickstart, then ship them
+    python -m simsearch.experiments.release runs/release   # build stages 1-4 of the default quickstart, then ship them
 
 The quickstart's base pretraining and simulator SFT depend only on the world and the recipe, and take
 most of its time on a CPU. So the default recipe's base and simulator ship in
 `simsearch/tinyworld/release/`, each under the fingerprint of the stage that built it; the quickstart
-installs one where its own stage has that very fingerprint (`quickstart.install_released`), as a user
+installs one where its own stage has that very fingerprint (`pipeline.install_released`), as a user
 loads a hub model, and builds every other world or setting itself (`released=false`: every stage).
 `release.json` names the commit, CPU and library versions that built them. The simulator's checkpoint
 ships without its optimizer state: it is a finished stage, never resumed.
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from simsearch.commands import quickstart
 from simsearch.config import QuickstartRecipe, load_recipe
+from simsearch.experiments import pipeline, quickstart
 from simsearch.fingerprints import stage_fingerprint
 from simsearch.training.checkpoint import STATE_FILE, latest_checkpoint
 
@@ -31,12 +31,12 @@ BASE_FILES = ("config.json", "generation_config.json", "model.safetensors", "tok
 """What a tiny model folder holds (`models.save_tiny`): the files shipped of each model."""
 
 
-def build(run_dir: Path, release: Path = quickstart.RELEASE) -> dict:
+def build(run_dir: Path, release: Path = pipeline.RELEASE) -> dict:
     """Stages 1-4 of the default quickstart in `run_dir` (every stage built: `released=false`), then their base and
     simulator copied into `release` with `release.json`; returns what it holds."""
     commit = _commit()  # the code that builds them, before anything can change it
     recipe = load_recipe(QuickstartRecipe, None, [f"run_dir={run_dir}", "released=false"])
-    quickstart.through_simulator(recipe)
+    pipeline.through_simulator(recipe)
     return ship(Path(recipe.run_dir), release, commit=commit)
 
 

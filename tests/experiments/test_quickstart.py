@@ -12,10 +12,10 @@ import torch
 from PIL import Image
 from transformers import AutoTokenizer
 
-from simsearch.commands import quickstart
-from simsearch.commands import release as release_command
 from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.errors import RecipeError
+from simsearch.experiments import pipeline, quickstart
+from simsearch.experiments import release as release_command
 from simsearch.fingerprints import stage_fingerprint
 from simsearch.models import TINY_TOOL_TEMPLATE
 from simsearch.tinyworld.diagnostics import QUERY_NAMING
@@ -123,7 +123,7 @@ def _names_in(text: str, names: set[str]) -> set[str]:
 @pytest.mark.slow
 def test_no_held_out_person_reaches_the_simulators_sft_pairs(smoke_run) -> None:
     run_dir, _ = smoke_run
-    world = quickstart.build_world(seed=0, n_entities=300, n_train_entities=200, n_background_entities=900)
+    world = pipeline.build_world(seed=0, n_entities=300, n_train_entities=200, n_background_entities=900)
     pairs = [
         json.loads(line)
         for name in ("train.jsonl", "val.jsonl")
@@ -145,7 +145,7 @@ def test_no_held_out_person_reaches_the_simulators_sft_pairs(smoke_run) -> None:
 @pytest.mark.slow
 def test_rl_prompts_name_no_held_out_person_and_rl_searches_only_the_simulator(smoke_run) -> None:
     run_dir, _ = smoke_run
-    world = quickstart.build_world(seed=0, n_entities=300, n_train_entities=200, n_background_entities=900)
+    world = pipeline.build_world(seed=0, n_entities=300, n_train_entities=200, n_background_entities=900)
     rows = [json.loads(line) for line in (run_dir / "train" / "trajectories.jsonl").read_text().splitlines()]
     assert rows and not _names_in("\n".join(row["question"] for row in rows), world.people("test"))
     assert _names_in("\n".join(row["question"] for row in rows), world.people("train"))
@@ -154,27 +154,27 @@ def test_rl_prompts_name_no_held_out_person_and_rl_searches_only_the_simulator(s
 
 
 def test_no_pretraining_trace_names_anyone_rl_or_the_evaluation_asks_about() -> None:
-    world = quickstart.build_world(seed=3, n_entities=40, n_train_entities=25, n_background_entities=60)
+    world = pipeline.build_world(seed=3, n_entities=40, n_train_entities=25, n_background_entities=60)
     recipe = load_recipe(QuickstartRecipe, None, ["pretrain_traces=400", "seed=3"])
     rl = load_recipe(TrainRecipe, RECIPES / "train.yaml")
-    tokenizer = quickstart.base_tokenizer(recipe, world, rl)
-    traces = quickstart.base_traces(recipe, world, world.background, tokenizer, rl)
+    tokenizer = pipeline.base_tokenizer(recipe, world, rl)
+    traces = pipeline.base_traces(recipe, world, world.background, tokenizer, rl)
     text = "\n".join(tokenizer.decode(trace.input_ids) for trace in traces)
     assert len(traces) == 400
     assert not _names_in(text, world.people("train") | world.people("test"))
     assert len(_names_in(text, world.people("background"))) > 30  # the check sees the names that are there
     # A name-less query over the whole corpus would have reached them: 3 x 40 of 300 passages are theirs.
-    assert len(quickstart.trace_passages(world)) == len(world.passages) - 3 * 40
+    assert len(pipeline.trace_passages(world)) == len(world.passages) - 3 * 40
 
 
 def test_call_tokens_write_the_calls_fixed_json_as_two_tokens() -> None:
-    world = quickstart.build_world(seed=3, n_entities=40, n_train_entities=25, n_background_entities=60)
+    world = pipeline.build_world(seed=3, n_entities=40, n_train_entities=25, n_background_entities=60)
     rl = load_recipe(TrainRecipe, RECIPES / "train.yaml")
     call = tiny_call("Refo born")
     pieces = {}
     for flag in (False, True):
         recipe = load_recipe(QuickstartRecipe, None, ["protocol=tool-call", f"call_tokens={flag}"])
-        tokenizer = quickstart.base_tokenizer(recipe, world, rl)
+        tokenizer = pipeline.base_tokenizer(recipe, world, rl)
         ids = tokenizer(call, add_special_tokens=False)["input_ids"]
         pieces[flag] = [tokenizer.decode([i]) for i in ids]
         assert tokenizer.decode(ids) == call
@@ -182,17 +182,17 @@ def test_call_tokens_write_the_calls_fixed_json_as_two_tokens() -> None:
     assert pieces[True][-2:] == ['"}}', "</tool_call>"]
     assert pieces[True][2:-2] == pieces[False][14:-3]  # the query keeps its pieces; 13 and 2 pieces became 1 each
     recipe = load_recipe(QuickstartRecipe, None, ["protocol=tool-call", "call_tokens=true"])
-    settings = quickstart._base_settings(recipe, rl)
-    off = quickstart._base_settings(load_recipe(QuickstartRecipe, None, ["protocol=tool-call"]), rl)
+    settings = pipeline.base_settings(recipe, rl)
+    off = pipeline.base_settings(load_recipe(QuickstartRecipe, None, ["protocol=tool-call"]), rl)
     assert settings == {**off, "call_tokens": True}
 
 
 def test_the_tool_call_base_pretrains_for_its_factor_of_the_steps(monkeypatch, tmp_path: Path) -> None:
-    world = quickstart.build_world(seed=3, n_entities=40, n_train_entities=25, n_background_entities=60)
+    world = pipeline.build_world(seed=3, n_entities=40, n_train_entities=25, n_background_entities=60)
     rl = load_recipe(TrainRecipe, RECIPES / "train.yaml")
     steps: list[int] = []
-    monkeypatch.setattr(quickstart, "save_tiny", lambda *args: None)
-    monkeypatch.setattr(quickstart, "pretrain", lambda model, traces, **kw: steps.append(kw["steps"]))
+    monkeypatch.setattr(pipeline, "save_tiny", lambda *args: None)
+    monkeypatch.setattr(pipeline, "pretrain", lambda model, traces, **kw: steps.append(kw["steps"]))
     for protocol in ("tags", "tool-call"):
         recipe = load_recipe(
             QuickstartRecipe, None,
@@ -200,12 +200,12 @@ def test_the_tool_call_base_pretrains_for_its_factor_of_the_steps(monkeypatch, t
              "drill_steps=2"],
         )  # fmt: skip
         steps.clear()
-        quickstart.pretrain_base(recipe, world, world.background, rl, tmp_path)
+        pipeline.pretrain_base(recipe, world, world.background, rl, tmp_path)
         assert steps == [2, 30 if protocol == "tags" else 75]  # the drills, then the traces
 
     # The base's fingerprint follows the steps taken: a factor of 1 over as many steps is the same base.
     def settings(*overrides: str) -> dict:
-        return quickstart._base_settings(load_recipe(QuickstartRecipe, None, list(overrides)), rl)
+        return pipeline.base_settings(load_recipe(QuickstartRecipe, None, list(overrides)), rl)
 
     doubled = settings("protocol=tool-call", "tool_call_pretrain_factor=2.0", "pretrain_steps=800")
     assert doubled == settings("protocol=tool-call", "tool_call_pretrain_factor=1.0", "pretrain_steps=1600")
@@ -223,9 +223,9 @@ def test_the_simulator_validates_on_collects_held_out_pairs_only_when_there_are_
     (run / "collect" / "train.jsonl").write_text('{"query": "q", "document": "d"}\n')
     (run / "collect" / "val.jsonl").write_text('{"query": "v", "document": "d"}\n' if held_out else "")
     seen = []
-    monkeypatch.setattr(quickstart.simulator_finetune, "main", seen.append)
-    pipeline = quickstart._Pipeline(load_recipe(QuickstartRecipe, None, []), RECIPES, run, {})
-    quickstart._simulator_stage(pipeline, "collect-fingerprint")
+    monkeypatch.setattr(pipeline.simulator_finetune, "main", seen.append)
+    stages = pipeline.Pipeline(load_recipe(QuickstartRecipe, None, []), RECIPES, run, {})
+    pipeline.simulator_stage(stages, "collect-fingerprint")
 
     assert [stage.val_file for stage in seen] == [str(run / "collect" / "val.jsonl") if held_out else ""]
     assert ("without validation" in capsys.readouterr().out) is not held_out
@@ -260,9 +260,9 @@ def test_a_released_base_and_simulator_are_installed_not_built(smoke_run, tmp_pa
         stage: stage_fingerprint(first_dir / stage) for stage in ("base", "simulator")
     }
     assert json.loads((release / "release.json").read_text()) == index and index["built"]["commit"] == "abc1234"
-    monkeypatch.setattr(quickstart, "RELEASE", release)
-    monkeypatch.setattr(quickstart, "pretrain_base", _refuse)
-    monkeypatch.setattr(quickstart.simulator_finetune, "main", _refuse)
+    monkeypatch.setattr(pipeline, "RELEASE", release)
+    monkeypatch.setattr(pipeline, "pretrain_base", _refuse)
+    monkeypatch.setattr(pipeline.simulator_finetune, "main", _refuse)
     second = _smoke(tmp_path / "run")
     assert first["released"] == [] and second["released"] == ["base", "simulator"]
     volatile = {*VOLATILE, "released"}
@@ -271,7 +271,7 @@ def test_a_released_base_and_simulator_are_installed_not_built(smoke_run, tmp_pa
     }
     for model in ("base/model.safetensors", "simulator/checkpoints/step_0000002/model/model.safetensors"):
         assert (tmp_path / "run" / model).read_bytes() == (first_dir / model).read_bytes()
-    assert json.loads((tmp_path / "run" / "base" / quickstart.RELEASED).read_text())["stage"] == "base"
+    assert json.loads((tmp_path / "run" / "base" / pipeline.RELEASED).read_text())["stage"] == "base"
     # released=false builds the base here; another world's base fingerprint is not the released one.
     with pytest.raises(Built):
         _smoke(tmp_path / "built", "released=false")
@@ -281,20 +281,20 @@ def test_a_released_base_and_simulator_are_installed_not_built(smoke_run, tmp_pa
 
 def test_the_shipped_release_is_the_default_recipes_base_and_simulator(tmp_path: Path) -> None:
     """A change of the default recipe (or a stage recipe) that moves a fingerprint leaves the release unused: the
-    quickstart would build both again. Rebuild and ship them: `python -m simsearch.commands.release runs/release`."""
-    index = json.loads((quickstart.RELEASE / "release.json").read_text())
-    planned = quickstart.planned_fingerprints(load_recipe(QuickstartRecipe, None, [f"run_dir={tmp_path}"]))
+    quickstart would build both again. Rebuild and ship them: `python -m simsearch.experiments.release runs/release`."""
+    index = json.loads((pipeline.RELEASE / "release.json").read_text())
+    planned = pipeline.planned_fingerprints(load_recipe(QuickstartRecipe, None, [f"run_dir={tmp_path}"]))
     assert {stage: entry["fingerprint"] for stage, entry in index["stages"].items()} == {
         stage: planned[stage] for stage in ("base", "simulator")
     }
     assert not any(tmp_path.iterdir())  # planning writes nothing
     recipe = load_recipe(QuickstartRecipe, None, [f"run_dir={tmp_path}"])
-    assert quickstart.released_stage(recipe, "base", planned["base"]) == quickstart.RELEASE / "base"
-    assert quickstart.released_stage(recipe, "base", planned["simulator"]) is None
+    assert pipeline.released_stage(recipe, "base", planned["base"]) == pipeline.RELEASE / "base"
+    assert pipeline.released_stage(recipe, "base", planned["simulator"]) is None
     recipe.released = False
-    assert quickstart.released_stage(recipe, "base", planned["base"]) is None
+    assert pipeline.released_stage(recipe, "base", planned["base"]) is None
     for entry in index["stages"].values():  # each model as `load_model` reads it
-        folder = quickstart.RELEASE / entry["folder"]
+        folder = pipeline.RELEASE / entry["folder"]
         assert list(folder.rglob("model.safetensors")) and list(folder.rglob("tokenizer.json"))
 
 
@@ -346,14 +346,14 @@ def test_missing_stage_recipes_are_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_the_trace_settings_are_checked_and_fingerprinted() -> None:
-    rl = load_recipe(TrainRecipe, quickstart._recipes_dir(QuickstartRecipe()) / "train.yaml")
-    default = quickstart._base_settings(QuickstartRecipe(), rl)
+    rl = load_recipe(TrainRecipe, pipeline.recipes_dir(QuickstartRecipe()) / "train.yaml")
+    default = pipeline.base_settings(QuickstartRecipe(), rl)
     for override, key, value in (
         ("query_mix=[0.1,0.8,0.1]", "query_mix", [0.1, 0.8, 0.1]),
         ("reading_share=0.5", "reading_share", 0.5),
         ("redraw_empty_searches=true", "redraw_empty_searches", True),
     ):
-        changed = quickstart._base_settings(load_recipe(QuickstartRecipe, None, [override]), rl)
+        changed = pipeline.base_settings(load_recipe(QuickstartRecipe, None, [override]), rl)
         assert changed == {**default, key: value} != default, override
     for bad in ("[0.5,0.5,0.5]", "[0.5,0.5]", "[-0.1,0.6,0.5]"):
         with pytest.raises(RecipeError, match=re.escape("query_mix=") + ".*summing to 1"):
@@ -364,22 +364,22 @@ def test_the_trace_settings_are_checked_and_fingerprinted() -> None:
 
 def test_every_stage_runs_at_the_quickstarts_thread_count(tmp_path: Path) -> None:
     recipe = load_recipe(QuickstartRecipe, None, [f"run_dir={tmp_path}", "threads=3"])
-    pipeline = quickstart._Pipeline(recipe, RECIPES, tmp_path, {})
+    stages = pipeline.Pipeline(recipe, RECIPES, tmp_path, {})
     seen: list = []
-    pipeline.stage("train", TrainRecipe, seen.append, [], [f"run_dir={tmp_path / 'train'}"])
+    stages.stage("train", TrainRecipe, seen.append, [], [f"run_dir={tmp_path / 'train'}"])
     assert [stage.threads for stage in seen] == [3]  # train.yaml's own default is 1
 
 
 def test_the_tool_call_protocol_trains_at_its_own_learning_rate(tmp_path: Path) -> None:
     shipped = load_recipe(TrainRecipe, RECIPES / "train.yaml")
-    for protocol, lr, extra in (("tags", shipped.optim.lr, 0), ("tool-call", 2e-5, quickstart.TOOL_CALL_EXTRA_TOKENS)):
+    for protocol, lr, extra in (("tags", shipped.optim.lr, 0), ("tool-call", 2e-5, pipeline.TOOL_CALL_EXTRA_TOKENS)):
         recipe = load_recipe(
             QuickstartRecipe, None, [f"run_dir={tmp_path}", f"protocol={protocol}", "tool_call_lr=2e-5"]
         )
-        pipeline = quickstart._Pipeline(recipe, RECIPES, tmp_path, {})
+        stages = pipeline.Pipeline(recipe, RECIPES, tmp_path, {})
         seen: list = []
         for name in ("train", "train_nosearch"):
-            pipeline.stage(name, TrainRecipe, seen.append, [], [f"run_dir={tmp_path / protocol / name}"])
+            stages.stage(name, TrainRecipe, seen.append, [], [f"run_dir={tmp_path / protocol / name}"])
         assert [stage.optim.lr for stage in seen] == [lr, lr], protocol
         assert seen[0].sampling.max_new_tokens == shipped.sampling.max_new_tokens + extra, protocol
 
@@ -397,7 +397,7 @@ def test_the_tool_call_quickstart_searches_with_tool_calls_in_every_stage(tmp_pa
         assert "protocol: tool-call" in recipe, stage
     train = load_recipe(TrainRecipe, tmp_path / "train" / "recipe.yaml")
     shipped = load_recipe(TrainRecipe, RECIPES / "train.yaml")
-    assert train.sampling.max_new_tokens == shipped.sampling.max_new_tokens + quickstart.TOOL_CALL_EXTRA_TOKENS
+    assert train.sampling.max_new_tokens == shipped.sampling.max_new_tokens + pipeline.TOOL_CALL_EXTRA_TOKENS
     assert json.loads((tmp_path / "collect" / "stats.json").read_text())["collect/records"] > 0
     rows = [json.loads(line) for line in (tmp_path / "train" / "trajectories.jsonl").read_text().splitlines()]
     calls = [q for row in rows for turn in row["turns"] for q in turn.get("call_queries", [])]
