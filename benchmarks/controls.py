@@ -133,8 +133,8 @@ KNOWING_DESIGNS = {
 sequences of 2 articles, about 109 reads of each of the 440 articles (200 RL people, 200 fit people, 40 cities),
 then SFT on the fit people's pairs alone (world 100's first run); `mixed`: the same, half the SFT file reading
 (mixed training); `results`: and half the articles read as results pages; `longer`: and twice the reading."""
-KNOWING_DESIGN = "articles"
-"""The design the knowing arm runs (chosen by docs/controls.md's gate)."""
+KNOWING_DESIGN = "mixed"
+"""The design the knowing arm runs: the first candidate to pass docs/controls.md's gate (worlds 100-102)."""
 
 SMOKE_TRAIN = ["steps=2", "prompts_per_step=2", "rollout.group_size=2", "save_every=1", "eval_every=0"]
 SMOKE_EVAL = ["chunk_size=8"]

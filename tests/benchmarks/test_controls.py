@@ -343,6 +343,9 @@ def test_smoke_trains_every_arm_on_its_own_engine(tmp_path: Path, capsys: pytest
     assert not any(names(p.text, name) for p in read for name in held_out)  # as words: "Tasburg" is no "Tasbur"
     pairs = (world / "knowing" / "collect" / "train.jsonl").read_text()
     assert pairs and not any(names(pairs, name) for name in held_out | rl_people)
+    # The design's SFT file: those pairs, then reading (RL's and the fit people's articles), no held-out name.
+    sft = (world / "knowing" / f"sft-{controls.KNOWING_DESIGN}.jsonl").read_text()
+    assert sft.startswith(pairs) and len(sft) > len(pairs) and not any(names(sft, name) for name in held_out)
     # EM against steps: every checkpoint of the step arms kept and evaluated (smoke: steps 1 and 2).
     steps = figures["by_world"]["0"]["em_steps"]
     assert steps.keys() == set(controls.STEP_ARMS) and all(curve.keys() == {"1", "2"} for curve in steps.values())
