@@ -12,12 +12,12 @@ in miniature, the way ZeroSearch's is made:
   the passages of the training and fit people and of the cities (`reading_passages`), never a
   held-out person's passage, nor the background people's no simulator is ever asked about;
 - its SFT pairs are collected (base policy x BM25 over `fit_corpus`: the corpus less RL's and the
-  held-out people) on the fit people's questions only.
+  held-out people) on the fit people's questions only, and its SFT file may mix the same reading in
+  (`mixed_sft_file`), as a model's pretraining data is mixed into its fine-tuning.
 
 So the knowing simulator is asked, during RL, about people it read of and was never fit on (no pair
 asks about them or shows their passages), and no held-out person's fact is in anything it was
-trained on. `results_fidelity` compares it with BM25
-on RL's questions before any RL.
+trained on. `results_fidelity` compares it with BM25 on RL's questions before any RL.
 """
 
 from __future__ import annotations
