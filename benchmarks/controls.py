@@ -265,17 +265,12 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     controls.json keeps what the earlier run recorded of them (commit, times, machine): only what
     ran now is recorded as now.
     """
-    from simsearch.config import QuickstartRecipe, load_recipe
     from simsearch.experiments import pipeline, quickstart
     from simsearch.fingerprints import stage_fingerprint
 
     where = provenance()  # the code this world runs, before anything can change it
     root = args.run_dir / f"world_{seed}"
-    qs = load_recipe(
-        QuickstartRecipe, None,
-        [f"run_dir={root / 'quickstart'}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}",
-         *args.overrides],
-    )  # fmt: skip
+    qs = quickstart_recipe(root, seed, args)
     run = Path(qs.run_dir)
     with keeping_checkpoints(run / "train", root / "kept" / "simulator"):
         report = quickstart.main(qs)  # sets this process's torch threads
@@ -344,22 +339,25 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def quickstart_recipe(root: Path, seed: int, args: argparse.Namespace) -> Any:
+    """The quickstart recipe of world `seed` under `root` (its run in root/quickstart), at `args`' threads."""
+    from simsearch.config import QuickstartRecipe, load_recipe
+
+    overrides = [f"run_dir={root / 'quickstart'}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}"]
+    return load_recipe(QuickstartRecipe, None, [*overrides, *args.overrides])
+
+
 def gate(args: argparse.Namespace) -> dict[str, Any]:
     """docs/controls.md's gate: per world, the quickstart's stages 1-4, the knowing simulator in `args.knowing`'s
     design and both simulators' fidelity (no RL); passes when, in mean over the worlds, the knowing simulator shows
     the answer for at least `GATE_SHARE` of what today's simulator does. Prints a table, then one JSON line."""
-    from simsearch.config import QuickstartRecipe, load_recipe
     from simsearch.experiments import pipeline
 
     where = provenance()  # the code the gate runs, before anything can change it
     rows = {}
     for seed in args.seeds:
         root = args.run_dir / f"world_{seed}"
-        qs = load_recipe(
-            QuickstartRecipe, None,
-            [f"run_dir={root / 'quickstart'}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}",
-             *args.overrides],
-        )  # fmt: skip
+        qs = quickstart_recipe(root, seed, args)
         world, paths, fingerprints = pipeline.through_simulator(qs)
         _, paths["knowing"] = knowing_simulator(root, seed, paths, fingerprints, world, args)
         rows[seed] = measure_fidelity(root, world, paths, args.smoke, args.knowing)
