@@ -1,83 +1,239 @@
-"""The health monitor against real collapses: how early each rule fires, and how often on healthy runs.
+"""The health monitor against real collapses on the tiny worlds: how early each rule fires, and how often on
+healthy runs.
 
-    python -m benchmarks.health                 # the arms below, seeds 0 1, 40 steps (docs/health.md)
-    python -m benchmarks.health --smoke         # two arms, 3 steps, in a temp dir (its test)
+    python -m benchmarks.health --seeds 101 102 --jobs 2 --threads 1   # the reporting worlds (docs/health.md)
+    python -m benchmarks.health --seeds 0 100 --threads 1              # development worlds
+    python -m benchmarks.health --seeds 0 --aggregate --health entropy_low=0.1   # other thresholds, nothing run
+    python -m benchmarks.health --smoke                                # every stage for a few steps, in a temp dir
 
-World: the toy world of `tests.toy_world` (16 "What color is item N?" questions, BM25 over 16
-passages, a tiny Qwen2 taught to search once and answer red or blue), validated on its first 4
-questions every step. Each arm is a set of `simsearch train` overrides (`ARMS`); collapses are
-induced by the learning rate (x3 the toy settings' 1e-3) and by dropping the KL term. Every run
-uses `health.on_alarm=warn` with the default rules, so it runs to the end and records every alarm.
+Per world (seed): the quickstart's stages 1-4 in RUN_DIR/world_SEED/quickstart (its world, base and simulator;
+a finished stage is reused, world 0's released models installed), then one RL run per arm (`ARMS`) with
+`recipes/quickstart/train.yaml` on that base and simulator, only the learning rate and the budget changing,
+validated every `EVAL_EVERY` steps on `VAL_SIZE` of RL's training questions (greedy, the simulator in the
+loop), with `health.on_alarm=warn`. The rules are replayed over each run's metrics.jsonl (`Monitor`, the code
+the trainer runs) with the `health` settings under test: the recipe's defaults, or `--health KEY=VALUE`
+(replayed on finished runs at no cost: `--aggregate`).
 
-A run collapsed when its validation EM falls under half of its best over the first
-`BASELINE_EVALS` steps (`em_fall_step`); a rule's lead is the fall's step minus the rule's first
-alarm (> 0: before the fall). Each collapsed arm runs once more with `health.on_alarm=rollback`: if
-it rolled back, it recovered when it finished with its last validation EM not under half of that
-baseline (a run without a rollback counts in neither `rollback_runs` nor the recovered ones).
+A run collapsed when a validation EM falls under half of the best validation before it (`em_fall_step`; a
+best under `MIN_BEST` is nothing to fall from). A rule's lead is the fall's step minus its first alarm (>= 0:
+at or before the fall). Each collapsed run is trained again with `health.on_alarm=rollback` (checkpoints every
+`EVAL_EVERY` steps): it recovered when it rolled back and its last validation EM is at least half of that best.
 
-Last line: one JSON object with `collapsed_runs`, `detected_runs` (collapsed runs with an alarm at
-or before the fall), `median_lead_steps`, `false_alarm_runs` (alarms on runs that did not
-collapse), `rollback_recovered_runs`, `rollback_runs`, `monitor_share` (the monitor's time,
-`time/health_s`, over the step's, `time/step_s`, mean over runs), `leads` (rule -> leads over
-collapsed runs), `runs` (the detail), `provenance`.
+Prints a table per world and, as its last line, one JSON object: `collapsed_runs`, `detected_runs` (collapsed
+runs with an alarm at or before the fall), `median_lead_steps`, `false_alarm_runs` (runs without a fall that
+raised an alarm), `rollback_recovered_runs`, `rollback_runs`, `monitor_share` (the monitor's time,
+`time/health_s`, over the step's, `time/step_s`, mean over runs), `leads` (rule -> leads over collapsed runs),
+`health` (the settings replayed), `world_set`, `runs` (the detail), `wall_s` and `provenance`.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
+from omegaconf import OmegaConf
 
-from benchmarks.benchlib import provenance
+from benchmarks.benchlib import RECIPES, provenance, run_stage, run_worlds
 from simsearch.commands import train
 from simsearch.config import TrainRecipe, load_recipe
-from simsearch.training.health import HEALTH_FILE
+from simsearch.training.health import HEALTH_FILE, HealthConfig, Monitor
 from simsearch.training.runlog import read_metrics
-from tests.toy_world import TRAIN_SETTINGS, build_world
 
-ARMS: dict[str, dict[str, object]] = {
-    "healthy": {"optim.lr": 3e-4},
-    "toy_lr": {"optim.lr": 1e-3},
-    "lr_x3": {"optim.lr": 3e-3},
-    "no_kl": {"optim.lr": 1e-3, "algorithm.kl_coef": 0.0},
+
+@dataclass(frozen=True)
+class Arm:
+    """One RL run of a world: the learning rate's multiple of the recipe's, and its steps."""
+
+    lr_factor: float
+    steps: int
+
+
+ARMS = {
+    "healthy": Arm(1.0, 150),  # the quickstart's recipe (lr 3e-4)
+    "lr_x3": Arm(10 / 3, 150),  # lr 1e-3; world 0: the reward drifted down from step 40, no fall in 140 steps
+    "lr_x10": Arm(10.0, 60),  # lr 3e-3; world 0: every group flat, reward 0, from step 8
 }
-"""Arm -> its overrides of the toy world's settings."""
+"""Arm -> how it differs from the quickstart's RL recipe (docs/health.md, chosen on world 0)."""
+REPORTING_WORLDS = (101, 102)
+"""The worlds docs/health.md declared before any health run of theirs: no threshold was chosen on them."""
+EVAL_EVERY = 5
+VAL_SIZE = 64
+MIN_BEST = 0.1
+SMOKE_STEPS = 3
+SMOKE_TRAIN = ["prompts_per_step=2", "rollout.group_size=2", "data.val_size=4", "eval_every=1"]
 
-SMOKE_ARMS = ("healthy", "lr_x3")
-BASELINE_EVALS = 3
-"""The validation EM's baseline: its best over the first this many steps."""
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = _parse(argv)
+    if args.one_world is not None:
+        run_world(args.one_world, args)
+        return {}
+    began = time.perf_counter()
+    worlds = run_worlds(__file__, args, lambda seed: _worker_arguments(seed, args), lambda w: f"{len(w['runs'])} runs")
+    cfg = health_config(args.health)
+    runs = [_judge(run, cfg) for seed in args.seeds for run in worlds[seed]["runs"]]
+    figures = {**summarize(runs), "health": args.health, "world_set": _world_set(args.seeds), "runs": runs,
+               "seeds": args.seeds, "smoke": args.smoke, "wall_s": round(time.perf_counter() - began, 1),
+               "provenance": {**provenance(), "torch_threads": args.threads}}  # fmt: skip
+    print_runs(runs)
+    print(json.dumps(figures))
+    return figures
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", help="one world per seed (default: the reporting worlds)")
+    parser.add_argument("--jobs", type=int, default=1, help="worlds run at once, each in its own process")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per world")
+    parser.add_argument("--run-dir", default="", help="parent of the worlds' runs (runs/health; smoke: a temp dir)")
+    parser.add_argument("--smoke", action="store_true", help=f"every stage, {SMOKE_STEPS} steps an arm")
+    parser.add_argument("--aggregate", action="store_true", help="run nothing: replay RUN_DIR's finished worlds")
+    parser.add_argument(
+        "--health", nargs="*", default=[], help="health settings replayed, KEY=VALUE (default: the recipe's)"
+    )
+    parser.add_argument("--one-world", type=int, default=None, help=argparse.SUPPRESS)  # a worker's seed
+    args = parser.parse_args(argv)
+    args.seeds = args.seeds or ([0] if args.smoke else list(REPORTING_WORLDS))
+    try:  # a bad setting fails here, before any run
+        health_config(args.health)
+    except Exception as bad:  # omegaconf's key and type errors, the section's own checks
+        parser.error(f"--health {' '.join(args.health)}: {str(bad).splitlines()[0]}")
+    smoke_dir = tempfile.mkdtemp(prefix="health-smoke-") if args.smoke and not args.run_dir else ""
+    args.run_dir = Path(args.run_dir or smoke_dir or "runs/health")
+    return args
+
+
+def _worker_arguments(seed: int, args: argparse.Namespace) -> list[str]:
+    return ["--one-world", str(seed), "--run-dir", str(args.run_dir), "--threads", str(args.threads),
+            *(["--smoke"] if args.smoke else []), "--health", *args.health]  # fmt: skip
+
+
+def health_config(settings: Sequence[str]) -> HealthConfig:
+    """The recipe's default `health` section with `settings` (KEY=VALUE) applied, checked."""
+    merged = OmegaConf.merge(OmegaConf.structured(HealthConfig), OmegaConf.from_dotlist(list(settings)))
+    cfg = OmegaConf.to_object(merged)
+    assert isinstance(cfg, HealthConfig)
+    cfg.check("--health")
+    return cfg
+
+
+def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The quickstart's stages 1-4, every arm's warn run, and a rollback run of each that collapsed (under
+    `args.health`); writes and returns RUN_DIR/world_SEED/health.json (each run's rows and alarms)."""
+    from simsearch.config import QuickstartRecipe
+    from simsearch.experiments import pipeline
+
+    root = args.run_dir / f"world_{seed}"
+    overrides = [f"run_dir={root / 'quickstart'}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}"]
+    _, paths, fingerprints = pipeline.through_simulator(load_recipe(QuickstartRecipe, None, overrides))
+    cfg = health_config(args.health)
+    runs = []
+    for name, arm in ARMS.items():
+        run = train_run(root, name, arm, seed, paths, fingerprints, args, [])
+        run["rollback"] = None
+        if em_fall_step(run["rows"]) is not None:  # trained again, acting on the alarms
+            rollback = ["health.on_alarm=rollback", f"save_every={1 if args.smoke else EVAL_EVERY}",
+                        *(f"health.{setting}" for setting in args.health)]  # fmt: skip
+            run["rollback"] = train_run(root, f"{name}_rollback", arm, seed, paths, fingerprints, args, rollback)
+        runs.append({"world": seed, "arm": name, **run})
+    result = {"seed": seed, "health": args.health, "runs": runs, "replayed_with": cfg.rules}
+    (root / "health.json").write_text(json.dumps(result) + "\n")
+    return result
+
+
+def train_run(
+    root: Path,
+    name: str,
+    arm: Arm,
+    seed: int,
+    paths: dict[str, str],
+    fingerprints: dict[str, str],
+    args: argparse.Namespace,
+    extra: list[str],
+) -> dict[str, Any]:
+    """One RL run of `arm` (into root/health/NAME, fingerprinted: a finished one is reused); its metrics rows and
+    health.jsonl rows."""
+    recipe = load_recipe(TrainRecipe, RECIPES / "train.yaml", [])
+    out = root / "health" / name
+    overrides = [
+        f"seed={seed}", f"run_dir={out}", f"policy.model.path={paths['base']}", f"threads={args.threads}",
+        f"data.train=[{paths['train']}]", f"data.val=[{paths['train']}]", f"data.val_size={VAL_SIZE}",
+        f"eval_every={EVAL_EVERY}", f"steps={SMOKE_STEPS if args.smoke else arm.steps}",
+        f"optim.lr={recipe.optim.lr * arm.lr_factor}", "trajectory_samples=0",
+        f"search.simulator.generation.model.path={paths['simulator']}", f"search.cache={root / 'cache' / name}.sqlite",
+        *(SMOKE_TRAIN if args.smoke else []), *extra,
+    ]  # fmt: skip
+    run_stage(TrainRecipe, RECIPES / "train.yaml", overrides, _tolerating_stop(train.main),
+              [fingerprints["base"], fingerprints["simulator"]])  # fmt: skip
+    path = out / HEALTH_FILE
+    alarms = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return {"rows": read_metrics(out), "alarms": alarms}
+
+
+def _tolerating_stop(command: Any) -> Any:
+    """`command`, with the health monitor's stop (past max_rollbacks: SystemExit) as a finished run."""
+
+    def run(recipe: Any) -> None:
+        try:
+            command(recipe)
+        except SystemExit as stopped:
+            if stopped.code != 3:  # training.health.STOP_STATUS
+                raise
+
+    return run
 
 
 def em_fall_step(rows: list[dict[str, Any]]) -> int | None:
-    """The first step whose validation EM is under half of its best over the first `BASELINE_EVALS` steps.
+    """The first step whose validation EM is under half of the best validation before it (that best at least
+    `MIN_BEST`); None without a fall."""
+    best = 0.0
+    for row in rows:
+        em = row.get("val/em")
+        if em is None:
+            continue
+        if best >= MIN_BEST and em < 0.5 * best:
+            return int(row["step"])
+        best = max(best, em)
+    return None
 
-    None without a fall, or when that best is 0 (nothing to fall from).
-    """
-    evals = [(row["step"], row["val/em"]) for row in rows if row.get("val/em") is not None]
-    if len(evals) <= BASELINE_EVALS:
-        return None
-    best = max(em for _, em in evals[:BASELINE_EVALS])
-    return next((step for step, em in evals[BASELINE_EVALS:] if em < 0.5 * best), None) if best > 0 else None
 
-
-def first_alarms(alarms: list[dict[str, Any]]) -> dict[str, int]:
-    """Rule -> the step of its first alarm (rows of health.jsonl that name a rule)."""
+def first_alarms(rows: list[dict[str, Any]], cfg: HealthConfig) -> dict[str, int]:
+    """Rule -> the step of its first alarm, the rules of `cfg` replayed over a run's metrics rows."""
+    monitor = Monitor(cfg)
     out: dict[str, int] = {}
-    for row in alarms:
-        if "rule" in row:
-            out.setdefault(row["rule"], row["step"])
+    for row in rows:
+        for alarm in monitor.observe(int(row["step"]), row):
+            out.setdefault(alarm.rule, alarm.step)
     return out
 
 
+def _judge(run: dict[str, Any], cfg: HealthConfig) -> dict[str, Any]:
+    """A run's figures: its fall, its first alarms under `cfg`, the monitor's share of its time, its rollback's
+    outcome (None without one)."""
+    rows = run["rows"]
+    fall = em_fall_step(rows)
+    ems = [row["val/em"] for row in rows if row.get("val/em") is not None]
+    judged = {"world": run["world"], "arm": run["arm"], "fall": fall, "alarms": first_alarms(rows, cfg),
+              "share": sum(r.get("time/health_s", 0.0) for r in rows) / sum(r["time/step_s"] for r in rows),
+              "best_em": max(ems, default=None), "last_em": ems[-1] if ems else None, "recovered": None}  # fmt: skip
+    back = run.get("rollback")
+    if back is not None and fall is not None:
+        rolled = any(row.get("action") == "rolled_back" for row in back["alarms"])
+        before = [row["val/em"] for row in rows if row.get("val/em") is not None and row["step"] < fall]
+        last = [row["val/em"] for row in back["rows"] if row.get("val/em") is not None][-1:]
+        judged["recovered"] = bool(last and last[0] >= 0.5 * max(before)) if rolled else None
+    return judged
+
+
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The benchmark's figures from each run's `fall`, `alarms` (rule -> first step), `share` and rollback result."""
+    """The benchmark's figures from each run's `fall`, `alarms` (rule -> first step), `share` and `recovered`."""
     collapsed = [r for r in runs if r["fall"] is not None]
     detected = [r for r in collapsed if r["alarms"] and min(r["alarms"].values()) <= r["fall"]]
     leads: dict[str, list[int]] = {}
@@ -98,65 +254,18 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _run(world: Path, run_dir: Path, overrides: dict[str, object]) -> list[dict[str, Any]]:
-    base = {"run_dir": run_dir, "policy.model.path": world / "policy", "data.train": f"[{world / 'train.jsonl'}]",
-            "data.val": f"[{world / 'val.jsonl'}]", "search.corpus": world / "corpus.jsonl", **TRAIN_SETTINGS,
-            "eval_every": 1, "trajectory_samples": 0, "resume": "false", "threads": 1, **overrides}  # fmt: skip
-    recipe = load_recipe(TrainRecipe, None, [f"{key}={value}" for key, value in base.items()])
-    with contextlib.suppress(SystemExit):  # a rollback run stopped past max_rollbacks
-        train.main(recipe)
-    path = run_dir / HEALTH_FILE
-    alarms = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-    return [{"rows": read_metrics(run_dir), "alarms": alarms}]
+def _world_set(seeds: Sequence[int]) -> str:
+    return "reporting" if sorted(seeds) == sorted(REPORTING_WORLDS) else "development"
 
 
-def measure(world: Path, out: Path, arms: list[str], seeds: list[int], steps: int) -> list[dict[str, Any]]:
-    """One warn run per (arm, seed), and a rollback run of each that collapsed."""
-    runs = []
-    for arm in arms:
-        for seed in seeds:
-            overrides = {**ARMS[arm], "seed": seed, "steps": steps}
-            (record,) = _run(world, out / f"{arm}_{seed}", overrides)
-            rows = record["rows"]
-            ems = [r["val/em"] for r in rows if r.get("val/em") is not None]
-            run = {"arm": arm, "seed": seed, "fall": em_fall_step(rows), "alarms": first_alarms(record["alarms"]),
-                   "share": sum(r["time/health_s"] for r in rows) / sum(r["time/step_s"] for r in rows),
-                   "last_em": ems[-1] if ems else None}  # fmt: skip
-            if run["fall"] is not None:
-                (back,) = _run(world, out / f"{arm}_{seed}_rollback", {**overrides, "health.on_alarm": "rollback"})
-                rows_back = back["rows"]
-                best = max(r["val/em"] for r in rows[:BASELINE_EVALS] if r.get("val/em") is not None)
-                last = rows_back[-1].get("val/em") if rows_back and rows_back[-1]["step"] == steps else None
-                rolled_back = any(row.get("action") == "rolled_back" for row in back["alarms"])
-                run["recovered"] = (last is not None and last >= 0.5 * best) if rolled_back else None
-            runs.append(run)
-    return runs
-
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="two arms, 3 steps, seed 0, in a temp dir")
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--out", type=Path, default=None, help="where the world and runs go (default: a temp dir)")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    began = time.monotonic()
-    arms, seeds, steps = (list(SMOKE_ARMS), [0], 3) if args.smoke else (list(ARMS), args.seeds, args.steps)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = args.out or Path(tmp)
-        world = out / "world"
-        if not (world / "policy").is_dir():
-            world.mkdir(parents=True, exist_ok=True)
-            build_world(world)
-        runs = measure(world, out, arms, seeds, steps)
-    result = {**summarize(runs), "runs": runs, "steps": steps, "seeds": seeds, "smoke": args.smoke,
-              "wall_s": time.monotonic() - began, "provenance": provenance()}  # fmt: skip
-    for run in runs:
-        print(f"{run['arm']:>8} seed {run['seed']}: EM fall {run['fall']}, first alarms {run['alarms']}, "
-              f"last EM {run['last_em']}, recovered {run.get('recovered')}")  # fmt: skip
-    print(json.dumps(result))
-    return result
+def print_runs(runs: list[dict[str, Any]]) -> None:
+    print("| world | arm | best / last val EM | EM fall step | first alarms (rule step) | rollback recovered |")
+    print("|---|---|---|---|---|---|")
+    for r in runs:
+        alarms = ", ".join(f"{rule} {step}" for rule, step in sorted(r["alarms"].items(), key=lambda kv: kv[1]))
+        ems = "-" if r["best_em"] is None else f"{r['best_em']:.3f} / {r['last_em']:.3f}"
+        print(f"| {r['world']} | {r['arm']} | {ems} | {r['fall'] or 'none'} | {alarms or 'none'} | "
+              f"{'-' if r['recovered'] is None else r['recovered']} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -288,8 +288,10 @@ def _update_metrics(
     parts = ("policy",) + (("kl",) if with_kl else ()) + (("value",) if with_critic else ())
     out.update({f"losses/{k}": sums[k] / updates for k in parts})
     out.update({f"losses/{k}": sums[k] / tokens for k in _TOKEN_MEANS})
-    # Health signals (training.health): exact token means over every pass; 1 = no ratio seen.
-    out["health/entropy"] = sums["entropy_sum"] / tokens
+    # Health signals (training.health): exact token means over every pass; 1 = no ratio seen. No entropy
+    # when every row was skipped (every group flat): no token was scored, and 0 would read as a collapse.
+    if sums["tokens"]:
+        out["health/entropy"] = sums["entropy_sum"] / sums["tokens"]
     out["health/ratio_mean"] = sums["ratio_sum"] / sums["tokens"] if sums["tokens"] else 1.0
     out["health/ratio_max"] = sums.get("ratio_max", 1.0)
     out["optim/grad_norm"] = sums["grad_norm"] / updates

@@ -40,6 +40,7 @@ SEARCH_SHARE = "health/search_share"
 REPEATS = "health/repeat_ngram_share"
 ANSWER_RATE = "rollout/answer_rate"
 GRAD_NORM = "optim/grad_norm"
+FLAT_SHARE = "sampling/flat_share"
 KL = "losses/kl"
 
 
@@ -54,12 +55,13 @@ class HealthConfig:
     )
     baseline_steps: int = setting(5, "a signal's baseline: the median of its first this many steps; rules wait for it")
     window: int = setting(3, "rules on levels compare the mean of a signal's last this many steps")
-    entropy_low: float = setting(0.3, "entropy_low: fires under this share of health/entropy's baseline")
+    entropy_low: float = setting(0.05, "entropy_low: fires under this share of health/entropy's baseline")
     entropy_high: float = setting(3.0, "entropy_high: fires over this multiple of health/entropy's baseline")
     search_floor: float = setting(
         0.1,
         "search_stopped: fires when health/search_share falls under this (baseline above it)",
     )
+    flat_max: float = setting(0.95, "no_signal: fires when sampling/flat_share's window mean reaches this")
     answer_low: float = setting(0.5, "answer_drop: fires under this share of rollout/answer_rate's baseline")
     repeat_rise: float = setting(
         0.2,
@@ -81,6 +83,7 @@ class HealthConfig:
         check_range(f"{key}.entropy_low", self.entropy_low, 0.0, 1.0)
         check_range(f"{key}.search_floor", self.search_floor, 0.0, 1.0)
         check_range(f"{key}.answer_low", self.answer_low, 0.0, 1.0)
+        check_range(f"{key}.flat_max", self.flat_max, 0.0, 1.0)
         check_range(f"{key}.repeat_rise", self.repeat_rise, 0.0, 1.0)
         if not self.entropy_high > 1:
             raise RecipeError(f"{key}.entropy_high={self.entropy_high} must be > 1 (a multiple of the baseline)")
@@ -179,7 +182,7 @@ class Reading:
     signal: str
     value: float
     threshold: float
-    relation: str  # "<" or ">"
+    relation: str  # "<", ">" or ">="
     why: str  # how the threshold was derived ("0.3 x baseline 0.112")
 
 
@@ -208,6 +211,14 @@ def search_stopped(h: History, cfg: HealthConfig) -> Reading | None:
     if value is None or base is None or base <= cfg.search_floor or not value < cfg.search_floor:
         return None
     return Reading(SEARCH_SHARE, value, cfg.search_floor, "<", f"search_floor, baseline {base:.3g}")
+
+
+def no_signal(h: History, cfg: HealthConfig) -> Reading | None:
+    """Nothing left to learn from: the share of groups whose rewards are all equal reaches `flat_max`."""
+    value = h.mean(FLAT_SHARE, cfg.window)
+    if value is None or not value >= cfg.flat_max:
+        return None
+    return Reading(FLAT_SHARE, value, cfg.flat_max, ">=", "flat_max")
 
 
 def answer_drop(h: History, cfg: HealthConfig) -> Reading | None:
@@ -251,6 +262,7 @@ RULES: dict[str, Rule] = {
     "entropy_low": entropy_low,
     "entropy_high": entropy_high,
     "search_stopped": search_stopped,
+    "no_signal": no_signal,
     "answer_drop": answer_drop,
     "repeats_rising": repeats_rising,
     "grad_norm_spike": grad_norm_spike,
@@ -258,7 +270,7 @@ RULES: dict[str, Rule] = {
 }
 """Every rule by name; `health.rules` lists those a run checks."""
 
-SIGNALS = (ENTROPY, SEARCH_SHARE, REPEATS, ANSWER_RATE, GRAD_NORM, KL)
+SIGNALS = (ENTROPY, SEARCH_SHARE, FLAT_SHARE, REPEATS, ANSWER_RATE, GRAD_NORM, KL)
 """The metrics the rules read; the monitor keeps nothing else."""
 
 

@@ -2,19 +2,44 @@
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks import health
+from simsearch.training.health import HealthConfig
 
 
 def _rows(ems: list[float | None]) -> list[dict]:
     return [{"step": i, "val/em": em} for i, em in enumerate(ems, 1)]
 
 
-def test_em_fall_step_is_the_first_step_under_half_the_early_best() -> None:
-    # best of the first 3 evaluations: 0.75; half is 0.375: step 5 (0.5) holds, step 6 (0.25) falls
+def test_em_fall_step_is_the_first_validation_under_half_the_best_before_it() -> None:
+    # best so far 0.75 at step 2; half is 0.375: step 5 (0.5) holds, step 6 (0.25) falls
     assert health.em_fall_step(_rows([0.5, 0.75, 0.5, 0.5, 0.5, 0.25, 0.0])) == 6
-    assert health.em_fall_step(_rows([0.5, None, 0.5, 0.5, 0.2])) == 5  # steps without validation skipped
-    assert health.em_fall_step(_rows([0.5, 0.5, 0.5, 0.5])) is None
-    assert health.em_fall_step(_rows([0.0, 0.0, 0.0, 0.0])) is None  # nothing to fall from
+    assert health.em_fall_step(_rows([0.2, None, 0.5, 0.3, 0.2])) == 5  # steps without validation skipped
+    assert health.em_fall_step(_rows([0.1, 0.3, 0.6, 0.9])) is None  # a rising run never falls
+    assert health.em_fall_step(_rows([0.08, 0.0, 0.0, 0.0])) is None  # a best under MIN_BEST: nothing to fall from
+
+
+def test_first_alarms_replays_the_rules_over_metrics_rows() -> None:
+    cfg = HealthConfig(rules=["no_signal", "answer_drop"], baseline_steps=2, window=2)
+    rows = [{"step": s, "sampling/flat_share": f, "rollout/answer_rate": a}
+            for s, f, a in [(1, 0.5, 1.0), (2, 0.5, 1.0), (3, 1.0, 1.0), (4, 1.0, 0.2), (5, 1.0, 0.2)]]  # fmt: skip
+    # no_signal: window means step 3 0.75, step 4 1.0 >= 0.95; answer_drop: step 5 (0.2+0.2)/2 < 0.5 x 1.0
+    assert health.first_alarms(rows, cfg) == {"no_signal": 4, "answer_drop": 5}
+
+
+def test_judge_reads_the_fall_the_alarms_and_the_rollbacks_outcome() -> None:
+    cfg = HealthConfig(rules=["no_signal"], baseline_steps=1, window=1)
+    rows = [{"step": s, "val/em": em, "sampling/flat_share": f, "time/step_s": 1.0, "time/health_s": 0.01}
+            for s, em, f in [(1, 0.4, 0.5), (2, None, 1.0), (3, 0.1, 1.0)]]  # fmt: skip
+    back = {"rows": [{"step": 3, "val/em": 0.3}], "alarms": [{"step": 2, "action": "rolled_back"}]}
+    judged = health._judge({"world": 0, "arm": "lr_x10", "rows": rows, "rollback": back}, cfg)
+    assert (judged["fall"], judged["alarms"], judged["recovered"]) == (3, {"no_signal": 2}, True)  # 0.3 >= 0.2
+    assert judged["share"] == pytest.approx(0.01)
+    stuck = {"rows": [{"step": 3, "val/em": 0.1}], "alarms": [{"step": 2, "action": "rolled_back"}]}
+    assert health._judge({"world": 0, "arm": "x", "rows": rows, "rollback": stuck}, cfg)["recovered"] is False
+    never = {"rows": [{"step": 3, "val/em": 0.4}], "alarms": []}  # no rollback: counted in neither
+    assert health._judge({"world": 0, "arm": "x", "rows": rows, "rollback": never}, cfg)["recovered"] is None
 
 
 def test_summarize_counts_leads_detections_and_false_alarms() -> None:
@@ -32,10 +57,16 @@ def test_summarize_counts_leads_detections_and_false_alarms() -> None:
     assert abs(out["monitor_share"] - 0.02) < 1e-12
 
 
-def test_smoke_runs_end_to_end() -> None:
+def test_a_bad_health_setting_is_refused_before_any_run(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as refused:
+        health.main(["--smoke", "--health", "entropy_lo=0.1"])
+    assert refused.value.code == 2 and "--health entropy_lo=0.1" in capsys.readouterr().err
+
+
+def test_smoke_runs_every_arm_on_the_tiny_world_end_to_end() -> None:
     out = health.main(["--smoke"])
-    assert out["smoke"] and out["steps"] == 3
-    assert [r["arm"] for r in out["runs"]] == list(health.SMOKE_ARMS)
+    assert out["smoke"] and out["world_set"] == "development"
+    assert [r["arm"] for r in out["runs"]] == list(health.ARMS)
     for key in ("collapsed_runs", "detected_runs", "median_lead_steps", "false_alarm_runs",
                 "rollback_recovered_runs", "monitor_share"):  # fmt: skip
         assert key in out

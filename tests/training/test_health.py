@@ -58,7 +58,8 @@ def test_entropy_low_fires_when_the_window_mean_falls_under_the_share_of_baselin
     # means: step 4 (1.1+0.25)/2 = 0.675 (the last value alone, 0.25, would fire), step 5
     # (0.25+0.36)/2 = 0.305, step 6 (0.36+0.2)/2 = 0.28 < 0.3: fires at 6, once while it holds.
     values = [1.0, 0.6, 1.1, 0.25, 0.36, 0.2, 0.1]
-    assert _fire_steps(_cfg("entropy_low"), [{"health/entropy": v} for v in values]) == [(6, "entropy_low")]
+    cfg = _cfg("entropy_low", entropy_low=0.3)
+    assert _fire_steps(cfg, [{"health/entropy": v} for v in values]) == [(6, "entropy_low")]
 
 
 def test_entropy_high_fires_again_after_it_cleared() -> None:
@@ -86,6 +87,22 @@ def test_answer_drop_and_repeats_rising() -> None:
     assert _fire_steps(_cfg("repeats_rising"), repeats) == [(5, "repeats_rising")]
 
 
+def test_no_signal_fires_when_every_group_stays_flat() -> None:
+    # flat_max 0.95, window 2: means step 4 (0.8+1)/2 = 0.9, step 5 (1+1)/2 = 1 >= 0.95 fires once while
+    # it holds; step 7 (1+0.5)/2 = 0.75 clears it. Its reading needs no baseline value of its own.
+    flat = [{"sampling/flat_share": v} for v in [0.9, 0.7, 0.8, 1.0, 1.0, 1.0, 0.5]]
+    assert _fire_steps(_cfg("no_signal"), flat) == [(5, "no_signal")]
+
+
+def test_default_entropy_floor_passes_the_development_worlds_healthy_sharpening() -> None:
+    # Healthy RL on the tiny worlds sharpens the policy: entropy's 3-step mean fell to 0.114 x its
+    # baseline on world 0 (docs/health.md); the default floor must not fire there, and must fire at 0.04.
+    cfg = HealthConfig(rules=["entropy_low"])
+    rows = [{"health/entropy": 0.6}] * 5 + [{"health/entropy": 0.6 * 0.114}] * 3
+    assert _fire_steps(cfg, rows) == []
+    assert _fire_steps(cfg, [*rows, *[{"health/entropy": 0.6 * 0.04}] * 3])[0][1] == "entropy_low"
+
+
 def test_grad_norm_spike_compares_with_the_median_of_the_steps_before() -> None:
     # running median of the steps before step 5: median(1, 2, 1, 1) = 1, so 10.5 > 10 x 1 fires; at
     # step 6 the median of (1, 2, 1, 1, 10.5) is 1: 9 is no spike (it clears); step 7 30 > 10 fires.
@@ -101,7 +118,7 @@ def test_kl_spike_counts_a_median_under_the_floor_as_the_floor() -> None:
 
 
 def test_alarm_line_and_missing_or_non_finite_signals() -> None:
-    monitor = Monitor(_cfg("entropy_low"))
+    monitor = Monitor(_cfg("entropy_low", entropy_low=0.3))
     rows = [{"health/entropy": 1.0}, {"health/entropy": float("nan")}, {}, {"health/entropy": 1.0},
             {"health/entropy": 1.0}, {"health/entropy": 0.1}, {"health/entropy": 0.1}]  # fmt: skip
     alarms = [a for step, row in enumerate(rows, 1) for a in monitor.observe(step, row)]
@@ -112,7 +129,7 @@ def test_alarm_line_and_missing_or_non_finite_signals() -> None:
 
 
 def test_state_dict_round_trip_resumes_the_same_decisions() -> None:
-    cfg = _cfg("entropy_low")
+    cfg = _cfg("entropy_low", entropy_low=0.3)
     values = [1.0, 0.8, 1.2, 0.4, 0.3, 0.2, 0.1, 1.0, 1.0, 0.1, 0.1]
     whole = _fire_steps(cfg, [{"health/entropy": v} for v in values])
     first = Monitor(cfg)
@@ -138,3 +155,19 @@ def test_check_names_the_key(change: dict[str, object], key: str) -> None:
     cfg = HealthConfig(**change)  # type: ignore[arg-type]
     with pytest.raises(RecipeError, match=key):
         cfg.check("health")
+
+
+def test_a_step_whose_rows_were_all_skipped_logs_no_entropy() -> None:
+    # Every group flat: the update scores no token. An entropy of 0 would read as a collapsed policy.
+    from collections import defaultdict
+
+    import torch
+
+    from simsearch.policy.update import _update_metrics
+
+    none_kept = _update_metrics(defaultdict(float), 1, torch.zeros(4, dtype=torch.bool), with_kl=False,
+                                with_critic=False)  # fmt: skip
+    assert "health/entropy" not in none_kept and none_kept["perf/skipped_row_share"] == 1.0
+    some = _update_metrics(defaultdict(float, tokens=4.0, entropy_sum=2.0), 1, torch.ones(4, dtype=torch.bool),
+                           with_kl=False, with_critic=False)  # fmt: skip
+    assert some["health/entropy"] == 0.5
