@@ -40,7 +40,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from benchmarks.benchlib import RECIPES, provenance, run_stage, run_worlds
+from benchmarks.benchlib import RECIPES, measured_at, provenance, replace_block, run_stage, run_worlds
 from simsearch.commands import train
 from simsearch.config import TrainRecipe, load_recipe
 from simsearch.training.health import HEALTH_FILE, HealthConfig, Monitor
@@ -81,10 +81,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     runs = [_judge(run, cfg) for seed in args.seeds for run in worlds[seed]["runs"]]
     figures = {**summarize(runs), "health": args.health, "world_set": _world_set(args.seeds), "runs": runs,
                "seeds": args.seeds, "smoke": args.smoke, "wall_s": round(time.perf_counter() - began, 1),
-               "provenance": {**provenance(), "torch_threads": args.threads}}  # fmt: skip
+               "provenance": {**provenance(), "torch_threads": args.threads, "commit": _commits(worlds)}}  # fmt: skip
     print_runs(runs)
+    plots = [plot_world(worlds[seed], runs, args.out.parent / "health" / f"world_{seed}.png") for seed in args.seeds]
+    write_doc(args.out, figures, plots)
+    print(f"health: {args.out}", flush=True)
     print(json.dumps(figures))
     return figures
+
+
+def _commits(worlds: dict[int, dict[str, Any]]) -> str:
+    """The commits the worlds ran at (their records'), "unknown" for a record without one."""
+    return ", ".join(sorted({world.get("provenance", {}).get("commit", "unknown") for world in worlds.values()}))
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -94,6 +102,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per world")
     parser.add_argument("--run-dir", default="", help="parent of the worlds' runs (runs/health; smoke: a temp dir)")
     parser.add_argument("--smoke", action="store_true", help=f"every stage, {SMOKE_STEPS} steps an arm")
+    parser.add_argument("--out", default="", help="the doc whose results block is rewritten (docs/health.md)")
     parser.add_argument("--aggregate", action="store_true", help="run nothing: replay RUN_DIR's finished worlds")
     parser.add_argument(
         "--health", nargs="*", default=[], help="health settings replayed, KEY=VALUE (default: the recipe's)"
@@ -107,6 +116,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--health {' '.join(args.health)}: {str(bad).splitlines()[0]}")
     smoke_dir = tempfile.mkdtemp(prefix="health-smoke-") if args.smoke and not args.run_dir else ""
     args.run_dir = Path(args.run_dir or smoke_dir or "runs/health")
+    args.out = Path(args.out or (args.run_dir / "health.md" if args.smoke else "docs/health.md"))
     return args
 
 
@@ -130,6 +140,7 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     from simsearch.config import QuickstartRecipe
     from simsearch.experiments import pipeline
 
+    where = provenance()  # the code this world runs, before anything can change it
     root = args.run_dir / f"world_{seed}"
     overrides = [f"run_dir={root / 'quickstart'}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}"]
     _, paths, fingerprints = pipeline.through_simulator(load_recipe(QuickstartRecipe, None, overrides))
@@ -143,7 +154,7 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
                         *(f"health.{setting}" for setting in args.health)]  # fmt: skip
             run["rollback"] = train_run(root, f"{name}_rollback", arm, seed, paths, fingerprints, args, rollback)
         runs.append({"world": seed, "arm": name, **run})
-    result = {"seed": seed, "health": args.health, "runs": runs, "replayed_with": cfg.rules}
+    result = {"seed": seed, "health": args.health, "runs": runs, "replayed_with": cfg.rules, "provenance": where}
     (root / "health.json").write_text(json.dumps(result) + "\n")
     return result
 
@@ -259,13 +270,79 @@ def _world_set(seeds: Sequence[int]) -> str:
 
 
 def print_runs(runs: list[dict[str, Any]]) -> None:
-    print("| world | arm | best / last val EM | EM fall step | first alarms (rule step) | rollback recovered |")
-    print("|---|---|---|---|---|---|")
+    print("\n".join(run_table(runs)))
+
+
+def run_table(runs: list[dict[str, Any]]) -> list[str]:
+    lines = ["| world | arm | best / last val EM | EM fall step | first alarms (rule step) | rollback recovered |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
     for r in runs:
         alarms = ", ".join(f"{rule} {step}" for rule, step in sorted(r["alarms"].items(), key=lambda kv: kv[1]))
         ems = "-" if r["best_em"] is None else f"{r['best_em']:.3f} / {r['last_em']:.3f}"
-        print(f"| {r['world']} | {r['arm']} | {ems} | {r['fall'] or 'none'} | {alarms or 'none'} | "
-              f"{'-' if r['recovered'] is None else r['recovered']} |")  # fmt: skip
+        lines.append(f"| {r['world']} | {r['arm']} | {ems} | {r['fall'] or 'none'} | {alarms or 'none'} | "
+                     f"{'-' if r['recovered'] is None else r['recovered']} |")  # fmt: skip
+    return lines
+
+
+PLOTTED = ("val/em", "reward/mean", "sampling/flat_share", "health/entropy", "rollout/answer_rate")
+
+
+def plot_world(world: dict[str, Any], judged: list[dict[str, Any]], path: Path) -> Path:
+    """One panel per arm of a world: the validation EM and the signals over steps, the EM's fall (red) and each
+    rule's first alarm (dashed, labelled) marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = world["runs"]
+    figure, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 4), dpi=100, squeeze=False)
+    for ax, run in zip(axes[0], runs, strict=True):
+        mine = next(j for j in judged if j["world"] == run["world"] and j["arm"] == run["arm"])
+        for key in PLOTTED:
+            points = [(row["step"], row[key]) for row in run["rows"] if row.get(key) is not None]
+            if points:
+                ax.plot(*zip(*points), marker="o" if key == "val/em" else None, markersize=3, label=key)
+        if mine["fall"] is not None:
+            ax.axvline(mine["fall"], color="red", label="EM fall")
+        for rule, step in mine["alarms"].items():
+            ax.axvline(step, color="black", linestyle="--", linewidth=0.8)
+            ax.annotate(rule, (step, 1.02), rotation=90, fontsize="x-small", va="bottom")
+        ax.set_title(f"world {run['world']}: {run['arm']}", pad=40)
+        ax.set_xlabel("step")
+        ax.set_ylim(0, 1.05)
+    axes[0][0].legend(fontsize="x-small", loc="lower left")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)
+    return path
+
+
+def write_doc(out: Path, figures: dict[str, Any], plots: list[Path]) -> None:
+    """`out`'s `health-results` block: the figures, the per-run table and the plots (a new page if none)."""
+    keys = ("collapsed_runs", "detected_runs", "median_lead_steps", "false_alarm_runs", "rollback_recovered_runs",
+            "rollback_runs")  # fmt: skip
+    share = figures["monitor_share"]
+    lines = [
+        "",
+        f"Worlds {', '.join(map(str, figures['seeds']))} ({figures['world_set']}), health settings replayed: "
+        f"{' '.join(figures['health']) or 'the defaults'}. {measured_at(figures['provenance'])}",
+        "",
+        ", ".join(f"`{key}` {figures[key]}" for key in keys)
+        + f", monitor {'-' if share is None else f'{100 * share:.2f}%'} of step time.",
+        "",
+        *run_table(figures["runs"]),
+        "",
+        *(f"![{plot.stem}](health/{plot.name})" for plot in plots),
+        "",
+    ]
+    text = (
+        out.read_text()
+        if out.is_file()
+        else "# Health benchmark\n\n<!-- health-results -->\n<!-- /health-results -->\n"
+    )
+    out.write_text(replace_block(text, "health-results", "\n".join(lines)))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from benchmarks import health
@@ -63,11 +66,14 @@ def test_a_bad_health_setting_is_refused_before_any_run(capsys: pytest.CaptureFi
     assert refused.value.code == 2 and "--health entropy_lo=0.1" in capsys.readouterr().err
 
 
-def test_smoke_runs_every_arm_on_the_tiny_world_end_to_end() -> None:
-    out = health.main(["--smoke"])
+def test_smoke_runs_every_arm_on_the_tiny_world_end_to_end(tmp_path: Path) -> None:
+    out = health.main(["--smoke", "--run-dir", str(tmp_path)])
     assert out["smoke"] and out["world_set"] == "development"
     assert [r["arm"] for r in out["runs"]] == list(health.ARMS)
     for key in ("collapsed_runs", "detected_runs", "median_lead_steps", "false_alarm_runs",
                 "rollback_recovered_runs", "monitor_share"):  # fmt: skip
         assert key in out
     assert 0 < out["monitor_share"] < 0.5
+    page = (tmp_path / "health.md").read_text()  # the results block, with the world's plot
+    assert all(f"| 0 | {arm} |" in page for arm in health.ARMS) and (tmp_path / "health" / "world_0.png").is_file()
+    assert json.loads((tmp_path / "world_0" / "health.json").read_text())["provenance"]["commit"] in page
