@@ -35,7 +35,7 @@ from simsearch.policy.recipe import AlgorithmConfig
 from simsearch.training.distributed import all_reduce_max, backward
 from simsearch.training.session import TrainedModel
 
-_TOKEN_MEANS = ("clipfrac", "clipfrac_lower", "approx_kl", "entropy")
+_TOKEN_MEANS = ("clipfrac", "clipfrac_lower", "approx_kl")
 
 
 @dataclass
@@ -288,6 +288,7 @@ def _update_metrics(
     parts = ("policy",) + (("kl",) if with_kl else ()) + (("value",) if with_critic else ())
     out.update({f"losses/{k}": sums[k] / updates for k in parts})
     out.update({f"losses/{k}": sums[k] / tokens for k in _TOKEN_MEANS})
+    out["losses/entropy"] = sums["entropy_sum"] / tokens  # each micro-batch's `entropy` is over the minibatch's tokens
     # Health signals (training.health): exact token means over every pass; 1 = no ratio seen. No entropy
     # when every row was skipped (every group flat): no token was scored, and 0 would read as a collapse.
     if sums["tokens"]:

@@ -95,3 +95,12 @@ def test_rollback_reloads_with_the_lr_scaled_then_stops_past_max_rollbacks(world
     assert [r["optim/lr"] for r in rows] == [pytest.approx(5e-4)] * 2
     state = load_state(checkpoint_dir(run_dir, 2))["health"]
     assert (state["rollbacks"], state["lr_scale"]) == (1, 0.5)
+
+
+def test_losses_entropy_is_the_token_mean_with_several_micro_batches(world: Path, tmp_path: Path) -> None:
+    # 8 trajectories a step in micro-batches of 2: each micro-batch's entropy part is over the minibatch's
+    # tokens, so weighting it by the micro-batch's own tokens (as before) gave about a quarter of the mean.
+    run_dir = tmp_path / "run"
+    train.main(_recipe(world, run_dir, steps=2, micro_batch_size=2, **{"health.rules": "[]"}))
+    for row in read_metrics(run_dir):
+        assert row["losses/entropy"] == pytest.approx(row["health/entropy"], rel=1e-12) and row["losses/entropy"] > 0
