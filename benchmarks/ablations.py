@@ -84,14 +84,12 @@ from benchmarks.benchlib import (
     measured_at,
     provenance,
     replace_block,
-    run_stage,
     timed,
 )
 from benchmarks.benchlib import paired as paired_figures
-from simsearch.commands import evaluate, simulator_collect, simulator_finetune, train
-from simsearch.config import CollectRecipe, EvalRecipe, FinetuneRecipe, QuickstartRecipe, TrainRecipe, load_recipe
+from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.curriculum.schedules import exponential
-from simsearch.experiments import pipeline, quickstart
+from simsearch.experiments import pipeline, quickstart, stages
 from simsearch.factory.build import build_search_engine
 from simsearch.fingerprints import claim_stage, digest, finish_stage, stage_fingerprint
 from simsearch.models import load_model, save_tiny
@@ -378,26 +376,22 @@ def train_simulator(ctx: Seed, name: str, variant: Variant) -> None:
     """A simulator built as the quickstart's (collect.yaml with BM25, then simulator.yaml on the quickstart's
     base) with `variant`'s collect overrides; its model path and fingerprint go to ctx under `name`."""
     collect_dir = ctx.root / f"collect_{name}"
-    collect_fp = run_stage(
-        CollectRecipe,
+    collect_fp = stages.collect_stage(
         RECIPES / "collect.yaml",
         [
             f"run_dir={collect_dir}", f"seed={ctx.seed}", f"policy.model.path={ctx.paths['base']}",
             f"data.train=[{ctx.paths['train']}]", f"search.corpus={ctx.paths['corpus']}",
             f"search.index_dir={ctx.paths['bm25']}", *variant.collect, *(SMOKE_COLLECT if ctx.smoke else []),
         ],
-        simulator_collect.main,
         [ctx.fingerprints["base"]],
     )  # fmt: skip
-    ctx.fingerprints[name] = run_stage(
-        FinetuneRecipe,
+    ctx.fingerprints[name] = stages.finetune_stage(
         RECIPES / "simulator.yaml",
         [
             f"run_dir={ctx.paths[name]}", f"seed={ctx.seed}", f"model.path={ctx.paths['base']}",
             f"train_file={collect_dir / 'train.jsonl'}", f"val_file={collect_dir / 'val.jsonl'}",
             *(SMOKE_SIMULATOR if ctx.smoke else []),
         ],
-        simulator_finetune.main,
         [collect_fp],
     )  # fmt: skip
     ctx.paths[name] = str(pipeline.final_model(Path(ctx.paths[name])))
@@ -478,7 +472,7 @@ def train_arm(ctx: Seed, name: str, arm: Arm) -> str:
         *(o.format(**values) for o in arm.overrides),
     ]  # fmt: skip
     inputs = [ctx.fingerprints[arm.base], ctx.fingerprints[arm.simulator]]
-    return run_stage(TrainRecipe, RECIPES / "train.yaml", overrides, train.main, inputs)
+    return stages.train_stage(RECIPES / "train.yaml", overrides, inputs)
 
 
 def simulator_told(simulator: str) -> tuple[str, ...]:
@@ -509,7 +503,7 @@ def evaluate_policy(ctx: Seed, name: str, arm: Arm, policy_fp: str) -> dict[str,
         *(SMOKE_EVAL if ctx.smoke else []),
     ]  # fmt: skip
     inputs = [policy_fp, ctx.fingerprints[arm.simulator], ctx.fingerprints["world"]]
-    run_stage(EvalRecipe, RECIPES / "eval.yaml", overrides, evaluate.main, inputs)
+    stages.eval_stage(RECIPES / "eval.yaml", overrides, inputs)
     summary = json.loads((ctx.root / "eval" / name / "summary.json").read_text())
     return {engine: 100.0 * row["average"]["em"] for engine, row in summary["rows"].items()}
 

@@ -1,5 +1,6 @@
-"""What several benchmarks share: their common options, fingerprinted stages, worlds run in worker
-processes, timing, mean ± sd, paired differences' t-intervals and the doc's rewritten blocks.
+"""What several benchmarks share: their common options, worlds run in worker processes, timing,
+mean ± sd, paired differences' t-intervals and the doc's rewritten blocks. The fingerprinted stages
+they run are `simsearch.experiments.stages`.
 
 A benchmark imports it as `benchmarks.benchlib`: the benchmarks run as modules of the `benchmarks`
 package from the repository root (`python -m benchmarks.NAME`), and tests import them the same way.
@@ -20,14 +21,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
-
-from simsearch.config import load_recipe
-from simsearch.fingerprints import claim_stage, digest, finish_stage
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "quickstart"
 
@@ -66,31 +63,6 @@ def arm_arguments(
     args.run_dir = Path(args.run_dir or smoke_dir or f"runs/{name}")
     args.out = Path(args.out or (args.run_dir / f"{name}.md" if args.smoke else f"docs/{name}.md"))
     return args
-
-
-def run_stage(
-    schema: type,
-    recipe_file: Path,
-    overrides: list[str],
-    command: Callable[[Any], Any],
-    inputs: list[str],
-    edit: Callable[[Any], None] | None = None,
-) -> str:
-    """One command on a recipe plus overrides, skipped when it finished under the same fingerprint.
-
-    `edit`, if given, changes the loaded recipe in place before it is fingerprinted and run (what an
-    override cannot say). Returns the fingerprint (resolved recipe and inputs' fingerprints). A
-    directory built from anything else is deleted first, as the quickstart's stages are.
-    """
-    stage = load_recipe(schema, recipe_file, overrides)
-    if edit is not None:
-        edit(stage)
-    fingerprint = digest({"recipe": asdict(stage), "inputs": inputs})
-    directory = Path(stage.run_dir)
-    if not claim_stage(directory, fingerprint):
-        command(stage)
-        finish_stage(directory, fingerprint)
-    return fingerprint
 
 
 def run_worlds(

@@ -76,7 +76,6 @@ from benchmarks.benchlib import (
     paired,
     provenance,
     replace_block,
-    run_stage,
     run_worlds,
 )
 from benchmarks.benchlib import difference_cell as t_cell
@@ -434,10 +433,9 @@ def knowing_simulator(
     """The knowing simulator of a world (`tinyworld.knowing`) in `args.knowing`'s design: its base reads, its pairs
     are collected on the fit people, it is fine-tuned as the quickstart's simulator is (with reading mixed into
     its SFT file if the design says so); its fingerprint and model path."""
-    from simsearch.commands import simulator_collect, simulator_finetune
-    from simsearch.config import CollectRecipe, FinetuneRecipe
     from simsearch.data.qa import write_qa_jsonl
     from simsearch.experiments import pipeline
+    from simsearch.experiments.stages import collect_stage, finetune_stage
     from simsearch.factory.build import build_search_engine
     from simsearch.fingerprints import claim_stage, digest, finish_stage
     from simsearch.simulator.recipe import SearchConfig
@@ -473,7 +471,7 @@ def knowing_simulator(
         f"search.corpus={corpus}", f"search.index_dir={index}", *smoke.get("collect", []),
     ]  # fmt: skip
     inputs = [fingerprints["base"], fingerprints["world"]]  # the policy's base collects, never the knowing base
-    collect_fp = run_stage(CollectRecipe, RECIPES / "collect.yaml", collect, simulator_collect.main, inputs)
+    collect_fp = collect_stage(RECIPES / "collect.yaml", collect, inputs)
     train_file = out / "collect" / "train.jsonl"
     if design.sft_reading_share:  # the reading mixed in: a file of its own per design, its bytes fingerprinted
         train_file = out / f"sft-{args.knowing}.jsonl"
@@ -487,9 +485,7 @@ def knowing_simulator(
         f"train_file={train_file}", f"val_file={val}" if val.stat().st_size else "val_file=''",
         *smoke.get("simulator", []),
     ]  # fmt: skip
-    fingerprint = run_stage(
-        FinetuneRecipe, RECIPES / "simulator.yaml", finetune, simulator_finetune.main, [collect_fp, base_fp, mixed]
-    )
+    fingerprint = finetune_stage(RECIPES / "simulator.yaml", finetune, [collect_fp, base_fp, mixed])
     return fingerprint, str(pipeline.final_model(simulator))
 
 
@@ -603,8 +599,7 @@ def train_arm(
 
     Its checkpoints are kept (`keeping_checkpoints`) when the arm is one of `STEP_ARMS`.
     """
-    from simsearch.commands import train
-    from simsearch.config import TrainRecipe
+    from simsearch.experiments.stages import train_stage
 
     overrides = [
         f"seed={seed}", f"run_dir={root / 'train' / arm}", f"policy.model.path={paths['base']}",
@@ -617,7 +612,7 @@ def train_arm(
     inputs = [fingerprints["base"], fingerprints["knowing" if arm == "knowing" else "simulator"]]
     keep = root / "kept" / arm if arm in STEP_ARMS else None
     with keeping_checkpoints(root / "train" / arm, keep) if keep else contextlib.nullcontext():
-        return run_stage(TrainRecipe, RECIPES / "train.yaml", overrides, train.main, inputs)
+        return train_stage(RECIPES / "train.yaml", overrides, inputs)
 
 
 def evaluate_arm(
@@ -634,8 +629,7 @@ def evaluate_policy(
     out: Path, policy: Path, seed: int, paths: dict[str, str], inputs: list[str], args: argparse.Namespace
 ) -> dict[str, float]:
     """eval.yaml for the policy at `policy` into `out`, BM25 and dense only; EM (percent) per engine."""
-    from simsearch.commands import evaluate
-    from simsearch.config import EvalRecipe
+    from simsearch.experiments.stages import eval_stage
 
     overrides = [
         f"run_dir={out}", f"seed={seed}", f"threads={args.threads}", f"policy.model.path={policy}",
@@ -648,7 +642,7 @@ def evaluate_policy(
     def real_engines_only(recipe: Any) -> None:
         recipe.engines = {name: recipe.engines[name] for name in ENGINES}
 
-    run_stage(EvalRecipe, RECIPES / "eval.yaml", overrides, evaluate.main, inputs, edit=real_engines_only)
+    eval_stage(RECIPES / "eval.yaml", overrides, inputs, edit=real_engines_only)
     summary = json.loads((out / "summary.json").read_text())
     return {engine: 100.0 * summary["rows"][engine]["average"]["em"] for engine in ENGINES}
 

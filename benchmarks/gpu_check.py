@@ -59,10 +59,9 @@ from transformers import AutoTokenizer
 
 from benchmarks.benchlib import RECIPES, synchronize
 from benchmarks.generate import bare_loop
-from simsearch.commands import evaluate, train
 from simsearch.config import EvalRecipe, QuickstartRecipe, RolloutConfig, TrainRecipe, load_recipe
 from simsearch.data.templates import encode_prompt
-from simsearch.experiments import pipeline
+from simsearch.experiments import pipeline, stages
 from simsearch.generation.hf import HFEngine
 from simsearch.models import build_tiny_model, load_model, save_tiny, train_tokenizer
 from simsearch.policy.rollout import RolloutSettings, generate_trajectories
@@ -147,7 +146,7 @@ def mean_step_s(run_dir: Path) -> float:
 
 def train_hf(args: argparse.Namespace, model: Path, data: dict[str, Path], work: Path) -> dict[str, Any]:
     run = work / "train_hf"
-    train.main(load_recipe(TrainRecipe, None, train_overrides(args, model, data, run, steps=3)))
+    stages.train(load_recipe(TrainRecipe, None, train_overrides(args, model, data, run, steps=3)))
     return {"train_hf_step_s": mean_step_s(run)}
 
 
@@ -449,7 +448,7 @@ def quickstart_rl(args: argparse.Namespace, world: World, data: dict[str, Path],
             smoke, world, world.background or world.train, load_recipe(TrainRecipe, RECIPES / "train.yaml"), base
         )
     run, steps, on = root / "train", args.quickstart_steps, args.device
-    train.main(load_recipe(TrainRecipe, RECIPES / "train.yaml", [f"{key}={value}" for key, value in {
+    stages.train(load_recipe(TrainRecipe, RECIPES / "train.yaml", [f"{key}={value}" for key, value in {
         "run_dir": run, "policy.model.path": base, "policy.model.device": on, "data.train": f"[{data['train']}]",
         "search.simulator.generation.model.path": simulator, "search.simulator.generation.model.device": on,
         "search.cache": root / "simulator.sqlite", "steps": steps, "save_every": steps, "threads": 0,
@@ -466,7 +465,7 @@ def quickstart_rl(args: argparse.Namespace, world: World, data: dict[str, Path],
     }.items()])  # fmt: skip
     # BM25 and the simulator: the dense retriever's model is not a GPU question (nor on every GPU machine).
     recipe.engines = {name: recipe.engines[name] for name in ("simulator", "bm25")}
-    evaluate.main(recipe)
+    stages.evaluate(recipe)
     return {
         "quickstart_rl_s_per_step": mean_step_s(run),
         "quickstart_searches_per_trajectory": statistics.fmean(row["search/calls_per_traj"] for row in rows),

@@ -43,11 +43,10 @@ from typing import Any
 
 import torch
 
-from benchmarks.benchlib import RECIPES, provenance, run_stage
+from benchmarks.benchlib import RECIPES, provenance
 from benchmarks.controls import ARMS, SMOKE_EVAL, SMOKE_LIMIT
-from simsearch.commands import evaluate, train
-from simsearch.config import EvalRecipe, QuickstartRecipe, TrainRecipe, load_recipe
-from simsearch.experiments import pipeline, quickstart
+from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
+from simsearch.experiments import pipeline, quickstart, stages
 from simsearch.fingerprints import stage_fingerprint
 from simsearch.tinyworld.diagnostics import query_naming
 from simsearch.tinyworld.world import World
@@ -123,7 +122,7 @@ def reseed_arm(root: Path, arm: str, seed: int) -> Path:
     out = root / "train" / f"{arm}_seed{seed}"
     every = recipe.prompts_per_step * recipe.rollout.group_size
     overrides = [f"seed={seed}", f"run_dir={out}", f"trajectory_samples={every}", "trajectory_every=1"]
-    run_stage(TrainRecipe, saved, overrides, train.main, [stage_fingerprint(root / "train" / arm)])
+    stages.train_stage(saved, overrides, [stage_fingerprint(root / "train" / arm)])
     return out
 
 
@@ -150,7 +149,7 @@ def probe_policy(root: Path, qs_dir: Path, seed: int, name: str, policy: tuple[P
         recipe.engines = {"none": engines["none"], "noisy": engines["simulator"], "bm25": engines["bm25"]}
 
     inputs = [fingerprint, stage_fingerprint(qs_dir / "world"), stage_fingerprint(qs_dir / "simulator")]
-    run_stage(EvalRecipe, RECIPES / "eval.yaml", overrides, evaluate.main, inputs, edit=probe_engines_only)
+    stages.eval_stage(RECIPES / "eval.yaml", overrides, inputs, edit=probe_engines_only)
     return out
 
 

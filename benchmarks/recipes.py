@@ -42,9 +42,8 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from simsearch.commands import train
 from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
-from simsearch.experiments import pipeline
+from simsearch.experiments import pipeline, stages
 from simsearch.training.runlog import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,7 +87,7 @@ def run_recipe(name: str, recipe_file: Path, artifacts: str, run_dir: Path, *, s
     overrides = [*moved_paths(recipe_file, artifacts), f"run_dir={run_dir / name}", "resume=false"]
     recipe = load_recipe(TrainRecipe, recipe_file, [*overrides, *(SMOKE_TRAIN if smoke else [])])
     began = time.perf_counter()
-    train.main(recipe)
+    stages.train(recipe)
     rewards = [row["reward/mean"] for row in read_metrics(recipe.run_dir) if "reward/mean" in row]
     first, last = first_and_last(rewards)
     return {"reward_first5": round(first, 4), "reward_last5": round(last, 4), "steps": len(rewards),

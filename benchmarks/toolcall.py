@@ -137,7 +137,7 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
 
 def quickstart_eval(run: Path) -> Path:
     """The held-out BM25 rows of a quickstart run's RL policy."""
-    from simsearch.commands.evaluate import examples_file
+    from simsearch.experiments.stages import examples_file
 
     return examples_file(run / "eval" / "rl_search", "bm25", "heldout")
 

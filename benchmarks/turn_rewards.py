@@ -71,13 +71,11 @@ from benchmarks.benchlib import (
     paired,
     provenance,
     replace_block,
-    run_stage,
     timed,
 )
-from simsearch.commands import evaluate, train
-from simsearch.config import EvalRecipe, QuickstartRecipe, TrainRecipe, load_recipe
+from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.data.qa import write_qa_jsonl
-from simsearch.experiments import pipeline
+from simsearch.experiments import pipeline, stages
 from simsearch.fingerprints import digest
 from simsearch.tinyworld.world import TWO_HOP, World
 from simsearch.training.runlog import read_metrics
@@ -183,7 +181,7 @@ def train_arm(ctx: Seed, arm: str, extra: tuple[str, ...], steps: int) -> str:
         *NO_NOISE, *(SMOKE_TRAIN if ctx.smoke else []), *extra,
     ]  # fmt: skip
     inputs = [ctx.fingerprints["base"], ctx.fingerprints["data"]]
-    return run_stage(TrainRecipe, RECIPES / "train.yaml", overrides, train.main, inputs)
+    return stages.train_stage(RECIPES / "train.yaml", overrides, inputs)
 
 
 def split_questions(world: World, seed: int) -> dict[str, list[Any]]:
@@ -236,7 +234,7 @@ def evaluate_policy(ctx: Seed, name: str, model: str, policy_fp: str) -> dict[st
         f"engines.bm25.index_dir={ctx.paths['bm25']}", f"rollout.max_turns={MAX_TURNS}", "training_run=''",
         "baselines=[]", "fidelity_size=0", *(SMOKE_EVAL if ctx.smoke else []),
     ]  # fmt: skip
-    run_stage(EvalRecipe, recipe, overrides, evaluate.main, [policy_fp, ctx.fingerprints["data"]])
+    stages.eval_stage(recipe, overrides, [policy_fp, ctx.fingerprints["data"]])
     row = json.loads((ctx.root / "eval" / name / "summary.json").read_text())["rows"]["bm25"]
     return {"all": 100.0 * row["average"]["em"], **{d: 100.0 * row["results"][d]["em"] for d in DATASETS}}
 

@@ -61,7 +61,7 @@ def build_job(root: Path, prompts: int, steps: int) -> tuple[Path, list[dict]]:
 
 
 def run_simsearch(root: Path, model: Path, args: argparse.Namespace) -> dict[str, float]:
-    from simsearch.commands import train
+    from simsearch.experiments import stages
 
     overrides = {
         "run_dir": root / "simsearch_run",
@@ -93,7 +93,7 @@ def run_simsearch(root: Path, model: Path, args: argparse.Namespace) -> dict[str
         "resume": "false",
     }
     recipe = load_recipe(TrainRecipe, None, [f"{k}={v}" for k, v in overrides.items()])
-    train.main(recipe)
+    stages.train(recipe)
     rows = read_metrics(recipe.run_dir)[1:]  # the first step warms up
     return {
         "s_per_step": sum(r["time/step_s"] for r in rows) / len(rows),
