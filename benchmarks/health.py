@@ -40,9 +40,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from benchmarks.benchlib import RECIPES, measured_at, provenance, replace_block, run_stage, run_worlds
-from simsearch.commands import train
+from benchmarks.benchlib import RECIPES, measured_at, provenance, replace_block, run_worlds
 from simsearch.config import TrainRecipe, load_recipe
+from simsearch.experiments import stages
 from simsearch.training.health import HEALTH_FILE, HealthConfig, Monitor
 from simsearch.training.runlog import read_metrics
 
@@ -181,7 +181,7 @@ def train_run(
         f"search.simulator.generation.model.path={paths['simulator']}", f"search.cache={root / 'cache' / name}.sqlite",
         *(SMOKE_TRAIN if args.smoke else []), *extra,
     ]  # fmt: skip
-    run_stage(TrainRecipe, RECIPES / "train.yaml", overrides, _tolerating_stop(train.main),
+    stages.run_stage(TrainRecipe, RECIPES / "train.yaml", overrides, _tolerating_stop(stages.train),
               [fingerprints["base"], fingerprints["simulator"]])  # fmt: skip
     path = out / HEALTH_FILE
     alarms = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []

@@ -49,10 +49,7 @@ def test_the_library_imports_neither_the_benchmarks_nor_the_tests() -> None:
 
 def test_the_benchmarks_reach_the_commands_through_the_experiments_only() -> None:
     # They run stages with `simsearch.experiments.stages` (rule 17 of STYLE.md: never a command module).
-    # benchmarks/health.py is being rewritten and still imports `simsearch.commands.train`: it is let
-    # through while it is the only one.
-    offenders = _importing(sorted((ROOT / "benchmarks").glob("*.py")), "simsearch.commands")
-    assert offenders in ([], ["benchmarks/health.py"]), offenders
+    assert _importing(sorted((ROOT / "benchmarks").glob("*.py")), "simsearch.commands") == []
 
 
 def test_the_benchmarks_are_a_package_that_leaves_sys_path_alone() -> None:
