@@ -77,6 +77,7 @@ from benchmarks.benchlib import (
     provenance,
     replace_block,
     run_worlds,
+    t_interval,
 )
 from benchmarks.benchlib import difference_cell as t_cell
 
@@ -771,6 +772,54 @@ def write_doc(out: Path, figures: dict[str, Any]) -> None:
     out.write_text(replace_block(text, block, "\n" + "\n".join(doc_lines(figures)) + "\n"))
     arms = [arm for arm in STEP_ARMS if arm in figures["rows"]]
     plot_em_steps(figures["by_world"], arms, out.parent / out.stem / f"em_steps_{figures['world_set']}.png")
+    if figures["world_set"] == "reporting" and not figures["smoke"] and README.is_file():
+        README.write_text(replace_block(README.read_text(), "headline", "\n" + "\n".join(headline(figures)) + "\n"))
+
+
+HEADLINE_ROWS = {
+    "base": "base, no RL",
+    "simulator": "RL against the quickstart's simulator (fit on RL's own questions)",
+    "knowing": "RL against a simulator that knows the world (never fit on RL's people)",
+    "oracle": "RL against an oracle that shows the answer whatever the query",
+    "bm25": "RL against real BM25 (the reference)",
+}
+"""The README headline's rows: the arms the pre-registration names, and how a newcomer reads them."""
+README = RECIPES.parents[1] / "README.md"
+
+
+def headline(figures: dict[str, Any]) -> list[str]:
+    """The README's headline from the reporting worlds' figures: the arms' EM and the pre-registered sentences."""
+    worlds, mean, sd = figures["by_world"], figures["em_mean"], figures["em_sd"]
+    controls = figures.get("controls", CONTROLS)
+    lines = [
+        f"Held-out exact match (%) on real retrievers, mean ± sd over the {len(worlds)} pre-registered worlds "
+        f"({', '.join(worlds)}), each policy trained from the same base with the same recipe and budget, "
+        "differing only in the engine in the RL loop:",
+        "",
+        "| policy (engine in the RL loop) | BM25 | dense |",
+        "|---|---|---|",
+        *(f"| {label} | " + " | ".join(f"{mean[row][e]:.1f} ± {sd[row][e]:.1f}" for e in ENGINES) + " |"
+          for row, label in HEADLINE_ROWS.items() if row in mean),
+        "",
+    ]  # fmt: skip
+    if "knowing" not in mean or "oracle" not in mean:
+        return lines
+    versus_oracle = _differences(worlds, "knowing", "oracle", "bm25", controls)
+    interval = t_interval(versus_oracle)
+    verdict = (
+        "the knowing simulator teaches no more than an answer dispenser (no measurable difference)"
+        if interval is None or interval[0] <= 0 <= interval[1]
+        else "a simulator that knows the world teaches more than showing the answer does"
+        if interval[0] > 0
+        else "showing the answer teaches more than the knowing simulator"
+    )
+    bm25 = t_cell(_differences(worlds, "knowing", "bm25", "bm25", controls)) if "bm25" in mean else "-"
+    lines.append(
+        f"On BM25, knowing simulator minus oracle: {t_cell(versus_oracle)}; minus real BM25 in the loop: {bm25} "
+        f"(paired by world, {INTERVAL_METHOD}): {verdict}. The pre-registration, every arm and control: "
+        "[docs/controls.md](docs/controls.md)."
+    )
+    return lines
 
 
 def doc_lines(figures: dict[str, Any]) -> list[str]:

@@ -198,6 +198,34 @@ def test_answer_in_results_counts_executed_searches_whose_results_hold_a_gold_an
     assert "| 0 | 0.80 / 0.75 | 0.80 / 0.75 | 0.80 / 0.75 |" in lines
 
 
+def test_the_reporting_worlds_write_the_readme_headline_with_the_pre_registered_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n<!-- headline -->\nold\n<!-- /headline -->\n\n## Using it\n")
+    monkeypatch.setattr(controls, "README", readme)
+    arms = {"base": 10, "simulator": 60, "oracle": 30, "bm25": 70, "empty": 5}
+    # knowing minus oracle 10, 12, ..., 20 (mean 15, sd 3.742, t(0.975, 5) 2.5706: 15 -+ 3.93): above 0
+    worlds = {s: _world(s, {**arms, "knowing": 40 + 2 * (s - 200)}) for s in controls.REPORTING_WORLDS}
+    figures = controls.summarize(worlds, argparse.Namespace(threads=1, smoke=False), wall_s=1.0)
+    controls.write_doc(tmp_path / "controls.md", figures)
+    text = readme.read_text()
+    assert "old" not in text and text.endswith("<!-- /headline -->\n\n## Using it\n")
+    assert "over the 6 pre-registered worlds (200, 201, 202, 203, 204, 205)" in text
+    assert "| RL against a simulator that knows the world (never fit on RL's people) | 45.0 ± 3.7 |" in text
+    assert "knowing simulator minus oracle: +15.0 (+11.1 to +18.9)" in text
+    assert "teaches more than showing the answer does" in text
+    # the same difference in one world only of six: the interval holds 0
+    for seed in controls.REPORTING_WORLDS[1:]:
+        worlds[seed]["em"]["knowing"] = dict(worlds[seed]["em"]["oracle"])
+    figures = controls.summarize(worlds, argparse.Namespace(threads=1, smoke=False), wall_s=1.0)
+    assert "teaches no more than an answer dispenser (no measurable difference)" in controls.headline(figures)[-1]
+    development = {s: _world(s, {**arms, "knowing": 50}) for s in (100, 101)}
+    controls.write_doc(tmp_path / "dev.md", controls.summarize(development, argparse.Namespace(
+        threads=1, smoke=False), wall_s=1.0))  # fmt: skip
+    assert "teaches no more" not in readme.read_text()  # development worlds never touch the README
+
+
 def test_worlds_without_the_bm25_arm_are_summarized_without_its_share() -> None:
     worlds = {s: _world(s, {"base": 10, "simulator": s - 40, "noisy": 4, "answerless": 2}) for s in (100, 101)}
     figures = controls.summarize(worlds, argparse.Namespace(threads=1, smoke=False), wall_s=1.0)
