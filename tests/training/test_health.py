@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import pytest
+import torch
 
 from simsearch.errors import RecipeError
+from simsearch.policy.update import _update_metrics
 from simsearch.training.health import (
     HealthConfig,
     Monitor,
@@ -159,12 +163,6 @@ def test_check_names_the_key(change: dict[str, object], key: str) -> None:
 
 def test_a_step_whose_rows_were_all_skipped_logs_no_entropy() -> None:
     # Every group flat: the update scores no token. An entropy of 0 would read as a collapsed policy.
-    from collections import defaultdict
-
-    import torch
-
-    from simsearch.policy.update import _update_metrics
-
     none_kept = _update_metrics(defaultdict(float), 1, torch.zeros(4, dtype=torch.bool), with_kl=False,
                                 with_critic=False)  # fmt: skip
     assert "health/entropy" not in none_kept and none_kept["perf/skipped_row_share"] == 1.0
