@@ -265,6 +265,17 @@ def _collect_overrides(pipeline: Pipeline) -> list[str]:
     ]
 
 
+def released_simulator(pipeline: Pipeline, base_fp: str) -> str | None:
+    """The simulator stage installed from the release, with no collect stage, when the release holds the
+    simulator this recipe would build (its planned fingerprint); its fingerprint, or None to build it."""
+    _, collect_fp = pipeline.plan("collect", CollectRecipe, [base_fp], _collect_overrides(pipeline))
+    overrides = _simulator_overrides(pipeline, True)
+    _, planned = pipeline.plan("simulator", FinetuneRecipe, [collect_fp], overrides)
+    if released_stage(pipeline.recipe, "simulator", planned) is None:
+        return None
+    return pipeline.stage("simulator", FinetuneRecipe, simulator_finetune.main, [collect_fp], overrides)
+
+
 def simulator_stage(pipeline: Pipeline, collect_fp: str) -> str:
     has_val = (pipeline.run / "collect" / "val.jsonl").stat().st_size > 0
     if not has_val:  # collect holds no question out when every pair came from one

@@ -52,9 +52,11 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     run = stages.run
     reading = _base_reading(run / "base", world, rl_recipe, recipe.protocol)
     clock.start("collect", "3/6 simulator SFT data (base policy x real BM25)")
-    collect_fp = pipeline.collect_stage(stages, base_fp)
-    clock.start("simulator_sft", "4/6 simulator fine-tuning")
-    simulator_fp = pipeline.simulator_stage(stages, collect_fp)
+    simulator_fp = pipeline.released_simulator(stages, base_fp)  # its SFT data is then not needed here
+    if simulator_fp is None:
+        collect_fp = pipeline.collect_stage(stages, base_fp)
+        clock.start("simulator_sft", "4/6 simulator fine-tuning")
+        simulator_fp = pipeline.simulator_stage(stages, collect_fp)
     clock.start("rl", "5/6 RL against the simulator, then RL without search")
     policy_fps = {"base": base_fp, **pipeline.rl_stages(stages, base_fp, simulator_fp)}
     clock.start("eval", "6/6 held-out evaluation: simulator, BM25, dense, no search")

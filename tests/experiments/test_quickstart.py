@@ -263,7 +263,9 @@ def test_a_released_base_and_simulator_are_installed_not_built(smoke_run, tmp_pa
     monkeypatch.setattr(pipeline, "RELEASE", release)
     monkeypatch.setattr(pipeline, "pretrain_base", _refuse)
     monkeypatch.setattr(pipeline.simulator_finetune, "main", _refuse)
+    monkeypatch.setattr(pipeline.simulator_collect, "main", _refuse)  # a released simulator needs no SFT data
     second = _smoke(tmp_path / "run")
+    assert not (tmp_path / "run" / "collect").exists()
     assert first["released"] == [] and second["released"] == ["base", "simulator"]
     volatile = {*VOLATILE, "released"}
     assert {k: v for k, v in second.items() if k not in volatile} == {
