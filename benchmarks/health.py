@@ -43,7 +43,7 @@ from omegaconf import OmegaConf
 from benchmarks.benchlib import RECIPES, measured_at, provenance, replace_block, run_worlds
 from simsearch.config import TrainRecipe, load_recipe
 from simsearch.experiments import stages
-from simsearch.training.health import HEALTH_FILE, HealthConfig, Monitor
+from simsearch.training.health import HEALTH_FILE, STOP_STATUS, HealthConfig, Monitor
 from simsearch.training.runlog import read_metrics
 
 
@@ -144,7 +144,6 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     root = args.run_dir / f"world_{seed}"
     overrides = [f"run_dir={root / 'quickstart'}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}"]
     _, paths, fingerprints = pipeline.through_simulator(load_recipe(QuickstartRecipe, None, overrides))
-    cfg = health_config(args.health)
     runs = []
     for name, arm in ARMS.items():
         run = train_run(root, name, arm, seed, paths, fingerprints, args, [])
@@ -154,7 +153,7 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
                         *(f"health.{setting}" for setting in args.health)]  # fmt: skip
             run["rollback"] = train_run(root, f"{name}_rollback", arm, seed, paths, fingerprints, args, rollback)
         runs.append({"world": seed, "arm": name, **run})
-    result = {"seed": seed, "health": args.health, "runs": runs, "replayed_with": cfg.rules, "provenance": where}
+    result = {"seed": seed, "health": args.health, "runs": runs, "provenance": where}
     (root / "health.json").write_text(json.dumps(result) + "\n")
     return result
 
@@ -181,8 +180,8 @@ def train_run(
         f"search.simulator.generation.model.path={paths['simulator']}", f"search.cache={root / 'cache' / name}.sqlite",
         *(SMOKE_TRAIN if args.smoke else []), *extra,
     ]  # fmt: skip
-    stages.run_stage(TrainRecipe, RECIPES / "train.yaml", overrides, _tolerating_stop(stages.train),
-              [fingerprints["base"], fingerprints["simulator"]])  # fmt: skip
+    inputs = [fingerprints["base"], fingerprints["simulator"]]
+    stages.run_stage(TrainRecipe, RECIPES / "train.yaml", overrides, _tolerating_stop(stages.train), inputs)
     path = out / HEALTH_FILE
     alarms = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
     return {"rows": read_metrics(out), "alarms": alarms}
@@ -195,7 +194,7 @@ def _tolerating_stop(command: Any) -> Any:
         try:
             command(recipe)
         except SystemExit as stopped:
-            if stopped.code != 3:  # training.health.STOP_STATUS
+            if stopped.code != STOP_STATUS:
                 raise
 
     return run
