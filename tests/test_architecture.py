@@ -48,7 +48,7 @@ def test_the_library_imports_neither_the_benchmarks_nor_the_tests() -> None:
 
 
 def test_the_benchmarks_reach_the_commands_through_the_experiments_only() -> None:
-    # They run stages with `simsearch.experiments.stages` (rule 17 of STYLE.md: never a command module).
+    # They run stages with `simsearch.experiments.stages`, never a command module directly.
     assert _importing(sorted((ROOT / "benchmarks").glob("*.py")), "simsearch.commands") == []
 
 
