@@ -268,12 +268,19 @@ def _collect_overrides(pipeline: Pipeline) -> list[str]:
 def released_simulator(pipeline: Pipeline, base_fp: str) -> str | None:
     """The simulator stage installed from the release, with no collect stage, when the release holds the
     simulator this recipe would build (its planned fingerprint); its fingerprint, or None to build it."""
-    _, collect_fp = pipeline.plan("collect", CollectRecipe, [base_fp], _collect_overrides(pipeline))
-    overrides = _simulator_overrides(pipeline, True)
-    _, planned = pipeline.plan("simulator", FinetuneRecipe, [collect_fp], overrides)
+    collect_fp, planned = _planned_collect_and_simulator(pipeline, base_fp)
     if released_stage(pipeline.recipe, "simulator", planned) is None:
         return None
+    overrides = _simulator_overrides(pipeline, True)
     return pipeline.stage("simulator", FinetuneRecipe, simulator_finetune.main, [collect_fp], overrides)
+
+
+def _planned_collect_and_simulator(pipeline: Pipeline, base_fp: str) -> tuple[str, str]:
+    """The fingerprints stages 3 and 4 run under on the base of `base_fp` (the simulator's as when collect holds
+    out validation pairs, as it does for every world of the default size)."""
+    _, collect_fp = pipeline.plan("collect", CollectRecipe, [base_fp], _collect_overrides(pipeline))
+    _, simulator_fp = pipeline.plan("simulator", FinetuneRecipe, [collect_fp], _simulator_overrides(pipeline, True))
+    return collect_fp, simulator_fp
 
 
 def simulator_stage(pipeline: Pipeline, collect_fp: str) -> str:
@@ -303,8 +310,7 @@ def planned_fingerprints(recipe: QuickstartRecipe) -> dict[str, str]:
     rl_recipe = load_recipe(TrainRecipe, pipeline.recipes / "train.yaml")
     world_fp = _world_fingerprint(recipe)
     base_fp = _base_fingerprint(recipe, world_fp, rl_recipe)
-    _, collect_fp = pipeline.plan("collect", CollectRecipe, [base_fp], _collect_overrides(pipeline))
-    _, simulator_fp = pipeline.plan("simulator", FinetuneRecipe, [collect_fp], _simulator_overrides(pipeline, True))
+    collect_fp, simulator_fp = _planned_collect_and_simulator(pipeline, base_fp)
     return {"world": world_fp, "base": base_fp, "collect": collect_fp, "simulator": simulator_fp}
 
 
