@@ -44,12 +44,12 @@ none for one world), and as its last line one JSON object: `knowing_em_bm25_mean
 `_ci_low` / `_ci_high` (the best control is, in each world, the highest on BM25 of the controls
 every world ran: empty, random, noisy and answerless), `sim_share_of_bm25_loop_gain` ((arm - base)
 / (bm25 arm - base), means over worlds), `interval_method`, `wall_s_max` and `peak_rss_gb_max` (the
-quickstart part of each world), `world_set` (`reporting`: the pre-registered worlds of
-docs/controls.md, `REPORTING_WORLDS`; `development`: any other), and the detail per world. The
-tables go into docs/controls.md (`--out`), the reporting worlds' into its `results` block, any
-other's into its `development` block (with `--smoke`, a page in the run directory), with the
-commit each world ran at and the machine; `--render OUTPUT` writes that block again from a
-finished run's printed output.
+quickstart part of each world), `world_set` (`reporting`: all the pre-registered worlds of
+docs/controls.md, `REPORTING_WORLDS`; `partial`: some of them; `development`: none), and the detail
+per world. The tables go into docs/controls.md (`--out`), the reporting worlds' into its `results`
+block and the README's headline, any other's into its `development` block, a partial set's nowhere
+(with `--smoke`, a page in the run directory), with the commit each world ran at and the machine;
+`--render OUTPUT` writes that block again from a finished run's printed output.
 """
 
 from __future__ import annotations
@@ -758,14 +758,24 @@ def _run_in_every_world(worlds: dict[int, dict[str, Any]], names: Sequence[str])
 
 
 def world_set(seeds: Sequence[int]) -> str:
-    """`reporting` (every seed one of `REPORTING_WORLDS`), `development` (none of them) or `mixed`."""
+    """`reporting` (exactly `REPORTING_WORLDS`), `partial` (some of them only), `development` (none of
+    them) or `mixed` (both kinds)."""
     reporting = [seed in REPORTING_WORLDS for seed in seeds]
-    return "reporting" if all(reporting) else "mixed" if any(reporting) else "development"
+    if all(reporting):
+        return "reporting" if set(seeds) == set(REPORTING_WORLDS) else "partial"
+    return "mixed" if any(reporting) else "development"
 
 
 def write_doc(out: Path, figures: dict[str, Any]) -> None:
     """Rewrites the block of `out` (created from a bare page when missing) that `figures`' world set goes to: the
     reporting worlds' `results`, any other's `development`; and the plot of EM against steps beside it."""
+    if figures["world_set"] == "partial" and not figures["smoke"]:
+        print(
+            f"controls: {out} not written: the pre-registration reports all of {list(REPORTING_WORLDS)} at once, "
+            f"and this run has {figures['seeds']}; each world's controls.json is kept for that run",
+            flush=True,
+        )
+        return
     block = "results" if figures["world_set"] == "reporting" else "development"
     text = out.read_text() if out.is_file() else f"# Controls\n\n<!-- {block} -->\n<!-- /{block} -->\n"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,8 @@ def test_cells_are_benchlibs_t_interval() -> None:
 def test_world_sets() -> None:
     # The pre-registered reporting worlds; 0-4, on which designs were chosen, are development worlds now.
     assert controls.REPORTING_WORLDS == (200, 201, 202, 203, 204, 205)
-    assert controls.world_set([200, 203]) == "reporting"
+    assert controls.world_set(list(reversed(controls.REPORTING_WORLDS))) == "reporting"
+    assert controls.world_set([200, 203]) == "partial"  # no table of a subset: all six are reported at once
     assert controls.world_set([0, 1, 4]) == controls.world_set([100, 101]) == "development"
     assert controls.world_set([0, 200]) == "mixed"
 
@@ -224,6 +225,11 @@ def test_the_reporting_worlds_write_the_readme_headline_with_the_pre_registered_
     controls.write_doc(tmp_path / "dev.md", controls.summarize(development, argparse.Namespace(
         threads=1, smoke=False), wall_s=1.0))  # fmt: skip
     assert "teaches no more" not in readme.read_text()  # development worlds never touch the README
+    # five of the six reporting worlds: neither the doc nor the README is written
+    partial = {s: worlds[s] for s in controls.REPORTING_WORLDS[:5]}
+    controls.write_doc(tmp_path / "partial.md", controls.summarize(partial, argparse.Namespace(
+        threads=1, smoke=False), wall_s=1.0))  # fmt: skip
+    assert not (tmp_path / "partial.md").exists() and "teaches no more" not in readme.read_text()
 
 
 def test_worlds_without_the_bm25_arm_are_summarized_without_its_share() -> None:
