@@ -28,73 +28,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
-import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.benchlib import (
-    INTERVAL_METHOD,
-    difference_cell,
-    mean_sd,
-    measured_at,
-    paired,
-    provenance,
-    replace_block,
-    run_worlds,
-)
+from benchmarks import study
+from benchmarks.benchlib import INTERVAL_METHOD, difference_cell, mean_sd, paired
 
 PROTOCOLS = ("tags", "tool-call")
 POLICIES = ("base", "rl_search")
 ENGINES = ("bm25", "dense", "simulator")
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    args = _parse(argv)
-    if args.one_world is not None:
-        run_world(args.one_world, args)
-        return {}
-    began = time.perf_counter()
-    worlds = run_worlds(__file__, args, lambda seed: _worker_arguments(seed, args), _rl_line)
-    figures = summarize(worlds, smoke=args.smoke, wall_s=time.perf_counter() - began)
-    commits = {protocol: sorted({w["commit"][protocol] for w in worlds.values()}) for protocol in PROTOCOLS}
-    figures["provenance"] = {**provenance(), "torch_threads": args.threads, "jobs": args.jobs, "commits": commits}
-    for line in doc_lines(figures, args):
-        print(line)
-    write_doc(args.out, doc_lines(figures, args))
-    print(f"toolcall: {args.out}", flush=True)
-    print(json.dumps(figures))
-    return figures
-
-
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", help="one world per seed (default 0 1 2; smoke 0)")
-    parser.add_argument("--jobs", type=int, default=1, help="worlds run at once, each in its own process")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per world (0 = every core)")
-    parser.add_argument("--run-dir", default="", help="parent of the worlds' runs (runs/toolcall; smoke: a temp dir)")
+def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tags-dir", default="", help="finished tag quickstart runs, '{seed}' filled in")
     parser.add_argument("--tags-commit", default="", help="the commit the --tags-dir runs were made at")
-    parser.add_argument("--smoke", action="store_true", help="every stage for a step or two")
-    parser.add_argument("--out", default="", help="the doc whose results block is rewritten (docs/toolcall.md)")
-    parser.add_argument("--aggregate", action="store_true", help="run nothing: summarize RUN_DIR's finished worlds")
-    parser.add_argument("--one-world", type=int, default=None, help=argparse.SUPPRESS)  # a worker's seed
-    args = parser.parse_args(argv)
-    args.seeds = args.seeds or ([0] if args.smoke else [0, 1, 2])
+
+
+def _check(args: argparse.Namespace) -> str:
     if bool(args.tags_dir) != bool(args.tags_commit):
-        parser.error("--tags-dir and --tags-commit go together: the reused runs' figures are of their commit")
-    smoke_dir = tempfile.mkdtemp(prefix="toolcall-smoke-") if args.smoke and not args.run_dir else ""
-    args.run_dir = Path(args.run_dir or smoke_dir or "runs/toolcall")
-    args.out = Path(args.out or (args.run_dir / "toolcall.md" if args.smoke else "docs/toolcall.md"))
-    return args
-
-
-def _worker_arguments(seed: int, args: argparse.Namespace) -> list[str]:
-    """One world in a worker process (its own threads), which writes its toolcall.json."""
-    return ["--one-world", str(seed), "--run-dir", str(args.run_dir), "--threads", str(args.threads),
-            "--tags-dir", args.tags_dir, "--tags-commit", args.tags_commit,
-            *(["--smoke"] if args.smoke else [])]  # fmt: skip
+        return "--tags-dir and --tags-commit go together: the reused runs' figures are of their commit"
+    return ""
 
 
 def _rl_line(result: dict[str, Any]) -> str:
@@ -106,7 +59,8 @@ def _rl_line(result: dict[str, Any]) -> str:
 
 
 def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
-    """The quickstart with each protocol; writes and returns toolcall.json."""
+    """The quickstart with each protocol; the world's record."""
+    from benchmarks.benchlib import provenance
     from simsearch.config import QuickstartRecipe, load_recipe
     from simsearch.experiments import quickstart
 
@@ -131,7 +85,6 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         result["wall_s"][protocol] = report["wall_s"]
         result["machine"][protocol] = report["machine"]
     result["tool_calls"] = tool_call_counts(quickstart_eval(dirs["tool-call"]))
-    (root / "toolcall.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
@@ -157,8 +110,9 @@ def tool_call_counts(examples: Path) -> dict[str, int]:
 # --------------------------------------------------------------------------- over worlds
 
 
-def summarize(worlds: dict[int, dict[str, Any]], *, smoke: bool, wall_s: float) -> dict[str, Any]:
-    """The JSON figures: per-protocol means, the paired difference with its interval, the invalid calls."""
+def summarize(worlds: dict[int, dict[str, Any]], args: argparse.Namespace | None = None) -> dict[str, Any]:
+    """The JSON figures: per-protocol means, the paired difference with its interval, the invalid calls, and
+    the commits each protocol's quickstart runs were made at."""
     seeds = list(worlds)
 
     def column(protocol: str, policy: str, engine: str) -> list[float]:
@@ -178,8 +132,6 @@ def summarize(worlds: dict[int, dict[str, Any]], *, smoke: bool, wall_s: float) 
     unreadable, invalid, turns = (sum(c[key] for c in counts) for key in ("unreadable_calls", "invalid_turns", "turns"))
     gap = paired(diffs["bm25"])
     return {
-        "seeds": seeds,
-        "smoke": smoke,
         "tags_em_bm25": means["tags"]["rl_search"]["bm25"],
         "toolcall_em_bm25": means["tool-call"]["rl_search"]["bm25"],
         "toolcall_minus_tags_bm25": gap,
@@ -187,7 +139,7 @@ def summarize(worlds: dict[int, dict[str, Any]], *, smoke: bool, wall_s: float) 
         "toolcall_invalid_call_share": round(unreadable / written, 4) if written else None,
         "toolcall_invalid_turn_share": round(invalid / turns, 4) if turns else None,
         "within_5_points": abs(gap["mean"]) <= 5.0,
-        "wall_s": round(wall_s, 1),
+        "commits": {protocol: sorted({w["commit"][protocol] for w in worlds.values()}) for protocol in PROTOCOLS},
         "em_mean": means,
         "toolcall_minus_tags": {e: paired(diffs[e]) for e in ENGINES},
         "by_world": {str(s): worlds[s] for s in seeds},
@@ -198,16 +150,21 @@ def _mean(values: list[float]) -> float:
     return round(mean_sd(values)[0], 2)
 
 
+def page(figures: dict[str, Any], args: argparse.Namespace) -> dict[str, str]:
+    """The page's results block."""
+    return {"results": "\n".join(doc_lines(figures, args))}
+
+
 def doc_lines(figures: dict[str, Any], args: argparse.Namespace) -> list[str]:
     """The results as Markdown: provenance, per world, means ± sd, the paired differences, invalid calls."""
     worlds = figures["by_world"]
-    where = figures["provenance"]
-    commits = "; ".join(f"{protocol} runs at {', '.join(c)}" for protocol, c in where["commits"].items())
+    commits = "; ".join(f"{protocol} runs at {', '.join(c)}" for protocol, c in figures["commits"].items())
     smoke = " (smoke: a pipeline check, not a result)" if figures["smoke"] else ""
     reused = f" --tags-dir TAG_RUNS --tags-commit {args.tags_commit}" if args.tags_dir else ""
     lines = [
         f"Command: `python -m benchmarks.toolcall --seeds {' '.join(worlds)} --jobs {args.jobs} "
-        f"--threads {args.threads}{reused}`{smoke}. {measured_at(where)} The quickstart runs: {commits}.",
+        f"--threads {args.threads}{reused}`{smoke}. {study.measured(figures['provenance'])} "
+        f"The quickstart runs: {commits}.",
         "",
         "Held-out EM (%), greedy; RL policy (base in brackets), BM25 / dense / simulator:",
         "",
@@ -252,11 +209,22 @@ def _mean_sd(values: list[float]) -> str:
     return f"{mean:.1f} ± {sd:.1f}"
 
 
-def write_doc(out: Path, lines: list[str]) -> None:
-    """Rewrites the `results` block of `out` (created from a bare page when missing)."""
-    text = out.read_text() if out.is_file() else "# Tool calling\n\n<!-- results -->\n<!-- /results -->\n"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(replace_block(text, "results", "\n" + "\n".join(lines) + "\n"))
+STUDY = study.Study(
+    name="toolcall",
+    description=__doc__ or "",
+    title="Tool calling",
+    seeds=(0, 1, 2),
+    world=run_world,
+    summary=summarize,
+    page=page,
+    options=_options,
+    check=_check,
+    done=_rl_line,
+)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return study.main(STUDY, argv)
 
 
 if __name__ == "__main__":

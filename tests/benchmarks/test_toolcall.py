@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import toolcall
+from benchmarks import study, toolcall
 
 KEYS = {"tags_em_bm25", "toolcall_em_bm25", "toolcall_invalid_call_share"}  # the keys
 
@@ -29,7 +29,7 @@ def test_the_figures_pair_the_protocols_world_by_world() -> None:
               {"calls": 30, "unreadable_calls": 0, "turns": 100, "invalid_turns": 2},
               {"calls": 60, "unreadable_calls": 10, "turns": 100, "invalid_turns": 0}]  # fmt: skip
     worlds = {0: _world(0, 50, 46, counts[0]), 1: _world(1, 40, 40, counts[1]), 2: _world(2, 60, 50, counts[2])}
-    figures = toolcall.summarize(worlds, smoke=False, wall_s=1.0)
+    figures = toolcall.summarize(worlds)
     assert figures["tags_em_bm25"] == 50.0 and figures["toolcall_em_bm25"] == 45.33
     assert figures["toolcall_minus_tags_bm25"]["mean"] == pytest.approx(-4.67, abs=0.01)
     # Differences -4, 0, -10: mean -4.667, sd 5.0332, standard error 2.9059, t(0.975, 2) = 4.302653: -+ 12.503.
@@ -38,8 +38,9 @@ def test_the_figures_pair_the_protocols_world_by_world() -> None:
     # 20 unreadable of the 200 calls written (180 read); 6 invalid of 400 turns.
     assert figures["toolcall_invalid_call_share"] == 0.1
     assert figures["toolcall_invalid_turn_share"] == 0.015
-    figures["provenance"] = {"commit": "def", "cpu": "cpu", "cores": 2, "torch_threads": 1,
-                             "commits": {"tags": ["abc"], "tool-call": ["def"]}}  # fmt: skip
+    assert figures["commits"] == {"tags": ["abc"], "tool-call": ["def"]}
+    # what the study runner adds to the figures
+    figures.update(smoke=False, provenance={"commit": "def", "cpu": "cpu", "torch_threads": 1, "jobs": 1})
     lines = toolcall.doc_lines(figures, argparse.Namespace(jobs=1, threads=1, tags_dir="", tags_commit=""))
     assert "| 2 | 60.0 (5.0) / 30.0 (5.0) / 60.0 (5.0) | 50.0 (5.0) / 25.0 (5.0) / 50.0 (5.0) | -10.0 |" in lines
     # BM25 and the simulator: -4.7 -+ 12.5 holds 0; dense halves every EM: -2, 0, -5, -2.333 -+ 6.252.
@@ -69,7 +70,7 @@ def test_unreadable_calls_are_counted_from_the_turn_records(tmp_path: Path) -> N
 
 def test_reused_tag_runs_need_their_commit() -> None:
     with pytest.raises(SystemExit):
-        toolcall._parse(["--tags-dir", "runs/controls/world_{seed}/quickstart"])
+        study.parse(toolcall.STUDY, ["--tags-dir", "runs/controls/world_{seed}/quickstart"])
 
 
 @pytest.mark.slow

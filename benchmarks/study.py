@@ -1,0 +1,231 @@
+"""One runner for the studies on tiny worlds: a study says what one world runs, how the worlds sum up and
+what its page shows; the runner does the rest the same way for every study.
+
+    python -m benchmarks.NAME --seeds 0 1 2 --jobs 2 --threads 1   # each world in its own worker process
+    python -m benchmarks.NAME --seeds 0 1 2 --aggregate             # run nothing: the finished worlds again
+    python -m benchmarks.NAME --render RECORD                       # the page again from a run's printed JSON
+    python -m benchmarks.NAME --smoke                               # every stage for a step or two, in a temp dir
+
+Per world, a worker (`python -m benchmarks.NAME --one-world SEED` plus the command's own arguments) runs
+`Study.world` and writes its record to RUN_DIR/world_SEED/NAME.json with the commit and machine it ran
+on (`provenance`, taken before the world's work). A world's stages are fingerprinted, so a world run
+again reuses what finished (resume). Then `Study.summary` turns the records into the figures (the JSON
+printed as the last line), `Study.page` into the page's blocks: each is printed and rewritten in the
+page (docs/NAME.md, or in the run directory with --smoke), a missing page or block started bare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from benchmarks.benchlib import provenance, replace_block
+
+Record = dict[str, Any]
+"""One world's JSON record, as `Study.world` returns it (the runner adds `provenance`)."""
+
+
+def _no_options(parser: argparse.ArgumentParser) -> None:
+    del parser
+
+
+def _no_check(args: argparse.Namespace) -> str:
+    del args
+    return ""
+
+
+def _done(record: Record) -> str:
+    del record
+    return "done"
+
+
+@dataclass(frozen=True)
+class Study:
+    """What is particular to one study; `main` runs it."""
+
+    name: str  # the module's name: benchmarks/NAME.py, runs/NAME, world_SEED/NAME.json, docs/NAME.md
+    description: str  # the module's docstring: the command's --help
+    title: str  # the page's title, when the page is started bare
+    seeds: Sequence[int]  # the worlds run when --seeds is not given
+    world: Callable[[int, argparse.Namespace], Record]  # one world's work and record (in a worker)
+    summary: Callable[[dict[int, Record], argparse.Namespace], dict[str, Any]]  # the figures, JSON
+    page: Callable[[dict[str, Any], argparse.Namespace], dict[str, str]]  # block name -> its Markdown
+    options: Callable[[argparse.ArgumentParser], None] = _no_options  # the study's own options
+    check: Callable[[argparse.Namespace], str] = _no_check  # what is wrong with the options, "" if nothing
+    done: Callable[[Record], str] = _done  # a world's line when it finishes
+    threads: int = 1  # torch threads per world by default (0: every core)
+    smoke_seeds: Sequence[int] = (0,)
+    charts: Callable[[dict[str, Any], Path], None] | None = None  # draws the figures' charts beside the page
+
+
+def main(study: Study, argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Runs `study` on the command line `argv` (sys.argv's by default); returns the figures ({} in a worker)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse(study, argv)
+    if args.one_world is not None:
+        run_one_world(study, args.one_world, args)
+        return {}
+    if args.render:
+        figures = json.loads(Path(args.render).read_text().strip().splitlines()[-1])
+    else:
+        began = time.perf_counter()
+        worlds = run_worlds(study, args, argv)
+        figures = {**study.summary(worlds, args), "seeds": args.seeds, "smoke": args.smoke}
+        figures["wall_s"] = round(time.perf_counter() - began, 1)
+        figures["provenance"] = {**where(worlds), "torch_threads": args.threads, "jobs": args.jobs}
+    blocks = study.page(figures, args)
+    for block in blocks.values():
+        print(block, flush=True)
+    if blocks:
+        write_page(args.out, study.title, blocks)
+        if study.charts is not None:
+            study.charts(figures, args.out)
+        print(f"{study.name}: {args.out}", flush=True)
+    print(json.dumps(figures))
+    return figures
+
+
+def parse(study: Study, argv: Sequence[str]) -> argparse.Namespace:
+    """The options every study takes, and the study's own; defaults resolved, Paths for run_dir and out."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m benchmarks.{study.name}",
+        description=study.description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    seeds = " ".join(map(str, study.seeds))
+    parser.add_argument("--seeds", type=int, nargs="+", help=f"one world per seed (default {seeds})")
+    parser.add_argument("--jobs", type=int, default=1, help="worlds run at once, each in its own process")
+    parser.add_argument("--threads", type=int, default=study.threads, help="torch threads per world (0: every core)")
+    parser.add_argument("--run-dir", default="", help=f"the worlds' runs (runs/{study.name}; smoke: a temp dir)")
+    parser.add_argument("--out", default="", help=f"the page rewritten (docs/{study.name}.md)")
+    parser.add_argument("--smoke", action="store_true", help="every stage for a step or two: a pipeline check")
+    parser.add_argument("--aggregate", action="store_true", help="run nothing: sum up RUN_DIR's finished worlds")
+    parser.add_argument("--render", default="", help="run nothing: the page again from a run's printed JSON")
+    parser.add_argument("--one-world", type=int, default=None, help=argparse.SUPPRESS)  # a worker's seed
+    study.options(parser)
+    args = parser.parse_args(argv)
+    args.seeds = args.seeds or list(study.smoke_seeds if args.smoke else study.seeds)
+    problem = study.check(args)
+    if problem:
+        parser.error(problem)
+    if args.render and not Path(args.render).is_file():
+        parser.error(f"--render {args.render}: no such file; give the JSON a finished run printed last")
+    smoke_dir = tempfile.mkdtemp(prefix=f"{study.name}-smoke-") if args.smoke and not args.run_dir else ""
+    args.run_dir = Path(args.run_dir or smoke_dir or f"runs/{study.name}")
+    args.out = Path(args.out or (args.run_dir / f"{study.name}.md" if args.smoke else f"docs/{study.name}.md"))
+    return args
+
+
+def run_one_world(study: Study, seed: int, args: argparse.Namespace) -> Record:
+    """`study.world` for `seed`, its record written to RUN_DIR/world_SEED/NAME.json with its provenance."""
+    here = provenance()  # the code this world runs, before anything can change it
+    record = {**study.world(seed, args), "provenance": here}
+    path = args.run_dir / f"world_{seed}" / f"{study.name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def run_worlds(study: Study, args: argparse.Namespace, argv: Sequence[str]) -> dict[int, Record]:
+    """Each of `args.seeds`' record, by seed: read with `args.aggregate`, else run by a worker process each,
+    `args.jobs` at once, each logging to RUN_DIR/world_SEED.log.
+
+    A worker is this command again (`argv`) for one world, with the run directory resolved here; it
+    inherits the working directory and environment, so it finds the package and reads relative paths
+    as this process does.
+    """
+    if args.aggregate:
+        return {seed: finished_world(study.name, args.run_dir, seed) for seed in args.seeds}
+
+    def one(seed: int) -> Record:
+        log = args.run_dir / f"world_{seed}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        print(f"world {seed}: running (log: {log})", flush=True)
+        command = [sys.executable, "-m", f"benchmarks.{study.name}", *worker_arguments(seed, args, argv)]
+        with log.open("w") as out:
+            launch(command, out)
+        record = finished_world(study.name, args.run_dir, seed)
+        print(f"world {seed}: done, {study.done(record)}", flush=True)
+        return record
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        return dict(zip(args.seeds, pool.map(one, args.seeds)))
+
+
+def launch(command: list[str], log: IO[str]) -> None:
+    """Runs a worker's `command` to its end, its output to `log`; `CalledProcessError` when it fails."""
+    subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT)
+
+
+def worker_arguments(seed: int, args: argparse.Namespace, argv: Sequence[str]) -> list[str]:
+    """`argv` for one world: `--one-world SEED` and the resolved run directory first (a later `--run-dir` in
+    `argv` names the same one), so that arguments after a `--` stay last."""
+    return ["--one-world", str(seed), "--run-dir", str(args.run_dir), *argv]
+
+
+def finished_world(name: str, run_dir: Path, seed: int) -> Record:
+    """World `seed`'s record in `run_dir`; `SystemExit` naming the command to run when there is none."""
+    path = run_dir / f"world_{seed}" / f"{name}.json"
+    if not path.is_file():
+        raise SystemExit(f"{name}: world {seed} has no {path}; run it first (--seeds {seed})")
+    return json.loads(path.read_text())
+
+
+def where(worlds: dict[int, Record]) -> dict[str, str]:
+    """The commit and the CPU (with its kernels' vector instructions) the worlds ran on, each as one phrase:
+    "abc1234", or "abc1234 (worlds 0, 1), def5678 (world 2)"."""
+
+    def cpu(info: dict[str, Any]) -> str:
+        kernels = f", {info['cpu_capability']} kernels" if info.get("cpu_capability") else ""
+        return f"{info.get('cpu', 'a CPU not recorded')}{kernels}"
+
+    infos = {seed: world.get("provenance", {}) for seed, world in worlds.items()}
+    return {
+        "commit": by_world(infos, lambda info: info.get("commit", "not recorded")),
+        "cpu": by_world(infos, cpu),
+    }
+
+
+def measured(info: dict[str, Any]) -> str:
+    """One sentence for a page: the commit and machine of the figures' `provenance`."""
+    return (
+        f"Measured at commit {info['commit']} on {info['cpu']} ({info['torch_threads']} torch thread(s) a world, "
+        f"{info['jobs']} world(s) at once)."
+    )
+
+
+def by_world(worlds: dict[int, Any], label: Callable[[Any], str]) -> str:
+    """`label` of each world as one phrase: the label alone when all agree, else each with its worlds."""
+    seeds_by_label: dict[str, list[int]] = {}
+    for seed, world in worlds.items():
+        seeds_by_label.setdefault(label(world), []).append(seed)
+    if len(seeds_by_label) == 1:
+        return next(iter(seeds_by_label))
+    return ", ".join(
+        f"{text} ({'worlds' if len(seeds) > 1 else 'world'} {', '.join(map(str, seeds))})"
+        for text, seeds in seeds_by_label.items()
+    )
+
+
+def write_page(out: Path, title: str, blocks: dict[str, str]) -> None:
+    """Rewrites each block of `out` (`<!-- NAME -->` ... `<!-- /NAME -->`), keeping the prose around them: a
+    block of several lines between lines of its own, one line inline. A missing page is started as `title`
+    and the blocks; a block the page lacks is added at its end."""
+    text = out.read_text() if out.is_file() else f"# {title}\n"
+    for name in blocks:
+        if f"<!-- {name} -->" not in text or f"<!-- /{name} -->" not in text:
+            text = text.rstrip("\n") + f"\n\n<!-- {name} -->\n<!-- /{name} -->\n"
+    for name, content in blocks.items():
+        content = content.strip("\n")
+        text = replace_block(text, name, f"\n{content}\n" if "\n" in content else content)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)

@@ -1,0 +1,132 @@
+"""benchmarks/study.py: a toy study through the runner: workers' arguments, records, aggregate, render, page."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks import study
+
+
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("overrides", nargs="*")
+
+
+def _check(args: argparse.Namespace) -> str:
+    return "--scale: must be positive" if args.scale <= 0 else ""
+
+
+def _world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    return {"seed": seed, "value": seed * args.scale, "overrides": args.overrides, "smoke": args.smoke}
+
+
+def _summary(worlds: dict[int, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    del args
+    return {"total": sum(world["value"] for world in worlds.values())}
+
+
+def _page(figures: dict[str, Any], args: argparse.Namespace) -> dict[str, str]:
+    del args
+    return {"total": f"{figures['total']:.1f}", "table": f"| seeds |\n|---|\n| {figures['seeds']} |"}
+
+
+TOY = study.Study(name="toy", description="a toy", title="Toy", seeds=(3, 4), world=_world, summary=_summary,
+                  page=_page, options=_options, check=_check, done=lambda world: f"value {world['value']}")  # fmt: skip
+
+
+@pytest.fixture
+def in_process_workers(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Each worker's command run in this process (`python -m benchmarks.toy ARGS` is `study.main(TOY, ARGS)`)."""
+    commands: list[list[str]] = []
+
+    def launch(command: list[str], log: Any) -> None:
+        assert command[1:3] == ["-m", "benchmarks.toy"] and log.writable()
+        commands.append(command[3:])
+        study.main(TOY, command[3:])
+
+    monkeypatch.setattr(study, "launch", launch)
+    return commands
+
+
+def test_each_world_runs_in_a_worker_with_the_command_line_and_writes_its_record(
+    tmp_path: Path, in_process_workers: list[list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--run-dir", str(tmp_path), "--out", str(tmp_path / "page.md"), "--seeds", "1", "2", "--scale", "2",
+            "--", "a=1", "--b"]  # fmt: skip
+    figures = study.main(TOY, argv)
+    # the seed and the run directory first: the overrides after `--` stay overrides
+    assert in_process_workers[0][:4] == ["--one-world", "1", "--run-dir", str(tmp_path)]
+    record = json.loads((tmp_path / "world_2" / "toy.json").read_text())
+    assert record["value"] == 4.0 and record["overrides"] == ["a=1", "--b"]
+    assert set(record["provenance"]) >= {"commit", "cpu", "cpu_capability"}
+    assert figures["total"] == 6.0 and figures["seeds"] == [1, 2] and figures["smoke"] is False
+    assert set(figures["provenance"]) == {"commit", "cpu", "torch_threads", "jobs"}
+    out = capsys.readouterr().out
+    assert "world 2: done, value 4.0" in out and json.loads(out.strip().splitlines()[-1]) == figures
+    assert (tmp_path / "page.md").read_text() == "# Toy\n\n<!-- total -->6.0<!-- /total -->\n\n" + (
+        "<!-- table -->\n| seeds |\n|---|\n| [1, 2] |\n<!-- /table -->\n"
+    )
+
+
+def test_aggregate_and_render_run_nothing_and_write_the_page_again(
+    tmp_path: Path, in_process_workers: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "page.md"
+    out.write_text("# Toy\n\nProse kept.\n\nTotal: <!-- total -->old<!-- /total -->.\n")
+    record = tmp_path / "record.json"
+    figures = study.main(TOY, ["--run-dir", str(tmp_path), "--out", str(out), "--seeds", "5", "6"])
+    record.write_text("log line\n" + json.dumps(figures) + "\n")
+    ran = len(in_process_workers)
+    # a finished world's record read back: a worker's value edited there shows, nothing runs again
+    path = tmp_path / "world_6" / "toy.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "value": 100.0}))
+    again = study.main(TOY, ["--run-dir", str(tmp_path), "--out", str(out), "--seeds", "5", "6", "--aggregate"])
+    assert len(in_process_workers) == ran and again["total"] == 105.0
+    assert "Total: <!-- total -->105.0<!-- /total -->." in out.read_text()
+    rendered = study.main(TOY, ["--out", str(out), "--render", str(record)])
+    assert rendered == figures
+    text = out.read_text()
+    assert text.startswith("# Toy\n\nProse kept.\n\nTotal: <!-- total -->11.0<!-- /total -->.\n")
+    assert "| [5, 6] |" in text
+    with pytest.raises(SystemExit, match="world 7 has no"):
+        study.main(TOY, ["--run-dir", str(tmp_path), "--seeds", "7", "--aggregate"])
+
+
+def test_smoke_defaults_to_a_temporary_run_and_a_page_in_it(in_process_workers: list[list[str]]) -> None:
+    figures = study.main(TOY, ["--smoke"])
+    assert figures["seeds"] == [0] and figures["smoke"] is True
+    args = study.parse(TOY, ["--smoke"])
+    assert args.out == args.run_dir / "toy.md" and "toy-smoke-" in str(args.run_dir)
+    assert study.parse(TOY, []).seeds == [3, 4] and study.parse(TOY, []).out == Path("docs/toy.md")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["--scale", "0"], "--scale: must be positive"), (["--render", "missing.json"], "--render missing.json")],
+)
+def test_bad_options_are_refused_in_one_line(argv: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        study.parse(TOY, argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_write_page_keeps_prose_adds_missing_blocks_and_writes_one_line_inline(tmp_path: Path) -> None:
+    out = tmp_path / "sub" / "page.md"
+    study.write_page(out, "Title", {"a": "one", "b": "x\ny"})
+    assert out.read_text() == "# Title\n\n<!-- a -->one<!-- /a -->\n\n<!-- b -->\nx\ny\n<!-- /b -->\n"
+    out.write_text("# T\n\nkept\n<!-- b -->\nold\n<!-- /b -->\ntail\n")
+    study.write_page(out, "Title", {"b": "new\nlines", "c": "z"})
+    assert out.read_text() == "# T\n\nkept\n<!-- b -->\nnew\nlines\n<!-- /b -->\ntail\n\n<!-- c -->z<!-- /c -->\n"
+
+
+def test_where_names_each_commit_and_cpu_with_its_worlds() -> None:
+    worlds = {0: {"provenance": {"commit": "a", "cpu": "EPYC", "cpu_capability": "AVX2"}},
+              1: {"provenance": {"commit": "b", "cpu": "EPYC", "cpu_capability": "AVX2"}},
+              2: {"provenance": {"commit": "a", "cpu": "EPYC", "cpu_capability": "AVX2"}}}  # fmt: skip
+    assert study.where(worlds) == {"commit": "a (worlds 0, 2), b (world 1)", "cpu": "EPYC, AVX2 kernels"}
+    assert study.where({3: {}}) == {"commit": "not recorded", "cpu": "a CPU not recorded"}
