@@ -58,7 +58,7 @@ import argparse
 import contextlib
 import json
 import shutil
-import tempfile
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -66,17 +66,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks import study
 from benchmarks.benchlib import (
     INTERVAL_METHOD,
     NO_NOISE,
     RECIPES,
-    finished_world,
     mean_sd,
-    measured_at,
     paired,
     provenance,
     replace_block,
-    run_worlds,
     t_interval,
 )
 from benchmarks.benchlib import difference_cell as t_cell
@@ -144,42 +142,19 @@ GATE_SHARE = 0.5  # the gate: the knowing simulator shows the answer at least ha
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    args = _parse(argv)
-    if args.one_world is not None:
-        run_world(args.one_world, args)
-        return {}
+    """The study (`STUDY`) on `argv`, or the gate with `--gate`; the reporting worlds' figures also write the
+    README's headline."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = study.parse(STUDY, argv)
     if args.gate:
         return gate(args)
-    if args.render:  # a finished run's JSON (its last line) written into the doc again
-        figures = json.loads(Path(args.render).read_text().strip().splitlines()[-1])
-        write_doc(args.out, figures)
-        return figures
-    began = time.perf_counter()
-    worlds = run_worlds(__file__, args, lambda seed: _worker_arguments(seed, args), _bm25_line)
-    figures = summarize(worlds, args, wall_s=time.perf_counter() - began)
-    here = {**provenance(), "torch_threads": args.threads, "jobs": args.jobs}
-    here.pop("cpu_capability")  # each world's, in its cpu phrase
-    where = {"commit": world_commits(worlds), "cpu": world_cpus(worlds), "aggregated": args.aggregate}
-    figures["provenance"] = {**here, **where}
-    if args.compare:
-        figures["versus"] = versus(worlds, args.compare)
-    print_tables(worlds, figures)
-    write_doc(args.out, figures)
-    print(f"controls: {args.out}", flush=True)
-    print(json.dumps(figures))
+    figures = study.main(STUDY, argv, args)
+    if figures:  # not in a worker
+        write_headline(figures)
     return figures
 
 
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", help="one world per seed (default: reporting worlds)")
-    parser.add_argument("--jobs", type=int, default=1, help="worlds run at once, each in its own process")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per world (0 = every core)")
-    parser.add_argument("--run-dir", default="", help="parent of the worlds' runs (runs/controls; smoke: a temp dir)")
-    parser.add_argument("--smoke", action="store_true", help="every stage for a step or two")
-    parser.add_argument("--out", default="", help="the doc whose results block is rewritten (docs/controls.md)")
-    parser.add_argument("--render", default="", help="write the doc from a finished run's output (its last line)")
-    parser.add_argument("--aggregate", action="store_true", help="run nothing: summarize RUN_DIR's finished worlds")
+def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=list(ARMS), help="control arms to run")
     parser.add_argument(
         "--knowing",
@@ -188,31 +163,19 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"the knowing simulator's design (default: {KNOWING_DESIGN}, the gate's choice)",
     )
     parser.add_argument(
-        "--gate",
-        action="store_true",
-        help="build and measure the knowing simulator only (docs/controls.md's gate), no RL",
+        "--gate", action="store_true", help="build and measure the knowing simulator only (the gate), no RL"
     )
     parser.add_argument("--borrow", default="", help="take the arms not run from this directory's world records")
     parser.add_argument("--compare", default="", help="each arm's paired difference from this directory's records")
-    parser.add_argument("--one-world", type=int, default=None, help=argparse.SUPPRESS)  # a worker's seed
     parser.add_argument("overrides", nargs="*", help="quickstart recipe overrides, after --")
-    args = parser.parse_args(argv)
-    args.seeds = args.seeds or ([0] if args.smoke else list(REPORTING_WORLDS))
+
+
+def _check(args: argparse.Namespace) -> str:
     for option, other in (("--borrow", args.borrow), ("--compare", args.compare)):
         for seed in args.seeds if other else []:
             if not (Path(other) / f"world_{seed}" / "controls.json").is_file():
-                parser.error(f"{option} {other}: no world_{seed}/controls.json there")
-    smoke_dir = tempfile.mkdtemp(prefix="controls-smoke-") if args.smoke and not args.run_dir else ""
-    args.run_dir = Path(args.run_dir or smoke_dir or "runs/controls")
-    args.out = Path(args.out or (args.run_dir / "controls.md" if args.smoke else "docs/controls.md"))
-    return args
-
-
-def _worker_arguments(seed: int, args: argparse.Namespace) -> list[str]:
-    """One world in a worker process (its own threads and peak memory), which writes its controls.json."""
-    return ["--one-world", str(seed), "--run-dir", str(args.run_dir), "--threads", str(args.threads),
-            "--arms", *args.arms, "--knowing", args.knowing, *(["--borrow", args.borrow] if args.borrow else []),
-            *(["--smoke"] if args.smoke else []), "--", *args.overrides]  # fmt: skip
+                return f"{option} {other}: no world_{seed}/controls.json there"
+    return ""
 
 
 def _bm25_line(result: dict[str, Any]) -> str:
@@ -229,7 +192,7 @@ def world_commits(worlds: dict[int, dict[str, Any]]) -> str:
                   if run["commit"] != commit]  # fmt: skip
         return " + ".join([commit, *others])
 
-    return _by_world(worlds, commits)
+    return study.by_world(worlds, commits)
 
 
 def world_cpus(worlds: dict[int, dict[str, Any]]) -> str:
@@ -240,19 +203,7 @@ def world_cpus(worlds: dict[int, dict[str, Any]]) -> str:
         kernels = f", {machine['cpu_capability']} kernels" if machine.get("cpu_capability") else ""
         return f"{machine.get('cpu', 'a CPU not recorded')}{kernels}"
 
-    return _by_world(worlds, cpu)
-
-
-def _by_world(worlds: dict[int, dict[str, Any]], label: Callable[[dict[str, Any]], str]) -> str:
-    by_label: dict[str, list[int]] = {}
-    for seed, world in worlds.items():
-        by_label.setdefault(label(world), []).append(seed)
-    if len(by_label) == 1:
-        return next(iter(by_label))
-    return ", ".join(
-        f"{text} ({'worlds' if len(seeds) > 1 else 'world'} {', '.join(map(str, seeds))})"
-        for text, seeds in by_label.items()
-    )
+    return study.by_world(worlds, cpu)
 
 
 # --------------------------------------------------------------------------- one world (a worker)
@@ -335,7 +286,6 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     earlier = json.loads(borrowed.read_text()) if args.borrow else previous
     (root / "controls.json").write_text(json.dumps(result, indent=2) + "\n")  # kept if nothing can be carried
     carry_arms(result, earlier, args.borrow)
-    (root / "controls.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
@@ -674,8 +624,9 @@ def em_at_checkpoints(
 # --------------------------------------------------------------------------- over worlds
 
 
-def summarize(worlds: dict[int, dict[str, Any]], args: argparse.Namespace, *, wall_s: float) -> dict[str, Any]:
-    """The JSON figures: per-arm means, paired differences with their t-intervals, the issue's keys."""
+def summarize(worlds: dict[int, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """The JSON figures: per-arm means, paired differences with their t-intervals, the issue's keys, and the
+    commit and CPU of each world and arm (`provenance`; with `args.compare`, `versus` that directory)."""
     seeds = list(worlds)
     rows, controls = _run_in_every_world(worlds, ROWS), _run_in_every_world(worlds, CONTROLS)
     em = {row: {e: [worlds[s]["em"][row][e] for s in seeds] for e in ENGINES} for row in rows}
@@ -708,7 +659,6 @@ def summarize(worlds: dict[int, dict[str, Any]], args: argparse.Namespace, *, wa
         **figures,
         "wall_s_max": max(w["quickstart_wall_s"] for w in worlds.values()),
         "peak_rss_gb_max": max(w["quickstart_peak_rss_gb"] for w in worlds.values()),
-        "wall_s": round(wall_s, 1),
         "rows": list(rows),
         "controls": list(controls),
         "em_mean": {row: {e: round(mean_sd(em[row][e])[0], 2) for e in ENGINES} for row in rows},
@@ -716,6 +666,8 @@ def summarize(worlds: dict[int, dict[str, Any]], args: argparse.Namespace, *, wa
         "minus": minus,
         "sim_minus": minus["simulator"],
         "by_world": {str(s): worlds[s] for s in seeds},
+        "provenance": {"commit": world_commits(worlds), "cpu": world_cpus(worlds), "aggregated": args.aggregate},
+        **({"versus": versus(worlds, args.compare)} if args.compare else {}),
     }
 
 
@@ -740,7 +692,7 @@ def _share_of_loop_gain(mean: dict[str, float], arm: str) -> float | None:
 def versus(worlds: dict[int, dict[str, Any]], other: str) -> dict[str, Any]:
     """Each row's EM here minus in `other`'s records of the same worlds, per engine and world, for the
     rows both ran whose EM differs in some world; `SystemExit` when a world's base differs there."""
-    theirs = {seed: finished_world("controls", Path(other), seed) for seed in worlds}
+    theirs = {seed: study.finished_world("controls", Path(other), seed) for seed in worlds}
     for seed, world in worlds.items():
         if theirs[seed]["em"]["base"] != world["em"]["base"]:
             raise SystemExit(f"controls: --compare {other}: world {seed}'s base is not this run's; nothing to pair")
@@ -766,24 +718,20 @@ def world_set(seeds: Sequence[int]) -> str:
     return "mixed" if any(reporting) else "development"
 
 
-def write_doc(out: Path, figures: dict[str, Any]) -> None:
-    """Rewrites the block of `out` (created from a bare page when missing) that `figures`' world set goes to: the
-    reporting worlds' `results`, any other's `development`; and the plot of EM against steps beside it."""
+def page(figures: dict[str, Any], args: argparse.Namespace) -> dict[str, str]:
+    """docs/controls.md's block for the figures' world set: the reporting worlds' `results`, any other's
+    `development`; none for a partial set of the reporting worlds (all six are reported at once)."""
     if figures["world_set"] == "partial" and not figures["smoke"]:
-        print(
-            f"controls: {out} not written: the pre-registration reports all of {list(REPORTING_WORLDS)} at once, "
-            f"and this run has {figures['seeds']}; each world's controls.json is kept for that run",
-            flush=True,
-        )
-        return
-    block = "results" if figures["world_set"] == "reporting" else "development"
-    text = out.read_text() if out.is_file() else f"# Controls\n\n<!-- {block} -->\n<!-- /{block} -->\n"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(replace_block(text, block, "\n" + "\n".join(doc_lines(figures)) + "\n"))
+        print(f"controls: the pre-registration reports all of {list(REPORTING_WORLDS)} at once, and this run "
+              f"has {figures['seeds']}: no page written; each world's controls.json is kept for that run")  # fmt: skip
+        return {}
+    return {"results" if figures["world_set"] == "reporting" else "development": "\n".join(doc_lines(figures))}
+
+
+def charts(figures: dict[str, Any], out: Path) -> None:
+    """The plot of EM against RL steps beside the page (PAGE/em_steps_WORLDSET.png)."""
     arms = [arm for arm in STEP_ARMS if arm in figures["rows"]]
     plot_em_steps(figures["by_world"], arms, out.parent / out.stem / f"em_steps_{figures['world_set']}.png")
-    if figures["world_set"] == "reporting" and not figures["smoke"] and README.is_file():
-        README.write_text(replace_block(README.read_text(), "headline", "\n" + "\n".join(headline(figures)) + "\n"))
 
 
 HEADLINE_ROWS = {
@@ -795,6 +743,12 @@ HEADLINE_ROWS = {
 }
 """The README headline's rows: the arms the pre-registration names, and how a newcomer reads them."""
 README = RECIPES.parents[1] / "README.md"
+
+
+def write_headline(figures: dict[str, Any]) -> None:
+    """The README's `headline` block from all the reporting worlds' figures (`headline`); nothing for others."""
+    if figures["world_set"] == "reporting" and not figures["smoke"] and README.is_file():
+        README.write_text(replace_block(README.read_text(), "headline", "\n" + "\n".join(headline(figures)) + "\n"))
 
 
 def headline(figures: dict[str, Any]) -> list[str]:
@@ -845,7 +799,7 @@ def doc_lines(figures: dict[str, Any]) -> list[str]:
     smoke = ", smoke: a pipeline check, not a result" if figures["smoke"] else ""
     lines = [
         f"Command: `{command}` ({figures['world_set']} worlds{smoke}). "
-        + (measured_at(where) if where else "Commit and machine: not recorded by this run."),
+        + (study.measured(where) if where else "Commit and machine: not recorded by this run."),
         "",
         "Held-out EM (%), greedy, 300 questions per world:",
         "",
@@ -1008,25 +962,19 @@ def _differences(worlds: dict[Any, Any], arm: str, other: str, engine: str, cont
     return out
 
 
-def print_tables(worlds: dict[int, dict[str, Any]], figures: dict[str, Any]) -> None:
-    """The per-world and per-arm tables and the paired differences (BM25)."""
-    print(
-        f"\nHeld-out EM (%), greedy, {figures['world_set']} worlds {figures['seeds']}, {figures['threads']} thread(s)."
-    )
-    rows = figures["rows"]
-    print("\n| world | " + " | ".join(rows) + " |\n|---|" + "---|" * len(rows))
-    for seed, world in worlds.items():
-        print(f"| {seed} | " + " | ".join(f"{world['em'][r]['bm25']:.1f}" for r in rows) + " |")
-    print("\n(BM25 above.) Mean ± sd over worlds:\n\n| arm | bm25 | dense |\n|---|---|---|")
-    for row in rows:
-        cells = [f"{figures['em_mean'][row][e]:.1f} ± {figures['em_sd'][row][e]:.1f}" for e in ENGINES]
-        print(f"| {row} | " + " | ".join(cells) + " |")
-    for arm, differences in figures["minus"].items():
-        print(f"\nThe {arm} arm minus each arm, BM25, paired by world ({figures['interval_method']}):\n")
-        print("| minus | mean | 95% interval |\n|---|---|---|")
-        for other, d in differences.items():
-            span = f"[{d['ci_low']:+.1f}, {d['ci_high']:+.1f}]" if d["ci_low"] is not None else "(1 world)"
-            print(f"| {other} | {d['mean']:+.1f} | {span} |")
+STUDY = study.Study(
+    name="controls",
+    description=__doc__ or "",
+    title="Controls",
+    seeds=REPORTING_WORLDS,
+    world=run_world,
+    summary=summarize,
+    page=page,
+    options=_options,
+    check=_check,
+    done=_bm25_line,
+    charts=charts,
+)
 
 
 if __name__ == "__main__":

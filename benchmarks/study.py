@@ -67,10 +67,11 @@ class Study:
     charts: Callable[[dict[str, Any], Path], None] | None = None  # draws the figures' charts beside the page
 
 
-def main(study: Study, argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Runs `study` on the command line `argv` (sys.argv's by default); returns the figures ({} in a worker)."""
+def main(study: Study, argv: Sequence[str] | None = None, args: argparse.Namespace | None = None) -> dict[str, Any]:
+    """Runs `study` on the command line `argv` (sys.argv's by default; `args`: it parsed already); returns the
+    figures ({} in a worker)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse(study, argv)
+    args = args or parse(study, argv)
     if args.one_world is not None:
         run_one_world(study, args.one_world, args)
         return {}
@@ -81,7 +82,8 @@ def main(study: Study, argv: Sequence[str] | None = None) -> dict[str, Any]:
         worlds = run_worlds(study, args, argv)
         figures = {**study.summary(worlds, args), "seeds": args.seeds, "smoke": args.smoke}
         figures["wall_s"] = round(time.perf_counter() - began, 1)
-        figures["provenance"] = {**where(worlds), "torch_threads": args.threads, "jobs": args.jobs}
+        runner = {**where(worlds), "torch_threads": args.threads, "jobs": args.jobs}
+        figures["provenance"] = {**runner, **figures.get("provenance", {})}  # the study's own phrases win
     blocks = study.page(figures, args)
     for block in blocks.values():
         print(block, flush=True)
@@ -196,11 +198,10 @@ def where(worlds: dict[int, Record]) -> dict[str, str]:
 
 
 def measured(info: dict[str, Any]) -> str:
-    """One sentence for a page: the commit and machine of the figures' `provenance`."""
-    return (
-        f"Measured at commit {info['commit']} on {info['cpu']} ({info['torch_threads']} torch thread(s) a world, "
-        f"{info['jobs']} world(s) at once)."
-    )
+    """One sentence for a page: the commit and machine of the figures' `provenance` (and the threads and jobs
+    a run gave them)."""
+    run = f" ({info['torch_threads']} torch thread(s) a world, {info['jobs']} at once)" if "jobs" in info else ""
+    return f"Measured at commit {info['commit']} on {info['cpu']}{run}."
 
 
 def by_world(worlds: dict[int, Any], label: Callable[[Any], str]) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import controls
+from benchmarks import controls, study
 from benchmarks import naming as naming_probe
 
 KEYS = {
@@ -19,6 +19,16 @@ KEYS = {
     "sim_em_bm25_mean", "sim_over_best_control_mean", "sim_over_best_control_ci_low", "interval_method",
     "world_set", "wall_s_max", "peak_rss_gb_max",
 }  # fmt: skip  # the issue's keys
+ARGS = argparse.Namespace(threads=1, smoke=False, aggregate=False, compare="")  # what summarize reads
+
+
+def _write_doc(out: Path, figures: dict) -> None:
+    """What a run writes from its figures: the page's block, the plot beside it, the README's headline."""
+    blocks = controls.page(figures, ARGS)
+    if blocks:
+        study.write_page(out, "Controls", blocks)
+        controls.charts(figures, out)
+    controls.write_headline(figures)
 
 
 def test_cells_are_benchlibs_t_interval() -> None:
@@ -85,8 +95,8 @@ def test_the_best_control_is_taken_world_by_world() -> None:
         0: _world(0, {"base": 10, "simulator": 60, "empty": 5, "random": 20, "noisy": 12, "bm25": 70}),
         1: _world(1, {"base": 20, "simulator": 50, "empty": 30, "random": 10, "noisy": 25, "bm25": 60}),
     }
-    args = argparse.Namespace(threads=1, smoke=False)
-    figures = controls.summarize(worlds, args, wall_s=1.0)
+    args = ARGS
+    figures = controls.summarize(worlds, args)
     # World 0's best control is random (20), world 1's empty (30): differences 40 and 20, mean 30, standard
     # error 10, t(0.975, 1) = 12.7062.
     assert figures["sim_over_best_control_mean"] == 30.0
@@ -115,7 +125,7 @@ def test_the_knowing_arm_against_the_oracle_and_em_against_steps(tmp_path: Path)
             arm: {str(step): {"bm25": em * step / 100 + seed - 100, "dense": 1.0} for step in (50, 100)}
             for arm, em in (("simulator", 60), ("knowing", 40))
         }
-    figures = controls.summarize(worlds, argparse.Namespace(threads=1, smoke=False), wall_s=1.0)
+    figures = controls.summarize(worlds, ARGS)
     # knowing 40, 50, 60 against the oracle's 30, 32, 34: differences 10, 18, 26, mean 18, sd 8, standard error
     # 4.6188, t(0.975, 2) = 4.3027: 18 -+ 19.873.
     assert figures["knowing_em_bm25_mean"] == 50.0 and figures["knowing_em_bm25_min"] == 40.0
@@ -134,7 +144,7 @@ def test_the_knowing_arm_against_the_oracle_and_em_against_steps(tmp_path: Path)
         in lines
     )
     out = tmp_path / "page.md"
-    controls.write_doc(out, figures)  # a development block, and the plot beside the page
+    _write_doc(out, figures)  # a development block, and the plot beside the page
     assert "<!-- development -->" in out.read_text() and "<!-- results -->" not in out.read_text()
     assert (tmp_path / "page" / "em_steps_development.png").stat().st_size > 1000
 
@@ -192,7 +202,7 @@ def test_answer_in_results_counts_executed_searches_whose_results_hold_a_gold_an
     for world in worlds.values():
         world["answer_in_results"] = {arm: {"share": 0.5, "searches": 4} for arm in ("simulator", "noisy", "bm25")}
         world["query_naming"] = {arm: {"exact": {"share": 0.8, "em": 0.75}} for arm in ("base", "rl_search", "noisy")}
-    lines = controls.doc_lines(controls.summarize(worlds, argparse.Namespace(threads=1, smoke=False), wall_s=1.0))
+    lines = controls.doc_lines(controls.summarize(worlds, ARGS))
     assert "| world | simulator | bm25 | noisy |" in lines and "| 1 | 0.50 | 0.50 | 0.50 |" in lines
     # The simulator arm's policy is the quickstart's rl_search; arms without a naming record are left out.
     assert "| world | base | simulator | noisy |" in lines
@@ -208,8 +218,8 @@ def test_the_reporting_worlds_write_the_readme_headline_with_the_pre_registered_
     arms = {"base": 10, "simulator": 60, "oracle": 30, "bm25": 70, "empty": 5}
     # knowing minus oracle 10, 12, ..., 20 (mean 15, sd 3.742, t(0.975, 5) 2.5706: 15 -+ 3.93): above 0
     worlds = {s: _world(s, {**arms, "knowing": 40 + 2 * (s - 200)}) for s in controls.REPORTING_WORLDS}
-    figures = controls.summarize(worlds, argparse.Namespace(threads=1, smoke=False), wall_s=1.0)
-    controls.write_doc(tmp_path / "controls.md", figures)
+    figures = controls.summarize(worlds, ARGS)
+    _write_doc(tmp_path / "controls.md", figures)
     text = readme.read_text()
     assert "old" not in text and text.endswith("<!-- /headline -->\n\n## Using it\n")
     assert "over the 6 pre-registered worlds (200, 201, 202, 203, 204, 205)" in text
@@ -219,22 +229,20 @@ def test_the_reporting_worlds_write_the_readme_headline_with_the_pre_registered_
     # the same difference in one world only of six: the interval holds 0
     for seed in controls.REPORTING_WORLDS[1:]:
         worlds[seed]["em"]["knowing"] = dict(worlds[seed]["em"]["oracle"])
-    figures = controls.summarize(worlds, argparse.Namespace(threads=1, smoke=False), wall_s=1.0)
+    figures = controls.summarize(worlds, ARGS)
     assert "teaches no more than an answer dispenser (no measurable difference)" in controls.headline(figures)[-1]
     development = {s: _world(s, {**arms, "knowing": 50}) for s in (100, 101)}
-    controls.write_doc(tmp_path / "dev.md", controls.summarize(development, argparse.Namespace(
-        threads=1, smoke=False), wall_s=1.0))  # fmt: skip
+    _write_doc(tmp_path / "dev.md", controls.summarize(development, ARGS))  # fmt: skip
     assert "teaches no more" not in readme.read_text()  # development worlds never touch the README
     # five of the six reporting worlds: neither the doc nor the README is written
     partial = {s: worlds[s] for s in controls.REPORTING_WORLDS[:5]}
-    controls.write_doc(tmp_path / "partial.md", controls.summarize(partial, argparse.Namespace(
-        threads=1, smoke=False), wall_s=1.0))  # fmt: skip
+    _write_doc(tmp_path / "partial.md", controls.summarize(partial, ARGS))  # fmt: skip
     assert not (tmp_path / "partial.md").exists() and "teaches no more" not in readme.read_text()
 
 
 def test_worlds_without_the_bm25_arm_are_summarized_without_its_share() -> None:
     worlds = {s: _world(s, {"base": 10, "simulator": s - 40, "noisy": 4, "answerless": 2}) for s in (100, 101)}
-    figures = controls.summarize(worlds, argparse.Namespace(threads=1, smoke=False), wall_s=1.0)
+    figures = controls.summarize(worlds, ARGS)
     assert figures["sim_share_of_bm25_loop_gain"] is None
     assert set(figures["sim_minus"]) == {"noisy", "answerless", "best control", "base"}
     assert figures["sim_over_best_control_mean"] == 56.5
@@ -246,13 +254,13 @@ def test_an_arm_one_world_lacks_is_left_out_of_the_summary_and_the_best_control(
         0: _world(0, {"base": 10, "simulator": 60, "empty": 5, "random": 8, "noisy": 12, "answerless": 50, "bm25": 70}),
         1: _world(1, {"base": 20, "simulator": 50, "empty": 30, "random": 10, "noisy": 25, "bm25": 60}),
     }
-    figures = controls.summarize(worlds, argparse.Namespace(threads=1, smoke=False), wall_s=1.0)
+    figures = controls.summarize(worlds, ARGS)
     assert "answerless" not in figures["rows"] and "answerless" not in figures["controls"]
     assert "answerless" not in figures["em_mean"] and "answerless" not in figures["sim_minus"]
     assert figures["sim_over_best_control_mean"] == 34.0  # 60 - 12 (noisy, not answerless's 50) and 50 - 30 (empty)
     assert not any("answerless" in line for line in controls.doc_lines(figures))
     worlds[1]["em"]["answerless"] = {"bm25": 40.0, "dense": 20.0}
-    figures = controls.summarize(worlds, argparse.Namespace(threads=1, smoke=False), wall_s=1.0)
+    figures = controls.summarize(worlds, ARGS)
     assert figures["controls"][-1] == "answerless" and figures["sim_over_best_control_mean"] == 10.0
 
 
