@@ -1,19 +1,21 @@
 """IGPO's turn rewards and DAPO's dynamic sampling vs GRPO on two-hop questions, in miniature.
 
-    python -m benchmarks.turn_rewards                  # seeds 0 1 2, the defaults: docs/turn_rewards.md
+    python -m benchmarks.turn_rewards                  # worlds 0 1 2, the defaults: docs/turn_rewards.md
     python -m benchmarks.turn_rewards --steps 120      # a longer run (the budget: docs/turn_rewards.md)
-    python -m benchmarks.turn_rewards --smoke          # every arm for two steps, seed 0, in a temp dir
+    python -m benchmarks.turn_rewards --smoke          # every arm for two steps, world 0, in a temp dir
     python -m benchmarks.turn_rewards --render docs/turn_rewards/figures.json   # the table again from a record
 
-For each seed: the quickstart's world with a two-hop question for every person (`two_hop_share:
-1.0`, "Where was the founder of the Belsa rope works born?": search the venture, read the
-founder's name, search the founder, answer) and its base policy pretrained with half of its
-traces searching twice (`two_search_share: 0.5`), both built by `pipeline.world_and_base`
-(fingerprinted: a rerun reuses them). Then one RL run per arm (`ARMS`) with the quickstart's
-train.yaml, up to `rollout.max_turns=3` searches, against real BM25 in the loop: the question
-is the estimator, not the simulator. Every arm has the same budget: `--steps` steps of 8
-questions x 16 rollouts. Training questions: every two-hop training question and as many
-one-hop ones (seeded draw), so half are two-hop. Each policy, and the base for reference, is
+The runner's other options (--jobs, --threads, --aggregate, ...): `benchmarks/study.py`.
+
+For each world (seed), in RUN_DIR/world_SEED: the quickstart's world with a two-hop question for
+every person (`two_hop_share: 1.0`, "Where was the founder of the Belsa rope works born?": search
+the venture, read the founder's name, search the founder, answer) and its base policy pretrained
+with half of its traces searching twice (`two_search_share: 0.5`), both built by
+`pipeline.world_and_base` (fingerprinted: a rerun reuses them). Then one RL run per arm (`ARMS`)
+with the quickstart's train.yaml, up to `rollout.max_turns=3` searches, against real BM25 in the
+loop: the question is the estimator, not the simulator. Every arm has the same budget: `--steps`
+steps of 8 questions x 16 rollouts. Training questions: every two-hop training question and as
+many one-hop ones (seeded draw), so half are two-hop. Each policy, and the base for reference, is
 evaluated greedily on BM25 on the held-out people's two-hop questions and as many of their
 one-hop ones (eval.yaml with BM25 as its only engine, `max_turns` as in training).
 
@@ -28,22 +30,21 @@ The arms:
   updates, and this arm may roll out up to 3x as many prompts for them; the table reports the
   prompts each arm rolled out per step and its seconds per step, so the extra cost is in view.
 
-The table is followed by each arm's paired difference in EM against `grpo` (the same world per
-seed, arm minus grpo) with its 95% t-interval over seeds (`benchlib.INTERVAL_METHOD`; none for
-one seed); an interval that holds 0 is written "no measurable difference"
-(`benchlib.difference_cell`).
+The table is followed by each arm's paired difference in EM against `grpo` (the same world, arm
+minus grpo) with its 95% t-interval over worlds (`benchlib.INTERVAL_METHOD`; none for one world);
+an interval that holds 0 is written "no measurable difference" (`benchlib.difference_cell`).
 
-Output: `docs/turn_rewards.md` (`--out`; its table block and the commit and machine it was
-measured on are rewritten, the prose kept), the tables on stdout, and as the last line one JSON
-object: `grpo_em`, `igpo_em`, `grpo_dynamic_em` (held-out EM on BM25 in points, mean over seeds),
-`grpo_flat_share`, `igpo_flat_share` (`sampling/flat_share`, the share of groups whose rewards are
-all equal in a step's first rollout round, mean over steps and seeds), `igpo_s_per_step_over_grpo`
-(mean `time/step_s` of igpo over grpo's), `differences` (arm -> EM column -> mean, ci_low,
-ci_high against grpo), `interval_method`, `provenance`, and the detail (`by_seed`, `steps`, `seeds`,
-`smoke`, `wall_s`). `--render RECORD` runs nothing: from such a JSON object saved in a file
-(docs/turn_rewards/figures.json) it computes the differences and their intervals again from the
-per-seed figures (`by_seed`) and rewrites the doc's table block (not its measured and wall blocks)
-and the record's `differences`.
+Output: each world's record in RUN_DIR/world_SEED/turn_rewards.json; `docs/turn_rewards.md`
+(`--out`; its table, measured and wall blocks rewritten, the prose kept) and the blocks on stdout;
+as the last line one JSON object: `grpo_em`, `igpo_em`, `grpo_dynamic_em` (held-out EM on BM25 in
+points, mean over worlds), `grpo_flat_share`, `igpo_flat_share` (`sampling/flat_share`, the share
+of groups whose rewards are all equal in a step's first rollout round, mean over steps and worlds),
+`igpo_s_per_step_over_grpo` (mean `time/step_s` of igpo over grpo's), `differences` (arm -> EM
+column -> mean, ci_low, ci_high against grpo), `interval_method`, `provenance`, and the detail
+(`by_world`: each world's record, `steps`, `seeds`, `smoke`, `wall_s`). `--render RECORD` runs
+nothing: from such a JSON object saved in a file (docs/turn_rewards/figures.json) it computes the
+differences and their intervals again from `by_world` and rewrites the page's table block only
+(the measured and wall blocks describe the run, with what was written there about it).
 """
 
 from __future__ import annotations
@@ -52,27 +53,14 @@ import argparse
 import json
 import random
 import statistics
-import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from benchmarks.benchlib import (
-    INTERVAL_METHOD,
-    NO_NOISE,
-    RECIPES,
-    arm_arguments,
-    difference_cell,
-    mean_sd,
-    measured_at,
-    paired,
-    provenance,
-    replace_block,
-    timed,
-)
+from benchmarks import study
+from benchmarks.benchlib import INTERVAL_METHOD, NO_NOISE, RECIPES, difference_cell, mean_sd, paired, timed
 from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.data.qa import write_qa_jsonl
 from simsearch.experiments import pipeline, stages
@@ -87,11 +75,12 @@ ARMS: dict[str, tuple[str, ...]] = {
 }
 STEPS = 60  # RL steps per arm, see docs/turn_rewards.md
 SEEDS = (0, 1, 2)  # the full run's worlds: reporting worlds (below 100), none tuned on
-REFERENCE = "grpo"  # the arm every other is compared with, paired by seed
+REFERENCE = "grpo"  # the arm every other is compared with, paired by world
 MAX_TURNS = 3  # searches before the final answer turn
 TWO_HOP_SHARE = 1.0  # every person gets a two-hop question (world)
 TWO_SEARCH_SHARE = 0.5  # pretraining traces that search twice (base)
 DATASETS = ("one_hop", "two_hop")
+EM_COLUMNS = ("all", *DATASETS)
 
 # Smoke: every stage for a step or two, on the quickstart's smoke base in a small world (its dense index,
 # which the quickstart's world stage builds, takes seconds instead of a minute).
@@ -102,42 +91,21 @@ SMOKE_EVAL = ["chunk_size=8"]
 SMOKE_LIMIT = 4  # held-out questions per dataset
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    args = _parse(argv)
-    if args.render:
-        return render(Path(args.render), args.out)
-    began = time.perf_counter()
-    run_dir, out, steps = args.run_dir, args.out, args.steps
-    results = {seed: run_seed(seed, args, run_dir / f"seed_{seed}", steps) for seed in args.seeds}
-    figures = summarize(results, steps, smoke=args.smoke, wall_s=time.perf_counter() - began)
-    figures["provenance"] = provenance()  # after the quickstart set the process's torch threads
-    lines = table_lines(results)
-    write_doc(out, lines, figures)
-    print("\n".join(["", *lines, "", f"turn rewards: {out}"]), flush=True)
-    print(json.dumps(figures))
-    return figures
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=int, default=0, help=f"RL steps per arm (default {STEPS}; smoke {SMOKE_STEPS})")
 
 
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.set_defaults(seeds=SEEDS)  # a tuple: a --seeds given on the command line parses to a list
-    parser.add_argument("--render", default="", help="run nothing: the doc's table again from a saved JSON record")
-    args = arm_arguments(
-        argv, parser, "turn_rewards", steps=STEPS, smoke_steps=SMOKE_STEPS,
-        seeds_help="one world and base per seed (default 0 1 2; smoke 0)",
-        smoke_help="every arm for two steps on the quickstart's smoke base",
-    )  # fmt: skip
-    if isinstance(args.seeds, tuple):  # not given
-        args.seeds = [0] if args.smoke else list(SEEDS)
-    return args
+def steps(args: argparse.Namespace) -> int:
+    """RL steps per arm: --steps, else STEPS (SMOKE_STEPS with --smoke)."""
+    return int(args.steps or (SMOKE_STEPS if args.smoke else STEPS))
 
 
-# --------------------------------------------------------------------------- one seed
+# --------------------------------------------------------------------------- one world (a worker)
 
 
 @dataclass
 class Seed:
-    """One seed's run directory, files and what its stages were built from."""
+    """One world's run directory, files and what its stages were built from."""
 
     seed: int
     smoke: bool
@@ -146,8 +114,10 @@ class Seed:
     fingerprints: dict[str, str]  # world, base, data
 
 
-def run_seed(seed: int, args: argparse.Namespace, root: Path, steps: int) -> dict[str, Any]:
-    """World, base, data, every arm's RL and every policy's evaluation; returns EM, RL metrics and stage times."""
+def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """World, base, data, every arm's RL and every policy's evaluation in RUN_DIR/world_SEED; the world's
+    record: EM, RL metrics and stage times."""
+    root = args.run_dir / f"world_{seed}"
     clock: dict[str, float] = {}
     with timed(clock, "world_and_base"):
         recipe = load_recipe(
@@ -165,11 +135,15 @@ def run_seed(seed: int, args: argparse.Namespace, root: Path, steps: int) -> dic
     rl: dict[str, dict[str, float]] = {}
     for arm, extra in ARMS.items():
         with timed(clock, f"rl_{arm}"):
-            policy_fp = train_arm(ctx, arm, extra, steps)
+            policy_fp = train_arm(ctx, arm, extra, steps(args))
         rl[arm] = rl_metrics(root / "train" / arm)
         with timed(clock, f"eval_{arm}"):
             em[arm] = evaluate_policy(ctx, arm, str(pipeline.final_model(root / "train" / arm)), policy_fp)
     return {"em": em, "rl": rl, "stage_s": {k: round(v, 1) for k, v in clock.items()}}
+
+
+def _done(record: dict[str, Any]) -> str:
+    return "held-out EM on BM25: " + ", ".join(f"{arm} {record['em'][arm]['all']:.1f}" for arm in ARMS)
 
 
 def train_arm(ctx: Seed, arm: str, extra: tuple[str, ...], steps: int) -> str:
@@ -258,7 +232,7 @@ def rl_metrics(run: Path) -> dict[str, float]:
     }
 
 
-# --------------------------------------------------------------------------- figures and the doc
+# --------------------------------------------------------------------------- over worlds, and the page
 
 ROWS = (
     ("base, no RL", "base"),
@@ -268,36 +242,31 @@ ROWS = (
 )
 
 
-def summarize(results: dict[int, dict[str, Any]], steps: int, *, smoke: bool, wall_s: float) -> dict[str, Any]:
-    """The JSON figures: EM points on BM25 and flat shares (means over seeds), igpo's step time over grpo's."""
+def summarize(worlds: dict[int, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """The JSON figures: EM points on BM25 and flat shares (means over worlds), igpo's step time over grpo's,
+    the paired differences against REFERENCE, `steps` and `by_world` (the runner adds the rest)."""
+    records = list(worlds.values())
 
-    def over_seeds(values: list[float]) -> float | None:
+    def over_worlds(values: list[float]) -> float | None:
         return round(statistics.fmean(values), 4) if values else None
 
-    figures: dict[str, Any] = {f"{arm}_em": over_seeds([r["em"][arm]["all"] for r in results.values()]) for arm in ARMS}
+    figures: dict[str, Any] = {f"{arm}_em": over_worlds([r["em"][arm]["all"] for r in records]) for arm in ARMS}
     for arm in ("grpo", "igpo"):
-        figures[f"{arm}_flat_share"] = over_seeds([r["rl"][arm]["flat_share"] for r in results.values()])
-    step_s = {arm: statistics.fmean(r["rl"][arm]["step_s"] for r in results.values()) for arm in ("grpo", "igpo")}
+        figures[f"{arm}_flat_share"] = over_worlds([r["rl"][arm]["flat_share"] for r in records])
+    step_s = {arm: statistics.fmean(r["rl"][arm]["step_s"] for r in records) for arm in ("grpo", "igpo")}
     figures["igpo_s_per_step_over_grpo"] = round(step_s["igpo"] / step_s["grpo"], 4)
     figures["differences"] = {
-        arm: {column: paired(em_differences(results, arm, column)) for column in EM_COLUMNS}
+        arm: {column: paired(em_differences(worlds, arm, column)) for column in EM_COLUMNS}
         for arm in ARMS
         if arm != REFERENCE
     }
-    figures["interval_method"] = INTERVAL_METHOD
-    figures.update(
-        wall_s=round(wall_s, 1), steps=steps, seeds=list(results), smoke=smoke,
-        by_seed={str(seed): r for seed, r in results.items()},
-    )  # fmt: skip
+    figures.update(interval_method=INTERVAL_METHOD, steps=steps(args), by_world={str(s): r for s, r in worlds.items()})
     return figures
 
 
-EM_COLUMNS = ("all", *DATASETS)
-
-
-def em_differences(results: dict[int, dict[str, Any]], arm: str, column: str) -> list[float]:
-    """Per seed: the arm's held-out EM minus REFERENCE's on the same world, in `column` (all or a dataset)."""
-    return [r["em"][arm][column] - r["em"][REFERENCE][column] for r in results.values()]
+def em_differences(worlds: dict[Any, dict[str, Any]], arm: str, column: str) -> list[float]:
+    """Per world: the arm's held-out EM minus REFERENCE's on the same world, in `column` (all or a dataset)."""
+    return [r["em"][arm][column] - r["em"][REFERENCE][column] for r in worlds.values()]
 
 
 def _cell(values: list[float], digits: int = 1) -> str:
@@ -305,22 +274,20 @@ def _cell(values: list[float], digits: int = 1) -> str:
     return f"{mean:.{digits}f} ± {sd:.{digits}f}"
 
 
-def table_lines(results: dict[int, dict[str, Any]]) -> list[str]:
-    """The markdown table: held-out EM on BM25 (all, one-hop, two-hop) and the RL run's metrics, mean ± sd."""
-    seeds = list(results.values())
+def table_lines(worlds: dict[Any, dict[str, Any]]) -> list[str]:
+    """The markdown tables from the world records: held-out EM on BM25 (all, one-hop, two-hop) and the RL
+    run's metrics, mean ± sd; then each arm's paired difference in EM against REFERENCE."""
+    records = list(worlds.values())
     lines = [
         "| policy | EM all | EM one-hop | EM two-hop | flat groups | s / step | prompts / step | searches / traj |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for label, row in ROWS:
-        em = [_cell([r["em"][row][d] for r in seeds]) for d in ("all", *DATASETS)]
+        em = [_cell([r["em"][row][d] for r in records]) for d in EM_COLUMNS]
+        rl = ["-"] * 4
         if row in ARMS:
-            rl = [
-                _cell([r["rl"][row][key] for r in seeds], digits)
-                for key, digits in (("flat_share", 2), ("step_s", 2), ("prompts_per_step", 1), ("searches", 2))
-            ]
-        else:
-            rl = ["-"] * 4
+            metrics = (("flat_share", 2), ("step_s", 2), ("prompts_per_step", 1), ("searches", 2))
+            rl = [_cell([r["rl"][row][key] for r in records], digits) for key, digits in metrics]
         lines.append(f"| {label} | " + " | ".join(em + rl) + " |")
     lines += [
         "",
@@ -332,61 +299,42 @@ def table_lines(results: dict[int, dict[str, Any]]) -> list[str]:
     ]
     for label, row in ROWS:
         if row in ARMS and row != REFERENCE:
-            cells = [difference_cell(em_differences(results, row, column)) for column in EM_COLUMNS]
+            cells = [difference_cell(em_differences(worlds, row, column)) for column in EM_COLUMNS]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
 
-def render(record: Path, out: Path) -> dict[str, Any]:
-    """The doc's table from a saved record (the JSON object a run prints) without running anything: the
-    differences and their intervals computed again from its per-seed figures, the table block of `out`
-    rewritten (its measured and wall blocks kept), the record's figures updated. Returns them."""
-    figures = json.loads(record.read_text())
-    results = {int(seed): r for seed, r in figures["by_seed"].items()}
-    fresh = summarize(results, figures["steps"], smoke=figures["smoke"], wall_s=figures["wall_s"])
-    figures.update(differences=fresh["differences"], interval_method=fresh["interval_method"])
-    write_doc(out, table_lines(results), figures, tables_only=True)
-    record.write_text(json.dumps(figures) + "\n")
-    print(f"turn rewards: {out} from {record}", flush=True)
-    return figures
-
-
-def write_doc(out: Path, lines: list[str], figures: dict[str, Any], *, tables_only: bool = False) -> None:
-    """Fills the doc's table block (`<!-- table -->` ... `<!-- /table -->`), the commit and machine
-    (`<!-- measured -->`) and the wall time (not with `tables_only`), keeping the prose; a missing doc, or one
-    without the blocks, is started from `SKELETON`."""
-    text = out.read_text() if out.is_file() else SKELETON
-    if not all(f"<!-- {n} -->" in text and f"<!-- /{n} -->" in text for n in ("measured", "table", "wall")):
-        text = SKELETON
+def page(figures: dict[str, Any], args: argparse.Namespace) -> dict[str, str]:
+    """The page's blocks: `table` from `by_world`; with --render that alone, else `measured` (the commit and
+    machine, worlds and steps) and `wall` (the run's minutes) too."""
     seeds = ", ".join(str(s) for s in figures["seeds"])
     head = (
         f"Held-out EM (%) on BM25, greedy, and the RL runs' means over steps; mean ± sd over seeds {seeds}; "
         f"{figures['steps']} RL steps an arm" + (" (smoke: a pipeline check, not a result)" if figures["smoke"] else "")
     )
-    text = replace_block(text, "table", "\n".join(["", head + ".", "", *lines, ""]))
-    if not tables_only:
-        text = replace_block(text, "wall", f"{figures['wall_s'] / 60:.1f} min")
-        measured = measured_at(figures["provenance"]) + f" Seeds {seeds}; {figures['steps']} RL steps an arm."
-        text = replace_block(text, "measured", "\n" + measured + "\n")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    table = "\n".join([head + ".", "", *table_lines(figures["by_world"])])
+    if args.render:
+        return {"table": table}
+    # Two lines: the runner writes a one-line block inline, and this one stands between lines of its own.
+    measured = study.measured(figures["provenance"]) + f"\nSeeds {seeds}; {figures['steps']} RL steps an arm."
+    return {"measured": measured, "table": table, "wall": f"{figures['wall_s'] / 60:.1f} min"}
 
 
-SKELETON = """# Turn rewards: IGPO and dynamic sampling vs GRPO on two-hop questions
+STUDY = study.Study(
+    name="turn_rewards",
+    description=__doc__ or "",
+    title="Turn rewards: IGPO and dynamic sampling vs GRPO on two-hop questions",
+    seeds=SEEDS,
+    world=run_world,
+    summary=summarize,
+    page=page,
+    options=_options,
+    done=_done,
+)
 
-    python -m benchmarks.turn_rewards --seeds 0 1 2
 
-<!-- measured -->
-Not measured yet.
-<!-- /measured -->
-
-<!-- table -->
-Not measured yet.
-<!-- /table -->
-
-Wall time of the last run: <!-- wall -->not measured yet<!-- /wall -->. What is measured and how:
-the docstring of `benchmarks/turn_rewards.py`.
-"""
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return study.main(STUDY, argv)
 
 
 if __name__ == "__main__":

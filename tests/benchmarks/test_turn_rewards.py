@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 import pytest
 
-from benchmarks import turn_rewards
+from benchmarks import study, turn_rewards
 from simsearch.tinyworld.world import TWO_HOP, build_world
 
 KEYS = {
     "grpo_em", "igpo_em", "grpo_dynamic_em", "grpo_flat_share", "igpo_flat_share", "igpo_s_per_step_over_grpo",
     "differences", "provenance",
 }  # fmt: skip
-PROVENANCE = {"commit": "abc1234", "cpu": "Some CPU", "cores": 2, "torch_threads": 1}
+PROVENANCE = {"commit": "abc1234", "cpu": "Some CPU", "torch_threads": 1, "jobs": 2}  # as the runner gives it
+RUN = argparse.Namespace(render="", steps=3, smoke=False)
 
 
 def test_split_questions_halves_training_and_matches_held_out_sets() -> None:
@@ -45,8 +47,9 @@ def test_summarize_gives_means_over_seeds_and_the_step_time_ratio() -> None:
         1: _seed({"base": 3.0, "grpo": 20.0, "igpo": 40.0, "grpo_dynamic": 50.0}, flat=0.7, step_s=2.0),
     }
     results[1]["rl"]["igpo"]["step_s"] = 4.0
-    figures = turn_rewards.summarize(results, 3, smoke=False, wall_s=60.0)
-    assert set(figures) >= KEYS - {"provenance"}  # main adds it
+    figures = turn_rewards.summarize(results, RUN)
+    assert set(figures) >= KEYS - {"provenance"}  # the runner adds it
+    assert figures["steps"] == 3 and set(figures["by_world"]) == {"0", "1"}
     assert (figures["grpo_em"], figures["igpo_em"], figures["grpo_dynamic_em"]) == (15.0, 30.0, 40.0)
     assert figures["grpo_flat_share"] == pytest.approx(0.6, abs=1e-9)
     # igpo: (1 + 4) / 2 = 2.5 s a step; grpo: (1 + 2) / 2 = 1.5 s; 2.5 / 1.5 = 1.6667.
@@ -85,20 +88,34 @@ def test_a_difference_whose_interval_holds_zero_is_no_measurable_difference() ->
 
 
 def test_seeds_default_to_three_reporting_worlds_and_smoke_to_one() -> None:
-    assert turn_rewards._parse([]).seeds == [0, 1, 2]
-    assert turn_rewards._parse(["--smoke"]).seeds == [0]
-    assert turn_rewards._parse(["--seeds", "0", "1"]).seeds == [0, 1]
+    assert study.parse(turn_rewards.STUDY, []).seeds == [0, 1, 2]
+    assert study.parse(turn_rewards.STUDY, ["--smoke"]).seeds == [0]
+    assert study.parse(turn_rewards.STUDY, ["--seeds", "0", "1"]).seeds == [0, 1]
+    steps = [turn_rewards.steps(study.parse(turn_rewards.STUDY, argv)) for argv in ([], ["--smoke"], ["--steps", "9"])]
+    assert steps == [turn_rewards.STEPS, turn_rewards.SMOKE_STEPS, 9]
 
 
-def test_write_doc_rewrites_the_table_and_keeps_the_prose(tmp_path: Path) -> None:
+def _figures(by_world: dict[str, dict], **extra: object) -> dict:
+    """A run's printed figures, as far as the page reads them."""
+    seeds = [int(seed) for seed in by_world]
+    return {"seeds": seeds, "steps": 5, "smoke": False, "wall_s": 120.0, "provenance": PROVENANCE,
+            "by_world": by_world, **extra}  # fmt: skip
+
+
+def test_the_page_rewrites_the_table_and_keeps_the_prose(tmp_path: Path) -> None:
     doc = tmp_path / "turn_rewards.md"
-    figures = {"seeds": [0], "steps": 5, "smoke": False, "wall_s": 120.0, "provenance": PROVENANCE}
-    turn_rewards.write_doc(doc, ["| a |", "|---|", "| 1 |"], figures)
+    world = _seed({"base": 1.0, "grpo": 10.0, "igpo": 20.0, "grpo_dynamic": 30.0}, flat=0.5, step_s=1.0)
+    study.write_page(doc, "Turn rewards", turn_rewards.page(_figures({"0": world}), RUN))
     doc.write_text(doc.read_text() + "\nOur reading.\n")
-    turn_rewards.write_doc(doc, ["| a |", "|---|", "| 2 |"], figures)
+    world["em"]["grpo"]["all"] = 12.0
+    study.write_page(doc, "Turn rewards", turn_rewards.page(_figures({"0": world}), RUN))
     text = doc.read_text()
-    assert "Our reading." in text and "| 2 |" in text and "| 1 |" not in text and "2.0 min" in text
-    assert "Measured at commit abc1234 on Some CPU (2 cores, 1 torch thread(s)). Seeds 0; 5 RL steps an arm." in text
+    assert "Our reading." in text and "| GRPO | 12.0 ± 0.0 |" in text and "| GRPO | 10.0" not in text
+    assert "<!-- wall -->2.0 min<!-- /wall -->" in text
+    assert (
+        "<!-- measured -->\nMeasured at commit abc1234 on Some CPU (1 torch thread(s) a world, 2 world(s) at once)."
+        "\nSeeds 0; 5 RL steps an arm.\n<!-- /measured -->"
+    ) in text
 
 
 @pytest.mark.slow
@@ -113,7 +130,8 @@ def test_smoke_runs_every_arm_and_prints_every_key(tmp_path: Path, capsys: pytes
     assert figures["igpo_s_per_step_over_grpo"] > 0
     assert figures["smoke"] is True and figures["steps"] == 2 and figures["seeds"] == [0]
     assert figures["differences"]["igpo"]["all"]["ci_low"] is None  # one seed: no interval
-    seed = tmp_path / "seed_0"
+    seed = tmp_path / "world_0"
+    assert json.loads((seed / "turn_rewards.json").read_text())["em"].keys() == {"base", *turn_rewards.ARMS}
     for arm in turn_rewards.ARMS:  # the same budget: two steps each, up to three searches, on BM25
         rows = [json.loads(r) for r in (seed / "train" / arm / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rows] == [1, 2], arm
@@ -134,22 +152,20 @@ def test_smoke_runs_every_arm_and_prints_every_key(tmp_path: Path, capsys: pytes
 
 
 def test_render_rewrites_the_table_and_differences_from_a_record(tmp_path: Path) -> None:
-    # igpo - grpo per seed on EM all: 9, 10, 11 (one-hop doubles: 18, 20, 22): 10 -+ 4.302653 / sqrt(3).
-    by_seed = {
+    # igpo - grpo per world on EM all: 9, 10, 11 (one-hop doubles: 18, 20, 22): 10 -+ 4.302653 / sqrt(3).
+    by_world = {
         str(seed): _seed({"base": 1.0, "grpo": 20.0, "igpo": 20.0 + d, "grpo_dynamic": 20.0}, flat=0.5, step_s=1.0)
         for seed, d in enumerate((9.0, 10.0, 11.0))
     }
     record = tmp_path / "figures.json"
-    figures = {"seeds": [0, 1, 2], "steps": 5, "smoke": False, "wall_s": 120.0, "provenance": PROVENANCE,
-               "by_seed": by_seed, "differences": {"igpo": "stale"}}  # fmt: skip
+    figures = _figures(by_world, differences={"igpo": "stale"})
     record.write_text(json.dumps(figures))
     doc = tmp_path / "turn_rewards.md"
-    turn_rewards.write_doc(doc, ["| a |"], figures)
-    doc.write_text(doc.read_text().replace("2.0 min", "about 62 min"))
+    doc.write_text("<!-- measured -->\nnotes\n<!-- /measured -->\n<!-- table -->\n| a |\n<!-- /table -->\n"
+                   "<!-- wall -->about 62 min<!-- /wall -->\n")  # fmt: skip
     rendered = turn_rewards.main(["--render", str(record), "--out", str(doc)])
     text = doc.read_text()
+    # the differences and intervals come from the worlds' EM, not from the record's `differences`
     assert "| IGPO turn rewards | +10.0 (+7.5 to +12.5) | +20.0 (+15.0 to +25.0) | no measurable difference" in text
-    assert "about 62 min" in text and "| a |" not in text
-    saved = json.loads(record.read_text())
-    assert saved == rendered and saved["by_seed"] == by_seed
-    assert saved["differences"]["igpo"]["all"] == {"mean": 10.0, "ci_low": 7.52, "ci_high": 12.48}
+    assert "about 62 min" in text and "\nnotes\n" in text and "| a |" not in text  # the run's blocks kept
+    assert rendered == figures and json.loads(record.read_text()) == figures  # the record as it was
