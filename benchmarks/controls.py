@@ -62,7 +62,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +77,7 @@ from benchmarks.benchlib import (
     t_interval,
 )
 from benchmarks.benchlib import difference_cell as t_cell
+from simsearch.experiments.knowing import KNOWING_DESIGNS, knowing_simulator, measure_fidelity
 
 ARMS: dict[str, tuple[str, ...]] = {
     "knowing": ("search.simulator.generation.model.path={knowing}",),
@@ -98,46 +98,12 @@ REPORTING_WORLDS = (200, 201, 202, 203, 204, 205)
 """The worlds pre-registered in docs/controls.md before any ran: no design choice has seen them."""
 KEPT_STAMP = ".checkpoint_mtime_ns"  # in a kept checkpoint copy: its checkpoint's trainer-state time
 
-KNOWING_FIT_PEOPLE = 200  # background people the knowing simulator's SFT pairs ask about (as many as RL's)
-
-
-@dataclass(frozen=True)
-class Reading:
-    """How the knowing base reads the world (`tinyworld.knowing.pretrain_knowing_base`)."""
-
-    steps: int
-    batch_size: int
-    lr: float
-    articles: int  # per sequence
-    style: str = "articles"  # tinyworld.knowing.READING_STYLES
-
-
-@dataclass(frozen=True)
-class KnowingDesign:
-    """How the knowing simulator is made: its base's reading, and how much of its SFT is reading too."""
-
-    reading: Reading
-    sft_reading_share: float = 0.0  # share of the SFT file that is reading (`tinyworld.knowing.mixed_sft_file`)
-
-
-_READING = Reading(steps=1500, batch_size=16, lr=2e-3, articles=2)
-KNOWING_DESIGNS = {
-    "articles": KnowingDesign(_READING),
-    "mixed": KnowingDesign(_READING, sft_reading_share=0.5),
-    "results": KnowingDesign(Reading(1500, 16, 2e-3, 2, style="mixed"), sft_reading_share=0.5),
-    "longer": KnowingDesign(Reading(3000, 16, 2e-3, 2, style="mixed"), sft_reading_share=0.5),
-}
-"""The knowing simulator's designs, in the order docs/controls.md's gate tries them. `articles`: 1,500 x 16
-sequences of 2 articles, about 109 reads of each of the 440 articles (200 RL people, 200 fit people, 40 cities),
-then SFT on the fit people's pairs alone (world 100's first run); `mixed`: the same, half the SFT file reading
-(mixed training); `results`: and half the articles read as results pages; `longer`: and twice the reading."""
 KNOWING_DESIGN = "mixed"
 """The design the knowing arm runs: the first candidate to pass docs/controls.md's gate (worlds 100-102)."""
 
 SMOKE_TRAIN = ["steps=2", "prompts_per_step=2", "rollout.group_size=2", "save_every=1", "eval_every=0"]
 SMOKE_EVAL = ["chunk_size=8"]
 SMOKE_LIMIT = 8  # held-out questions per evaluation (and RL questions per fidelity) in smoke mode
-SMOKE_READING = Reading(steps=2, batch_size=4, lr=5e-3, articles=1)
 GATE_SHARE = 0.5  # the gate: the knowing simulator shows the answer at least half as often as today's
 
 
@@ -248,8 +214,11 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     world = pipeline.recipe_world(qs)
     fidelity: dict[str, Any] = {}
     if "knowing" in args.arms:
-        fingerprints["knowing"], paths["knowing"] = knowing_simulator(root, seed, paths, fingerprints, world, args)
-        fidelity = {"design": args.knowing, **measure_fidelity(root, world, paths, args.smoke, args.knowing)}
+        fingerprints["knowing"], paths["knowing"] = knowing_simulator(
+            root, seed, paths, fingerprints, world, design=args.knowing, recipes=RECIPES, threads=args.threads,
+            smoke=args.smoke,
+        )  # fmt: skip
+        fidelity = {"design": args.knowing, **_fidelity(root, world, paths, args)}
     em = {"base": _real(report["em"]["base"]), "simulator": _real(report["em"]["rl_search"])}
     arm_runs: dict[str, dict[str, Any]] = {}
     for arm in args.arms:
@@ -309,8 +278,9 @@ def gate(args: argparse.Namespace) -> dict[str, Any]:
         root = args.run_dir / f"world_{seed}"
         qs = quickstart_recipe(root, seed, args)
         world, paths, fingerprints = pipeline.through_simulator(qs)
-        _, paths["knowing"] = knowing_simulator(root, seed, paths, fingerprints, world, args)
-        rows[seed] = measure_fidelity(root, world, paths, args.smoke, args.knowing)
+        _, paths["knowing"] = knowing_simulator(root, seed, paths, fingerprints, world, design=args.knowing,
+                                                recipes=RECIPES, threads=args.threads, smoke=args.smoke)  # fmt: skip
+        rows[seed] = _fidelity(root, world, paths, args)
     shown = {name: [row[name]["answer_shown"] for row in rows.values()] for name in ("knowing", "simulator", "bm25")}
     means = {name: sum(values) / len(values) for name, values in shown.items()}
     print(f"gate: the knowing simulator ({args.knowing}) before RL, a good query for each of RL's questions")
@@ -378,91 +348,9 @@ def keeping_checkpoints(train_run: Path, keep: Path, every_s: float = 0.5) -> It
         copy_new()
 
 
-def knowing_simulator(
-    root: Path, seed: int, paths: dict[str, str], fingerprints: dict[str, str], world: Any, args: argparse.Namespace
-) -> tuple[str, str]:
-    """The knowing simulator of a world (`tinyworld.knowing`) in `args.knowing`'s design: its base reads, its pairs
-    are collected on the fit people, it is fine-tuned as the quickstart's simulator is (with reading mixed into
-    its SFT file if the design says so); its fingerprint and model path."""
-    from simsearch.data.qa import write_qa_jsonl
-    from simsearch.experiments import pipeline
-    from simsearch.experiments.stages import collect_stage, finetune_stage
-    from simsearch.factory.build import build_search_engine
-    from simsearch.fingerprints import claim_stage, digest, finish_stage
-    from simsearch.simulator.recipe import SearchConfig
-    from simsearch.tinyworld.knowing import (
-        fit_corpus,
-        fit_questions,
-        mixed_sft_file,
-        pretrain_knowing_base,
-        reading_passages,
-    )
-    from simsearch.tinyworld.world import write_corpus
-
-    out = root / "knowing"
-    design = KNOWING_DESIGNS[args.knowing]
-    reading = SMOKE_READING if args.smoke else design.reading
-    passages = reading_passages(world, KNOWING_FIT_PEOPLE)
-    base = out / ("base" if reading in (_READING, SMOKE_READING) else f"base-{reading.style}-{reading.steps}")
-    base_fp = digest({"stage": "knowing_base", "inputs": [fingerprints["base"]], "fit_people": KNOWING_FIT_PEOPLE,
-                      "reading": asdict(reading), "threads": args.threads})  # fmt: skip
-    if not claim_stage(base, base_fp):
-        pretrain_knowing_base(Path(paths["base"]), base, passages, seed=seed, **asdict(reading))
-        finish_stage(base, base_fp)
-    write_qa_jsonl(fit_questions(world, KNOWING_FIT_PEOPLE), out / "fit.jsonl")
-    corpus, index = out / "corpus_fit.jsonl", out / "index_fit"
-    if not claim_stage(index, fingerprints["world"]):  # no RL person's passage, no held-out person's
-        write_corpus(fit_corpus(world), corpus)
-        build_search_engine(SearchConfig(kind="bm25", corpus=str(corpus), index_dir=str(index)))
-        finish_stage(index, fingerprints["world"])
-    smoke = pipeline.SMOKE if args.smoke else {}
-    collect = [
-        f"run_dir={out / 'collect'}", f"seed={seed}", f"threads={args.threads}", f"policy.model.path={paths['base']}",
-        f"data.train=[{out / 'fit.jsonl'}]",  # the fit people only: never a question RL asks
-        f"search.corpus={corpus}", f"search.index_dir={index}", *smoke.get("collect", []),
-    ]  # fmt: skip
-    inputs = [fingerprints["base"], fingerprints["world"]]  # the policy's base collects, never the knowing base
-    collect_fp = collect_stage(RECIPES / "collect.yaml", collect, inputs)
-    train_file = out / "collect" / "train.jsonl"
-    if design.sft_reading_share:  # the reading mixed in: a file of its own per design, its bytes fingerprinted
-        train_file = out / f"sft-{args.knowing}.jsonl"
-        mixed_sft_file(out / "collect" / "train.jsonl", passages, train_file, share=design.sft_reading_share,
-                       articles=reading.articles, seed=seed, style=reading.style)  # fmt: skip
-    mixed = digest(train_file.read_text(encoding="utf-8")) if design.sft_reading_share else ""
-    val = out / "collect" / "val.jsonl"
-    simulator = out / ("simulator" if args.knowing == "articles" else f"simulator-{args.knowing}")
-    finetune = [
-        f"run_dir={simulator}", f"seed={seed}", f"threads={args.threads}", f"model.path={base}",
-        f"train_file={train_file}", f"val_file={val}" if val.stat().st_size else "val_file=''",
-        *smoke.get("simulator", []),
-    ]  # fmt: skip
-    fingerprint = finetune_stage(RECIPES / "simulator.yaml", finetune, [collect_fp, base_fp, mixed])
-    return fingerprint, str(pipeline.final_model(simulator))
-
-
-def measure_fidelity(root: Path, world: Any, paths: dict[str, str], smoke: bool, design: str) -> dict[str, Any]:
-    """Before any RL: each simulator (greedy, no noise, as train.yaml builds it) and real BM25 asked a good query
-    for each of RL's questions (`tinyworld.knowing.results_fidelity`); cached in knowing/fidelity-DESIGN.json."""
-    from simsearch.config import TrainRecipe, load_recipe
-    from simsearch.factory.build import build_search_engine
-    from simsearch.tinyworld.knowing import results_fidelity
-
-    cached = root / "knowing" / f"fidelity-{design}.json"
-    engines = {"knowing": paths["knowing"], "simulator": paths["simulator"], "bm25": ""}
-    if cached.is_file() and json.loads(cached.read_text()).get("models") == engines:
-        return json.loads(cached.read_text())
-    questions = world.train[:SMOKE_LIMIT] if smoke else world.train
-    figures: dict[str, Any] = {"models": engines, "questions": len(questions)}
-    for name, model in engines.items():
-        overrides = [f"search.simulator.generation.model.path={model}", "search.cache=''"] if model else [
-            "search.kind=bm25", f"search.corpus={paths['corpus']}", f"search.index_dir={paths['bm25']}",
-            "search.cache=''"]  # fmt: skip
-        search = load_recipe(TrainRecipe, RECIPES / "train.yaml", overrides).search
-        engine = build_search_engine(search)
-        assert engine is not None  # a simulator or BM25, never self-search
-        figures[name] = results_fidelity(engine, world, questions, top_k=search.top_k)
-    cached.write_text(json.dumps(figures, indent=2) + "\n")
-    return figures
+def _fidelity(root: Path, world: Any, paths: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
+    limit = SMOKE_LIMIT if args.smoke else 0
+    return measure_fidelity(root, world, paths, design=args.knowing, recipes=RECIPES, limit=limit)
 
 
 def carry_arms(result: dict[str, Any], earlier: dict[str, Any], source: str) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks import controls, study
 from benchmarks import naming as naming_probe
+from simsearch.experiments import knowing
 
 KEYS = {
     "knowing_em_bm25_mean", "knowing_em_bm25_min", "oracle_em_bm25_mean", "knowing_over_oracle_mean",
@@ -57,7 +58,7 @@ def test_the_gate_passes_on_the_mean_over_worlds_at_half_of_todays_simulator(mon
         built.append((recipe.seed, recipe.threads, recipe.run_dir))
         return f"world {recipe.seed}", {}, {}
 
-    def fidelity(root, world, paths, smoke, design):
+    def fidelity(root, world, paths, *, design, recipes, limit):
         knowing, simulator = shown[int(world.split()[1])]
         assert design == "mixed" and paths["knowing"] == f"{world} knowing"
         row = {"answer_shown": 0.0, "on_topic": 0.5, "documents": 3.0}
@@ -68,7 +69,7 @@ def test_the_gate_passes_on_the_mean_over_worlds_at_half_of_todays_simulator(mon
 
     monkeypatch.setattr(pipeline, "through_simulator", through_simulator)
     monkeypatch.setattr(
-        controls, "knowing_simulator", lambda root, seed, paths, fps, world, args: ("fp", f"{world} knowing")
+        controls, "knowing_simulator", lambda root, seed, paths, fps, world, **how: ("fp", f"{world} knowing")
     )
     monkeypatch.setattr(controls, "measure_fidelity", fidelity)
     argv = ["--gate", "--knowing", "mixed", "--seeds", "100", "101", "--run-dir", str(tmp_path)]
@@ -381,7 +382,7 @@ def test_smoke_trains_every_arm_on_its_own_engine(tmp_path: Path, capsys: pytest
 
     built = build_world(seed=0, n_entities=300, n_train_entities=200, n_background_entities=900)
     held_out, rl_people = built.people("test"), built.people("train")
-    read = reading_passages(built, controls.KNOWING_FIT_PEOPLE)
+    read = reading_passages(built, knowing.KNOWING_FIT_PEOPLE)
     assert not any(names(p.text, name) for p in read for name in held_out)  # as words: "Tasburg" is no "Tasbur"
     pairs = (world / "knowing" / "collect" / "train.jsonl").read_text()
     assert pairs and not any(names(pairs, name) for name in held_out | rl_people)
