@@ -1,13 +1,14 @@
 """ZeroSearch's and SSRL's findings, measured in miniature: one RL policy per arm on the quickstart's world.
 
-    python -m benchmarks.ablations                            # the full benchmark, worlds 0 1 2: docs/ablations.md
-    python -m benchmarks.ablations --arms default ppo         # some arms only (the others stay "-")
-    python -m benchmarks.ablations --smoke                    # every arm for two steps, in a temp dir
+    python -m benchmarks.ablations --seeds 0 1 2 --jobs 3         # the full benchmark: docs/ablations.md
+    python -m benchmarks.ablations --arms default ppo             # some arms only (the others stay "-")
+    python -m benchmarks.ablations --smoke                        # every arm for two steps, in a temp dir
     python -m benchmarks.ablations --render docs/ablations/figures.json   # the page again from a record
 
-For each seed: `simsearch quickstart` in its run directory first (a finished run is reused stage
-by stage through its fingerprints, so an existing run costs nothing; `--quickstart-dir` points at
-one), then on its world, base and simulator one RL run per arm with `recipes/quickstart/train.yaml`
+Each world (seed) runs in a worker process (`benchmarks.study`) in RUN_DIR/world_SEED: `simsearch
+quickstart` first (a finished run is reused stage by stage through its fingerprints, so an
+existing run costs nothing; `--quickstart-dir` points at one, default RUN_DIR/world_{seed}/quickstart),
+then on its world, base and simulator one RL run per arm with `recipes/quickstart/train.yaml`
 plus the arm's overrides and the same budget (`--steps`, the quickstart's 8 questions x 16
 rollouts a step), then `recipes/quickstart/eval.yaml` on the held-out questions for each policy
 against the simulator, BM25 and dense retrieval. Every stage of this benchmark is fingerprinted as
@@ -34,7 +35,7 @@ The arms (`ARMS`), each answering one of the five questions of `QUESTIONS`:
    actor's learning rate, as a tiny model learns nothing in a few dozen steps at ZeroSearch's
    1e-5);
 5. self-search (SSRL): `ssrl`, trained with `rollout.template=self-search` and `search.kind=self`
-   from a base that knows the training entities' facts (`train_knowing_base`), evaluated writing
+   from a base that knows the training entities' facts (`knowing_base_stage`), evaluated writing
    its own information (engine `self`) and with real BM25 (and dense, and the simulator) in its
    place (`simsearch eval` sends a self-search policy's searches to any engine not of kind self).
    Reward EM, as every other arm (SSRL's format reward asks for `<think>`, which no tiny base
@@ -44,22 +45,24 @@ Where it departs from the papers: the tiny world and models of the quickstart; E
 exact match on held-out entities (ZeroSearch reports substring match); far fewer RL steps than
 either paper.
 
-Each table also gives, for each arm, its paired difference against the default arm (`PAIRS`:
+Each table also gives, for each arm, its paired difference against the default arm (`Question.pairs`:
 the same world per seed, arm minus default) with its 95% t-interval over seeds
 (`benchlib.INTERVAL_METHOD`; none for one seed); an interval that holds 0 is written "no
 measurable difference" (`benchlib.difference_cell`).
 
-Output: `docs/ablations.md` (`--out`; its table blocks and the commit and machine it was measured
-on are rewritten, the prose around them is kept), one PNG bar chart per table in
-`docs/ablations/`, and as the last line one JSON object: the EM points on BM25, mean over seeds,
-under `FIGURES`' keys; `leak_*` (answer leakage without the name, percent, `LEAK_FIGURES`);
-`differences` (per pair and engine: mean, ci_low, ci_high) and `interval_method`; `wall_s`;
-`provenance`; and the detail (`by_seed`, `leak_noisy_*`, `constant_p_noise`, `steps`, `seeds`,
-`smoke`). `--smoke` runs on the quickstart's smoke pipeline, two steps an arm, and writes into its
-run directory (a temporary one by default). `--render RECORD` runs nothing: from such a JSON object
-saved in a file (docs/ablations/figures.json) it computes the differences and their intervals again
-from the per-seed figures (`by_seed`), rewrites the doc's table blocks and charts (not its measured
-and wall blocks) and the record's `differences`.
+Output: each world's record, RUN_DIR/world_SEED/ablations.json (`em`: EM percent per policy and
+engine; `leak`; `stage_s`; `wall_s`; `steps`; `provenance`); the blocks of docs/ablations.md
+(`--out`): `table:KEY` per question, `measured` (commit, machine, seeds, steps) and `wall` (a
+world's wall time, minutes: the range over worlds), the prose around them kept; one PNG bar chart
+per table in docs/ablations/; and as the last line one JSON object: the EM points on BM25, mean
+over seeds, under `FIGURES`' keys; `leak_*` (answer leakage without the name, percent,
+`LEAK_FIGURES`); `differences` (per pair and engine: mean, ci_low, ci_high) and
+`interval_method`; `wall_s`; `provenance`; and the detail (`by_seed`: each world's record,
+`leak_noisy_*`, `constant_p_noise`, `steps`, `seeds`, `smoke`). `--smoke` runs on the
+quickstart's smoke pipeline, two steps an arm, and writes into its run directory (a temporary one
+by default). `--render RECORD` runs nothing: from such a JSON object saved as a file's last line
+(docs/ablations/figures.json) it rewrites the page's blocks and charts, the differences and their
+intervals computed again from the per-world records (`by_seed`), also in the JSON it prints.
 """
 
 from __future__ import annotations
@@ -74,18 +77,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.benchlib import (
-    INTERVAL_METHOD,
-    NO_NOISE,
-    RECIPES,
-    arm_arguments,
-    difference_cell,
-    mean_sd,
-    measured_at,
-    provenance,
-    replace_block,
-    timed,
-)
+from benchmarks import study
+from benchmarks.benchlib import INTERVAL_METHOD, NO_NOISE, RECIPES, difference_cell, mean_sd, timed
 from benchmarks.benchlib import paired as paired_figures
 from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.curriculum.schedules import exponential
@@ -104,7 +97,6 @@ from simsearch.types import SearchRequest
 ENGINES = ("simulator", "bm25", "dense")
 SELF_ENGINES = ("self", *ENGINES)  # a self-search policy also writes its own information
 STEPS = 60  # RL steps per arm (the quickstart runs 250), see docs/ablations.md
-SEEDS = (0, 1, 2)  # the full run's worlds: reporting worlds (below 100), none tuned on
 SELF_SEARCH_TOKENS = 160  # one self-search generation holds the query, ~3 written results and the answer
 KNOWING_STEPS, KNOWING_BATCH, KNOWING_LR = 400, 32, 1e-3  # the SSRL arm's base: pretraining on facts
 LEAK_QUESTIONS = 200  # training questions per leakage probe
@@ -142,7 +134,7 @@ class Arm:
 
     overrides: tuple[str, ...]
     simulator: str = "simulator"  # the quickstart's simulator, or one of VARIANTS (`train_simulator`)
-    base: str = "base"  # the quickstart's base, or "knowing" (`train_knowing_base`)
+    base: str = "base"  # the quickstart's base, or "knowing" (`knowing_base_stage`)
 
 
 ARMS: dict[str, Arm] = {
@@ -167,29 +159,16 @@ ARMS: dict[str, Arm] = {
 
 # JSON key -> (row, engine): EM on BM25 of the arm that answers it.
 FIGURES: dict[str, tuple[str, str]] = {
-    "curriculum_exp": ("default", "bm25"),
-    "curriculum_constant": ("constant", "bm25"),
+    "curriculum_exp": ("default", "bm25"), "curriculum_constant": ("constant", "bm25"),
     "curriculum_none": ("no_noise", "bm25"),
-    "loop_simulator": ("default", "bm25"),
-    "loop_bm25": ("loop_bm25", "bm25"),
-    "loop_none": ("loop_none", "bm25"),
-    "simulator_default": ("default", "bm25"),
-    "simulator_told_prompt": ("told_prompt", "bm25"),
-    "simulator_outcome_labels": ("outcome_labels", "bm25"),
-    "simulator_no_contrast": ("no_contrast", "bm25"),
-    "algo_reinforce": ("reinforce", "bm25"),
-    "algo_grpo": ("default", "bm25"),
-    "algo_ppo": ("ppo", "bm25"),
-    "ssrl_selfsearch": ("ssrl", "self"),
-    "ssrl_sim2real_bm25": ("ssrl", "bm25"),
-}
+    "loop_simulator": ("default", "bm25"), "loop_bm25": ("loop_bm25", "bm25"), "loop_none": ("loop_none", "bm25"),
+    "simulator_default": ("default", "bm25"), "simulator_told_prompt": ("told_prompt", "bm25"),
+    "simulator_outcome_labels": ("outcome_labels", "bm25"), "simulator_no_contrast": ("no_contrast", "bm25"),
+    "algo_reinforce": ("reinforce", "bm25"), "algo_grpo": ("default", "bm25"), "algo_ppo": ("ppo", "bm25"),
+    "ssrl_selfsearch": ("ssrl", "self"), "ssrl_sim2real_bm25": ("ssrl", "bm25"),
+}  # fmt: skip
 # JSON key -> simulator probed; `leak_noisy_*` gives its noisy share under the same name.
-LEAK_FIGURES = {
-    "leak_default": "simulator",
-    "leak_told_prompt": "told_prompt",
-    "leak_outcome_labels": "outcome_labels",
-    "leak_no_contrast": "no_contrast",
-}
+LEAK_FIGURES = {"leak_default": "simulator", **{f"leak_{name}": name for name in VARIANTS}}
 
 
 @dataclass(frozen=True)
@@ -203,6 +182,20 @@ class Question:
     pairs: tuple[tuple[str, str], ...] = ()  # (row, reference row): row minus reference, per seed
 
 
+BASE = ("reference: base, no RL", "base")
+TOLD = Question(
+    "told",
+    "3. The simulator: what it is told, how its pairs are labelled, contrast queries",
+    (
+        ("query only, retrieved labels, contrast queries (quickstart)", "default"),
+        ("question and gold answer in the prompt", "told_prompt"),
+        ("outcome labels (ZeroSearch), no contrast queries", "outcome_labels"),
+        ("no contrast queries", "no_contrast"),
+        BASE,
+    ),
+    pairs=(("told_prompt", "default"), ("outcome_labels", "default"), ("no_contrast", "default"),
+           ("outcome_labels", "no_contrast")),  # the last: the labelling alone
+)  # fmt: skip
 QUESTIONS = (
     Question(
         "curriculum",
@@ -211,7 +204,7 @@ QUESTIONS = (
             ("exponential, p_noise 0 to 0.25 (quickstart)", "default"),
             ("constant p_noise, the exponential's mean", "constant"),
             ("no noise", "no_noise"),
-            ("reference: base, no RL", "base"),
+            BASE,
             ("reference: quickstart RL, 250 steps", "quickstart_rl"),
         ),
         pairs=(("constant", "default"), ("no_noise", "default")),
@@ -223,31 +216,15 @@ QUESTIONS = (
             ("fine-tuned simulator", "default"),
             ("real BM25 (upper bound)", "loop_bm25"),
             ("no search (empty results)", "loop_none"),
-            ("reference: base, no RL", "base"),
+            BASE,
         ),
         pairs=(("loop_bm25", "default"), ("loop_none", "default"), ("default", "base")),
     ),
-    Question(
-        "told",
-        "3. The simulator: what it is told, how its pairs are labelled, contrast queries",
-        (
-            ("query only, retrieved labels, contrast queries (quickstart)", "default"),
-            ("question and gold answer in the prompt", "told_prompt"),
-            ("outcome labels (ZeroSearch), no contrast queries", "outcome_labels"),
-            ("no contrast queries", "no_contrast"),
-            ("reference: base, no RL", "base"),
-        ),
-        pairs=(
-            ("told_prompt", "default"),
-            ("outcome_labels", "default"),
-            ("no_contrast", "default"),
-            ("outcome_labels", "no_contrast"),  # the labelling alone
-        ),
-    ),
+    TOLD,
     Question(
         "algorithm",
         "4. Algorithm: REINFORCE vs GRPO vs PPO",
-        (("REINFORCE", "reinforce"), ("GRPO", "default"), ("PPO", "ppo"), ("reference: base, no RL", "base")),
+        (("REINFORCE", "reinforce"), ("GRPO", "default"), ("PPO", "ppo"), BASE),
         pairs=(("reinforce", "default"), ("ppo", "default")),
     ),
     Question(
@@ -259,78 +236,51 @@ QUESTIONS = (
         pairs=(("ssrl", "default"), ("ssrl", "knowing_base")),
     ),
 )
-LEAK_ROWS = (
-    ("query only, retrieved labels, contrast queries (quickstart)", "simulator"),
-    ("question and gold answer in the prompt", "told_prompt"),
-    ("outcome labels (ZeroSearch), no contrast queries", "outcome_labels"),
-    ("no contrast queries", "no_contrast"),
-    ("reference: real BM25", "bm25"),
-)
-LEAK_PAIRS = (
-    ("told_prompt", "simulator"),
-    ("outcome_labels", "simulator"),
-    ("no_contrast", "simulator"),
-    ("outcome_labels", "no_contrast"),  # the labelling alone
-)
+
+
+def _probed(row: str) -> str:
+    """The simulator a row of the simulator question trained on: the leakage table's row."""
+    return "simulator" if row == "default" else row
+
+
+# The simulator question's rows and pairs, by simulator, with real BM25 for reference.
+LEAK_ROWS = (*((label, _probed(row)) for label, row in TOLD.rows[:-1]), ("reference: real BM25", "bm25"))
+LEAK_PAIRS = tuple((_probed(row), _probed(against)) for row, against in TOLD.pairs)
 LEAK_PROBES = ("no_name", "noisy")
 
 
 @dataclass
 class Seed:
-    """Where one seed's runs live and what they were built from."""
+    """Where one world's runs live and what they were built from."""
 
     seed: int
     smoke: bool
     steps: int
-    root: Path  # this benchmark's stages
-    quickstart: Path  # the quickstart run reused
+    root: Path  # this benchmark's stages: RUN_DIR/world_SEED
     qs_recipe: QuickstartRecipe
     fingerprints: dict[str, str]  # stage -> fingerprint: world, base, simulator, VARIANTS', knowing
     paths: dict[str, str]  # corpus, train, test, bm25, dense, base, simulator, VARIANTS', knowing
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    args = _parse(argv)
-    if args.render:
-        return render(Path(args.render), args.out)
-    began = time.perf_counter()
-    run_dir, out, steps = args.run_dir, args.out, args.steps
-    results = {seed: run_seed(seed, args, run_dir, steps) for seed in args.seeds}
-    figures = summarize(results, args, steps, wall_s=time.perf_counter() - began)
-    figures["provenance"] = provenance()  # after the quickstart set the process's torch threads
-    write_doc(out, results, figures)
-    print(f"ablations: {out}", flush=True)
-    print(json.dumps(figures))
-    return figures
-
-
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=int, default=0, help=f"RL steps per arm (default {STEPS}; smoke {SMOKE_STEPS})")
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS), help="RL runs (default all)")
-    parser.set_defaults(seeds=SEEDS)  # a tuple: a --seeds given on the command line parses to a list
     parser.add_argument(
-        "--quickstart-dir", default="", help="the quickstart run of each seed, '{seed}' filled in "
-        "(default RUN_DIR/seed_{seed}/quickstart); e.g. 'runs/bench_quickstart/seed_{seed}' reuses those runs",
+        "--quickstart-dir", default="", help="the quickstart run of each world, '{seed}' filled in (default "
+        "RUN_DIR/world_{seed}/quickstart); e.g. 'runs/controls/world_{seed}/quickstart' reuses those runs",
     )  # fmt: skip
-    parser.add_argument("--render", default="", help="run nothing: the doc's tables again from a saved JSON record")
-    args = arm_arguments(
-        argv, parser, "ablations", steps=STEPS, smoke_steps=SMOKE_STEPS,
-        seeds_help="one world, base and simulators per seed (default 0 1 2; smoke 0)",
-        smoke_help="every arm for two steps on the quickstart's smoke run",
-    )  # fmt: skip
-    if isinstance(args.seeds, tuple):  # not given
-        args.seeds = [0] if args.smoke else list(SEEDS)
-    return args
 
 
-# --------------------------------------------------------------------------- one seed
+# --------------------------------------------------------------------------- one world (a worker)
 
 
-def run_seed(seed: int, args: argparse.Namespace, run_dir: Path, steps: int) -> dict[str, Any]:
-    """Every stage of one seed; returns its EM rows, leakage and stage times."""
+def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Every stage of one world; its record: EM rows, leakage, stage and wall times, RL steps an arm."""
+    began = time.perf_counter()
+    steps = args.steps or (SMOKE_STEPS if args.smoke else STEPS)
     clock: dict[str, float] = {}
     with timed(clock, "quickstart"):
-        ctx, report = prepare(seed, args, run_dir, steps)
+        ctx, report = prepare(seed, args, steps)
     world = pipeline.recipe_world(ctx.qs_recipe)
     for variant in sorted({ARMS[name].simulator for name in args.arms} & set(VARIANTS)):
         with timed(clock, f"simulator_{variant}"):
@@ -349,12 +299,13 @@ def run_seed(seed: int, args: argparse.Namespace, run_dir: Path, steps: int) -> 
             em["knowing_base"] = evaluate_policy(ctx, "knowing_base", ARMS["ssrl"], ctx.fingerprints["knowing"])
     with timed(clock, "leakage"):
         leak = measure_leakage(ctx, world, [v for v in VARIANTS if v in ctx.fingerprints])
-    return {"em": em, "leak": leak, "stage_s": {k: round(v, 1) for k, v in clock.items()}}
+    stage_s = {k: round(v, 1) for k, v in clock.items()}
+    return {"em": em, "leak": leak, "stage_s": stage_s, "wall_s": round(time.perf_counter() - began, 1), "steps": steps}
 
 
-def prepare(seed: int, args: argparse.Namespace, run_dir: Path, steps: int) -> tuple[Seed, dict[str, Any]]:
-    """Runs (or reuses) the seed's quickstart; returns the paths and fingerprints the arms build on."""
-    root = run_dir / f"seed_{seed}"
+def prepare(seed: int, args: argparse.Namespace, steps: int) -> tuple[Seed, dict[str, Any]]:
+    """Runs (or reuses) the world's quickstart; returns the paths and fingerprints the arms build on."""
+    root = args.run_dir / f"world_{seed}"
     qs_dir = Path(args.quickstart_dir.format(seed=seed)) if args.quickstart_dir else root / "quickstart"
     qs_recipe = load_recipe(
         QuickstartRecipe, None, [f"run_dir={qs_dir}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}"]
@@ -366,7 +317,7 @@ def prepare(seed: int, args: argparse.Namespace, run_dir: Path, steps: int) -> t
     # a variant's run directory until its model exists (train_simulator)
     paths.update({variant: str(root / f"simulator_{variant}") for variant in VARIANTS})
     fingerprints = {stage: stage_fingerprint(qs_dir / stage) for stage in ("world", "base", "simulator")}
-    return Seed(seed, args.smoke, steps, root, qs_dir, qs_recipe, fingerprints, paths), report
+    return Seed(seed, args.smoke, steps, root, qs_recipe, fingerprints, paths), report
 
 
 # --------------------------------------------------------------------------- the arms' extra stages
@@ -398,55 +349,38 @@ def train_simulator(ctx: Seed, name: str, variant: Variant) -> None:
 
 
 def knowing_base_stage(ctx: Seed, world: World) -> None:
-    """The SSRL arm's base, built once per fingerprint into ctx.paths['knowing']."""
-    steps, batch = SMOKE_KNOWING if ctx.smoke else (KNOWING_STEPS, KNOWING_BATCH)
-    settings = {"steps": steps, "batch": batch, "lr": KNOWING_LR, "seed": ctx.seed}
-    fingerprint = digest({"stage": "knowing_base", "inputs": [ctx.fingerprints["base"]], "settings": settings})
-    out = Path(ctx.paths["knowing"])
-    if not claim_stage(out, fingerprint):
-        rl = load_recipe(TrainRecipe, RECIPES / "train.yaml", ["run_dir=unused"])
-        train_knowing_base(
-            ctx.paths["base"], world, out, steps=steps, batch_size=batch, lr=KNOWING_LR, seed=ctx.seed,
-            typed_answer_share=ctx.qs_recipe.typed_answer_share, top_k=rl.search.top_k, rendering=rl.search.rendering,
-        )  # fmt: skip
-        finish_stage(out, fingerprint)
-    ctx.fingerprints["knowing"] = fingerprint
-
-
-def train_knowing_base(
-    base: str,
-    world: World,
-    out: Path,
-    *,
-    steps: int,
-    batch_size: int,
-    lr: float,
-    seed: int,
-    typed_answer_share: float,
-    top_k: int,
-    rendering: str,
-) -> None:
-    """The quickstart's base, further pretrained so that it knows the training entities' facts.
+    """The SSRL arm's base, built once per fingerprint into ctx.paths['knowing']: the quickstart's base, further
+    pretrained so that it knows the training entities' facts.
 
     A real LLM knows Wikipedia; the quickstart's base knows no fact of the world (its traces'
     information blocks are out of the loss). This base continues on self-search traces
     (`make_traces` with the self-search template: the question, a random query, the BM25
     results for it, an answer copied from them) about the training entities only, with the
     information block IN the loss: it learns to write, for a query, what BM25 would return,
-    so it memorizes the training entities' passages as far as `steps` allow. Held-out entities
+    so it memorizes the training entities' passages as far as its steps allow. Held-out entities
     stay unseen, so writing their results it can only invent.
     """
-    model, tokenizer = load_model(base)
+    steps, batch = SMOKE_KNOWING if ctx.smoke else (KNOWING_STEPS, KNOWING_BATCH)
+    settings = {"steps": steps, "batch": batch, "lr": KNOWING_LR, "seed": ctx.seed}
+    ctx.fingerprints["knowing"] = fingerprint = digest(
+        {"stage": "knowing_base", "inputs": [ctx.fingerprints["base"]], "settings": settings}
+    )
+    out = Path(ctx.paths["knowing"])
+    if claim_stage(out, fingerprint):
+        return
+    search = train_recipe().search
+    model, tokenizer = load_model(ctx.paths["base"])
     engine = BM25SearchEngine.build(world.passages, show_progress=False)
     traces = make_traces(
-        world, engine, tokenizer, n=steps * batch_size, seed=seed, top_k=top_k, template="self-search",
-        examples=world.train, typed_answer_share=typed_answer_share, rendering=rendering,
+        world, engine, tokenizer, n=steps * batch, seed=ctx.seed, top_k=search.top_k, template="self-search",
+        examples=world.train, typed_answer_share=ctx.qs_recipe.typed_answer_share, rendering=search.rendering,
     )  # fmt: skip
     for trace in traces:
         first = trace.loss_mask.index(1)  # the search turn opens the generated part
         trace.loss_mask[first:] = [1] * (len(trace.loss_mask) - first)
-    pretrain(model, traces, steps=steps, batch_size=batch_size, lr=lr, copy_loss_weight=0.0, seed=seed)
+    pretrain(model, traces, steps=steps, batch_size=batch, lr=KNOWING_LR, copy_loss_weight=0.0, seed=ctx.seed)
     save_tiny(model, tokenizer, out)
+    finish_stage(out, fingerprint)
 
 
 # --------------------------------------------------------------------------- RL and evaluation
@@ -454,7 +388,7 @@ def train_knowing_base(
 
 def train_arm(ctx: Seed, name: str, arm: Arm) -> str:
     """One arm's RL run (train.yaml plus its overrides, same budget as every arm); its fingerprint."""
-    rl = load_recipe(TrainRecipe, RECIPES / "train.yaml", ["run_dir=unused"])
+    rl = train_recipe()
     c = rl.curriculum
     values = {
         "constant_p": f"{constant_p_noise(c.p_start, c.p_end, c.base, ctx.steps):.6f}",
@@ -473,6 +407,11 @@ def train_arm(ctx: Seed, name: str, arm: Arm) -> str:
     ]  # fmt: skip
     inputs = [ctx.fingerprints[arm.base], ctx.fingerprints[arm.simulator]]
     return stages.train_stage(RECIPES / "train.yaml", overrides, inputs)
+
+
+def train_recipe(*overrides: str) -> TrainRecipe:
+    """The quickstart's RL recipe with `overrides` (its run directory unused)."""
+    return load_recipe(TrainRecipe, RECIPES / "train.yaml", ["run_dir=unused", *overrides])
 
 
 def simulator_told(simulator: str) -> tuple[str, ...]:
@@ -547,14 +486,12 @@ def measure_leakage(ctx: Seed, world: World, variants: list[str]) -> dict[str, d
     (uncached) but with the noisy documents' answers kept: what each simulator writes, which the RL
     recipe's `noisy_answers: redact` then takes out; and of BM25 for reference."""
     n = SMOKE_LEAK if ctx.smoke else LEAK_QUESTIONS
-    rl = load_recipe(TrainRecipe, RECIPES / "train.yaml", ["run_dir=unused"])
+    rl = train_recipe()
     leak: dict[str, dict[str, float]] = {}
     for key in ("simulator", *variants):
-        cfg = load_recipe(
-            TrainRecipe, RECIPES / "train.yaml",
-            ["run_dir=unused", f"search.simulator.generation.model.path={ctx.paths[key]}", "search.cache=''",
-             "search.simulator.noisy_answers=keep",
-             *(f"search.simulator.{shown}=true" for shown in simulator_told(key))],
+        cfg = train_recipe(
+            f"search.simulator.generation.model.path={ctx.paths[key]}", "search.cache=''",
+            "search.simulator.noisy_answers=keep", *(f"search.simulator.{shown}=true" for shown in simulator_told(key)),
         ).search  # fmt: skip
         engine = build_search_engine(cfg, seed=ctx.seed)
         assert engine is not None  # kind=simulator
@@ -565,41 +502,49 @@ def measure_leakage(ctx: Seed, world: World, variants: list[str]) -> dict[str, d
     return leak
 
 
-# --------------------------------------------------------------------------- figures and the doc
+# --------------------------------------------------------------------------- over worlds: figures and the page
 
 
-def summarize(
-    results: dict[int, dict[str, Any]], args: argparse.Namespace, steps: int, *, wall_s: float
-) -> dict[str, Any]:
-    """The JSON figures: FIGURES' keys (EM points, mean over seeds; None for an arm not run), leakage, the
-    questions' paired differences (`differences`: "row-reference" -> engine -> mean, ci_low, ci_high), detail."""
+def summarize(results: dict[int, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """The JSON figures: FIGURES' keys (EM points, mean over worlds; None for an arm not run), leakage, the
+    questions' paired differences, the RL steps and the worlds' records (`by_seed`)."""
+    del args
     figures: dict[str, Any] = {}
     for key, (row, engine) in FIGURES.items():
-        values = [r["em"][row][engine] for r in results.values() if row in r["em"]]
-        figures[key] = round(statistics.fmean(values), 2) if values else None
+        figures[key] = _mean([r["em"][row][engine] for r in results.values() if row in r["em"]])
     for key, simulator in LEAK_FIGURES.items():
         for probe, prefix in (("no_name", "leak_"), ("noisy", "leak_noisy_")):
             values = [100.0 * r["leak"][simulator][probe] for r in results.values() if simulator in r["leak"]]
-            figures[prefix + key.removeprefix("leak_")] = round(statistics.fmean(values), 2) if values else None
-    differences: dict[str, dict[str, dict[str, float | None]]] = {}
+            figures[prefix + key.removeprefix("leak_")] = _mean(values)
+    budgets = {r["steps"] for r in results.values()}
+    if len(budgets) != 1:
+        raise SystemExit(f"ablations: the worlds ran different --steps ({sorted(budgets)}); sum up one budget")
+    steps = budgets.pop()
+    rl = train_recipe().curriculum
+    figures.update(
+        differences=differences(results),
+        interval_method=INTERVAL_METHOD,
+        steps=steps,
+        constant_p_noise=round(constant_p_noise(rl.p_start, rl.p_end, rl.base, steps), 6),
+        by_seed={str(seed): r for seed, r in results.items()},
+    )
+    return figures
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(statistics.fmean(values), 2) if values else None
+
+
+def differences(results: dict[int, dict[str, Any]]) -> dict[str, dict[str, dict[str, float | None]]]:
+    """Each question's pairs: "row-reference" -> engine -> mean, ci_low, ci_high, where both were measured."""
+    out: dict[str, dict[str, dict[str, float | None]]] = {}
     for question in QUESTIONS:
         for row, against in question.pairs:
             for engine in question.engines:
                 diffs = paired(results, "em", row, against, engine)
                 if diffs:
-                    differences.setdefault(f"{row}-{against}", {})[engine] = paired_figures(diffs)
-    rl = load_recipe(TrainRecipe, RECIPES / "train.yaml", ["run_dir=unused"]).curriculum
-    figures.update(
-        differences=differences,
-        interval_method=INTERVAL_METHOD,
-        wall_s=round(wall_s, 1),
-        steps=steps,
-        seeds=list(results),
-        smoke=args.smoke,
-        constant_p_noise=round(constant_p_noise(rl.p_start, rl.p_end, rl.base, steps), 6),
-        by_seed={str(seed): r for seed, r in results.items()},
-    )
-    return figures
+                    out.setdefault(f"{row}-{against}", {})[engine] = paired_figures(diffs)
+    return out
 
 
 def paired(
@@ -613,11 +558,30 @@ def paired(
     ]
 
 
-def _cell(values: list[float]) -> str:
-    if not values:
-        return "-"
-    mean, sd = mean_sd(values)
-    return f"{mean:.1f} ± {sd:.1f}"
+def _records(figures: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    return {int(seed): r for seed, r in figures["by_seed"].items()}
+
+
+def page(figures: dict[str, Any], args: argparse.Namespace) -> dict[str, str]:
+    """The page's blocks from the figures alone: `measured`, `wall` and one `table:KEY` per question, each
+    from the worlds' records (`by_seed`). Sets the figures' `differences` again from them, so that the JSON
+    a render prints holds the intervals this code computes."""
+    results = _records(figures)
+    figures.update(differences=differences(results), interval_method=INTERVAL_METHOD)
+    seeds = ", ".join(str(s) for s in figures["seeds"])
+    budget = f"{figures['steps']} RL steps an arm"
+    smoke = " (smoke: a pipeline check, not a result)" if figures["smoke"] else ""
+    minutes = sorted(round(r["wall_s"] / 60) for r in results.values())
+    blocks = {
+        # two lines: the runner keeps a block of several lines on lines of its own
+        "measured": f"{study.measured(figures['provenance'])}\nSeeds {seeds}; {budget}.",
+        "wall": f"{minutes[0]}-{minutes[-1]} min" if minutes[0] != minutes[-1] else f"{minutes[0]} min",
+    }
+    for q in QUESTIONS:
+        head = f"Held-out EM (%), greedy, mean ± sd over seeds {seeds}; {budget}{smoke}."
+        chart = f"![{q.title}]({args.out.with_suffix('').name}/{q.key}.png)"
+        blocks[f"table:{q.key}"] = "\n".join([head, "", *table_lines(q, results), "", chart])
+    return blocks
 
 
 DIFFERENCE_HEAD = (
@@ -629,39 +593,59 @@ DIFFERENCE_HEAD = (
 def table_lines(question: Question, results: dict[int, dict[str, Any]]) -> list[str]:
     """The markdown tables of one question: EM (%) per engine, mean ± sd over seeds; the paired differences of
     `question.pairs`; for the simulator question, answer leakage and its differences."""
-    head = "| policy | " + " | ".join(question.engines) + " |"
-    lines = [head, "|---|" + "---|" * len(question.engines)]
-    for label, row in question.rows:
-        cells = [_cell([r["em"][row][e] for r in results.values() if row in r["em"]]) for e in question.engines]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    lines += ["", DIFFERENCE_HEAD, "", "| row − reference | " + " | ".join(question.engines) + " |"]
-    lines.append("|---|" + "---|" * len(question.engines))
-    for row, against in question.pairs:
-        cells = [difference_cell(paired(results, "em", row, against, e)) for e in question.engines]
-        lines.append(f"| `{row}` − `{against}` | " + " | ".join(cells) + " |")
-    if question.key == "told":
-        lines += leakage_lines(results)
-    return lines
+    columns = " | ".join(question.engines)
+    heads = (f"| policy | {columns} |", DIFFERENCE_HEAD, f"| row − reference | {columns} |")
+    lines = _tables(results, "em", question.rows, question.pairs, question.engines, heads)
+    return lines + leakage_lines(results) if question.key == "told" else lines
 
 
 def leakage_lines(results: dict[int, dict[str, Any]]) -> list[str]:
     """The leakage table (percent, mean ± sd over seeds) and each variant's paired difference against the
     quickstart's simulator."""
-    lines = ["", "Answer leakage on training questions (% of result sets holding a gold answer; noisy results as the "
-             "simulator writes them, before the RL recipe's redaction):", ""]  # fmt: skip
-    lines += ["| simulator | query without the name | noisy results, query names the entity |", "|---|---|---|"]
-    for label, sim in LEAK_ROWS:
-        cells = [
-            _cell([100.0 * r["leak"][sim][p] for r in results.values() if p in r["leak"].get(sim, {})])
-            for p in LEAK_PROBES
-        ]
+    heads = ("| simulator | query without the name | noisy results, query names the entity |",
+             DIFFERENCE_HEAD.replace("EM points", "percentage points"),
+             "| simulator − reference | query without the name | noisy results |")  # fmt: skip
+    return ["", "Answer leakage on training questions (% of result sets holding a gold answer; noisy results as the "
+            "simulator writes them, before the RL recipe's redaction):", "",
+            *_tables(results, "leak", LEAK_ROWS, LEAK_PAIRS, LEAK_PROBES, heads, scale=100.0)]  # fmt: skip
+
+
+def _tables(
+    results: dict[int, dict[str, Any]],
+    section: str,
+    rows: Sequence[tuple[str, str]],
+    pairs: Sequence[tuple[str, str]],
+    columns: Sequence[str],
+    heads: tuple[str, str, str],
+    scale: float = 1.0,
+) -> list[str]:
+    """Two tables of `scale` x results[seed][section][row][column]: each (label, row)'s mean ± sd over seeds, "-"
+    where none measured it, then each (row, reference)'s paired difference (`difference_cell`). `heads`: the
+    first table's header, the line introducing the second and its header."""
+    rule = "|---|" + "---|" * len(columns)
+    lines = [heads[0], rule]
+    for label, row in rows:
+        cells = [_cell([scale * r[section][row][c] for r in results.values() if c in r[section].get(row, {})])
+                 for c in columns]  # fmt: skip
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    lines += ["", DIFFERENCE_HEAD.replace("EM points", "percentage points"), ""]
-    lines += ["| simulator − reference | query without the name | noisy results |", "|---|---|---|"]
-    for sim, against in LEAK_PAIRS:
-        cells = [difference_cell(paired(results, "leak", sim, against, p, scale=100.0)) for p in LEAK_PROBES]
-        lines.append(f"| `{sim}` − `{against}` | " + " | ".join(cells) + " |")
+    lines += ["", heads[1], "", heads[2], rule]
+    for row, against in pairs:
+        cells = [difference_cell(paired(results, section, row, against, c, scale)) for c in columns]
+        lines.append(f"| `{row}` − `{against}` | " + " | ".join(cells) + " |")
     return lines
+
+
+def _cell(values: list[float]) -> str:
+    if not values:
+        return "-"
+    mean, sd = mean_sd(values)
+    return f"{mean:.1f} ± {sd:.1f}"
+
+
+def charts(figures: dict[str, Any], out: Path) -> None:
+    """One bar chart per question, beside the page: docs/ablations/KEY.png for docs/ablations.md."""
+    for question in QUESTIONS:
+        plot_question(question, _records(figures), out.with_suffix("") / f"{question.key}.png")
 
 
 def plot_question(question: Question, results: dict[int, dict[str, Any]], path: Path) -> Path:
@@ -692,147 +676,26 @@ def plot_question(question: Question, results: dict[int, dict[str, Any]], path: 
     return path
 
 
-def render(record: Path, out: Path) -> dict[str, Any]:
-    """The doc's tables from a saved record (the JSON object a run prints) without running anything: the
-    differences and their intervals computed again from its per-seed figures, the table blocks and charts of
-    `out` rewritten (its measured and wall blocks kept), the record's figures updated. Returns them."""
-    figures = json.loads(record.read_text())
-    results = {int(seed): r for seed, r in figures["by_seed"].items()}
-    fresh = summarize(results, argparse.Namespace(smoke=figures["smoke"]), figures["steps"], wall_s=figures["wall_s"])
-    figures.update(differences=fresh["differences"], interval_method=fresh["interval_method"])
-    write_doc(out, results, figures, tables_only=True)
-    record.write_text(json.dumps(figures, indent=1) + "\n")
-    print(f"ablations: {out} from {record}", flush=True)
-    return figures
+def _done(record: dict[str, Any]) -> str:
+    return "BM25 EM: " + ", ".join(f"{name} {em['bm25']:.1f}" for name, em in record["em"].items() if "bm25" in em)
 
 
-def write_doc(
-    out: Path, results: dict[int, dict[str, Any]], figures: dict[str, Any], *, tables_only: bool = False
-) -> None:
-    """Fills each question's block of `out` (`<!-- table:KEY -->` ... `<!-- /table:KEY -->`), the commit and
-    machine (`<!-- measured -->`) and the wall time (not with `tables_only`), keeping the prose.
-
-    A missing doc, or one without the blocks, is started from `SKELETON`. Charts go to the
-    folder named like the doc without its suffix (docs/ablations/KEY.png).
-    """
-    text = out.read_text() if out.is_file() else SKELETON
-    names = ["measured", "wall", *(f"table:{q.key}" for q in QUESTIONS)]
-    if not all(f"<!-- {n} -->" in text and f"<!-- /{n} -->" in text for n in names):
-        text = SKELETON
-    charts = out.with_suffix("")
-    seeds = ", ".join(str(s) for s in figures["seeds"])
-    for question in QUESTIONS:
-        chart = plot_question(question, results, charts / f"{question.key}.png")
-        block = [
-            f"Held-out EM (%), greedy, mean ± sd over seeds {seeds}; {figures['steps']} RL steps an arm"
-            + (" (smoke: a pipeline check, not a result)" if figures["smoke"] else "")
-            + ".",
-            "",
-            *table_lines(question, results),
-            "",
-            f"![{question.title}]({charts.name}/{chart.name})",
-        ]
-        text = replace_block(text, f"table:{question.key}", "\n".join(["", *block, ""]))
-    if not tables_only:
-        text = replace_block(text, "wall", f"{figures['wall_s'] / 60:.1f} min")
-        measured = measured_at(figures["provenance"]) + f" Seeds {seeds}; {figures['steps']} RL steps an arm."
-        text = replace_block(text, "measured", "\n" + measured + "\n")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+STUDY = study.Study(
+    name="ablations",
+    description=__doc__ or "",
+    title="Ablations: ZeroSearch's and SSRL's findings, measured in miniature",
+    seeds=(0, 1, 2),  # reporting worlds (below 100), none tuned on
+    world=run_world,
+    summary=summarize,
+    page=page,
+    options=_options,
+    done=_done,
+    charts=charts,
+)
 
 
-def _skeleton() -> str:
-    blocks = {q.key: f"<!-- table:{q.key} -->\nNot measured yet.\n<!-- /table:{q.key} -->" for q in QUESTIONS}
-    return SKELETON_TEXT.format(**blocks, steps=STEPS)
-
-
-SKELETON_TEXT = """# Ablations: ZeroSearch's and SSRL's findings, measured in miniature
-
-    python -m benchmarks.ablations --seeds 0 1 2
-
-<!-- measured -->
-Not measured yet.
-<!-- /measured -->
-
-On the quickstart's tiny world, base and simulator (reused from a quickstart run of the same seed
-when its stages' fingerprints match), one RL policy per arm, each with the quickstart's RL recipe
-(`recipes/quickstart/train.yaml`) plus the arm's overrides and the same budget: {steps} steps of 8
-questions x 16 rollouts (the quickstart runs 250), so the numbers here sit below the quickstart's.
-Each policy is evaluated greedily on the held-out entities' questions against the simulator, BM25
-and dense retrieval (`recipes/quickstart/eval.yaml`). EM is strict exact match. Each table gives
-each arm's paired difference against the default arm (the same world per seed) with its 95%
-t-interval over seeds (Student's t, n - 1 degrees of freedom); an interval that holds 0 is written
-"no measurable difference". One seed gives the mean alone. Wall time of the last full run:
-<!-- wall -->not measured yet<!-- /wall -->. The arms and how each is built: the docstring of
-`benchmarks/ablations.py`. The tables below are rewritten by each run; the text around them is not.
-
-## Budget
-
-An estimate per seed, from the quickstart's stage times (docs/quickstart.md) and an RL step of
-about 0.9 s against the simulator, not a measurement:
-
-| stage | estimate |
-|---|---|
-| quickstart (world, base, collect, simulator SFT, its own RL and evaluation) | 12.5 min |
-| three simulator variants: collect and SFT each, as the quickstart's | 9 min |
-| knowing base for self-search: 400 steps of 32 traces | 2 min |
-| RL, {steps} steps of 11 arms: 7 on a simulator (0.9 s), BM25 (0.7), empty (0.6), PPO (1.3), self-search (2) | 11 min |
-| evaluation: 12 policies, 10-15 s each; leakage probes of four simulators | 4 min |
-
-About 40 minutes a seed, two hours for the default three, on an idle 2-core machine. With the
-quickstart runs already there (`--quickstart-dir 'runs/bench_quickstart/seed_{{seed}}'` reuses the
-quickstart benchmark's), a seed costs about 27 minutes. Torch threads contend badly with any
-other process on a 2-core machine (tiny models run 10-100x slower): run it on an idle machine.
-
-## 1. Curriculum
-
-ZeroSearch raises the share of noisy searches along an exponential curve and reports it ahead of
-a schedule without that easy-to-hard order. Here: the quickstart's exponential schedule (p_noise
-0 to 0.25), a constant p_noise equal to that schedule's mean over the run, and no noise.
-
-{curriculum}
-
-## 2. What is in the loop
-
-ZeroSearch reports its fine-tuned 14B simulator ahead of real Google search in the loop (34.47 vs
-32.81, Qwen-2.5-3B-base). Here: the fine-tuned tiny simulator, real BM25 (an upper bound: the
-engine the policy is evaluated on) and no search at all (empty results).
-
-{loop}
-
-## 3. The simulator: what it is told, how its pairs are labelled, contrast queries
-
-ZeroSearch's simulator differs from ours in three ways; each arm changes one, against the default
-(the quickstart's simulator: the query alone in its prompt, pairs labelled by what BM25
-retrieved, one contrast query per search). `told_prompt`: the question and gold answer in the
-simulator's prompt (collected and fine-tuned so, and told them in RL and evaluation).
-`outcome_labels`: ZeroSearch's Search Simulation Tuning, pairs labelled by the trajectory's
-outcome; contrast queries belong to no trajectory, so that simulator has none, and `no_contrast`
-(the default without contrast queries) is its reference for the labelling alone. Leakage: the
-share of result sets that hold the answer when the query does not name the entity, and of noisy
-results.
-
-{told}
-
-## 4. Algorithm
-
-ZeroSearch recommends REINFORCE (GRPO sometimes collapsed for them) and also reports PPO. Same
-budget, same batches; PPO's critic learns at the actor's learning rate.
-
-{algorithm}
-
-## 5. Self-search (SSRL)
-
-SSRL trains a policy that writes its own search results, then evaluates it with real search in
-their place and reports large gains (Qwen2.5-7B-Instruct 30.2 with self-search, about 47 with real
-search). Self-search needs a base that knows facts: this arm's base is the quickstart's base
-further pretrained on self-search traces about the training entities with the information block in
-the loss (`train_knowing_base`), so it knows some of their facts, as a real LLM knows Wikipedia,
-and none of the held-out entities'.
-
-{ssrl}
-"""
-SKELETON = _skeleton()
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return study.main(STUDY, argv)
 
 
 if __name__ == "__main__":

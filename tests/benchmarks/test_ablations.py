@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from benchmarks import ablations
+from benchmarks import ablations, benchlib, study
 from simsearch.tinyworld.world import build_world
 from simsearch.types import Document, SearchRequest
 
@@ -20,7 +21,18 @@ KEYS = {
     "leak_default", "leak_told_prompt", "leak_outcome_labels", "leak_no_contrast", "algo_reinforce", "algo_grpo",
     "algo_ppo", "ssrl_selfsearch", "ssrl_sim2real_bm25", "wall_s",
 }  # fmt: skip
-PROVENANCE = {"commit": "abc1234", "cpu": "Some CPU", "cores": 2, "torch_threads": 1}
+PROVENANCE = {"commit": "abc1234", "cpu": "Some CPU, AVX512 kernels", "torch_threads": 1, "jobs": 2}  # the runner's
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def _record(tmp_path: Path, by_seed: dict[str, dict], **more: object) -> Path:
+    """A run's printed JSON of `by_seed`'s worlds, saved as `--render` reads it."""
+    seeds = [int(seed) for seed in by_seed]
+    figures = {"seeds": seeds, "steps": 5, "smoke": False, "wall_s": 120.0, "provenance": PROVENANCE,
+               "by_seed": by_seed, **more}  # fmt: skip
+    record = tmp_path / "figures.json"
+    record.write_text("a log line\n" + json.dumps(figures) + "\n")
+    return record
 
 
 def test_constant_arm_takes_the_exponential_schedules_mean() -> None:
@@ -59,23 +71,32 @@ def test_paired_subtracts_per_seed_where_both_were_measured() -> None:
     assert ablations.paired_figures([10.0, -5.0, 10.0]) == {"mean": 5.0, "ci_low": -16.51, "ci_high": 26.51}
 
 
-def test_provenance_names_the_commit_or_unknown(tmp_path: Path) -> None:
+def test_the_measured_block_names_the_commit_machine_seeds_and_steps(tmp_path: Path) -> None:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    info = ablations.provenance()
+    info = benchlib.provenance()  # what the runner records for each world
     assert info["commit"].split(" ")[0] == head and info["cores"] >= 1 and info["torch_threads"] >= 1
     assert info["cpu"]
-    assert ablations.provenance(tmp_path)["commit"] == "unknown"  # not a git work tree
-    assert ablations.measured_at(PROVENANCE) == "Measured at commit abc1234 on Some CPU (2 cores, 1 torch thread(s))."
-    kernels = ablations.measured_at({**PROVENANCE, "cpu_capability": "AVX512"})
-    assert kernels == "Measured at commit abc1234 on Some CPU, AVX512 kernels (2 cores, 1 torch thread(s))."
+    assert benchlib.provenance(tmp_path)["commit"] == "unknown"  # not a git work tree
     assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    world = {"em": {}, "leak": {}, "wall_s": 60.0}
+    figures = json.loads(_record(tmp_path, {"0": world}).read_text().splitlines()[-1])
+    blocks = ablations.page(figures, study.parse(ablations.STUDY, ["--out", str(tmp_path / "ablations.md")]))
+    assert blocks["measured"] == (
+        "Measured at commit abc1234 on Some CPU, AVX512 kernels (1 torch thread(s) a world, 2 world(s) at once).\n"
+        "Seeds 0; 5 RL steps an arm."
+    )
 
 
 def test_seeds_default_to_three_reporting_worlds_and_smoke_to_one() -> None:
-    assert ablations._parse([]).seeds == [0, 1, 2]
-    assert ablations._parse(["--smoke"]).seeds == [0]
-    assert ablations._parse(["--smoke", "--seeds", "0", "1", "2"]).seeds == [0, 1, 2]
-    assert ablations._parse(["--seeds", "4"]).seeds == [4]
+    def parse(*argv: str) -> argparse.Namespace:
+        return study.parse(ablations.STUDY, list(argv))
+
+    assert parse().seeds == [0, 1, 2]
+    assert parse("--smoke").seeds == [0]
+    assert parse("--smoke", "--seeds", "0", "1", "2").seeds == [0, 1, 2]
+    assert parse("--seeds", "4").seeds == [4]
+    assert parse().arms == list(ablations.ARMS) and parse("--arms", "default", "ppo").arms == ["default", "ppo"]
+    assert parse("--steps", "7").steps == 7 and parse().quickstart_dir == ""
 
 
 def test_each_simulator_arm_changes_one_thing() -> None:
@@ -151,28 +172,43 @@ def test_leakage_lines_give_each_variants_difference_from_the_quickstarts_simula
     assert "| `no_contrast` − `simulator` | - | - |" in lines
 
 
-def test_write_doc_rewrites_the_tables_and_keeps_the_prose(tmp_path: Path) -> None:
-    results = {0: {"em": {"default": {"simulator": 1.0, "bm25": 2.0, "dense": 3.0}}, "leak": {}}}
-    figures = {"seeds": [0], "steps": 5, "smoke": False, "wall_s": 120.0, "provenance": PROVENANCE}
+def test_the_page_is_rewritten_from_a_record_and_keeps_the_prose(tmp_path: Path) -> None:
+    em = {"default": {"simulator": 1.0, "bm25": 2.0, "dense": 3.0}}
+    record = _record(tmp_path, {"0": {"em": em, "leak": {}, "wall_s": 150.0}})
     doc = tmp_path / "ablations.md"
-    ablations.write_doc(doc, results, figures)
-    doc.write_text(doc.read_text().replace("## 2. What is in the loop", "## 2. What is in the loop\n\nOur reading."))
-    results[0]["em"]["default"]["bm25"] = 9.0
-    ablations.write_doc(doc, results, figures)
+    ablations.main(["--render", str(record), "--out", str(doc)])  # a missing page: started bare
+    doc.write_text(doc.read_text().replace("<!-- table:loop -->", "## 2. What is in the loop\n\nOur reading.\n\n"
+                                           "<!-- table:loop -->"))  # fmt: skip
+    record.write_text(record.read_text().replace('"bm25": 2.0', '"bm25": 9.0'))
+    ablations.main(["--render", str(record), "--out", str(doc)])
     text = doc.read_text()
-    assert "Our reading." in text and "Not measured yet" not in text and "2.0 min" in text
-    assert "Measured at commit abc1234 on Some CPU (2 cores, 1 torch thread(s)). Seeds 0; 5 RL steps an arm." in text
+    assert "Our reading." in text and "<!-- wall -->2 min<!-- /wall -->" in text  # 2.5 min rounds to 2
+    assert "Measured at commit abc1234 on Some CPU, AVX512 kernels" in text and "Seeds 0; 5 RL steps an arm." in text
     assert "| fine-tuned simulator | 1.0 ± 0.0 | 9.0 ± 0.0 | 3.0 ± 0.0 |" in text
+    assert "![2. What is in the loop: simulator vs real BM25 vs no search](ablations/loop.png)" in text
     assert sorted(p.name for p in (tmp_path / "ablations").iterdir()) == [
         f"{q.key}.png" for q in sorted(ablations.QUESTIONS, key=lambda q: q.key)
     ]
 
 
+def test_the_saved_record_renders_the_pages_tables_as_committed(tmp_path: Path) -> None:
+    doc = tmp_path / "ablations.md"
+    doc.write_text((DOCS / "ablations.md").read_text())
+    figures = ablations.main(["--render", str(DOCS / "ablations" / "figures.json"), "--out", str(doc)])
+    for question in ablations.QUESTIONS:
+        block = f"<!-- table:{question.key} -->"
+        assert doc.read_text().split(block)[1] == (DOCS / "ablations.md").read_text().split(block)[1], question.key
+    assert "<!-- wall -->66-73 min<!-- /wall --> a world" in doc.read_text()  # each world's minutes, as measured
+    saved = json.loads((DOCS / "ablations" / "figures.json").read_text())
+    assert figures == saved  # its differences are those this code computes
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # a whole pipeline for a step or two: minutes on a busy 2-core machine
 def test_smoke_runs_every_arm_and_prints_every_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    ablations.main(["--smoke", "--run-dir", str(tmp_path), "--threads", "1"])
+    returned = ablations.main(["--smoke", "--run-dir", str(tmp_path), "--threads", "1"])
     figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the JSON is the last line
+    assert figures == returned
     assert set(figures) >= KEYS
     # EM points of SMOKE_LIMIT (4) held-out questions and leakage of SMOKE_LEAK (4) result sets, one seed:
     # each a whole count out of 4, so 0, 25, 50, 75 or 100 (a fraction, or a mean over the wrong rows, is not).
@@ -181,12 +217,15 @@ def test_smoke_runs_every_arm_and_prints_every_key(tmp_path: Path, capsys: pytes
     for key in KEYS - {"wall_s"}:
         assert figures[key] in quarters, (key, figures[key])
     for key, (row, engine) in ablations.FIGURES.items():  # each figure is its own arm's and engine's record
-        summary = json.loads((tmp_path / "seed_0" / "eval" / row / "summary.json").read_text())
+        summary = json.loads((tmp_path / "world_0" / "eval" / row / "summary.json").read_text())
         assert figures[key] == round(100.0 * summary["rows"][engine]["average"]["em"], 2), key
     assert figures["smoke"] is True and figures["steps"] == 2 and figures["wall_s"] > 0
     assert figures["differences"]["told_prompt-default"]["bm25"]["ci_low"] is None  # one seed: no interval
-    assert set(figures["provenance"]) == {"commit", "cpu", "cpu_capability", "cores", "torch_threads"}
-    seed = tmp_path / "seed_0"
+    assert set(figures["provenance"]) == {"commit", "cpu", "torch_threads", "jobs"}
+    seed = tmp_path / "world_0"
+    record = json.loads((seed / "ablations.json").read_text())  # the worker's record, as in by_seed
+    assert record == figures["by_seed"]["0"] and record["steps"] == 2 and record["wall_s"] > 0
+    assert (seed / "quickstart" / "report.json").is_file()  # the quickstart ran in the world's directory
     for name, variant in ablations.VARIANTS.items():  # each simulator collected with its overrides only
         collect = (seed / f"collect_{name}" / "recipe.yaml").read_text()
         shown = "true" if variant.told else "false"
@@ -212,37 +251,38 @@ def test_smoke_runs_every_arm_and_prints_every_key(tmp_path: Path, capsys: pytes
     # The doc and its charts went to the run directory, not to docs/.
     text = (tmp_path / "ablations.md").read_text()
     assert text.count("smoke: a pipeline check") == len(ablations.QUESTIONS)
-    assert "Measured at commit " in text and "torch thread(s)" in text
+    assert "Measured at commit " in text and "torch thread(s) a world" in text
     for question in ablations.QUESTIONS:
         with Image.open(tmp_path / "ablations" / f"{question.key}.png") as image:
             assert image.size == (1200, 600)
 
 
-def test_render_rewrites_the_tables_and_differences_from_a_record(tmp_path: Path) -> None:
+def test_render_rewrites_the_page_and_differences_from_a_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     def seed(default: float, no_noise: float) -> dict:
         em = {
             "default": {"simulator": 1.0, "bm25": default, "dense": 5.0},
             "no_noise": {"simulator": 1.0, "bm25": no_noise, "dense": 5.0},
         }
-        return {"em": em, "leak": {}}
+        return {"em": em, "leak": {}, "wall_s": 3600.0}
 
     # no_noise - default on BM25 per seed: 9, 10, 11: 10 -+ 4.302653 / sqrt(3) = 10 -+ 2.484.
     by_seed = {"0": seed(40.0, 49.0), "1": seed(30.0, 40.0), "2": seed(20.0, 31.0)}
-    record = tmp_path / "figures.json"
     stale = {"no_noise-default": {"bm25": {"mean": 10.0, "ci_low": 9.0, "ci_high": 11.0}}}
-    figures = {"seeds": [0, 1, 2], "steps": 5, "smoke": False, "wall_s": 120.0, "provenance": PROVENANCE,
-               "by_seed": by_seed, "differences": stale, "kept": "as it was"}  # fmt: skip
-    record.write_text(json.dumps(figures))
+    record = _record(tmp_path, by_seed, differences=stale, kept="as it was")
+    saved = record.read_text()
     doc = tmp_path / "ablations.md"
-    ablations.write_doc(doc, {int(s): r for s, r in by_seed.items()}, figures)
-    doc.write_text(doc.read_text().replace("Measured at commit abc1234", "Measured by hand at abc1234"))
-    doc.write_text(doc.read_text().replace("2.0 min", "66-73 min a world"))
+    doc.write_text("# Ablations\n\nProse.\n\n<!-- measured -->\nMeasured by hand at abc1234\n<!-- /measured -->\n"
+                   "Wall: <!-- wall -->66-73 min a world<!-- /wall -->\n")  # fmt: skip
     rendered = ablations.main(["--render", str(record), "--out", str(doc)])
     text = doc.read_text()
     same = "no measurable difference (0.0; 0.0 to 0.0)"  # 0 on every seed: no width
     assert f"| `no_noise` − `default` | {same} | +10.0 (+7.5 to +12.5) | {same} |" in text
-    assert "Measured by hand at abc1234" in text and "66-73 min a world" in text  # not rewritten
-    saved = json.loads(record.read_text())
-    assert saved == rendered and saved["kept"] == "as it was" and saved["by_seed"] == by_seed
-    assert saved["differences"]["no_noise-default"]["bm25"] == {"mean": 10.0, "ci_low": 7.52, "ci_high": 12.48}
-    assert saved["interval_method"].startswith("95% t-interval of the paired mean")
+    assert text.startswith("# Ablations\n\nProse.\n\n<!-- measured -->\nMeasured at commit abc1234")
+    assert "Wall: <!-- wall -->60 min<!-- /wall -->" in text  # every block from the record, the prose kept
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == rendered
+    assert rendered["kept"] == "as it was" and rendered["by_seed"] == by_seed
+    assert rendered["differences"]["no_noise-default"]["bm25"] == {"mean": 10.0, "ci_low": 7.52, "ci_high": 12.48}
+    assert rendered["interval_method"].startswith("95% t-interval of the paired mean")
+    assert record.read_text() == saved  # the record is read, not rewritten: the printed JSON is the new one
