@@ -1,17 +1,18 @@
 """The health monitor against real collapses on the tiny worlds: how early each rule fires, and how often on
-healthy runs.
+healthy runs. A study of `benchmarks.study` (its options, workers, --aggregate and --render).
 
     python -m benchmarks.health --seeds 101 102 --jobs 2 --threads 1   # the reporting worlds (docs/health.md)
     python -m benchmarks.health --seeds 0 100 --threads 1              # development worlds
     python -m benchmarks.health --seeds 0 --aggregate --health entropy_low=0.1   # other thresholds, nothing run
     python -m benchmarks.health --smoke                                # every stage for a few steps, in a temp dir
 
-Per world (seed): the quickstart's stages 1-4 in RUN_DIR/world_SEED/quickstart (its world, base and simulator;
-a finished stage is reused, world 0's released models installed), then one RL run per arm (`ARMS`) with
-`recipes/quickstart/train.yaml` on that base and simulator, only the learning rate and the budget changing,
-validated every `EVAL_EVERY` steps on `VAL_SIZE` of RL's training questions (greedy, the simulator in the
-loop), with `health.on_alarm=warn`. The rules are replayed over each run's metrics.jsonl (`Monitor`, the code
-the trainer runs) with the `health` settings under test: the recipe's defaults, or `--health KEY=VALUE`
+Per world (seed), a worker runs the quickstart's stages 1-4 in RUN_DIR/world_SEED/quickstart (its world, base
+and simulator; a finished stage is reused, world 0's released models installed), then one RL run per arm
+(`ARMS`) in RUN_DIR/world_SEED/health/ARM with `recipes/quickstart/train.yaml` on that base and simulator, only
+the learning rate and the budget changing, validated every `EVAL_EVERY` steps on `VAL_SIZE` of RL's training
+questions (greedy, the simulator in the loop), with `health.on_alarm=warn`; its record (each run's metrics rows
+and alarms) is RUN_DIR/world_SEED/health.json. The rules are replayed over each run's metrics (`Monitor`, the
+code the trainer runs) with the `health` settings under test: the recipe's defaults, or `--health KEY=VALUE`
 (replayed on finished runs at no cost: `--aggregate`).
 
 A run collapsed when a validation EM falls under half of the best validation before it (`em_fall_step`; a
@@ -19,11 +20,13 @@ best under `MIN_BEST` is nothing to fall from). A rule's lead is the fall's step
 at or before the fall). Each collapsed run is trained again with `health.on_alarm=rollback` (checkpoints every
 `EVAL_EVERY` steps): it recovered when it rolled back and its last validation EM is at least half of that best.
 
-Prints a table per world and, as its last line, one JSON object: `collapsed_runs`, `detected_runs` (collapsed
-runs with an alarm at or before the fall), `median_lead_steps`, `false_alarm_runs` (runs without a fall that
-raised an alarm), `rollback_recovered_runs`, `rollback_runs`, `monitor_share` (the monitor's time,
-`time/health_s`, over the step's, `time/step_s`, mean over runs), `leads` (rule -> leads over collapsed runs),
-`health` (the settings replayed), `world_set`, `runs` (the detail), `wall_s` and `provenance`.
+Prints the `health-results` block of docs/health.md (`--out`: the figures and a table of the runs; one plot per
+world, health/world_SEED.png beside the page) and, as its last line, one JSON object: `collapsed_runs`,
+`detected_runs` (collapsed runs with an alarm at or before the fall), `median_lead_steps`, `false_alarm_runs`
+(runs without a fall that raised an alarm), `rollback_recovered_runs`, `rollback_runs`, `monitor_share` (the
+monitor's time, `time/health_s`, over the step's, `time/step_s`, mean over runs), `leads` (rule -> leads over
+collapsed runs), `health` (the settings replayed), `world_set`, `runs` (the detail), `seeds`, `smoke`,
+`wall_s` and `provenance`.
 """
 
 from __future__ import annotations
@@ -31,17 +34,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from benchmarks.benchlib import RECIPES, measured_at, provenance, replace_block, run_worlds
-from simsearch.config import TrainRecipe, load_recipe
+from benchmarks import study
+from benchmarks.benchlib import RECIPES
+from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.experiments import stages
 from simsearch.training.health import HEALTH_FILE, STOP_STATUS, HealthConfig, Monitor
 from simsearch.training.runlog import read_metrics
@@ -70,59 +72,17 @@ SMOKE_STEPS = 3
 SMOKE_TRAIN = ["prompts_per_step=2", "rollout.group_size=2", "data.val_size=4", "eval_every=1"]
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    args = _parse(argv)
-    if args.one_world is not None:
-        run_world(args.one_world, args)
-        return {}
-    began = time.perf_counter()
-    worlds = run_worlds(__file__, args, lambda seed: _worker_arguments(seed, args), lambda w: f"{len(w['runs'])} runs")
-    cfg = health_config(args.health)
-    runs = [_judge(run, cfg) for seed in args.seeds for run in worlds[seed]["runs"]]
-    figures = {**summarize(runs), "health": args.health, "world_set": _world_set(args.seeds), "runs": runs,
-               "seeds": args.seeds, "smoke": args.smoke, "wall_s": round(time.perf_counter() - began, 1),
-               "provenance": {**provenance(), "torch_threads": args.threads, "commit": _commits(worlds)}}  # fmt: skip
-    print_runs(runs)
-    plots = [plot_world(worlds[seed], runs, args.out.parent / "health" / f"world_{seed}.png") for seed in args.seeds]
-    write_doc(args.out, figures, plots)
-    print(f"health: {args.out}", flush=True)
-    print(json.dumps(figures))
-    return figures
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--health", nargs="*", default=[], help="settings replayed, KEY=VALUE (default: the recipe's)")
 
 
-def _commits(worlds: dict[int, dict[str, Any]]) -> str:
-    """The commits the worlds ran at (their records'), "unknown" for a record without one."""
-    return ", ".join(sorted({world.get("provenance", {}).get("commit", "unknown") for world in worlds.values()}))
-
-
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", help="one world per seed (default: the reporting worlds)")
-    parser.add_argument("--jobs", type=int, default=1, help="worlds run at once, each in its own process")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per world")
-    parser.add_argument("--run-dir", default="", help="parent of the worlds' runs (runs/health; smoke: a temp dir)")
-    parser.add_argument("--smoke", action="store_true", help=f"every stage, {SMOKE_STEPS} steps an arm")
-    parser.add_argument("--out", default="", help="the doc whose results block is rewritten (docs/health.md)")
-    parser.add_argument("--aggregate", action="store_true", help="run nothing: replay RUN_DIR's finished worlds")
-    parser.add_argument(
-        "--health", nargs="*", default=[], help="health settings replayed, KEY=VALUE (default: the recipe's)"
-    )
-    parser.add_argument("--one-world", type=int, default=None, help=argparse.SUPPRESS)  # a worker's seed
-    args = parser.parse_args(argv)
-    args.seeds = args.seeds or ([0] if args.smoke else list(REPORTING_WORLDS))
-    try:  # a bad setting fails here, before any run
+def _check(args: argparse.Namespace) -> str:
+    """A bad `--health` setting, in one line, before any run."""
+    try:
         health_config(args.health)
     except Exception as bad:  # omegaconf's key and type errors, the section's own checks
-        parser.error(f"--health {' '.join(args.health)}: {str(bad).splitlines()[0]}")
-    smoke_dir = tempfile.mkdtemp(prefix="health-smoke-") if args.smoke and not args.run_dir else ""
-    args.run_dir = Path(args.run_dir or smoke_dir or "runs/health")
-    args.out = Path(args.out or (args.run_dir / "health.md" if args.smoke else "docs/health.md"))
-    return args
-
-
-def _worker_arguments(seed: int, args: argparse.Namespace) -> list[str]:
-    return ["--one-world", str(seed), "--run-dir", str(args.run_dir), "--threads", str(args.threads),
-            *(["--smoke"] if args.smoke else []), "--health", *args.health]  # fmt: skip
+        return f"--health {' '.join(args.health)}: {str(bad).splitlines()[0]}"
+    return ""
 
 
 def health_config(settings: Sequence[str]) -> HealthConfig:
@@ -136,11 +96,9 @@ def health_config(settings: Sequence[str]) -> HealthConfig:
 
 def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """The quickstart's stages 1-4, every arm's warn run, and a rollback run of each that collapsed (under
-    `args.health`); writes and returns RUN_DIR/world_SEED/health.json (each run's rows and alarms)."""
-    from simsearch.config import QuickstartRecipe
+    `args.health`); the world's record: each run's rows and alarms."""
     from simsearch.experiments import pipeline
 
-    where = provenance()  # the code this world runs, before anything can change it
     root = args.run_dir / f"world_{seed}"
     overrides = [f"run_dir={root / 'quickstart'}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}"]
     _, paths, fingerprints = pipeline.through_simulator(load_recipe(QuickstartRecipe, None, overrides))
@@ -153,9 +111,7 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
                         *(f"health.{setting}" for setting in args.health)]  # fmt: skip
             run["rollback"] = train_run(root, f"{name}_rollback", arm, seed, paths, fingerprints, args, rollback)
         runs.append({"world": seed, "arm": name, **run})
-    result = {"seed": seed, "health": args.health, "runs": runs, "provenance": where}
-    (root / "health.json").write_text(json.dumps(result) + "\n")
-    return result
+    return {"seed": seed, "health": args.health, "runs": runs}
 
 
 def train_run(
@@ -187,7 +143,7 @@ def train_run(
     return {"rows": read_metrics(out), "alarms": alarms}
 
 
-def _tolerating_stop(command: Any) -> Any:
+def _tolerating_stop(command: Callable[[Any], Any]) -> Callable[[Any], None]:
     """`command`, with the health monitor's stop (past max_rollbacks: SystemExit) as a finished run."""
 
     def run(recipe: Any) -> None:
@@ -264,12 +220,22 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+_PLOTTED_WORLDS: dict[int, dict[str, Any]] = {}
+"""The records `_summary` last judged, by seed, for `charts`: the runner hands it the figures only, which hold
+no metrics rows (the plots of a `--render` are kept as they are)."""
+
+
+def _summary(worlds: dict[int, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """The figures: the rules replayed under `args.health` over every world's runs, summed up."""
+    cfg = health_config(args.health)
+    runs = [_judge(run, cfg) for seed in args.seeds for run in worlds[seed]["runs"]]
+    _PLOTTED_WORLDS.clear()
+    _PLOTTED_WORLDS.update(worlds)
+    return {**summarize(runs), "health": args.health, "world_set": _world_set(args.seeds), "runs": runs}
+
+
 def _world_set(seeds: Sequence[int]) -> str:
     return "reporting" if sorted(seeds) == sorted(REPORTING_WORLDS) else "development"
-
-
-def print_runs(runs: list[dict[str, Any]]) -> None:
-    print("\n".join(run_table(runs)))
 
 
 def run_table(runs: list[dict[str, Any]]) -> list[str]:
@@ -283,10 +249,39 @@ def run_table(runs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def page(figures: dict[str, Any], args: argparse.Namespace) -> dict[str, str]:
+    """The `health-results` block: the figures, the per-run table and each world's plot."""
+    del args
+    keys = ("collapsed_runs", "detected_runs", "median_lead_steps", "false_alarm_runs", "rollback_recovered_runs",
+            "rollback_runs")  # fmt: skip
+    share = figures["monitor_share"]
+    lines = [
+        f"Worlds {', '.join(map(str, figures['seeds']))} ({figures['world_set']}), health settings replayed: "
+        f"{' '.join(figures['health']) or 'the defaults'}. {study.measured(figures['provenance'])}",
+        "",
+        ", ".join(f"`{key}` {figures[key]}" for key in keys)
+        + f", monitor {'-' if share is None else f'{100 * share:.2f}%'} of step time.",
+        "",
+        *run_table(figures["runs"]),
+        "",
+        *(f"![world_{seed}](health/world_{seed}.png)" for seed in figures["seeds"]),
+    ]
+    return {"health-results": "\n".join(lines)}
+
+
 PLOTTED = ("val/em", "reward/mean", "sampling/flat_share", "health/entropy", "rollout/answer_rate")
 
 
-def plot_world(world: dict[str, Any], judged: list[dict[str, Any]], path: Path) -> Path:
+def charts(figures: dict[str, Any], out: Path) -> None:
+    """Each world's plot, health/world_SEED.png beside the page `out`."""
+    for seed in figures["seeds"]:
+        if seed in _PLOTTED_WORLDS:
+            plot_world(_PLOTTED_WORLDS[seed], figures["runs"], out.parent / "health" / f"world_{seed}.png")
+        else:
+            print(f"health: world {seed}'s metrics were not read (--render): its plot is kept", flush=True)
+
+
+def plot_world(world: dict[str, Any], judged: list[dict[str, Any]], path: Path) -> None:
     """One panel per arm of a world: the validation EM and the signals over steps, the EM's fall (red) and each
     rule's first alarm (dashed, labelled) marked."""
     import matplotlib
@@ -315,33 +310,25 @@ def plot_world(world: dict[str, Any], judged: list[dict[str, Any]], path: Path) 
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path)
     plt.close(figure)
-    return path
 
 
-def write_doc(out: Path, figures: dict[str, Any], plots: list[Path]) -> None:
-    """`out`'s `health-results` block: the figures, the per-run table and the plots (a new page if none)."""
-    keys = ("collapsed_runs", "detected_runs", "median_lead_steps", "false_alarm_runs", "rollback_recovered_runs",
-            "rollback_runs")  # fmt: skip
-    share = figures["monitor_share"]
-    lines = [
-        "",
-        f"Worlds {', '.join(map(str, figures['seeds']))} ({figures['world_set']}), health settings replayed: "
-        f"{' '.join(figures['health']) or 'the defaults'}. {measured_at(figures['provenance'])}",
-        "",
-        ", ".join(f"`{key}` {figures[key]}" for key in keys)
-        + f", monitor {'-' if share is None else f'{100 * share:.2f}%'} of step time.",
-        "",
-        *run_table(figures["runs"]),
-        "",
-        *(f"![{plot.stem}](health/{plot.name})" for plot in plots),
-        "",
-    ]
-    text = (
-        out.read_text()
-        if out.is_file()
-        else "# Health benchmark\n\n<!-- health-results -->\n<!-- /health-results -->\n"
-    )
-    out.write_text(replace_block(text, "health-results", "\n".join(lines)))
+STUDY = study.Study(
+    name="health",
+    description=__doc__ or "",
+    title="Health benchmark",
+    seeds=REPORTING_WORLDS,
+    world=run_world,
+    summary=_summary,
+    page=page,
+    options=_options,
+    check=_check,
+    done=lambda world: f"{len(world['runs'])} runs",
+    charts=charts,
+)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return study.main(STUDY, argv)
 
 
 if __name__ == "__main__":

@@ -1,21 +1,23 @@
-"""Why a control arm's policy names the person in its queries: a probe of a controls run's policies.
+"""Why a control arm's policy names the person in its queries: a probe of a controls run's policies. A study
+of `benchmarks.study` (its options, workers, --aggregate and --render), with no page: it prints its tables.
 
     python -m benchmarks.naming --run-dir RUNS --seeds 0 1 2 3 4              # every policy RUNS holds
     python -m benchmarks.naming --run-dir RUNS --seeds 1 --reseed 1 11 12      # the noisy arm trained again
+    python -m benchmarks.naming --run-dir RUNS --seeds 0 1 --aggregate         # the tables again, nothing run
     python -m benchmarks.naming --smoke --run-dir SMOKE_RUNS                   # on a `benchmarks.controls --smoke` run
 
-Input: a finished `benchmarks/controls.py` run directory (RUN_DIR/world_SEED: its quickstart, and the
-control arms it trained there). Per world, each policy found there (the base, the simulator arm,
-which is the quickstart's RL policy, and each control arm with a checkpoint) is evaluated greedily
-with `recipes/quickstart/eval.yaml` on the training and the held-out questions against three
+Input (`--run-dir`, required): a finished `benchmarks/controls.py` run directory (RUN_DIR/world_SEED: its
+quickstart, and the control arms it trained there). Per world, a worker evaluates each policy found there
+(the base, the simulator arm, which is the quickstart's RL policy, and each control arm with a checkpoint)
+greedily with `recipes/quickstart/eval.yaml` on the training and the held-out questions against three
 engines: `none` (no search results), `noisy` (the quickstart's simulator writing noisy documents on
-every search with the gold answers redacted: the noisy arm's engine) and `bm25`. Per policy,
-question set and engine: EM, the share of questions whose first query names the asked person
-exactly (`tinyworld.diagnostics.query_naming`) and the EM of those and of the rest. An engine that
-never shows the answer leaves a policy only what it remembers: training questions answered above
-held-out ones mean remembered facts, with no results (facts by heart) or with the noisy simulator's
-documents (a blank filled in from the training passages the simulator re-writes about the person
-named); named above unnamed means naming is what brings them back.
+every search with the gold answers redacted: the noisy arm's engine) and `bm25`, into
+RUN_DIR/world_SEED/naming/POLICY. Per policy, question set and engine: EM, the share of questions whose
+first query names the asked person exactly (`tinyworld.diagnostics.query_naming`) and the EM of those and
+of the rest. An engine that never shows the answer leaves a policy only what it remembers: training
+questions answered above held-out ones mean remembered facts, with no results (facts by heart) or with
+the noisy simulator's documents (a blank filled in from the training passages the simulator re-writes
+about the person named); named above unnamed means naming is what brings them back.
 
 Per RL run (the simulator arm, each control arm, each reseeded run), from the trajectories it saved
 (`trajectory_samples` of every `trajectory_every`-th step): in each half of training, the share of
@@ -27,23 +29,24 @@ Whether naming was rewarded in training is read there; a reseeded run saves ever
 gives the same run with full logs), and probes each: does the naming come back under another
 draw of the same run? Every stage is fingerprinted: a rerun skips what is finished.
 
-Prints a table per world and, as its last line, one JSON object: `by_world` (policy -> "ENGINE/SET"
--> em, named_share, em_named, em_unnamed; "training" -> RL run -> half -> samples, named_share,
-reward_named, reward_unnamed), `arm`, `reseed`, `seeds`, `smoke`, `wall_s` and `provenance`.
+A world's record is RUN_DIR/naming/world_SEED/naming.json, its log RUN_DIR/naming/world_SEED.log (the
+controls run's own world_SEED.log stay). Prints a table per world and, as its last line, one JSON object:
+`by_world` (policy -> "ENGINE/SET" -> em, named_share, em_named, em_unnamed; "training" -> RL run -> half
+-> samples, named_share, reward_named, reward_unnamed), `arm`, `reseed`, `seeds`, `smoke`, `wall_s` and
+`provenance`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.benchlib import RECIPES, provenance
+from benchmarks import study
+from benchmarks.benchlib import RECIPES
 from benchmarks.controls import ARMS, SMOKE_EVAL, SMOKE_LIMIT
 from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.experiments import pipeline, quickstart, stages
@@ -55,49 +58,32 @@ PROBES = tuple((engine, dataset) for engine in ("none", "noisy", "bm25") for dat
 HALVES = ("first_half", "second_half")
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    args = _parse(argv)
-    began = time.perf_counter()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    worlds = {seed: probe_world(seed, args) for seed in args.seeds}
-    for seed, result in worlds.items():
-        print_world(seed, result)
-    figures = {
-        "by_world": {str(seed): result for seed, result in worlds.items()},
-        "arm": args.arm,
-        "reseed": args.reseed,
-        "seeds": args.seeds,
-        "smoke": args.smoke,
-        "wall_s": round(time.perf_counter() - began, 1),
-        "provenance": provenance(),
-    }
-    print(json.dumps(figures))
-    return figures
-
-
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run-dir", required=True, type=Path, help="a benchmarks/controls.py run directory")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="its worlds to probe (default 0)")
+def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arm", choices=list(ARMS), default="noisy", help="the control arm --reseed trains again")
     parser.add_argument("--reseed", type=int, nargs="*", default=[], help="seeds to train --arm again with")
-    parser.add_argument("--smoke", action="store_true", help="a few questions per probe (a pipeline check)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = every core)")
-    args = parser.parse_args(argv)
-    if not args.run_dir.is_dir():
-        parser.error(f"--run-dir {args.run_dir}: no such directory; run python -m benchmarks.controls into it first")
-    return args
+
+
+def _check(args: argparse.Namespace) -> str:
+    """A missing controls run, in one line. Sets `args.controls` to it and moves the runner's run directory
+    (records, logs) to its naming/, leaving the controls run's own world_SEED.log as they are."""
+    if args.render:
+        return ""
+    controls = Path(args.run_dir)
+    if not args.run_dir or not controls.is_dir():
+        return f"--run-dir {args.run_dir or '(not given)'}: no such directory; name a benchmarks.controls run"
+    for seed in args.seeds:
+        if not (controls / f"world_{seed}" / "quickstart" / "recipe.yaml").is_file():
+            return f"--run-dir {controls}: world {seed} holds no finished quickstart; run benchmarks.controls first"
+    args.controls, args.run_dir = controls, str(controls / "naming")
+    return ""
 
 
 def probe_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """One world's probes: each policy's EM and naming per (engine, question set), and its RL runs' logs."""
-    root = args.run_dir / f"world_{seed}"
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    root = args.controls / f"world_{seed}"
     qs_dir = root / "quickstart"
-    if not (qs_dir / "recipe.yaml").is_file():
-        raise SystemExit(
-            f"naming: {qs_dir} holds no finished quickstart; run python -m benchmarks.controls --seeds {seed}"
-        )
     qs = load_recipe(QuickstartRecipe, qs_dir / "recipe.yaml", [])
     world = pipeline.recipe_world(qs)
     runs = {"simulator": qs_dir / "train"}
@@ -194,7 +180,21 @@ def _names(row: dict[str, Any], world: World) -> bool:
     return query_naming(quickstart.first_query(row), world.facts[row["id"]].entity) == "exact"
 
 
-def print_world(seed: int, result: dict[str, Any]) -> None:
+def _summary(worlds: dict[int, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """The figures: each world's probes as its record holds them (the provenance is the figures')."""
+    by_world = {str(seed): {k: v for k, v in record.items() if k != "provenance"} for seed, record in worlds.items()}
+    return {"by_world": by_world, "arm": args.arm, "reseed": args.reseed}
+
+
+def page(figures: dict[str, Any], args: argparse.Namespace) -> dict[str, str]:
+    """No page: each world's tables, printed."""
+    del args
+    for seed, result in figures["by_world"].items():
+        print_world(seed, result)
+    return {}
+
+
+def print_world(seed: int | str, result: dict[str, Any]) -> None:
     """The world's two tables: the probes of each policy, and each RL run's saved trajectories."""
     print(f"\nWorld {seed}: EM % (share of first queries naming the person; EM of those / of the rest)\n")
     print("| policy | " + " | ".join(_keys()) + " |")
@@ -210,6 +210,25 @@ def print_world(seed: int, result: dict[str, Any]) -> None:
         row = [f"{h['samples']}, {100 * h['named_share']:.0f}%, {h['reward_named']:.3f} / {h['reward_unnamed']:.3f}"
                for h in halves.values()]  # fmt: skip
         print(f"| {name} | " + " | ".join(row) + " |")
+
+
+STUDY = study.Study(
+    name="naming",
+    description=__doc__ or "",
+    title="Query naming",
+    seeds=(0,),
+    world=probe_world,
+    summary=_summary,
+    page=page,
+    options=_options,
+    check=_check,
+    done=lambda record: f"{len(record['policies'])} policies probed",
+    threads=0,
+)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return study.main(STUDY, argv)
 
 
 if __name__ == "__main__":

@@ -66,6 +66,28 @@ def test_a_bad_health_setting_is_refused_before_any_run(capsys: pytest.CaptureFi
     assert refused.value.code == 2 and "--health entropy_lo=0.1" in capsys.readouterr().err
 
 
+def test_aggregate_replays_finished_records_into_the_page_and_plots_beside_it(tmp_path: Path) -> None:
+    rows = [{"step": s, "val/em": em, "sampling/flat_share": 0.5, "time/step_s": 1.0, "time/health_s": 0.001}
+            for s, em in [(5, 0.4), (10, 0.1)]]  # fmt: skip
+    runs = [{"world": 3, "arm": arm, "rows": rows, "alarms": [], "rollback": None} for arm in health.ARMS]
+    record = tmp_path / "runs" / "world_3" / "health.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"seed": 3, "health": [], "runs": runs, "provenance": {"commit": "abc1234"}}))
+    out = tmp_path / "pages" / "health.md"
+    figures = health.main(["--seeds", "3", "--aggregate", "--run-dir", str(tmp_path / "runs"), "--out", str(out)])
+    assert (figures["collapsed_runs"], figures["world_set"], figures["provenance"]["commit"]) == (
+        3,
+        "development",
+        "abc1234",
+    )
+    page = out.read_text()
+    assert "Worlds 3 (development), health settings replayed: the defaults. Measured at commit abc1234" in page
+    assert "| 3 | lr_x10 | 0.400 / 0.100 | 10 | none | - |" in page and "![world_3](health/world_3.png)" in page
+    assert (out.parent / "health" / "world_3.png").is_file()  # beside the page, not in docs/
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # the quickstart's stages and every arm's runs: many minutes on a busy 2-core machine
 def test_smoke_runs_every_arm_on_the_tiny_world_end_to_end(tmp_path: Path) -> None:
     out = health.main(["--smoke", "--run-dir", str(tmp_path)])
     assert out["smoke"] and out["world_set"] == "development"
