@@ -642,8 +642,10 @@ def _cell(values: list[float]) -> str:
     return f"{mean:.1f} ± {sd:.1f}"
 
 
-def charts(figures: dict[str, Any], out: Path) -> None:
-    """One bar chart per question, beside the page: docs/ablations/KEY.png for docs/ablations.md."""
+def charts(figures: dict[str, Any], out: Path, worlds: Any = None) -> None:
+    """One bar chart per question, beside the page (docs/ablations/KEY.png for docs/ablations.md), from the
+    figures."""
+    del worlds
     for question in QUESTIONS:
         plot_question(question, _records(figures), out.with_suffix("") / f"{question.key}.png")
 

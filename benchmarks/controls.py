@@ -616,8 +616,9 @@ def page(figures: dict[str, Any], args: argparse.Namespace) -> dict[str, str]:
     return {"results" if figures["world_set"] == "reporting" else "development": "\n".join(doc_lines(figures))}
 
 
-def charts(figures: dict[str, Any], out: Path) -> None:
-    """The plot of EM against RL steps beside the page (PAGE/em_steps_WORLDSET.png)."""
+def charts(figures: dict[str, Any], out: Path, worlds: Any = None) -> None:
+    """The plot of EM against RL steps beside the page (PAGE/em_steps_WORLDSET.png), from the figures."""
+    del worlds
     arms = [arm for arm in STEP_ARMS if arm in figures["rows"]]
     plot_em_steps(figures["by_world"], arms, out.parent / out.stem / f"em_steps_{figures['world_set']}.png")
 

@@ -220,17 +220,10 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-_PLOTTED_WORLDS: dict[int, dict[str, Any]] = {}
-"""The records `_summary` last judged, by seed, for `charts`: the runner hands it the figures only, which hold
-no metrics rows (the plots of a `--render` are kept as they are)."""
-
-
 def _summary(worlds: dict[int, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     """The figures: the rules replayed under `args.health` over every world's runs, summed up."""
     cfg = health_config(args.health)
     runs = [_judge(run, cfg) for seed in args.seeds for run in worlds[seed]["runs"]]
-    _PLOTTED_WORLDS.clear()
-    _PLOTTED_WORLDS.update(worlds)
     return {**summarize(runs), "health": args.health, "world_set": _world_set(args.seeds), "runs": runs}
 
 
@@ -272,13 +265,14 @@ def page(figures: dict[str, Any], args: argparse.Namespace) -> dict[str, str]:
 PLOTTED = ("val/em", "reward/mean", "sampling/flat_share", "health/entropy", "rollout/answer_rate")
 
 
-def charts(figures: dict[str, Any], out: Path) -> None:
-    """Each world's plot, health/world_SEED.png beside the page `out`."""
+def charts(figures: dict[str, Any], out: Path, worlds: dict[int, dict[str, Any]] | None) -> None:
+    """Each world's plot, health/world_SEED.png beside the page `out`, from its runs' metrics rows; none with
+    --render (the figures hold no rows: the plots are kept)."""
+    if worlds is None:
+        print("health: --render reads no metrics rows: the plots are kept as they are", flush=True)
+        return
     for seed in figures["seeds"]:
-        if seed in _PLOTTED_WORLDS:
-            plot_world(_PLOTTED_WORLDS[seed], figures["runs"], out.parent / "health" / f"world_{seed}.png")
-        else:
-            print(f"health: world {seed}'s metrics were not read (--render): its plot is kept", flush=True)
+        plot_world(worlds[seed], figures["runs"], out.parent / "health" / f"world_{seed}.png")
 
 
 def plot_world(world: dict[str, Any], judged: list[dict[str, Any]], path: Path) -> None:

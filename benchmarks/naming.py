@@ -1,18 +1,18 @@
 """Why a control arm's policy names the person in its queries: a probe of a controls run's policies. A study
 of `benchmarks.study` (its options, workers, --aggregate and --render), with no page: it prints its tables.
 
-    python -m benchmarks.naming --run-dir RUNS --seeds 0 1 2 3 4              # every policy RUNS holds
-    python -m benchmarks.naming --run-dir RUNS --seeds 1 --reseed 1 11 12      # the noisy arm trained again
-    python -m benchmarks.naming --run-dir RUNS --seeds 0 1 --aggregate         # the tables again, nothing run
-    python -m benchmarks.naming --smoke --run-dir SMOKE_RUNS                   # on a `benchmarks.controls --smoke` run
+    python -m benchmarks.naming --controls RUNS --seeds 0 1 2 3 4            # every policy RUNS holds
+    python -m benchmarks.naming --controls RUNS --seeds 1 --reseed 1 11 12    # the noisy arm trained again
+    python -m benchmarks.naming --controls RUNS --seeds 0 1 --aggregate       # the tables again, nothing run
+    python -m benchmarks.naming --smoke --controls SMOKE_RUNS                 # on a `benchmarks.controls --smoke` run
 
-Input (`--run-dir`, required): a finished `benchmarks/controls.py` run directory (RUN_DIR/world_SEED: its
+Input (`--controls`, required): a finished `benchmarks/controls.py` run directory (CONTROLS/world_SEED: its
 quickstart, and the control arms it trained there). Per world, a worker evaluates each policy found there
 (the base, the simulator arm, which is the quickstart's RL policy, and each control arm with a checkpoint)
 greedily with `recipes/quickstart/eval.yaml` on the training and the held-out questions against three
 engines: `none` (no search results), `noisy` (the quickstart's simulator writing noisy documents on
 every search with the gold answers redacted: the noisy arm's engine) and `bm25`, into
-RUN_DIR/world_SEED/naming/POLICY. Per policy, question set and engine: EM, the share of questions whose
+CONTROLS/world_SEED/naming/POLICY. Per policy, question set and engine: EM, the share of questions whose
 first query names the asked person exactly (`tinyworld.diagnostics.query_naming`) and the EM of those and
 of the rest. An engine that never shows the answer leaves a policy only what it remembers: training
 questions answered above held-out ones mean remembered facts, with no results (facts by heart) or with
@@ -25,12 +25,12 @@ trajectories whose first query names the person and the mean reward of those and
 Whether naming was rewarded in training is read there; a reseeded run saves every trajectory.
 
 `--reseed S ...` trains `--arm` (default noisy) again from the recipe its run saved, with seed S
-(into RUN_DIR/world_SEED/train/ARM_seedS, saving every trajectory of every step; the arm's own seed
+(into CONTROLS/world_SEED/train/ARM_seedS, saving every trajectory of every step; the arm's own seed
 gives the same run with full logs), and probes each: does the naming come back under another
 draw of the same run? Every stage is fingerprinted: a rerun skips what is finished.
 
-A world's record is RUN_DIR/naming/world_SEED/naming.json, its log RUN_DIR/naming/world_SEED.log (the
-controls run's own world_SEED.log stay). Prints a table per world and, as its last line, one JSON object:
+A world's record is RUN_DIR/world_SEED/naming.json (RUN_DIR: runs/naming by default), its log
+RUN_DIR/world_SEED.log. Prints a table per world and, as its last line, one JSON object:
 `by_world` (policy -> "ENGINE/SET" -> em, named_share, em_named, em_unnamed; "training" -> RL run -> half
 -> samples, named_share, reward_named, reward_unnamed), `arm`, `reseed`, `seeds`, `smoke`, `wall_s` and
 `provenance`.
@@ -59,22 +59,20 @@ HALVES = ("first_half", "second_half")
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--controls", type=Path, help="the benchmarks.controls run directory probed (required)")
     parser.add_argument("--arm", choices=list(ARMS), default="noisy", help="the control arm --reseed trains again")
     parser.add_argument("--reseed", type=int, nargs="*", default=[], help="seeds to train --arm again with")
 
 
 def _check(args: argparse.Namespace) -> str:
-    """A missing controls run, in one line. Sets `args.controls` to it and moves the runner's run directory
-    (records, logs) to its naming/, leaving the controls run's own world_SEED.log as they are."""
-    if args.render:
+    """A missing controls run, in one line (nothing to check with --render or --aggregate)."""
+    if args.render or args.aggregate:
         return ""
-    controls = Path(args.run_dir)
-    if not args.run_dir or not controls.is_dir():
-        return f"--run-dir {args.run_dir or '(not given)'}: no such directory; name a benchmarks.controls run"
+    if args.controls is None or not args.controls.is_dir():
+        return f"--controls {args.controls or '(not given)'}: no such directory; name a benchmarks.controls run"
     for seed in args.seeds:
-        if not (controls / f"world_{seed}" / "quickstart" / "recipe.yaml").is_file():
-            return f"--run-dir {controls}: world {seed} holds no finished quickstart; run benchmarks.controls first"
-    args.controls, args.run_dir = controls, str(controls / "naming")
+        if not (args.controls / f"world_{seed}" / "quickstart" / "recipe.yaml").is_file():
+            return f"--controls {args.controls}: world {seed} holds no finished quickstart; run benchmarks.controls"
     return ""
 
 

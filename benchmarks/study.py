@@ -64,7 +64,8 @@ class Study:
     done: Callable[[Record], str] = _done  # a world's line when it finishes
     threads: int = 1  # torch threads per world by default (0: every core)
     smoke_seeds: Sequence[int] = (0,)
-    charts: Callable[[dict[str, Any], Path], None] | None = None  # draws the figures' charts beside the page
+    # draws the charts beside the page from the figures and the worlds' records (None with --render)
+    charts: Callable[[dict[str, Any], Path, dict[int, Record] | None], None] | None = None
 
 
 def main(study: Study, argv: Sequence[str] | None = None, args: argparse.Namespace | None = None) -> dict[str, Any]:
@@ -75,6 +76,7 @@ def main(study: Study, argv: Sequence[str] | None = None, args: argparse.Namespa
     if args.one_world is not None:
         run_one_world(study, args.one_world, args)
         return {}
+    worlds: dict[int, Record] | None = None
     if args.render:
         figures = json.loads(Path(args.render).read_text().strip().splitlines()[-1])
     else:
@@ -90,7 +92,7 @@ def main(study: Study, argv: Sequence[str] | None = None, args: argparse.Namespa
     if blocks:
         write_page(args.out, study.title, blocks)
         if study.charts is not None:
-            study.charts(figures, args.out)
+            study.charts(figures, args.out, worlds)
         print(f"{study.name}: {args.out}", flush=True)
     print(json.dumps(figures))
     return figures

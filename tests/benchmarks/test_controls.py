@@ -417,7 +417,7 @@ def test_smoke_trains_every_arm_on_its_own_engine(tmp_path: Path, capsys: pytest
     assert "smoke: a pipeline check" in page and "Measured at commit" in page
     # benchmarks/naming.py probes every policy of the run, and trains the noisy arm again under another seed.
     capsys.readouterr()
-    naming_probe.main(["--smoke", "--run-dir", str(tmp_path), "--threads", "1", "--reseed", "7"])
+    naming_probe.main(["--smoke", "--controls", str(tmp_path), "--threads", "1", "--reseed", "7"])
     probed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["by_world"]["0"]
     assert probed["policies"].keys() == {"base", "simulator", *kinds, "noisy_seed7"}
     probes = {f"{engine}/{dataset}" for engine in ("none", "noisy", "bm25") for dataset in ("train", "heldout")}

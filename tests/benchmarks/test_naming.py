@@ -54,8 +54,8 @@ def test_training_naming_tallies_reward_by_naming_in_each_half(tmp_path: Path) -
 
 @pytest.mark.parametrize(
     ("argv", "message"),
-    [([], "--run-dir (not given): no such directory"), (["--run-dir", "missing"], "--run-dir missing: no such"),
-     (["--run-dir", ".", "--seeds", "3"], "--run-dir .: world 3 holds no finished quickstart")],
+    [([], "--controls (not given): no such directory"), (["--controls", "missing"], "--controls missing: no such"),
+     (["--controls", ".", "--seeds", "3"], "--controls .: world 3 holds no finished quickstart")],
 )  # fmt: skip
 def test_a_directory_without_a_controls_run_is_refused_by_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
@@ -66,11 +66,10 @@ def test_a_directory_without_a_controls_run_is_refused_by_name(
     assert refused.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_records_and_logs_go_beside_the_controls_runs_own(tmp_path: Path) -> None:
+def test_a_worker_reads_the_controls_run_and_writes_its_record_in_the_run_directory(tmp_path: Path) -> None:
     (tmp_path / "world_0" / "quickstart").mkdir(parents=True)
     (tmp_path / "world_0" / "quickstart" / "recipe.yaml").write_text("seed: 0\n")
-    argv = ["--run-dir", str(tmp_path), "--reseed", "7"]
+    argv = ["--controls", str(tmp_path), "--run-dir", str(tmp_path / "probes"), "--reseed", "7"]
     args = study.parse(naming.STUDY, argv)
-    assert (args.controls, args.run_dir, args.seeds) == (tmp_path, tmp_path / "naming", [0])
-    worker = study.parse(naming.STUDY, study.worker_arguments(0, args, argv))  # a worker reads the same dirs
-    assert (worker.one_world, worker.controls, worker.run_dir, worker.reseed) == (0, tmp_path, tmp_path / "naming", [7])
+    worker = study.parse(naming.STUDY, study.worker_arguments(0, args, argv))
+    assert (worker.one_world, worker.controls, worker.run_dir, worker.reseed) == (0, tmp_path, tmp_path / "probes", [7])
