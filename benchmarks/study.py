@@ -202,7 +202,8 @@ def where(worlds: dict[int, Record]) -> dict[str, str]:
 def measured(info: dict[str, Any]) -> str:
     """One sentence for a page: the commit and machine of the figures' `provenance` (and the threads and jobs
     a run gave them)."""
-    run = f" ({info['torch_threads']} torch thread(s) a world, {info['jobs']} at once)" if "jobs" in info else ""
+    threads, jobs = info.get("torch_threads"), info.get("jobs")
+    run = f" ({threads} torch thread(s) a world, {jobs} world(s) at once)" if jobs else ""
     return f"Measured at commit {info['commit']} on {info['cpu']}{run}."
 
 
