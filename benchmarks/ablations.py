@@ -373,7 +373,7 @@ def knowing_base_stage(ctx: Seed, world: World) -> None:
     engine = BM25SearchEngine.build(world.passages, show_progress=False)
     traces = make_traces(
         world, engine, tokenizer, n=steps * batch, seed=ctx.seed, top_k=search.top_k, template="self-search",
-        examples=world.train, typed_answer_share=ctx.qs_recipe.typed_answer_share, rendering=search.rendering,
+        examples=world.train, typed_answer_share=ctx.qs_recipe.tinyworld.typed_answer_share, rendering=search.rendering,
     )  # fmt: skip
     for trace in traces:
         first = trace.loss_mask.index(1)  # the search turn opens the generated part

@@ -48,7 +48,7 @@ import torch
 from benchmarks import study
 from benchmarks.benchlib import RECIPES
 from benchmarks.controls import ARMS, SMOKE_EVAL, SMOKE_LIMIT
-from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
+from simsearch.config import TrainRecipe, load_recipe
 from simsearch.experiments import pipeline, quickstart, stages
 from simsearch.fingerprints import stage_fingerprint
 from simsearch.tinyworld.diagnostics import query_naming
@@ -82,7 +82,7 @@ def probe_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     root = args.controls / f"world_{seed}"
     qs_dir = root / "quickstart"
-    qs = load_recipe(QuickstartRecipe, qs_dir / "recipe.yaml", [])
+    qs = pipeline.saved_recipe(qs_dir)
     world = pipeline.recipe_world(qs)
     runs = {"simulator": qs_dir / "train"}
     runs.update({arm: root / "train" / arm for arm in ARMS if (root / "train" / arm / "checkpoints").is_dir()})

@@ -1,7 +1,7 @@
 """The quickstart over several draws: held-out EM gains per seed, their spread, and a rerun.
 
     python -m benchmarks.quickstart --seeds 0 1 2          # three worlds, then seed 0 again
-    python -m benchmarks.quickstart --seeds 0 -- pretrain_steps=600   # quickstart overrides
+    python -m benchmarks.quickstart --seeds 0 -- tinyworld.pretrain_steps=600   # quickstart overrides
 
 For each seed, runs `simsearch quickstart seed=N` in a fresh run directory (a subprocess, so its
 peak memory is its own), one after another; then the first seed once more in another fresh

@@ -53,7 +53,7 @@ CPU_RECIPES = {
 }
 """Train recipes that run on a CPU from the quickstart's world and base policy alone."""
 QUICKSTART_DIR = "runs/quickstart"  # where the shipped recipes expect the quickstart's files
-SMOKE_WORLD = ["n_entities=24", "n_train_entities=16", "n_background_entities=48"]
+SMOKE_WORLD = ["tinyworld.n_entities=24", "tinyworld.n_train_entities=16", "tinyworld.n_background_entities=48"]
 SMOKE_TRAIN = ["steps=2", "prompts_per_step=2", "rollout.group_size=2", "eval_every=0", "save_every=0"]
 
 

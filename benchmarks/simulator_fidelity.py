@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from simsearch.config import QuickstartRecipe, load_recipe
 from simsearch.data.qa import load_qa
+from simsearch.experiments import pipeline
 from simsearch.generation.hf import HFEngine
 from simsearch.models import load_model
 from simsearch.retrieval.bm25 import BM25SearchEngine
@@ -42,10 +42,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     run = args.run_dir
-    recipe = load_recipe(QuickstartRecipe, run / "recipe.yaml")  # the run's world, rebuilt
+    recipe = pipeline.saved_recipe(run)  # the run's world, rebuilt
+    tiny = recipe.tinyworld
     world = build_world(
-        seed=recipe.seed, n_entities=recipe.n_entities, n_train_entities=recipe.n_train_entities,
-        n_background_entities=recipe.n_background_entities,
+        seed=recipe.seed, n_entities=tiny.n_entities, n_train_entities=tiny.n_train_entities,
+        n_background_entities=tiny.n_background_entities,
     )  # fmt: skip
     test = load_qa(run / "world" / "test.jsonl")[: args.questions]
     examples = [

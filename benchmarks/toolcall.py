@@ -7,9 +7,9 @@
 
 Per world (seed), `simsearch quickstart` twice in RUN_DIR/world_SEED: `tags/` (the default
 protocol) and `tool-call/` (`protocol=tool-call`: the base pretrained on Hermes tool calls in a
-ChatML template of its own for `tool_call_pretrain_factor` times the steps, then the same collect,
+ChatML template of its own for `tinyworld.tool_call_pretrain_factor` times the steps, then the same collect,
 simulator, RL and evaluation recipes with `rollout.protocol=tool-call`, 12 more new tokens a turn
-for the call's JSON and RL at `tool_call_lr`). Everything else is shared: the world, the recipes,
+for the call's JSON and RL at `tinyworld.tool_call_lr`). Everything else is shared: the world, the recipes,
 the seed. `--tags-dir` points at finished tag runs instead (reused stage by stage through their
 fingerprints), made at `--tags-commit`.
 

@@ -8,9 +8,9 @@
 The runner's other options (--jobs, --threads, --aggregate, ...): `benchmarks/study.py`.
 
 For each world (seed), in RUN_DIR/world_SEED: the quickstart's world with a two-hop question for
-every person (`two_hop_share: 1.0`, "Where was the founder of the Belsa rope works born?": search
+every person (`tinyworld.two_hop_share: 1.0`, "Where was the founder of the Belsa rope works born?": search
 the venture, read the founder's name, search the founder, answer) and its base policy pretrained
-with half of its traces searching twice (`two_search_share: 0.5`), both built by
+with half of its traces searching twice (`tinyworld.two_search_share: 0.5`), both built by
 `pipeline.world_and_base` (fingerprinted: a rerun reuses them). Then one RL run per arm (`ARMS`)
 with the quickstart's train.yaml, up to `rollout.max_turns=3` searches, against real BM25 in the
 loop: the question is the estimator, not the simulator. Every arm has the same budget: `--steps`
@@ -84,7 +84,7 @@ EM_COLUMNS = ("all", *DATASETS)
 
 # Smoke: every stage for a step or two, on the quickstart's smoke base in a small world (its dense index,
 # which the quickstart's world stage builds, takes seconds instead of a minute).
-SMOKE_WORLD = ["n_entities=24", "n_train_entities=16", "n_background_entities=48"]
+SMOKE_WORLD = ["tinyworld.n_entities=24", "tinyworld.n_train_entities=16", "tinyworld.n_background_entities=48"]
 SMOKE_STEPS = 2
 SMOKE_TRAIN = ["prompts_per_step=2", "rollout.group_size=2", "eval_every=0"]
 SMOKE_EVAL = ["chunk_size=8"]
@@ -123,7 +123,7 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         recipe = load_recipe(
             QuickstartRecipe, None,
             [f"run_dir={root / 'world_and_base'}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}",
-             f"two_hop_share={TWO_HOP_SHARE}", f"two_search_share={TWO_SEARCH_SHARE}",
+             f"tinyworld.two_hop_share={TWO_HOP_SHARE}", f"tinyworld.two_search_share={TWO_SEARCH_SHARE}",
              *(SMOKE_WORLD if args.smoke else [])],
         )  # fmt: skip
         world, paths, fingerprints = pipeline.world_and_base(recipe)

@@ -2,25 +2,25 @@
 
 A recipe file maps 1:1 onto these dataclasses. Each recipe composes sections that the libraries
 declare beside the code that reads them (`generation.recipe`, `policy.recipe`, `simulator.recipe`,
-`curriculum.recipe`, `training.recipe`, `data.recipe`); this module adds the commands' own fields,
-the checks that span sections, and YAML loading. `load_recipe` merges the YAML and `key=value`
+`curriculum.recipe`, `training.recipe`, `data.recipe`, `tinyworld.recipe`); this module adds the
+commands' own fields, the checks that span sections, and YAML loading. `load_recipe` merges the YAML and `key=value`
 overrides onto the schema, so an unknown key, a wrong type or a missing required value fails
 before any work starts, with the file, the key and a fix in the message.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
+import typing
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from simsearch.checks import check_choice, check_positive, check_range, setting
 from simsearch.curriculum.recipe import CurriculumConfig
@@ -34,6 +34,7 @@ from simsearch.policy.recipe import RECIPE_TEMPLATES, AlgorithmConfig, RewardCon
 from simsearch.simulator.prompts import PRESETS
 from simsearch.simulator.recipe import JudgeConfig, SearchConfig, SimulatorConfig, check_shows
 from simsearch.simulator.sft_data import OUTCOME_METRICS, TARGETS
+from simsearch.tinyworld.recipe import TinyWorldConfig
 from simsearch.training.health import HealthConfig
 from simsearch.training.recipe import DeepSpeedConfig, LoraConfig, OptimConfig
 
@@ -62,6 +63,7 @@ __all__ = [  # the recipes, and the sections they compose (declared by their lib
     "SearchConfig",
     "ServeRecipe",
     "SimulatorConfig",
+    "TinyWorldConfig",
     "TrainRecipe",
     "load_recipe",
     "save_recipe",
@@ -609,7 +611,7 @@ class QuickstartRecipe:
 
     The stages after pretraining run the shipped recipes in `recipes_dir` (collect.yaml,
     simulator.yaml, train.yaml, train_nosearch.yaml, eval.yaml, eval_nosearch.yaml) with their
-    paths pointed into `run_dir`; the fields here set the world and the base model those recipes
+    paths pointed into `run_dir`; `tinyworld` sets the world and the base model those recipes
     start from.
     """
 
@@ -619,76 +621,10 @@ class QuickstartRecipe:
     )
     smoke: bool = setting(False, "every stage for a step or two (a pipeline check, not a result)")
     recipes_dir: str = setting("", 'stage recipes ("" = recipes/quickstart beside the package)')
-    n_entities: int = setting(300, "people in the tiny world RL and evaluation ask about")
-    n_train_entities: int = setting(200, "of them, those training questions ask about")
-    n_background_entities: int = setting(900, "more people, in the corpus, whose questions pretrain the base LM")
-    vocab_size: int = setting(1000, "byte-level BPE of the tiny models")
-    drill_steps: int = setting(300, "copy drills (batch 64) before the traces: they form induction heads")
-    pretrain_steps: int = setting(
-        1600,
-        "base-model pretraining on reading and random-query traces (1,600 chosen on development worlds; "
-        "docs/quickstart-notes.md)",
-    )
-    pretrain_batch_size: int = setting(32, "traces per pretraining step")
-    pretrain_lr: float = setting(
-        2e-3, "peak learning rate of the copy drills and the traces (linear warm-up, cosine decay)"
-    )
-    pretrain_traces: int = setting(
-        16000, "traces made for pretraining (pretrain_steps go over them in epochs, each shuffled)"
-    )
-    copy_loss_weight: float = setting(1.0, "auxiliary loss on copyable tokens inside <information>")
-    typed_answer_share: float = setting(
-        0.8,
-        "traces answering with a value of the asked kind (a city for a birthplace)",
-    )
-    reading_share: float = setting(
-        0.7,
-        "reading traces: the person's name searched (out of the LM loss) and the gold value answered; they teach "
-        "reading, not which query to write",
-    )
-    query_mix: list[float] = setting(
-        default_factory=lambda: [0.2, 0.6, 0.2],
-        help="shares of the other traces' query kinds (tinyworld.traces.QUERY_KINDS): the person's name alone, "
-        "question words alone, or both (40% of these traces name the person; the base names them in about one query "
-        "in eight)",
-    )
-    redraw_empty_searches: bool = setting(
-        False,
-        "redraw a trace query that finds nothing (which favours the name wherever the question's other words are not "
-        "in the corpus); false keeps it, with empty results and a guessed answer",
-    )
-    two_hop_share: float = setting(
-        0.0,
-        "people (each split) with a two-hop question: the birth city of their venture's founder",
-    )
-    two_search_share: float = setting(
-        0.0,
-        "pretraining traces that search twice before answering (the multi-turn format)",
-    )
-    year_tokens: bool = setting(
-        True,
-        "every year of the world one token of the tiny tokenizer (else four digit tokens)",
-    )
-    city_tokens: bool = setting(True, "every city name one token (else the BPE's pieces)")
     protocol: str = setting(
         "tags",
         "how the policy searches in every stage (rollout.protocol): tags, or tool-call (the base learns Hermes tool "
         "calls in a ChatML template of its own, models.TINY_TOOL_TEMPLATE)",
-    )
-    tool_call_lr: float = setting(
-        1e-4,
-        "the RL stages' optim.lr under protocol tool-call (train.yaml's 3e-4 is the tags protocol's): chosen on "
-        "development world 100, where GRPO at 3e-4 took the calls apart (docs/toolcall.md)",
-    )
-    call_tokens: bool = setting(
-        False,
-        "protocol tool-call: the tiny tokenizer writes the call's fixed JSON before the query and after it as one "
-        "token each, as it writes years and cities (off: the BPE's 13 and 2 pieces; docs/toolcall.md)",
-    )
-    tool_call_pretrain_factor: float = setting(
-        1.0,
-        "protocol tool-call: the base pretrains for pretrain_steps times this (1.0: the 1,600 steps chosen for it on "
-        "development worlds, docs/toolcall.md)",
     )
     threads: int = _threads()
     released: bool = setting(
@@ -696,38 +632,14 @@ class QuickstartRecipe:
         "a stage built under the very fingerprint of a model shipped with the package (the default world's base and "
         "simulator) installs that model instead of building it; false builds every stage here",
     )
+    tinyworld: TinyWorldConfig = setting(
+        default_factory=TinyWorldConfig,
+        help="the fictional world and the tiny base model pretrained on it (its size, tokenizer and traces)",
+    )
 
     def check(self, key: str) -> None:
         check_choice("protocol", self.protocol, tuple(PROTOCOLS))
-        for name in (
-            "n_entities",
-            "n_train_entities",
-            "vocab_size",
-            "pretrain_steps",
-            "pretrain_batch_size",
-            "pretrain_lr",
-            "pretrain_traces",
-            "tool_call_lr",
-            "tool_call_pretrain_factor",
-        ):
-            check_positive(name, getattr(self, name))
-        check_range("typed_answer_share", self.typed_answer_share, 0.0, 1.0)
-        check_range("reading_share", self.reading_share, 0.0, 1.0)
-        check_range("two_hop_share", self.two_hop_share, 0.0, 1.0)
-        check_range("two_search_share", self.two_search_share, 0.0, 1.0)
-        if len(self.query_mix) != 3 or min(self.query_mix) < 0 or not math.isclose(sum(self.query_mix), 1.0):
-            raise RecipeError(
-                f"query_mix={self.query_mix} must be 3 shares >= 0 summing to 1: traces whose query is the "
-                "name alone, question words alone, or both"
-            )
-        for name in ("n_background_entities", "drill_steps"):
-            if getattr(self, name) < 0:
-                raise RecipeError(f"{name}={getattr(self, name)} must be >= 0")
-        if self.n_train_entities >= self.n_entities:
-            raise RecipeError(
-                f"n_train_entities={self.n_train_entities} must be below n_entities={self.n_entities}: "
-                "the rest are the held-out entities"
-            )
+        self.tinyworld.check("tinyworld")
         _check_threads(self.threads)
 
 
@@ -779,10 +691,41 @@ def load_recipe(schema: type[R], path: str | os.PathLike | None, overrides: Sequ
         raise RecipeError(f"{where}: {err}") from None
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or "?"
-        raise RecipeError(f"{where}: key {key}: {_first_line(err)}") from None
+        raise RecipeError(f"{where}: key {key}: {_in_a_section(err) or _first_line(err)}") from None
     except TypeError as err:  # OmegaConf's merge of a mapping where the schema has a list, or the other way
         shape = f"a section has the wrong shape for the recipe ({_first_line(err)})"
         raise RecipeError(f"{where}: {shape}; its keys: `simsearch config COMMAND RECIPE --doc`") from None
+
+
+def _in_a_section(err: OmegaConfBaseException) -> str:
+    """For a key its section does not have, where the recipe does have it, one section down or more (the
+    quickstart's `drill_steps` is `tinyworld.drill_steps`); "" when nowhere."""
+    section = getattr(err, "object_type", None)
+    name = str(getattr(err, "key", ""))
+    if not isinstance(err, ConfigKeyError) or not isinstance(section, type) or not is_dataclass(section):
+        return ""
+    parent = str(getattr(err, "full_key", "") or "").rpartition(".")[0]
+    places = [f"{parent}.{place}" if parent else place for place in _section_keys(section, name)]
+    if not places:
+        return ""
+    inside = places[0].rpartition(".")[0].rpartition(".")[2]
+    return (
+        f"{section.__name__} has no {name} of its own; it is {' or '.join(places)}: write {places[0]}=... "
+        f"(in a recipe file, {name} under `{inside}:`)"
+    )
+
+
+def _section_keys(schema: type, name: str) -> list[str]:
+    """The dotted keys at which the sections nested in `schema` (not mappings, lists or optional ones) declare
+    a field `name`."""
+    found = []
+    hints = typing.get_type_hints(schema)
+    for f in fields(schema):
+        section = hints[f.name]
+        if isinstance(section, type) and is_dataclass(section):
+            found += [f"{f.name}.{name}"] if name in {g.name for g in fields(section)} else []
+            found += [f"{f.name}.{key}" for key in _section_keys(section, name)]
+    return found
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:

@@ -36,6 +36,19 @@ def test_recipe_error_is_one_line_and_exit_2(tmp_path, capsys: pytest.CaptureFix
     assert "missing.yaml: recipe file not found" in err and "Traceback" not in err
 
 
+def test_a_key_of_a_section_given_at_the_top_names_its_place(capsys: pytest.CaptureFixture) -> None:
+    # The quickstart's tiny-world settings sit in its `tinyworld` section; a key written flat, as they once were,
+    # is refused in one line that gives the key's place in the recipe.
+    assert main(["quickstart", "drill_steps=100"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    assert "key drill_steps: QuickstartRecipe has no drill_steps of its own; it is tinyworld.drill_steps" in err[0]
+    assert main(["config", "train", TINY, "lr=0.1"]) == 2
+    assert "it is optim.lr: write optim.lr=..." in capsys.readouterr().err
+    assert main(["quickstart", "tinyworld.drill_stepz=1"]) == 2  # a slip inside the section: OmegaConf's guess
+    assert "Did you mean: 'drill_steps'?" in capsys.readouterr().err
+
+
 def test_console_script_help_runs_without_heavy_imports() -> None:
     # `simsearch --help` must answer without importing torch.
     code = (

@@ -17,11 +17,12 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from transformers import PreTrainedTokenizerFast
 
 from simsearch.commands import evaluate, simulator_collect, simulator_finetune, train
@@ -39,11 +40,12 @@ from simsearch.data.chat import tool_call_messages
 from simsearch.data.templates import render_prompt
 from simsearch.errors import RecipeError, SimsearchError
 from simsearch.factory.build import build_search_engine
-from simsearch.fingerprints import claim_stage, digest, finish_stage
+from simsearch.fingerprints import STAGE_FILE, claim_stage, digest, finish_stage, stage_fingerprint
 from simsearch.models import TINY_TOOL_TEMPLATE, TOOL_SPECIAL_TOKENS, build_tiny_model, save_tiny, train_tokenizer
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.simulator.prompts import render as render_simulator_prompt
 from simsearch.tinyworld.pretrain import pretrain
+from simsearch.tinyworld.recipe import TinyWorldConfig
 from simsearch.tinyworld.traces import CALL_QUERY_PREFIX, Trace, make_copy_drills, make_traces, tiny_call
 from simsearch.tinyworld.world import YEARS, World, build_world, write_corpus
 from simsearch.training.checkpoint import latest_checkpoint
@@ -97,7 +99,7 @@ class Pipeline:
         if tool_call:  # the same room for the query and the answer as a tag turn has
             stage.sampling.max_new_tokens += TOOL_CALL_EXTRA_TOKENS
             if isinstance(stage, TrainRecipe):
-                stage.optim.lr = self.recipe.tool_call_lr
+                stage.optim.lr = self.recipe.tinyworld.tool_call_lr
         recipe = _inside(asdict(stage), str(self.run))
         return stage, digest({"stage": name, "inputs": inputs, "recipe": recipe})
 
@@ -191,20 +193,22 @@ def _pipeline(recipe: QuickstartRecipe, *, save: bool = True) -> Pipeline:
 
 def recipe_world(recipe: QuickstartRecipe) -> World:
     """The world `recipe` describes, built in memory (deterministic: the one its world stage wrote)."""
+    tiny = recipe.tinyworld
     return build_world(
-        seed=recipe.seed, n_entities=recipe.n_entities, n_train_entities=recipe.n_train_entities,
-        n_background_entities=recipe.n_background_entities, two_hop_share=recipe.two_hop_share,
+        seed=recipe.seed, n_entities=tiny.n_entities, n_train_entities=tiny.n_train_entities,
+        n_background_entities=tiny.n_background_entities, two_hop_share=tiny.two_hop_share,
     )  # fmt: skip
 
 
 def _world_fingerprint(recipe: QuickstartRecipe) -> str:
+    tiny = recipe.tinyworld
     return digest(
         {
             "stage": "world",
             "seed": recipe.seed,
-            "sizes": [recipe.n_entities, recipe.n_train_entities, recipe.n_background_entities],
+            "sizes": [tiny.n_entities, tiny.n_train_entities, tiny.n_background_entities],
             # Only when set, so a world without two-hop questions keeps the fingerprint it had before them.
-            **({"two_hop_share": recipe.two_hop_share} if recipe.two_hop_share else {}),
+            **({"two_hop_share": tiny.two_hop_share} if tiny.two_hop_share else {}),
             "collect_corpus": "without held-out people",
         }
     )
@@ -314,6 +318,38 @@ def planned_fingerprints(recipe: QuickstartRecipe) -> dict[str, str]:
     return {"world": world_fp, "base": base_fp, "collect": collect_fp, "simulator": simulator_fp}
 
 
+def saved_recipe(run_dir: Path) -> QuickstartRecipe:
+    """The quickstart recipe a run directory saved (its recipe.yaml).
+
+    One saved before the `tinyworld` section, with the tiny world's settings at its top, is read with them
+    in the section when the world and the base in `run_dir` were built under the fingerprints it plans.
+
+    Raises:
+        RecipeError: The recipe does not load, or it has the old shape and the stages there are not its.
+    """
+    path = run_dir / "recipe.yaml"
+    saved = yaml.safe_load(path.read_text()) if path.is_file() else None
+    if not isinstance(saved, dict) or "tinyworld" in saved:
+        return load_recipe(QuickstartRecipe, path, [])
+    moved = {f.name for f in fields(TinyWorldConfig)} & set(saved)
+    if not moved:
+        return load_recipe(QuickstartRecipe, path, [])
+    overrides = [f"{'tinyworld.' if key in moved else ''}{key}={json.dumps(value)}" for key, value in saved.items()]
+    recipe = load_recipe(QuickstartRecipe, None, overrides)
+    planned = planned_fingerprints(recipe)
+    for stage in ("world", "base"):
+        mark = run_dir / stage / STAGE_FILE
+        if not mark.is_file() or stage_fingerprint(run_dir / stage) != planned[stage]:
+            raise RecipeError(
+                f"{path}: saved before the tinyworld section (its {sorted(moved)[0]} at the top), and "
+                f"{run_dir / stage} was not built under it; move those keys under `tinyworld:` and rerun simsearch "
+                "quickstart there"
+            )
+    print(f"quickstart: {path}: saved before the tinyworld section; read with its keys there (the world and "
+          "base here were built under them)", flush=True)  # fmt: skip
+    return recipe
+
+
 def rl_stages(pipeline: Pipeline, base_fp: str, simulator_fp: str) -> dict[str, str]:
     """RL against the simulator (train/), then without search (train_nosearch/); their fingerprints."""
     run = pipeline.run
@@ -384,10 +420,10 @@ def recipes_dir(recipe: QuickstartRecipe) -> Path:
 
 
 def base_settings(recipe: QuickstartRecipe, rl: TrainRecipe) -> dict[str, Any]:
-    """Everything the base model is built from besides the world."""
+    """Everything the base model is built from besides the world (keyed by the names the settings had before
+    the `tinyworld` section, so a base keeps its fingerprint)."""
+    tiny = recipe.tinyworld
     fields = (
-        "seed",
-        "smoke",
         "vocab_size",
         "drill_steps",
         "pretrain_batch_size",
@@ -400,16 +436,17 @@ def base_settings(recipe: QuickstartRecipe, rl: TrainRecipe) -> dict[str, Any]:
         "year_tokens",
         "city_tokens",
     )
-    settings: dict[str, Any] = {name: getattr(recipe, name) for name in fields}
+    settings: dict[str, Any] = {"seed": recipe.seed, "smoke": recipe.smoke}
+    settings.update({name: getattr(tiny, name) for name in fields})
     settings["pretrain_steps"] = pretrain_steps(recipe)  # the steps taken, however the factor made them
-    settings["query_mix"] = list(recipe.query_mix)
-    if recipe.two_search_share:  # only when set: one-search bases keep the fingerprint they had before
-        settings["two_search_share"] = recipe.two_search_share
+    settings["query_mix"] = list(tiny.query_mix)
+    if tiny.two_search_share:  # only when set: one-search bases keep the fingerprint they had before
+        settings["two_search_share"] = tiny.two_search_share
     settings.update(template=rl.rollout.template, top_k=rl.search.top_k, rendering=rl.search.rendering)
     if recipe.protocol != "tags":
         settings["protocol"] = recipe.protocol
         settings["call_query_prefix"] = CALL_QUERY_PREFIX
-        if recipe.call_tokens:  # only when set: bases built without keep their fingerprints
+        if tiny.call_tokens:  # only when set: bases built without keep their fingerprints
             settings["call_tokens"] = True
     settings["trace_corpus"] = "background people and cities"  # `trace_passages`
     return settings
@@ -431,10 +468,11 @@ def pretrain_base(
     model = build_tiny_model(tokenizer, hidden=128, layers=4, heads=4, kv_heads=2, ffn=384, seed=recipe.seed)
     # Smoke: just enough (40 x 16 traces at a high rate; four times that for Hermes calls, twice the tokens
     # of a tag search) that the base emits searches.
+    tiny = recipe.tinyworld
     drill_steps, steps, batch_size, lr = (
         (2, 160 if recipe.protocol == "tool-call" else 40, 16, 5e-3)
         if recipe.smoke
-        else (recipe.drill_steps, pretrain_steps(recipe), recipe.pretrain_batch_size, recipe.pretrain_lr)
+        else (tiny.drill_steps, pretrain_steps(recipe), tiny.pretrain_batch_size, tiny.pretrain_lr)
     )
     if drill_steps:
         drills = make_copy_drills(tokenizer, n=64 * drill_steps, seed=recipe.seed)
@@ -446,7 +484,7 @@ def pretrain_base(
         steps=steps,
         batch_size=batch_size,
         lr=lr,
-        copy_loss_weight=recipe.copy_loss_weight,
+        copy_loss_weight=tiny.copy_loss_weight,
         seed=recipe.seed,
     )
     save_tiny(model, tokenizer, out)
@@ -454,8 +492,9 @@ def pretrain_base(
 
 def pretrain_steps(recipe: QuickstartRecipe) -> int:
     """The base's pretraining steps on traces (not smoke): `tool_call_pretrain_factor` applied to tool calls."""
-    factor = recipe.tool_call_pretrain_factor if recipe.protocol == "tool-call" else 1.0
-    return max(1, round(recipe.pretrain_steps * factor))
+    tiny = recipe.tinyworld
+    factor = tiny.tool_call_pretrain_factor if recipe.protocol == "tool-call" else 1.0
+    return max(1, round(tiny.pretrain_steps * factor))
 
 
 def base_tokenizer(recipe: QuickstartRecipe, world: World, rl: TrainRecipe) -> PreTrainedTokenizerFast:
@@ -465,15 +504,16 @@ def base_tokenizer(recipe: QuickstartRecipe, world: World, rl: TrainRecipe) -> P
     simulator_prompt = render_simulator_prompt(
         "simsearch", query="", question="", golden_answers=[""], noisy=False, top_k=3
     )
+    tiny = recipe.tinyworld
     if recipe.protocol == "tool-call":  # the user message and the call's JSON, as the rollout writes them
         policy_texts = [tool_call_messages("", rl.rollout.template)[0]["content"], tiny_call("")]
         texts = world.texts_for_tokenizer() + [*policy_texts, simulator_prompt] * 100
-        tokenizer = train_tokenizer(texts, recipe.vocab_size, TOOL_SPECIAL_TOKENS, TINY_TOOL_TEMPLATE)
+        tokenizer = train_tokenizer(texts, tiny.vocab_size, TOOL_SPECIAL_TOKENS, TINY_TOOL_TEMPLATE)
     else:
         texts = world.texts_for_tokenizer() + [render_prompt("", template=rl.rollout.template), simulator_prompt] * 100
-        tokenizer = train_tokenizer(texts, vocab_size=recipe.vocab_size)
-    tokenizer.add_tokens([*(YEARS if recipe.year_tokens else ()), *(world.cities if recipe.city_tokens else ())])
-    if recipe.protocol == "tool-call" and recipe.call_tokens:
+        tokenizer = train_tokenizer(texts, vocab_size=tiny.vocab_size)
+    tokenizer.add_tokens([*(YEARS if tiny.year_tokens else ()), *(world.cities if tiny.city_tokens else ())])
+    if recipe.protocol == "tool-call" and tiny.call_tokens:
         # what tiny_call writes around a query, less the special tokens that open and close it
         call = tiny_call("QUERY").removeprefix("<tool_call>").removesuffix("</tool_call>")
         tokenizer.add_tokens(call.split(CALL_QUERY_PREFIX + "QUERY"))
@@ -491,21 +531,22 @@ def base_traces(
 ) -> list[Trace]:
     """The base's pretraining traces about `questions`, searching `trace_passages` only."""
     engine = BM25SearchEngine.build(trace_passages(world), show_progress=False)
+    tiny = recipe.tinyworld
     return make_traces(
         world,
         engine,
         tokenizer,
-        n=n or recipe.pretrain_traces,
+        n=n or tiny.pretrain_traces,
         seed=recipe.seed,
         top_k=rl.search.top_k,
         template=rl.rollout.template,
         examples=questions,
-        typed_answer_share=recipe.typed_answer_share,
-        reading_share=recipe.reading_share,
-        redraw_empty=recipe.redraw_empty_searches,
+        typed_answer_share=tiny.typed_answer_share,
+        reading_share=tiny.reading_share,
+        redraw_empty=tiny.redraw_empty_searches,
         rendering=rl.search.rendering,
-        two_search_share=recipe.two_search_share,
-        query_mix=recipe.query_mix,
+        two_search_share=tiny.two_search_share,
+        query_mix=tiny.query_mix,
         protocol=recipe.protocol,
     )
 

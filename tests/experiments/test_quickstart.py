@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -9,14 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from PIL import Image
 from transformers import AutoTokenizer
 
-from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
+from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe, save_recipe
 from simsearch.errors import RecipeError
 from simsearch.experiments import pipeline, quickstart
 from simsearch.experiments import release as release_command
-from simsearch.fingerprints import stage_fingerprint
+from simsearch.fingerprints import claim_stage, stage_fingerprint
 from simsearch.models import TINY_TOOL_TEMPLATE
 from simsearch.tinyworld.diagnostics import QUERY_NAMING
 from simsearch.tinyworld.traces import tiny_call
@@ -155,7 +157,7 @@ def test_rl_prompts_name_no_held_out_person_and_rl_searches_only_the_simulator(s
 
 def test_no_pretraining_trace_names_anyone_rl_or_the_evaluation_asks_about() -> None:
     world = pipeline.build_world(seed=3, n_entities=40, n_train_entities=25, n_background_entities=60)
-    recipe = load_recipe(QuickstartRecipe, None, ["pretrain_traces=400", "seed=3"])
+    recipe = load_recipe(QuickstartRecipe, None, ["tinyworld.pretrain_traces=400", "seed=3"])
     rl = load_recipe(TrainRecipe, RECIPES / "train.yaml")
     tokenizer = pipeline.base_tokenizer(recipe, world, rl)
     traces = pipeline.base_traces(recipe, world, world.background, tokenizer, rl)
@@ -173,7 +175,7 @@ def test_call_tokens_write_the_calls_fixed_json_as_two_tokens() -> None:
     call = tiny_call("Refo born")
     pieces = {}
     for flag in (False, True):
-        recipe = load_recipe(QuickstartRecipe, None, ["protocol=tool-call", f"call_tokens={flag}"])
+        recipe = load_recipe(QuickstartRecipe, None, ["protocol=tool-call", f"tinyworld.call_tokens={flag}"])
         tokenizer = pipeline.base_tokenizer(recipe, world, rl)
         ids = tokenizer(call, add_special_tokens=False)["input_ids"]
         pieces[flag] = [tokenizer.decode([i]) for i in ids]
@@ -181,7 +183,7 @@ def test_call_tokens_write_the_calls_fixed_json_as_two_tokens() -> None:
     assert pieces[True][:2] == ["<tool_call>", '{"name": "search", "arguments": {"query": "']
     assert pieces[True][-2:] == ['"}}', "</tool_call>"]
     assert pieces[True][2:-2] == pieces[False][14:-3]  # the query keeps its pieces; 13 and 2 pieces became 1 each
-    recipe = load_recipe(QuickstartRecipe, None, ["protocol=tool-call", "call_tokens=true"])
+    recipe = load_recipe(QuickstartRecipe, None, ["protocol=tool-call", "tinyworld.call_tokens=true"])
     settings = pipeline.base_settings(recipe, rl)
     off = pipeline.base_settings(load_recipe(QuickstartRecipe, None, ["protocol=tool-call"]), rl)
     assert settings == {**off, "call_tokens": True}
@@ -196,8 +198,8 @@ def test_the_tool_call_base_pretrains_for_its_factor_of_the_steps(monkeypatch, t
     for protocol in ("tags", "tool-call"):
         recipe = load_recipe(
             QuickstartRecipe, None,
-            [f"protocol={protocol}", "pretrain_steps=30", "tool_call_pretrain_factor=2.5", "pretrain_traces=40",
-             "drill_steps=2"],
+            [f"protocol={protocol}", "tinyworld.pretrain_steps=30", "tinyworld.tool_call_pretrain_factor=2.5",
+             "tinyworld.pretrain_traces=40", "tinyworld.drill_steps=2"],
         )  # fmt: skip
         steps.clear()
         pipeline.pretrain_base(recipe, world, world.background, rl, tmp_path)
@@ -207,11 +209,15 @@ def test_the_tool_call_base_pretrains_for_its_factor_of_the_steps(monkeypatch, t
     def settings(*overrides: str) -> dict:
         return pipeline.base_settings(load_recipe(QuickstartRecipe, None, list(overrides)), rl)
 
-    doubled = settings("protocol=tool-call", "tool_call_pretrain_factor=2.0", "pretrain_steps=800")
-    assert doubled == settings("protocol=tool-call", "tool_call_pretrain_factor=1.0", "pretrain_steps=1600")
-    once = settings("protocol=tool-call", "tool_call_pretrain_factor=1.0", "pretrain_steps=800")
+    doubled = settings("protocol=tool-call", "tinyworld.tool_call_pretrain_factor=2.0", "tinyworld.pretrain_steps=800")
+    assert doubled == settings(
+        "protocol=tool-call", "tinyworld.tool_call_pretrain_factor=1.0", "tinyworld.pretrain_steps=1600"
+    )
+    once = settings("protocol=tool-call", "tinyworld.tool_call_pretrain_factor=1.0", "tinyworld.pretrain_steps=800")
     assert doubled == {**once, "pretrain_steps": 1600}
-    assert settings("tool_call_pretrain_factor=2.0", "pretrain_steps=800")["pretrain_steps"] == 800  # tags
+    assert (
+        settings("tinyworld.tool_call_pretrain_factor=2.0", "tinyworld.pretrain_steps=800")["pretrain_steps"] == 800
+    )  # tags
 
 
 @pytest.mark.parametrize("held_out", [True, False])
@@ -351,17 +357,46 @@ def test_the_trace_settings_are_checked_and_fingerprinted() -> None:
     rl = load_recipe(TrainRecipe, pipeline.recipes_dir(QuickstartRecipe()) / "train.yaml")
     default = pipeline.base_settings(QuickstartRecipe(), rl)
     for override, key, value in (
-        ("query_mix=[0.1,0.8,0.1]", "query_mix", [0.1, 0.8, 0.1]),
-        ("reading_share=0.5", "reading_share", 0.5),
-        ("redraw_empty_searches=true", "redraw_empty_searches", True),
+        ("tinyworld.query_mix=[0.1,0.8,0.1]", "query_mix", [0.1, 0.8, 0.1]),
+        ("tinyworld.reading_share=0.5", "reading_share", 0.5),
+        ("tinyworld.redraw_empty_searches=true", "redraw_empty_searches", True),
     ):
         changed = pipeline.base_settings(load_recipe(QuickstartRecipe, None, [override]), rl)
         assert changed == {**default, key: value} != default, override
     for bad in ("[0.5,0.5,0.5]", "[0.5,0.5]", "[-0.1,0.6,0.5]"):
-        with pytest.raises(RecipeError, match=re.escape("query_mix=") + ".*summing to 1"):
-            load_recipe(QuickstartRecipe, None, [f"query_mix={bad}"])
+        with pytest.raises(RecipeError, match=re.escape("tinyworld.query_mix=") + ".*summing to 1"):
+            load_recipe(QuickstartRecipe, None, [f"tinyworld.query_mix={bad}"])
     with pytest.raises(RecipeError, match="reading_share"):
-        load_recipe(QuickstartRecipe, None, ["reading_share=1.5"])
+        load_recipe(QuickstartRecipe, None, ["tinyworld.reading_share=1.5"])
+
+
+def _old_shape(recipe: QuickstartRecipe, run: Path) -> Path:
+    """`recipe` saved in `run` as the quickstart saved it before its `tinyworld` section: every key at the top."""
+    saved = dataclasses.asdict(recipe)
+    saved.update(saved.pop("tinyworld"))
+    (run / "recipe.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+    return run / "recipe.yaml"
+
+
+def test_a_run_directory_saved_before_the_tinyworld_section_is_read_when_its_stages_agree(
+    tmp_path: Path, capsys
+) -> None:
+    recipe = load_recipe(QuickstartRecipe, None, [f"run_dir={tmp_path}", "seed=4", "tinyworld.pretrain_steps=800"])
+    path = _old_shape(recipe, tmp_path)
+    with pytest.raises(RecipeError, match=re.escape("key n_entities: QuickstartRecipe has no n_entities of its own; "
+                                                    "it is tinyworld.n_entities")):  # fmt: skip
+        load_recipe(QuickstartRecipe, path, [])
+    planned = pipeline.planned_fingerprints(recipe)
+    for stage in ("world", "base"):
+        claim_stage(tmp_path / stage, planned[stage])
+    assert pipeline.saved_recipe(tmp_path) == recipe
+    assert "saved before the tinyworld section" in capsys.readouterr().out
+    # A directory whose base was built from other settings is refused, its recipe not guessed at.
+    claim_stage(tmp_path / "base", "0123456789abcdef")
+    with pytest.raises(RecipeError, match=f"{tmp_path / 'base'} was not built under it"):
+        pipeline.saved_recipe(tmp_path)
+    save_recipe(recipe, tmp_path)  # the new shape loads as any recipe
+    assert pipeline.saved_recipe(tmp_path) == recipe
 
 
 def test_every_stage_runs_at_the_quickstarts_thread_count(tmp_path: Path) -> None:
@@ -376,7 +411,7 @@ def test_the_tool_call_protocol_trains_at_its_own_learning_rate(tmp_path: Path) 
     shipped = load_recipe(TrainRecipe, RECIPES / "train.yaml")
     for protocol, lr, extra in (("tags", shipped.optim.lr, 0), ("tool-call", 2e-5, pipeline.TOOL_CALL_EXTRA_TOKENS)):
         recipe = load_recipe(
-            QuickstartRecipe, None, [f"run_dir={tmp_path}", f"protocol={protocol}", "tool_call_lr=2e-5"]
+            QuickstartRecipe, None, [f"run_dir={tmp_path}", f"protocol={protocol}", "tinyworld.tool_call_lr=2e-5"]
         )
         stages = pipeline.Pipeline(recipe, RECIPES, tmp_path, {})
         seen: list = []

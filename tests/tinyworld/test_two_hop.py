@@ -223,7 +223,7 @@ def test_quickstart_fingerprints_name_the_two_hop_settings_only_when_set() -> No
     rl = load_recipe(TrainRecipe, pipeline.recipes_dir(QuickstartRecipe()) / "train.yaml")
     default = pipeline.base_settings(QuickstartRecipe(), rl)
     assert "two_search_share" not in default  # so a default base keeps the fingerprint it had before
-    two = pipeline.base_settings(load_recipe(QuickstartRecipe, None, ["two_search_share=0.5"]), rl)
+    two = pipeline.base_settings(load_recipe(QuickstartRecipe, None, ["tinyworld.two_search_share=0.5"]), rl)
     assert two == {**default, "two_search_share": 0.5}
 
 
