@@ -18,7 +18,8 @@ code the trainer runs) with the `health` settings under test: the recipe's defau
 A run collapsed when a validation EM falls under half of the best validation before it (`em_fall_step`; a
 best under `MIN_BEST` is nothing to fall from). A rule's lead is the fall's step minus its first alarm (>= 0:
 at or before the fall). Each collapsed run is trained again with `health.on_alarm=rollback` (checkpoints every
-`EVAL_EVERY` steps): it recovered when it rolled back and its last validation EM is at least half of that best.
+`EVAL_EVERY` steps): it recovered when it rolled back, reached the run's budget and its last validation EM is
+at least half of that best.
 
 Prints the `health-results` block of docs/health.md (`--out`: the figures and a table of the runs; one plot per
 world, health/world_SEED.png beside the page) and, as its last line, one JSON object: `collapsed_runs`,
@@ -65,7 +66,7 @@ ARMS = {
 """Arm -> how it differs from the quickstart's RL recipe (docs/health.md, chosen on world 0)."""
 REPORTING_WORLDS = (101, 102)
 """The worlds docs/health.md declared before any health run of theirs: no threshold was chosen on them."""
-EVAL_EVERY = 5
+EVAL_EVERY = 1  # a fall is timed at the step it happens (docs/health.md, the next design)
 VAL_SIZE = 64
 MIN_BEST = 0.1
 SMOKE_STEPS = 3
@@ -194,7 +195,8 @@ def _judge(run: dict[str, Any], cfg: HealthConfig) -> dict[str, Any]:
         rolled = any(row.get("action") == "rolled_back" for row in back["alarms"])
         before = [row["val/em"] for row in rows if row.get("val/em") is not None and row["step"] < fall]
         last = [row["val/em"] for row in back["rows"] if row.get("val/em") is not None][-1:]
-        judged["recovered"] = bool(last and last[0] >= 0.5 * max(before)) if rolled else None
+        budget = max(row["step"] for row in back["rows"]) >= max(row["step"] for row in rows)
+        judged["recovered"] = bool(budget and last and last[0] >= 0.5 * max(before)) if rolled else None
     return judged
 
 

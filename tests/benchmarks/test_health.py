@@ -41,6 +41,9 @@ def test_judge_reads_the_fall_the_alarms_and_the_rollbacks_outcome() -> None:
     assert judged["share"] == pytest.approx(0.01)
     stuck = {"rows": [{"step": 3, "val/em": 0.1}], "alarms": [{"step": 2, "action": "rolled_back"}]}
     assert health._judge({"world": 0, "arm": "x", "rows": rows, "rollback": stuck}, cfg)["recovered"] is False
+    # stopped (by its last rollback) before the run's budget, step 3: not recovered, however good its last EM
+    short = {"rows": [{"step": 2, "val/em": 0.4}], "alarms": [{"step": 2, "action": "rolled_back"}]}
+    assert health._judge({"world": 0, "arm": "x", "rows": rows, "rollback": short}, cfg)["recovered"] is False
     never = {"rows": [{"step": 3, "val/em": 0.4}], "alarms": []}  # no rollback: counted in neither
     assert health._judge({"world": 0, "arm": "x", "rows": rows, "rollback": never}, cfg)["recovered"] is None
 
