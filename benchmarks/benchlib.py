@@ -1,5 +1,5 @@
-"""What several benchmarks share: their common options, worlds run in worker processes, timing,
-mean ± sd, paired differences' t-intervals and the doc's rewritten blocks. The fingerprinted stages
+"""What several benchmarks share: timing, mean ± sd, paired differences' t-intervals, a doc's rewritten
+blocks and where a benchmark ran. The studies' runner is `benchmarks.study`; the fingerprinted stages
 they run are `simsearch.experiments.stages`.
 
 A benchmark imports it as `benchmarks.benchlib`: the benchmarks run as modules of the `benchmarks`
@@ -8,18 +8,13 @@ package from the repository root (`python -m benchmarks.NAME`), and tests import
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import platform
 import statistics
 import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -31,77 +26,6 @@ RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "quickstart"
 # Overrides of the quickstart's train.yaml for an engine other than the simulator: no noise to
 # schedule, and no cache (it would hold the simulator's).
 NO_NOISE = ("curriculum.kind=constant", "curriculum.p_start=0.0", "search.cache=''")
-
-
-def arm_arguments(
-    argv: Sequence[str] | None,
-    parser: argparse.ArgumentParser,
-    name: str,
-    *,
-    steps: int,
-    smoke_steps: int,
-    seeds_help: str,
-    smoke_help: str,
-) -> argparse.Namespace:
-    """Parses `argv` with `parser` (holding a benchmark's own options) plus the options every arm
-    benchmark takes: --seeds, --steps, --run-dir, --out, --smoke and --threads.
-
-    Returns the options with their defaults resolved: `seeds` (0 and 1, 0 with --smoke), `steps`
-    (`steps`, `smoke_steps` with --smoke), `run_dir` (runs/NAME, a temporary directory with
-    --smoke) and `out` (docs/NAME.md, NAME.md in the run directory with --smoke), as Paths.
-    """
-    parser.add_argument("--seeds", type=int, nargs="+", help=seeds_help)
-    parser.add_argument("--steps", type=int, default=0, help=f"RL steps per arm (default {steps}; smoke {smoke_steps})")
-    parser.add_argument("--run-dir", default="", help=f"runs/{name}, or a temporary directory with --smoke")
-    parser.add_argument("--out", default="", help=f"the doc (docs/{name}.md; with --smoke, in the run directory)")
-    parser.add_argument("--smoke", action="store_true", help=smoke_help)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = every core), as the quickstart's")
-    args = parser.parse_args(argv)
-    args.seeds = args.seeds if args.seeds is not None else ([0] if args.smoke else [0, 1])
-    args.steps = args.steps or (smoke_steps if args.smoke else steps)
-    smoke_dir = tempfile.mkdtemp(prefix=f"{name.replace('_', '-')}-smoke-") if args.smoke and not args.run_dir else ""
-    args.run_dir = Path(args.run_dir or smoke_dir or f"runs/{name}")
-    args.out = Path(args.out or (args.run_dir / f"{name}.md" if args.smoke else f"docs/{name}.md"))
-    return args
-
-
-def run_worlds(
-    script: str, args: argparse.Namespace, worker: Callable[[int], list[str]], done: Callable[[dict[str, Any]], str]
-) -> dict[int, dict[str, Any]]:
-    """Each of `args.seeds`' RUN_DIR/world_SEED/NAME.json (NAME: `script`'s stem), by seed.
-
-    With `args.aggregate` the finished worlds are read; else `script`'s module (`python -m
-    benchmarks.NAME`) runs once per world with `worker(seed)` as its arguments, `args.jobs` processes
-    at once, each logging to RUN_DIR/world_SEED.log, and `done(result)` is printed as each world ends.
-    A worker inherits this process's working directory and environment: it finds the package as the
-    benchmark did (run from the repository root), and reads relative paths in its arguments as here.
-    """
-    name = Path(script).stem
-    module = f"benchmarks.{name}"
-    if args.aggregate:
-        return {seed: finished_world(name, args.run_dir, seed) for seed in args.seeds}
-
-    def one(seed: int) -> dict[str, Any]:
-        log = args.run_dir / f"world_{seed}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        print(f"world {seed}: running (log: {log})", flush=True)
-        with log.open("w") as out:
-            subprocess.run(
-                [sys.executable, "-m", module, *worker(seed)], check=True, stdout=out, stderr=subprocess.STDOUT
-            )
-        result = finished_world(name, args.run_dir, seed)
-        print(f"world {seed}: done, {done(result)}", flush=True)
-        return result
-
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        return dict(zip(args.seeds, pool.map(one, args.seeds)))
-
-
-def finished_world(name: str, run_dir: Path, seed: int) -> dict[str, Any]:
-    path = run_dir / f"world_{seed}" / f"{name}.json"
-    if not path.is_file():
-        raise SystemExit(f"{name}: world {seed} has no {path}; run it first (--seeds {seed})")
-    return json.loads(path.read_text())
 
 
 @contextmanager
@@ -206,12 +130,3 @@ def provenance(repo: Path = RECIPES.parents[1]) -> dict[str, Any]:
     cpu = models[0] if models else platform.processor() or "unknown"
     return {"commit": commit, "cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "cores": os.cpu_count() or 0, "torch_threads": torch.get_num_threads()}  # fmt: skip
-
-
-def measured_at(info: dict[str, Any]) -> str:
-    """One sentence for a generated page: the commit and machine of `provenance`."""
-    kernels = f", {info['cpu_capability']} kernels" if info.get("cpu_capability") else ""
-    return (
-        f"Measured at commit {info['commit']} on {info['cpu']}{kernels} ({info['cores']} cores, "
-        f"{info['torch_threads']} torch thread(s))."
-    )
