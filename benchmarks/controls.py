@@ -162,14 +162,9 @@ def world_commits(worlds: dict[int, dict[str, Any]]) -> str:
 
 
 def world_cpus(worlds: dict[int, dict[str, Any]]) -> str:
-    """The CPU each world ran on, with its kernels' vector instructions where recorded, as one phrase."""
-
-    def cpu(world: dict[str, Any]) -> str:
-        machine = world.get("machine", {})
-        kernels = f", {machine['cpu_capability']} kernels" if machine.get("cpu_capability") else ""
-        return f"{machine.get('cpu', 'a CPU not recorded')}{kernels}"
-
-    return study.by_world(worlds, cpu)
+    """The CPU each world ran on (its record's `machine`), with its kernels' vector instructions where recorded,
+    as one phrase."""
+    return study.by_world(worlds, lambda world: study.cpu_phrase(world.get("machine", {})))
 
 
 # --------------------------------------------------------------------------- one world (a worker)

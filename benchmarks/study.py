@@ -188,15 +188,17 @@ def where(worlds: dict[int, Record]) -> dict[str, str]:
     """The commit and the CPU (with its kernels' vector instructions) the worlds ran on, each as one phrase:
     "abc1234", or "abc1234 (worlds 0, 1), def5678 (world 2)"."""
 
-    def cpu(info: dict[str, Any]) -> str:
-        kernels = f", {info['cpu_capability']} kernels" if info.get("cpu_capability") else ""
-        return f"{info.get('cpu', 'a CPU not recorded')}{kernels}"
-
     infos = {seed: world.get("provenance", {}) for seed, world in worlds.items()}
     return {
         "commit": by_world(infos, lambda info: info.get("commit", "not recorded")),
-        "cpu": by_world(infos, cpu),
+        "cpu": by_world(infos, cpu_phrase),
     }
+
+
+def cpu_phrase(info: dict[str, Any]) -> str:
+    """A machine's `cpu`, with its kernels' vector instructions (`cpu_capability`) where recorded."""
+    kernels = f", {info['cpu_capability']} kernels" if info.get("cpu_capability") else ""
+    return f"{info.get('cpu', 'a CPU not recorded')}{kernels}"
 
 
 def measured(info: dict[str, Any]) -> str:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import study
-from benchmarks.benchlib import INTERVAL_METHOD, difference_cell, mean_sd, paired
+from benchmarks.benchlib import INTERVAL_METHOD, difference_cell, mean_sd, paired, provenance
 
 PROTOCOLS = ("tags", "tool-call")
 POLICIES = ("base", "rl_search")
@@ -60,7 +60,6 @@ def _rl_line(result: dict[str, Any]) -> str:
 
 def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """The quickstart with each protocol; the world's record."""
-    from benchmarks.benchlib import provenance
     from simsearch.config import QuickstartRecipe, load_recipe
     from simsearch.experiments import quickstart
 
