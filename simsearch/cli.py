@@ -320,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         run(args)
+        _close_process_group(wait_for_peers=True)
     except (RecipeError, SimsearchError) as err:
         print(f"simsearch: error: {err}", file=sys.stderr)
         return 2
@@ -336,15 +337,19 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         return 1
     finally:
-        _close_process_group()
+        _close_process_group(wait_for_peers=False)
     return 0
 
 
-def _close_process_group() -> None:
+def _close_process_group(*, wait_for_peers: bool) -> None:
     """Ends torch.distributed if the command started it (DeepSpeed runs): left alive at exit,
-    gloo's threads can abort the process after its work is done."""
+    gloo's threads can abort the process after its work is done, and so can a group torn down while
+    a peer still works (rank 0 writing the model shards). After a finished command every process
+    waits for the others first; after a failure none does, as a failed peer would never arrive."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
+        if wait_for_peers:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from simsearch import cli
 from simsearch.cli import build_parser, main
+from simsearch.errors import RecipeError
 
 
 @pytest.mark.parametrize(
@@ -120,9 +121,21 @@ def test_a_command_that_started_torch_distributed_ends_it(monkeypatch) -> None:
     def start_a_group(args) -> None:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
 
+    barriers: list[int] = []
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: barriers.append(1))
     monkeypatch.setattr(cli, "run", start_a_group)
     assert cli.main(["train", "recipe.yaml"]) == 0
     assert not dist.is_initialized()
+    assert barriers == [1]  # a finished command waits for its peers (rank 0 may still be writing)
+
+    def fail_after_starting(args) -> None:
+        start_a_group(args)
+        raise RecipeError("bad")
+
+    monkeypatch.setattr(cli, "run", fail_after_starting)
+    assert cli.main(["train", "recipe.yaml"]) == 2
+    assert not dist.is_initialized()
+    assert barriers == [1]  # a failed one does not: its peers may never arrive
 
 
 # --------------------------------------------------------------------------- first-hour slips, each one line
