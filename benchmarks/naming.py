@@ -30,7 +30,7 @@ gives the same run with full logs), and probes each: does the naming come back u
 draw of the same run? Every stage is fingerprinted: a rerun skips what is finished.
 
 A world's record is RUN_DIR/world_SEED/naming.json (RUN_DIR: runs/naming by default), its log
-RUN_DIR/world_SEED.log. Prints a table per world and, as its last line, one JSON object:
+RUN_DIR/world_SEED/naming.log. Prints a table per world and, as its last line, one JSON object:
 `by_world` (policy -> "ENGINE/SET" -> em, named_share, em_named, em_unnamed; "training" -> RL run -> half
 -> samples, named_share, reward_named, reward_unnamed), `arm`, `reseed`, `seeds`, `smoke`, `wall_s` and
 `provenance`.

@@ -141,7 +141,8 @@ def run_one_world(study: Study, seed: int, args: argparse.Namespace) -> Record:
 
 def run_worlds(study: Study, args: argparse.Namespace, argv: Sequence[str]) -> dict[int, Record]:
     """Each of `args.seeds`' record, by seed: read with `args.aggregate`, else run by a worker process each,
-    `args.jobs` at once, each logging to RUN_DIR/world_SEED.log.
+    `args.jobs` at once, each appending its output to RUN_DIR/world_SEED/NAME.log (studies that share a run
+    directory keep their own logs, a world run again keeps its earlier log).
 
     A worker is this command again (`argv`) for one world, with the run directory resolved here; it
     inherits the working directory and environment, so it finds the package and reads relative paths
@@ -151,11 +152,11 @@ def run_worlds(study: Study, args: argparse.Namespace, argv: Sequence[str]) -> d
         return {seed: finished_world(study.name, args.run_dir, seed) for seed in args.seeds}
 
     def one(seed: int) -> Record:
-        log = args.run_dir / f"world_{seed}.log"
+        log = args.run_dir / f"world_{seed}" / f"{study.name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         print(f"world {seed}: running (log: {log})", flush=True)
         command = [sys.executable, "-m", f"benchmarks.{study.name}", *worker_arguments(seed, args, argv)]
-        with log.open("w") as out:
+        with log.open("a") as out:
             launch(command, out)
         record = finished_world(study.name, args.run_dir, seed)
         print(f"world {seed}: done, {study.done(record)}", flush=True)

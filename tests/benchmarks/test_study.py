@@ -46,6 +46,7 @@ def in_process_workers(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
 
     def launch(command: list[str], log: Any) -> None:
         assert command[1:3] == ["-m", "benchmarks.toy"] and log.writable()
+        log.write(f"worker {len(commands)}\n")
         commands.append(command[3:])
         study.main(TOY, command[3:])
 
@@ -67,7 +68,10 @@ def test_each_world_runs_in_a_worker_with_the_command_line_and_writes_its_record
     assert figures["total"] == 6.0 and figures["seeds"] == [1, 2] and figures["smoke"] is False
     assert set(figures["provenance"]) == {"commit", "cpu", "torch_threads", "jobs"}
     out = capsys.readouterr().out
-    assert "world 2: done, value 4.0" in out and json.loads(out.strip().splitlines()[-1]) == figures
+    log = tmp_path / "world_2" / "toy.log"  # the study's own log beside its record
+    assert "world 2: done, value 4.0" in out and f"(log: {log})" in out and log.read_text() == "worker 1\n"
+    study.main(TOY, argv)  # the world again: its earlier log is kept
+    assert log.read_text() == "worker 1\nworker 3\n" and json.loads(out.strip().splitlines()[-1]) == figures
     assert (tmp_path / "page.md").read_text() == "# Toy\n\n<!-- total -->6.0<!-- /total -->\n\n" + (
         "<!-- table -->\n| seeds |\n|---|\n| [1, 2] |\n<!-- /table -->\n"
     )
