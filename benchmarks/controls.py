@@ -7,49 +7,23 @@
     python -m benchmarks.controls --seeds 0 1 --arms noisy --borrow docs/controls/avx512  # some arms again
     python -m benchmarks.controls --seeds 0 1 --aggregate --compare docs/controls/avx512  # against earlier runs
 
-Per world (seed): `simsearch quickstart` in RUN_DIR/world_SEED (its base, its simulator and its
-RL policy, which is the simulator arm), then one RL run per arm on the same base with
-`recipes/quickstart/train.yaml`, the same seed, steps, prompts and group size; only the engine in
-the loop changes:
+Per world (seed): `simsearch quickstart` in RUN_DIR/world_SEED (its RL run is the simulator arm), the
+knowing simulator (`simsearch.experiments.knowing`) and its fidelity to BM25, then one RL run per arm of
+`ARMS` on the same base with `recipes/quickstart/train.yaml`, only the engine in the loop changed (each
+arm's purpose: docs/controls.md). Every policy and the base are evaluated greedily on the held-out
+questions against BM25 and dense; `STEP_ARMS` also at every kept checkpoint. `--arms` runs some arms and
+takes the others from an earlier record of the same world and base (RUN_DIR's, or `--borrow DIR`'s);
+`--compare DIR` pairs each arm whose EM moved with DIR's records of the same worlds. `--gate` runs the
+knowing designs' fidelity gate only.
 
-- `simulator`: the quickstart's fine-tuned simulator (fit on RL's own questions) under its noise
-  curriculum (the quickstart's own RL run);
-- `knowing`: a simulator that knows the world (`tinyworld.knowing`): its base read the passages of
-  RL's and of other ("fit") people, its SFT pairs are BM25's results for the fit people's
-  questions only; same curriculum. Never fit on a question RL asks, never shown a held-out person;
-- `oracle`: the question's answer passage plus `top_k - 1` random passages, whatever the query
-  (`retrieval.oracle`): shows the answer always, rewards no query;
-- `bm25`: real BM25 in the loop (the reference a simulator stands in for);
-- `empty`: every search finds nothing;
-- `random`: `top_k` corpus passages drawn at random, whatever the query;
-- `noisy`: the quickstart's simulator asked for noisy documents on every search (p_noise = 1);
-- `answerless`: real BM25 less every passage that holds the question's answer (the next ones up
-  take their places): on-topic results without the answer.
-
-Every policy (and the base) is evaluated greedily on the held-out questions against BM25 and
-dense retrieval; the simulator, knowing, oracle and bm25 arms also at every saved checkpoint (every
-50 steps: EM against steps, `em_steps.png`). Before its RL, the knowing simulator's fidelity to
-BM25 on RL's questions is measured (`fidelity`: answer shown, on-topic share). Worlds run in
-`--jobs` worker processes at `--threads` torch threads each, every stage at that many.
-`--arms` runs some of the arms; the others are taken from an earlier record of the same world
-(RUN_DIR's own, or `--borrow DIR`'s) when its world and base are this run's (same fingerprints,
-same base EM), and its simulator too for the arms that use one; the record names their commits.
-`--compare DIR` adds, for each arm whose EM moved, its paired difference from DIR's records of the
-same worlds and bases (what a change of the code or recipe did to it).
-
-Prints per-arm mean ± sd and paired differences with 95% t-intervals over worlds (scipy.stats.t;
-none for one world), and as its last line one JSON object: `knowing_em_bm25_mean` / `_min`,
-`oracle_em_bm25_mean`, `knowing_over_oracle_mean` / `_ci_low` / `_ci_high`,
-`knowing_share_of_bm25_loop_gain`, `sim_em_bm25_mean` / `_min`, `sim_over_best_control_mean` /
-`_ci_low` / `_ci_high` (the best control is, in each world, the highest on BM25 of the controls
-every world ran: empty, random, noisy and answerless), `sim_share_of_bm25_loop_gain` ((arm - base)
-/ (bm25 arm - base), means over worlds), `interval_method`, `wall_s_max` and `peak_rss_gb_max` (the
-quickstart part of each world), `world_set` (`reporting`: all the pre-registered worlds of
-docs/controls.md, `REPORTING_WORLDS`; `partial`: some of them; `development`: none), and the detail
-per world. The tables go into docs/controls.md (`--out`), the reporting worlds' into its `results`
-block and the README's headline, any other's into its `development` block, a partial set's nowhere
-(with `--smoke`, a page in the run directory), with the commit each world ran at and the machine;
-`--render OUTPUT` writes that block again from a finished run's printed output.
+Prints mean ± sd per arm and paired differences with 95% t-intervals over worlds, and as its last line
+one JSON object: `knowing_em_bm25_mean` / `_min`, `oracle_em_bm25_mean`, `knowing_over_oracle_mean` /
+`_ci_low` / `_ci_high`, `knowing_share_of_bm25_loop_gain`, `sim_em_bm25_mean` / `_min`,
+`sim_over_best_control_mean` / `_ci_low` / `_ci_high` (the best control: per world the highest on BM25
+of `CONTROLS`), `sim_share_of_bm25_loop_gain` ((arm - base) / (bm25 arm - base)), `interval_method`,
+`wall_s_max`, `peak_rss_gb_max`, `world_set` (`world_set`) and the detail per world. docs/controls.md's
+`results` block and the README's headline take the reporting worlds (`REPORTING_WORLDS`, all six),
+its `development` block any other set, a partial set nothing.
 """
 
 from __future__ import annotations
@@ -687,28 +661,23 @@ def doc_lines(figures: dict[str, Any]) -> list[str]:
         "",
         "Held-out EM (%), greedy, 300 questions per world:",
         "",
-        "| world | " + " | ".join(f"{row} bm25 / dense" for row in rows) + " |",
-        "|---|" + "---|" * len(rows),
-    ]
-    for seed in seeds:
-        em = worlds[seed]["em"]
-        lines.append(f"| {seed} | " + " | ".join(f"{em[r]['bm25']:.1f} / {em[r]['dense']:.1f}" for r in rows) + " |")
-    lines += ["", "| arm | bm25 | dense |", "|---|---|---|"]
-    for row in rows:
-        cells = [f"{figures['em_mean'][row][e]:.1f} ± {figures['em_sd'][row][e]:.1f}" for e in ENGINES]
-        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+        *study.table(["world", *(f"{row} bm25 / dense" for row in rows)],
+                     ([seed, *(f"{worlds[seed]['em'][r]['bm25']:.1f} / {worlds[seed]['em'][r]['dense']:.1f}"
+                               for r in rows)] for seed in seeds)),
+        "",
+        *study.table(["arm", *ENGINES], ([row, *(f"{figures['em_mean'][row][e]:.1f} ± {figures['em_sd'][row][e]:.1f}"
+                                               for e in ENGINES)] for row in rows)),
+    ]  # fmt: skip
     for arm in ("simulator", "knowing") if "knowing" in rows else ("simulator",):
         lines += [
             "",
             f"The {arm} arm minus each arm, paired by world: mean, and {INTERVAL_METHOD}",
             '(an interval that holds 0 reads "no measurable difference"):',
             "",
-            f"| {arm} arm minus | bm25 | dense |",
-            "|---|---|---|",
-        ]
-        for other in _others(arm, rows, controls):
-            cells = [t_cell(_differences(worlds, arm, other, engine, controls)) for engine in ENGINES]
-            lines.append(f"| {other} | " + " | ".join(cells) + " |")
+            *study.table([f"{arm} arm minus", *ENGINES],
+                         ([other, *(t_cell(_differences(worlds, arm, other, e, controls)) for e in ENGINES)]
+                          for other in _others(arm, rows, controls))),
+        ]  # fmt: skip
     lines += _fidelity_lines(worlds)
     lines += _steps_lines(worlds, [arm for arm in STEP_ARMS if arm in rows])
     lines += _per_world_table(
@@ -729,11 +698,10 @@ def doc_lines(figures: dict[str, Any]) -> list[str]:
             f"Against the records in `{other['dir']}` (commit {other['commit']}), each arm whose EM moved, here",
             "minus there, paired by world (the other arms' EM did not move):",
             "",
-            "| arm | bm25 | dense |",
-            "|---|---|---|",
+            *study.table(
+                ["arm", *ENGINES], ([row, *(t_cell(d[e]) for e in ENGINES)] for row, d in other["diffs"].items())
+            ),
         ]
-        for row, d in other["diffs"].items():
-            lines.append(f"| {row} | " + " | ".join(t_cell(d[e]) for e in ENGINES) + " |")
     keys = {"simulator": "sim", "knowing": "knowing"}
     gains = {arm: figures.get(f"{key}_share_of_bm25_loop_gain") for arm, key in keys.items()}
     shares = [f"the {arm} arm {share}" for arm, share in gains.items() if share is not None]
@@ -752,13 +720,11 @@ def _fidelity_lines(worlds: dict[str, Any]) -> list[str]:
     if not measured:
         return []
     names = ("knowing", "simulator", "bm25")
-    lines = ["", "Before RL, each engine asked a good query (the question as written) for each of RL's questions: the",
-             "share of searches whose results show a gold answer / the share of documents naming the asked person:",
-             "", "| world | questions | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]  # fmt: skip
-    for seed, fidelity in measured.items():
-        cells = [f"{fidelity[n]['answer_shown']:.2f} / {fidelity[n]['on_topic']:.2f}" for n in names]
-        lines.append(f"| {seed} | {fidelity['questions']} | " + " | ".join(cells) + " |")
-    return lines
+    rows = ([seed, str(f["questions"]), *(f"{f[n]['answer_shown']:.2f} / {f[n]['on_topic']:.2f}" for n in names)]
+            for seed, f in measured.items())  # fmt: skip
+    return ["", "Before RL, each engine asked a good query (the question as written) for each of RL's questions: the",
+            "share of searches whose results show a gold answer / the share of documents naming the asked person:",
+            "", *study.table(["world", "questions", *names], rows)]  # fmt: skip
 
 
 def _steps_lines(worlds: dict[str, Any], arms: Sequence[str]) -> list[str]:
@@ -767,11 +733,9 @@ def _steps_lines(worlds: dict[str, Any], arms: Sequence[str]) -> list[str]:
     steps = sorted({step for curve in curves.values() for step in curve})
     if not steps:
         return []
-    lines = ["", "Held-out EM on BM25 against RL steps (step 0: the base), mean over worlds (`em_steps.png`):", "",
-             "| arm | " + " | ".join(str(step) for step in steps) + " |", "|---|" + "---|" * len(steps)]  # fmt: skip
-    for arm, curve in curves.items():
-        lines.append(f"| {arm} | " + " | ".join(f"{curve[s]:.1f}" if s in curve else "-" for s in steps) + " |")
-    return lines
+    rows = ([arm, *(f"{curve[s]:.1f}" if s in curve else "-" for s in steps)] for arm, curve in curves.items())
+    return ["", "Held-out EM on BM25 against RL steps (step 0: the base), mean over worlds (`em_steps.png`):", "",
+            *study.table(["arm", *map(str, steps)], rows)]  # fmt: skip
 
 
 def em_steps_mean(worlds: dict[Any, Any], arm: str, engine: str) -> dict[int, float]:
@@ -830,10 +794,8 @@ def _per_world_table(
     arms = [arm for arm in arms if all(names[arm] in entry for entry in entries)]
     if not arms:
         return []
-    lines = ["", *intro, "", "| world | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
-    for seed, entry in zip(worlds, entries, strict=True):
-        lines.append(f"| {seed} | " + " | ".join(cell(entry[names[arm]]) for arm in arms) + " |")
-    return lines
+    rows = ([seed, *(cell(entry[names[arm]]) for arm in arms)] for seed, entry in zip(worlds, entries, strict=True))
+    return ["", *intro, "", *study.table(["world", *arms], rows)]
 
 
 def _differences(worlds: dict[Any, Any], arm: str, other: str, engine: str, controls: Sequence[str]) -> list[float]:

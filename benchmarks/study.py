@@ -22,13 +22,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from benchmarks.benchlib import provenance, replace_block
+from benchmarks.benchlib import mean_sd, provenance, replace_block
 
 Record = dict[str, Any]
 """One world's JSON record, as `Study.world` returns it (the runner adds `provenance`)."""
@@ -236,3 +236,20 @@ def write_page(out: Path, title: str, blocks: dict[str, str]) -> None:
         text = replace_block(text, name, f"\n{content}\n" if "\n" in content else content)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A Markdown table's lines: `header`, its rule and one line per row of cells."""
+    return [_row(header), "|" + "---|" * len(header), *(_row(cells) for cells in rows)]
+
+
+def _row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def spread(values: Sequence[float], digits: int = 1) -> str:
+    """A table cell: the mean ± sample sd of `values` (sd 0 for one value), "-" for none."""
+    if not values:
+        return "-"
+    mean, sd = mean_sd(list(values))
+    return f"{mean:.{digits}f} ± {sd:.{digits}f}"

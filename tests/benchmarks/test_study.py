@@ -134,3 +134,11 @@ def test_where_names_each_commit_and_cpu_with_its_worlds() -> None:
               2: {"provenance": {"commit": "a", "cpu": "EPYC", "cpu_capability": "AVX2"}}}  # fmt: skip
     assert study.where(worlds) == {"commit": "a (worlds 0, 2), b (world 1)", "cpu": "EPYC, AVX2 kernels"}
     assert study.where({3: {}}) == {"commit": "not recorded", "cpu": "a CPU not recorded"}
+
+
+def test_a_table_and_a_spread_cell_as_the_pages_write_them() -> None:
+    assert study.table(["arm", "bm25"], [["knowing", "1.0"], ["oracle", "2.0"]]) == [
+        "| arm | bm25 |", "|---|---|", "| knowing | 1.0 |", "| oracle | 2.0 |"
+    ]  # fmt: skip
+    assert study.spread([1.0, 3.0]) == "2.0 ± 1.4"  # the sample sd: sqrt(2)
+    assert study.spread([5.0], digits=2) == "5.00 ± 0.00" and study.spread([]) == "-"
