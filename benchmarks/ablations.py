@@ -5,64 +5,22 @@
     python -m benchmarks.ablations --smoke                        # every arm for two steps, in a temp dir
     python -m benchmarks.ablations --render docs/ablations/figures.json   # the page again from a record
 
-Each world (seed) runs in a worker process (`benchmarks.study`) in RUN_DIR/world_SEED: `simsearch
-quickstart` first (a finished run is reused stage by stage through its fingerprints, so an
-existing run costs nothing; `--quickstart-dir` points at one, default RUN_DIR/world_{seed}/quickstart),
-then on its world, base and simulator one RL run per arm with `recipes/quickstart/train.yaml`
-plus the arm's overrides and the same budget (`--steps`, the quickstart's 8 questions x 16
-rollouts a step), then `recipes/quickstart/eval.yaml` on the held-out questions for each policy
-against the simulator, BM25 and dense retrieval. Every stage of this benchmark is fingerprinted as
-the quickstart's are: a rerun skips what is finished and rebuilds what changed.
+Per world (seed), in RUN_DIR/world_SEED: `simsearch quickstart` (reused through its fingerprints;
+`--quickstart-dir`, default RUN_DIR/world_{seed}/quickstart), the arms' own simulators (`VARIANTS`) and
+the SSRL arm's base, then one RL run per arm of `ARMS` (each answering a question of `QUESTIONS`) with
+`recipes/quickstart/train.yaml`, its overrides and `--steps`, and `recipes/quickstart/eval.yaml` for each
+policy on the held-out questions against `ENGINES` (`SELF_ENGINES` for self-search), then the simulators'
+answer leakage. Every stage is fingerprinted. Why each arm, and the departures from the papers:
+docs/ablations.md.
 
-The arms (`ARMS`), each answering one of the five questions of `QUESTIONS`:
-
-1. curriculum: `default` (ZeroSearch's exponential noise schedule, the quickstart's) vs
-   `constant` (p_noise fixed at the exponential schedule's mean over the run's steps) vs
-   `no_noise` (p_end 0);
-2. what is in the loop: the fine-tuned simulator (`default`) vs real BM25 (`loop_bm25`, the
-   upper bound) vs empty results (`loop_none`); real engines get no noise curriculum;
-3. what the simulator is told and how its pairs are labelled: ZeroSearch's design differs from
-   ours (`default`: the query only in the prompt, pairs labelled by what BM25 retrieved, contrast
-   queries) in three ways, one arm each, each with its own simulator trained as the quickstart's
-   but with overrides on its collect.yaml (`VARIANTS`, `train_simulator`):
-   `told_prompt` (the question and gold answer in the simulator's prompt, at collection and in RL
-   and evaluation), `outcome_labels` (ZeroSearch's Search Simulation Tuning: pairs labelled by
-   the trajectory's outcome, which cannot label contrast queries, so none) and `no_contrast` (the
-   default without contrast queries: `outcome_labels` against it isolates the labelling). Next to
-   EM, each simulator's answer leakage on training questions (`answer_leakage`);
-4. algorithm: REINFORCE (`reinforce`, no baseline, as ZeroSearch's) vs GRPO (`default`) vs PPO
-   (`ppo`: GAE with gamma = lambda = 1; the critic, a copy of the base with a value head, at the
-   actor's learning rate, as a tiny model learns nothing in a few dozen steps at ZeroSearch's
-   1e-5);
-5. self-search (SSRL): `ssrl`, trained with `rollout.template=self-search` and `search.kind=self`
-   from a base that knows the training entities' facts (`knowing_base_stage`), evaluated writing
-   its own information (engine `self`) and with real BM25 (and dense, and the simulator) in its
-   place (`simsearch eval` sends a self-search policy's searches to any engine not of kind self).
-   Reward EM, as every other arm (SSRL's format reward asks for `<think>`, which no tiny base
-   writes).
-
-Where it departs from the papers: the tiny world and models of the quickstart; EM is strict
-exact match on held-out entities (ZeroSearch reports substring match); far fewer RL steps than
-either paper.
-
-Each table also gives, for each arm, its paired difference against the default arm (`Question.pairs`:
-the same world per seed, arm minus default) with its 95% t-interval over seeds
-(`benchlib.INTERVAL_METHOD`; none for one seed); an interval that holds 0 is written "no
-measurable difference" (`benchlib.difference_cell`).
-
-Output: each world's record, RUN_DIR/world_SEED/ablations.json (`em`: EM percent per policy and
-engine; `leak`; `stage_s`; `wall_s`; `steps`; `provenance`); the blocks of docs/ablations.md
-(`--out`): `table:KEY` per question, `measured` (commit, machine, seeds, steps) and `wall` (a
-world's wall time, minutes: the range over worlds), the prose around them kept; one PNG bar chart
-per table in docs/ablations/; and as the last line one JSON object: the EM points on BM25, mean
-over seeds, under `FIGURES`' keys; `leak_*` (answer leakage without the name, percent,
-`LEAK_FIGURES`); `differences` (per pair and engine: mean, ci_low, ci_high) and
-`interval_method`; `wall_s`; `provenance`; and the detail (`by_seed`: each world's record,
-`leak_noisy_*`, `constant_p_noise`, `steps`, `seeds`, `smoke`). `--smoke` runs on the
-quickstart's smoke pipeline, two steps an arm, and writes into its run directory (a temporary one
-by default). `--render RECORD` runs nothing: from such a JSON object saved as a file's last line
-(docs/ablations/figures.json) it rewrites the page's blocks and charts, the differences and their
-intervals computed again from the per-world records (`by_seed`), also in the JSON it prints.
+Output: each world's record, RUN_DIR/world_SEED/ablations.json (`em`, `leak`, `stage_s`, `wall_s`,
+`steps`, `provenance`); the blocks of docs/ablations.md (`--out`): `table:KEY` per question (with the
+paired differences of `Question.pairs`), `measured` and `wall`, and a PNG chart per question in
+docs/ablations/; as the last line one JSON object: `FIGURES`' keys (EM on BM25, mean over seeds),
+`leak_*` (`LEAK_FIGURES`), `differences` (pair -> engine -> mean, ci_low, ci_high), `interval_method`,
+`wall_s`, `provenance` and the detail (`by_seed`, `leak_noisy_*`, `constant_p_noise`, `steps`, `seeds`,
+`smoke`). `--render RECORD` runs nothing: it rewrites the blocks and charts from such a JSON object
+(docs/ablations/figures.json), the differences recomputed from `by_seed`.
 """
 
 from __future__ import annotations
@@ -349,17 +307,9 @@ def train_simulator(ctx: Seed, name: str, variant: Variant) -> None:
 
 
 def knowing_base_stage(ctx: Seed, world: World) -> None:
-    """The SSRL arm's base, built once per fingerprint into ctx.paths['knowing']: the quickstart's base, further
-    pretrained so that it knows the training entities' facts.
-
-    A real LLM knows Wikipedia; the quickstart's base knows no fact of the world (its traces'
-    information blocks are out of the loss). This base continues on self-search traces
-    (`make_traces` with the self-search template: the question, a random query, the BM25
-    results for it, an answer copied from them) about the training entities only, with the
-    information block IN the loss: it learns to write, for a query, what BM25 would return,
-    so it memorizes the training entities' passages as far as its steps allow. Held-out entities
-    stay unseen, so writing their results it can only invent.
-    """
+    """The SSRL arm's base, built once per fingerprint into ctx.paths['knowing']: the quickstart's base further
+    pretrained on self-search traces (`make_traces`) about the training entities only, their information
+    blocks in the loss, so that it knows those entities' facts (docs/ablations.md, question 5)."""
     steps, batch = SMOKE_KNOWING if ctx.smoke else (KNOWING_STEPS, KNOWING_BATCH)
     settings = {"steps": steps, "batch": batch, "lr": KNOWING_LR, "seed": ctx.seed}
     ctx.fingerprints["knowing"] = fingerprint = digest(

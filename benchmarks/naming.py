@@ -6,34 +6,17 @@ of `benchmarks.study` (its options, workers, --aggregate and --render), with no 
     python -m benchmarks.naming --controls RUNS --seeds 0 1 --aggregate       # the tables again, nothing run
     python -m benchmarks.naming --smoke --controls SMOKE_RUNS                 # on a `benchmarks.controls --smoke` run
 
-Input (`--controls`, required): a finished `benchmarks/controls.py` run directory (CONTROLS/world_SEED: its
-quickstart, and the control arms it trained there). Per world, a worker evaluates each policy found there
-(the base, the simulator arm, which is the quickstart's RL policy, and each control arm with a checkpoint)
-greedily with `recipes/quickstart/eval.yaml` on the training and the held-out questions against three
-engines: `none` (no search results), `noisy` (the quickstart's simulator writing noisy documents on
-every search with the gold answers redacted: the noisy arm's engine) and `bm25`, into
-CONTROLS/world_SEED/naming/POLICY. Per policy, question set and engine: EM, the share of questions whose
-first query names the asked person exactly (`tinyworld.diagnostics.query_naming`) and the EM of those and
-of the rest. An engine that never shows the answer leaves a policy only what it remembers: training
-questions answered above held-out ones mean remembered facts, with no results (facts by heart) or with
-the noisy simulator's documents (a blank filled in from the training passages the simulator re-writes
-about the person named); named above unnamed means naming is what brings them back.
+Per world of the `benchmarks.controls` run CONTROLS (`--controls`, required): each policy there (the base,
+the simulator arm, each control arm with a checkpoint) evaluated greedily on the training and held-out
+questions against `PROBES`' engines (`probe_policy`, into CONTROLS/world_SEED/naming/POLICY), and each RL
+run's saved trajectories read by half (`training_naming`); `--reseed S ...` first trains `--arm` (default
+noisy) again with seed S into CONTROLS/world_SEED/train/ARM_seedS, saving every trajectory. Every stage is
+fingerprinted. How to read the tables: docs/controls/naming/README.md.
 
-Per RL run (the simulator arm, each control arm, each reseeded run), from the trajectories it saved
-(`trajectory_samples` of every `trajectory_every`-th step): in each half of training, the share of
-trajectories whose first query names the person and the mean reward of those and of the rest.
-Whether naming was rewarded in training is read there; a reseeded run saves every trajectory.
-
-`--reseed S ...` trains `--arm` (default noisy) again from the recipe its run saved, with seed S
-(into CONTROLS/world_SEED/train/ARM_seedS, saving every trajectory of every step; the arm's own seed
-gives the same run with full logs), and probes each: does the naming come back under another
-draw of the same run? Every stage is fingerprinted: a rerun skips what is finished.
-
-A world's record is RUN_DIR/world_SEED/naming.json (RUN_DIR: runs/naming by default), its log
-RUN_DIR/world_SEED/naming.log. Prints a table per world and, as its last line, one JSON object:
-`by_world` (policy -> "ENGINE/SET" -> em, named_share, em_named, em_unnamed; "training" -> RL run -> half
--> samples, named_share, reward_named, reward_unnamed), `arm`, `reseed`, `seeds`, `smoke`, `wall_s` and
-`provenance`.
+A world's record is RUN_DIR/world_SEED/naming.json (RUN_DIR: runs/naming by default), its log beside it.
+Prints two tables per world and, as its last line, one JSON object: `by_world` (policy -> "ENGINE/SET" ->
+em, named_share, em_named, em_unnamed; "training" -> RL run -> half -> samples, named_share, reward_named,
+reward_unnamed), `arm`, `reseed`, `seeds`, `smoke`, `wall_s` and `provenance`.
 """
 
 from __future__ import annotations

@@ -5,23 +5,14 @@
     python -m benchmarks.toolcall --smoke                                 # a pipeline check
     python -m benchmarks.toolcall --seeds 0 1 2 --aggregate               # worlds run in parts, summarized
 
-Per world (seed), `simsearch quickstart` twice in RUN_DIR/world_SEED: `tags/` (the default
-protocol) and `tool-call/` (`protocol=tool-call`: the base pretrained on Hermes tool calls in a
-ChatML template of its own for `tinyworld.tool_call_pretrain_factor` times the steps, then the same collect,
-simulator, RL and evaluation recipes with `rollout.protocol=tool-call`, 12 more new tokens a turn
-for the call's JSON and RL at `tinyworld.tool_call_lr`). Everything else is shared: the world, the recipes,
-the seed. `--tags-dir` points at finished tag runs instead (reused stage by stage through their
-fingerprints), made at `--tags-commit`.
+Per world (seed), `simsearch quickstart` twice in RUN_DIR/world_SEED, `tags/` and `tool-call/`
+(`protocol=tool-call`; how the two differ: docs/toolcall.md); `--tags-dir` reuses tag runs made at `--tags-commit`.
 
-Prints, per world and as mean ± sd, the held-out EM (greedy) of the base and of the RL policy on
-BM25, dense retrieval and the simulator for each protocol, the paired difference tool-call minus
-tags with its 95% t-interval over worlds (`benchlib.INTERVAL_METHOD`; none for one world), and, of
-the tool-call policy's held-out turns on BM25, the share of calls it wrote that could not be read
-(`toolcall_invalid_call_share`: bad JSON, another tool, no query). The last line is one JSON object
-with `tags_em_bm25` and `toolcall_em_bm25` (the RL policies, means over worlds),
-`toolcall_minus_tags_bm25` (mean, ci_low, ci_high), `interval_method`,
+Output: each world's record, RUN_DIR/world_SEED/toolcall.json; per world and as mean ± sd, each protocol's
+held-out EM, their paired difference and the tool-call policy's unreadable calls (bad JSON, another tool, no
+query), printed and in the `results` block of docs/toolcall.md (`--out`); as the last line one JSON object:
+`tags_em_bm25`, `toolcall_em_bm25`, `toolcall_minus_tags_bm25` (mean, ci_low, ci_high), `interval_method`,
 `toolcall_invalid_call_share`, `within_5_points`, `wall_s`, `provenance` and the detail per world.
-The tables also go into the results block of docs/toolcall.md (`--out`).
 """
 
 from __future__ import annotations

@@ -7,44 +7,17 @@
 
 The runner's other options (--jobs, --threads, --aggregate, ...): `benchmarks/study.py`.
 
-For each world (seed), in RUN_DIR/world_SEED: the quickstart's world with a two-hop question for
-every person (`tinyworld.two_hop_share: 1.0`, "Where was the founder of the Belsa rope works born?": search
-the venture, read the founder's name, search the founder, answer) and its base policy pretrained
-with half of its traces searching twice (`tinyworld.two_search_share: 0.5`), both built by
-`pipeline.world_and_base` (fingerprinted: a rerun reuses them). Then one RL run per arm (`ARMS`)
-with the quickstart's train.yaml, up to `rollout.max_turns=3` searches, against real BM25 in the
-loop: the question is the estimator, not the simulator. Every arm has the same budget: `--steps`
-steps of 8 questions x 16 rollouts. Training questions: every two-hop training question and as
-many one-hop ones (seeded draw), so half are two-hop. Each policy, and the base for reference, is
-evaluated greedily on BM25 on the held-out people's two-hop questions and as many of their
-one-hop ones (eval.yaml with BM25 as its only engine, `max_turns` as in training).
+Per world (seed), in RUN_DIR/world_SEED: the quickstart's world with two-hop questions and its base
+(`TWO_HOP_SHARE`, `TWO_SEARCH_SHARE`), one RL run per arm of `ARMS` against BM25 (`train_arm`, `--steps`
+each), and each policy's and the base's greedy held-out EM on BM25, one-hop and two-hop. Every stage is
+fingerprinted. The design: docs/turn_rewards.md.
 
-The arms:
-
-- `grpo`: the quickstart's estimator, one reward per trajectory;
-- `igpo`: `algorithm.estimator=igpo`, IGPO's information-gain turn rewards (each search turn
-  rewarded by how much it raised the policy's probability of the gold answer);
-- `grpo_dynamic`: GRPO with `algorithm.dynamic_sampling=true` (DAPO: groups whose rewards are
-  all equal are dropped and more prompts rolled out, up to `max_sampling_rounds` rounds a step).
-  Its extra rollouts do NOT count against the budget: every arm makes the same number of
-  updates, and this arm may roll out up to 3x as many prompts for them; the table reports the
-  prompts each arm rolled out per step and its seconds per step, so the extra cost is in view.
-
-The table is followed by each arm's paired difference in EM against `grpo` (the same world, arm
-minus grpo) with its 95% t-interval over worlds (`benchlib.INTERVAL_METHOD`; none for one world);
-an interval that holds 0 is written "no measurable difference" (`benchlib.difference_cell`).
-
-Output: each world's record in RUN_DIR/world_SEED/turn_rewards.json; `docs/turn_rewards.md`
-(`--out`; its table, measured and wall blocks rewritten, the prose kept) and the blocks on stdout;
-as the last line one JSON object: `grpo_em`, `igpo_em`, `grpo_dynamic_em` (held-out EM on BM25 in
-points, mean over worlds), `grpo_flat_share`, `igpo_flat_share` (`sampling/flat_share`, the share
-of groups whose rewards are all equal in a step's first rollout round, mean over steps and worlds),
-`igpo_s_per_step_over_grpo` (mean `time/step_s` of igpo over grpo's), `differences` (arm -> EM
-column -> mean, ci_low, ci_high against grpo), `interval_method`, `provenance`, and the detail
-(`by_world`: each world's record, `steps`, `seeds`, `smoke`, `wall_s`). `--render RECORD` runs
-nothing: from such a JSON object saved in a file (docs/turn_rewards/figures.json) it computes the
-differences and their intervals again from `by_world` and rewrites the page's table block only
-(the measured and wall blocks describe the run, with what was written there about it).
+Output: each world's record, RUN_DIR/world_SEED/turn_rewards.json; the `table`, `measured` and `wall`
+blocks of docs/turn_rewards.md (`--out`); as the last line one JSON object: `grpo_em`, `igpo_em`,
+`grpo_dynamic_em` (EM, mean over worlds), `grpo_flat_share`, `igpo_flat_share`, `igpo_s_per_step_over_grpo`,
+`differences` (arm -> EM column -> mean, ci_low, ci_high against grpo), `interval_method`, `provenance`
+and the detail (`by_world`, `steps`, `seeds`, `smoke`, `wall_s`). `--render RECORD` runs nothing: from
+such a JSON object it recomputes the differences from `by_world` and rewrites the `table` block only.
 """
 
 from __future__ import annotations
