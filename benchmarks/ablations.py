@@ -543,8 +543,7 @@ DIFFERENCE_HEAD = (
 def table_lines(question: Question, results: dict[int, dict[str, Any]]) -> list[str]:
     """The markdown tables of one question: EM (%) per engine, mean ± sd over seeds; the paired differences of
     `question.pairs`; for the simulator question, answer leakage and its differences."""
-    columns = " | ".join(question.engines)
-    heads = (f"| policy | {columns} |", DIFFERENCE_HEAD, f"| row − reference | {columns} |")
+    heads = (["policy", *question.engines], DIFFERENCE_HEAD, ["row − reference", *question.engines])
     lines = _tables(results, "em", question.rows, question.pairs, question.engines, heads)
     return lines + leakage_lines(results) if question.key == "told" else lines
 
@@ -552,9 +551,9 @@ def table_lines(question: Question, results: dict[int, dict[str, Any]]) -> list[
 def leakage_lines(results: dict[int, dict[str, Any]]) -> list[str]:
     """The leakage table (percent, mean ± sd over seeds) and each variant's paired difference against the
     quickstart's simulator."""
-    heads = ("| simulator | query without the name | noisy results, query names the entity |",
+    heads = (["simulator", "query without the name", "noisy results, query names the entity"],
              DIFFERENCE_HEAD.replace("EM points", "percentage points"),
-             "| simulator − reference | query without the name | noisy results |")  # fmt: skip
+             ["simulator − reference", "query without the name", "noisy results"])  # fmt: skip
     return ["", "Answer leakage on training questions (% of result sets holding a gold answer; noisy results as the "
             "simulator writes them, before the RL recipe's redaction):", "",
             *_tables(results, "leak", LEAK_ROWS, LEAK_PAIRS, LEAK_PROBES, heads, scale=100.0)]  # fmt: skip
@@ -566,30 +565,18 @@ def _tables(
     rows: Sequence[tuple[str, str]],
     pairs: Sequence[tuple[str, str]],
     columns: Sequence[str],
-    heads: tuple[str, str, str],
+    heads: tuple[list[str], str, list[str]],
     scale: float = 1.0,
 ) -> list[str]:
     """Two tables of `scale` x results[seed][section][row][column]: each (label, row)'s mean ± sd over seeds, "-"
     where none measured it, then each (row, reference)'s paired difference (`difference_cell`). `heads`: the
     first table's header, the line introducing the second and its header."""
-    rule = "|---|" + "---|" * len(columns)
-    lines = [heads[0], rule]
-    for label, row in rows:
-        cells = [_cell([scale * r[section][row][c] for r in results.values() if c in r[section].get(row, {})])
-                 for c in columns]  # fmt: skip
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    lines += ["", heads[1], "", heads[2], rule]
-    for row, against in pairs:
-        cells = [difference_cell(paired(results, section, row, against, c, scale)) for c in columns]
-        lines.append(f"| `{row}` − `{against}` | " + " | ".join(cells) + " |")
-    return lines
-
-
-def _cell(values: list[float]) -> str:
-    if not values:
-        return "-"
-    mean, sd = mean_sd(values)
-    return f"{mean:.1f} ± {sd:.1f}"
+    means = ([label, *(study.spread([scale * r[section][row][c] for r in results.values()
+                                     if c in r[section].get(row, {})]) for c in columns)]
+             for label, row in rows)  # fmt: skip
+    differences = ([f"`{row}` − `{against}`", *(difference_cell(paired(results, section, row, against, c, scale))
+                                                for c in columns)] for row, against in pairs)  # fmt: skip
+    return [*study.table(heads[0], means), "", heads[1], "", *study.table(heads[2], differences)]
 
 
 def charts(figures: dict[str, Any], out: Path, worlds: Any = None) -> None:

@@ -177,20 +177,19 @@ def page(figures: dict[str, Any], args: argparse.Namespace) -> dict[str, str]:
 
 def print_world(seed: int | str, result: dict[str, Any]) -> None:
     """The world's two tables: the probes of each policy, and each RL run's saved trajectories."""
+
+    def probe(c: dict[str, float]) -> str:
+        return f"{c['em']:.1f} ({100 * c['named_share']:.0f}%; {c['em_named']:.2f} / {c['em_unnamed']:.2f})"
+
+    def half(h: dict[str, float]) -> str:
+        return f"{h['samples']}, {100 * h['named_share']:.0f}%, {h['reward_named']:.3f} / {h['reward_unnamed']:.3f}"
+
+    probes = ([name, *map(probe, cells.values())] for name, cells in result["policies"].items())
+    runs = ([name, *map(half, halves.values())] for name, halves in result["training"].items())
     print(f"\nWorld {seed}: EM % (share of first queries naming the person; EM of those / of the rest)\n")
-    print("| policy | " + " | ".join(_keys()) + " |")
-    print("|---|" + "---|" * len(PROBES))
-    for name, cells in result["policies"].items():
-        row = [f"{c['em']:.1f} ({100 * c['named_share']:.0f}%; {c['em_named']:.2f} / {c['em_unnamed']:.2f})"
-               for c in cells.values()]  # fmt: skip
-        print(f"| {name} | " + " | ".join(row) + " |")
+    print("\n".join(study.table(["policy", *_keys()], probes)))
     print(f"\nWorld {seed}: each RL run's saved trajectories per half: samples, share naming, reward named / rest\n")
-    print("| RL run | " + " | ".join(HALVES) + " |")
-    print("|---|---|---|")
-    for name, halves in result["training"].items():
-        row = [f"{h['samples']}, {100 * h['named_share']:.0f}%, {h['reward_named']:.3f} / {h['reward_unnamed']:.3f}"
-               for h in halves.values()]  # fmt: skip
-        print(f"| {name} | " + " | ".join(row) + " |")
+    print("\n".join(study.table(["RL run", *HALVES], runs)))
 
 
 STUDY = study.Study(

@@ -136,10 +136,6 @@ def summarize(worlds: dict[int, dict[str, Any]], args: argparse.Namespace | None
     }
 
 
-def _mean(values: list[float]) -> float:
-    return round(mean_sd(values)[0], 2)
-
-
 def page(figures: dict[str, Any], args: argparse.Namespace) -> dict[str, str]:
     """The page's results block."""
     return {"results": "\n".join(doc_lines(figures, args))}
@@ -165,16 +161,12 @@ def doc_lines(figures: dict[str, Any], args: argparse.Namespace) -> list[str]:
         cells = [_em_cell(world["em"][protocol]) for protocol in PROTOCOLS]
         gap = world["em"]["tool-call"]["rl_search"]["bm25"] - world["em"]["tags"]["rl_search"]["bm25"]
         lines.append(f"| {seed} | {cells[0]} | {cells[1]} | {gap:+.1f} |")
-    lines += ["", "| | " + " | ".join(ENGINES) + " |", "|---|" + "---|" * len(ENGINES)]
-    for protocol in PROTOCOLS:
-        for policy in POLICIES:
-            values = [[w["em"][protocol][policy][e] for w in worlds.values()] for e in ENGINES]
-            lines.append(f"| {protocol} {policy} | " + " | ".join(_mean_sd(v) for v in values) + " |")
-    diff_cells = []
-    for e in ENGINES:
-        diffs = [w["em"]["tool-call"]["rl_search"][e] - w["em"]["tags"]["rl_search"][e] for w in worlds.values()]
-        diff_cells.append(difference_cell(diffs))
-    lines.append("| tool-call minus tags (RL) | " + " | ".join(diff_cells) + " |")
+    means = [[f"{protocol} {policy}", *(study.spread([w["em"][protocol][policy][e] for w in worlds.values()])
+                                         for e in ENGINES)]
+             for protocol in PROTOCOLS for policy in POLICIES]  # fmt: skip
+    gaps = [[w["em"]["tool-call"]["rl_search"][e] - w["em"]["tags"]["rl_search"][e] for w in worlds.values()]
+            for e in ENGINES]  # fmt: skip
+    lines += ["", *study.table(["", *ENGINES], [*means, ["tool-call minus tags (RL)", *map(difference_cell, gaps)]])]
     lines += ["", f"Tool-call minus tags: the mean over worlds, and {INTERVAL_METHOD}."]
     share = figures["toolcall_invalid_call_share"]
     lines += [
@@ -192,11 +184,6 @@ def _percent(share: float | None) -> str:
 
 def _em_cell(em: dict[str, dict[str, float]]) -> str:
     return " / ".join(f"{em['rl_search'][e]:.1f} ({em['base'][e]:.1f})" for e in ENGINES)
-
-
-def _mean_sd(values: list[float]) -> str:
-    mean, sd = mean_sd(values)
-    return f"{mean:.1f} ± {sd:.1f}"
 
 
 STUDY = study.Study(

@@ -33,7 +33,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from benchmarks import study
-from benchmarks.benchlib import INTERVAL_METHOD, NO_NOISE, RECIPES, difference_cell, mean_sd, paired, timed
+from benchmarks.benchlib import INTERVAL_METHOD, NO_NOISE, RECIPES, difference_cell, paired, timed
 from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.data.qa import write_qa_jsonl
 from simsearch.experiments import pipeline, stages
@@ -242,39 +242,30 @@ def em_differences(worlds: dict[Any, dict[str, Any]], arm: str, column: str) -> 
     return [r["em"][arm][column] - r["em"][REFERENCE][column] for r in worlds.values()]
 
 
-def _cell(values: list[float], digits: int = 1) -> str:
-    mean, sd = mean_sd(values)
-    return f"{mean:.{digits}f} ± {sd:.{digits}f}"
-
-
 def table_lines(worlds: dict[Any, dict[str, Any]]) -> list[str]:
     """The markdown tables from the world records: held-out EM on BM25 (all, one-hop, two-hop) and the RL
     run's metrics, mean ± sd; then each arm's paired difference in EM against REFERENCE."""
     records = list(worlds.values())
-    lines = [
-        "| policy | EM all | EM one-hop | EM two-hop | flat groups | s / step | prompts / step | searches / traj |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for label, row in ROWS:
-        em = [_cell([r["em"][row][d] for r in records]) for d in EM_COLUMNS]
-        rl = ["-"] * 4
-        if row in ARMS:
-            metrics = (("flat_share", 2), ("step_s", 2), ("prompts_per_step", 1), ("searches", 2))
-            rl = [_cell([r["rl"][row][key] for r in records], digits) for key, digits in metrics]
-        lines.append(f"| {label} | " + " | ".join(em + rl) + " |")
-    lines += [
+    metrics = (("flat_share", 2), ("step_s", 2), ("prompts_per_step", 1), ("searches", 2))
+
+    def cells(row: str) -> list[str]:
+        em = [study.spread([r["em"][row][d] for r in records]) for d in EM_COLUMNS]
+        if row not in ARMS:  # the base: no RL run
+            return em + ["-"] * len(metrics)
+        return em + [study.spread([r["rl"][row][key] for r in records], digits) for key, digits in metrics]
+
+    header = ["policy", "EM all", "EM one-hop", "EM two-hop", "flat groups", "s / step", "prompts / step",
+              "searches / traj"]  # fmt: skip
+    differences = ([label, *(difference_cell(em_differences(worlds, row, column)) for column in EM_COLUMNS)]
+                   for label, row in ROWS if row in ARMS and row != REFERENCE)  # fmt: skip
+    return [
+        *study.table(header, ([label, *cells(row)] for label, row in ROWS)),
         "",
         f"Paired difference in held-out EM against {REFERENCE}, per seed on the same world (EM points): mean, and "
         f"{INTERVAL_METHOD}; an interval that holds 0 is no measurable difference:",
         "",
-        f"| arm − {REFERENCE} | EM all | EM one-hop | EM two-hop |",
-        "|---|---|---|---|",
+        *study.table([f"arm − {REFERENCE}", "EM all", "EM one-hop", "EM two-hop"], differences),
     ]
-    for label, row in ROWS:
-        if row in ARMS and row != REFERENCE:
-            cells = [difference_cell(em_differences(worlds, row, column)) for column in EM_COLUMNS]
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return lines
 
 
 def page(figures: dict[str, Any], args: argparse.Namespace) -> dict[str, str]:
