@@ -42,6 +42,7 @@ ANSWER_RATE = "rollout/answer_rate"
 GRAD_NORM = "optim/grad_norm"
 FLAT_SHARE = "sampling/flat_share"
 KL = "losses/kl"
+REWARD = "reward/mean"
 
 
 @dataclass
@@ -50,8 +51,8 @@ class HealthConfig:
 
     on_alarm: str = setting("warn", "a name in training.health.ON_ALARM: warn | stop | rollback")
     rules: list[str] = setting(
-        default_factory=lambda: list(RULES),
-        help="the rules checked (names in training.health.RULES)",
+        default_factory=lambda: list(DEFAULT_RULES),
+        help="the rules checked (names in training.health.RULES; by default all but the candidate reward_fall)",
     )
     baseline_steps: int = setting(5, "a signal's baseline: the median of its first this many steps; rules wait for it")
     window: int = setting(3, "rules on levels compare the mean of a signal's last this many steps")
@@ -61,7 +62,8 @@ class HealthConfig:
         0.1,
         "search_stopped: fires when health/search_share falls under this (baseline above it)",
     )
-    flat_max: float = setting(0.95, "no_signal: fires when sampling/flat_share's window mean reaches this")
+    flat_max: float = setting(0.95, "no_signal: fires when sampling/flat_share's mean reaches this")
+    flat_window: int = setting(3, "no_signal: the mean over sampling/flat_share's last this many steps")
     answer_low: float = setting(0.5, "answer_drop: fires under this share of rollout/answer_rate's baseline")
     repeat_rise: float = setting(
         0.2,
@@ -71,6 +73,13 @@ class HealthConfig:
     spike_k: float = setting(10.0, "grad_norm_spike / kl_spike: fires over k x the median of the signal's recent steps")
     spike_window: int = setting(20, "steps in that running median")
     kl_floor: float = setting(0.01, "kl_spike: the running median counts as at least this (KL starts at 0)")
+    reward_drop: float = setting(
+        0.5,
+        "reward_fall: fires when reward/mean's window mean falls under this share of its best window mean before",
+    )
+    reward_window: int = setting(3, "reward_fall: the steps of a window mean of reward/mean")
+    reward_lookback: int = setting(10, "reward_fall: the best window mean is taken over this many steps before")
+    reward_floor: float = setting(0.1, "reward_fall: a best window mean under this is nothing to fall from")
     lr_scale: float = setting(0.5, "rollback: the learning rate is multiplied by this at each rollback")
     max_rollbacks: int = setting(2, "rollback: at most this many; an alarm after them stops the run (status 3)")
 
@@ -78,13 +87,16 @@ class HealthConfig:
         check_choice(f"{key}.on_alarm", self.on_alarm, tuple(ON_ALARM))
         for name in self.rules:
             check_choice(f"{key}.rules", name, tuple(RULES))
-        for name in ("baseline_steps", "window", "repeat_n", "spike_window"):
+        for name in ("baseline_steps", "window", "flat_window", "repeat_n", "spike_window", "reward_window",
+                     "reward_lookback"):  # fmt: skip
             check_positive(f"{key}.{name}", getattr(self, name))
         check_range(f"{key}.entropy_low", self.entropy_low, 0.0, 1.0)
         check_range(f"{key}.search_floor", self.search_floor, 0.0, 1.0)
         check_range(f"{key}.answer_low", self.answer_low, 0.0, 1.0)
         check_range(f"{key}.flat_max", self.flat_max, 0.0, 1.0)
         check_range(f"{key}.repeat_rise", self.repeat_rise, 0.0, 1.0)
+        check_range(f"{key}.reward_drop", self.reward_drop, 0.0, 1.0)
+        check_range(f"{key}.reward_floor", self.reward_floor, 0.0, 1.0)
         if not self.entropy_high > 1:
             raise RecipeError(f"{key}.entropy_high={self.entropy_high} must be > 1 (a multiple of the baseline)")
         if not self.spike_k > 1:
@@ -215,7 +227,7 @@ def search_stopped(h: History, cfg: HealthConfig) -> Reading | None:
 
 def no_signal(h: History, cfg: HealthConfig) -> Reading | None:
     """Nothing left to learn from: the share of groups whose rewards are all equal reaches `flat_max`."""
-    value = h.mean(FLAT_SHARE, cfg.window)
+    value = h.mean(FLAT_SHARE, cfg.flat_window)
     if value is None or not value >= cfg.flat_max:
         return None
     return Reading(FLAT_SHARE, value, cfg.flat_max, ">=", "flat_max")
@@ -235,6 +247,21 @@ def repeats_rising(h: History, cfg: HealthConfig) -> Reading | None:
     if value is None or base is None or not value > base + cfg.repeat_rise:
         return None
     return Reading(REPEATS, value, base + cfg.repeat_rise, ">", f"baseline {base:.3g} + {cfg.repeat_rise:g}")
+
+
+def reward_fall(h: History, cfg: HealthConfig) -> Reading | None:
+    """Rewards collapse within a few steps: the training reward's window mean under `reward_drop` x its best
+    window mean over the `reward_lookback` steps before that window (a best under `reward_floor` is skipped)."""
+    recent, n = h.recent.get(REWARD, []), cfg.reward_window
+    before = recent[-(cfg.reward_lookback + n) : -n]
+    if h.baseline(REWARD) is None or len(before) < n:
+        return None
+    value = sum(recent[-n:]) / n
+    best = max(sum(before[i : i + n]) / n for i in range(len(before) - n + 1))
+    if best < cfg.reward_floor or not value < cfg.reward_drop * best:
+        return None
+    why = f"{cfg.reward_drop:g} x best window mean {best:.3g} of the {len(before)} steps before"
+    return Reading(REWARD, value, cfg.reward_drop * best, "<", why)
 
 
 def grad_norm_spike(h: History, cfg: HealthConfig) -> Reading | None:
@@ -267,10 +294,14 @@ RULES: dict[str, Rule] = {
     "repeats_rising": repeats_rising,
     "grad_norm_spike": grad_norm_spike,
     "kl_spike": kl_spike,
+    "reward_fall": reward_fall,
 }
 """Every rule by name; `health.rules` lists those a run checks."""
 
-SIGNALS = (ENTROPY, SEARCH_SHARE, FLAT_SHARE, REPEATS, ANSWER_RATE, GRAD_NORM, KL)
+DEFAULT_RULES = tuple(name for name in RULES if name != "reward_fall")
+"""The rules a recipe checks by default: reward_fall is a candidate on the development worlds (docs/health.md)."""
+
+SIGNALS = (ENTROPY, SEARCH_SHARE, FLAT_SHARE, REPEATS, ANSWER_RATE, GRAD_NORM, KL, REWARD)
 """The metrics the rules read; the monitor keeps nothing else."""
 
 
@@ -308,7 +339,8 @@ class Monitor:
 
     def __init__(self, cfg: HealthConfig) -> None:
         self.cfg = cfg
-        self.history = History(cfg.baseline_steps, max(cfg.window, cfg.spike_window + 1))
+        keep = max(cfg.window, cfg.flat_window, cfg.spike_window + 1, cfg.reward_lookback + cfg.reward_window)
+        self.history = History(cfg.baseline_steps, keep)
         self.firing: set[str] = set()
         self.rollbacks = 0
         self.lr_scale = 1.0

@@ -95,7 +95,23 @@ def test_no_signal_fires_when_every_group_stays_flat() -> None:
     # flat_max 0.95, window 2: means step 4 (0.8+1)/2 = 0.9, step 5 (1+1)/2 = 1 >= 0.95 fires once while
     # it holds; step 7 (1+0.5)/2 = 0.75 clears it. Its reading needs no baseline value of its own.
     flat = [{"sampling/flat_share": v} for v in [0.9, 0.7, 0.8, 1.0, 1.0, 1.0, 0.5]]
-    assert _fire_steps(_cfg("no_signal"), flat) == [(5, "no_signal")]
+    assert _fire_steps(_cfg("no_signal", flat_window=2), flat) == [(5, "no_signal")]
+    # its own window: over one step it fires at the first flat step, whatever the level rules' window
+    assert _fire_steps(_cfg("no_signal", flat_window=1), flat) == [(4, "no_signal")]
+
+
+def test_reward_fall_compares_with_the_best_window_before_and_skips_a_best_too_low() -> None:
+    # window 2, lookback 4: at step 5 the window (0.6, 0.2) means 0.4, the three steps before hold window
+    # means 0.45, 0.55: 0.4 >= 0.5 x 0.55. At step 6 the window (0.2, 0.1) means 0.15; the four steps
+    # before (0.4, 0.5, 0.6, 0.6) hold window means 0.45, 0.55, 0.6: 0.15 < 0.5 x 0.6 fires, once while it holds.
+    rewards = [{"reward/mean": v} for v in [0.4, 0.5, 0.6, 0.6, 0.2, 0.1, 0.1]]
+    cfg = _cfg("reward_fall", reward_window=2, reward_lookback=4)
+    assert _fire_steps(cfg, rewards) == [(6, "reward_fall")]
+    # the same fall from a best under reward_floor is noise, not a collapse
+    low = [{"reward/mean": v / 10} for v in [0.4, 0.5, 0.6, 0.6, 0.2, 0.1, 0.1]]
+    assert _fire_steps(cfg, low) == []
+    # not a default rule until the development worlds choose it (docs/health.md)
+    assert "reward_fall" not in HealthConfig().rules
 
 
 def test_default_entropy_floor_passes_the_development_worlds_healthy_sharpening() -> None:
@@ -153,7 +169,8 @@ def test_state_dict_round_trip_resumes_the_same_decisions() -> None:
     ("change", "key"),
     [({"on_alarm": "panic"}, "health.on_alarm"), ({"rules": ["nope"]}, "health.rules"),
      ({"lr_scale": 1.0}, "health.lr_scale"), ({"entropy_high": 0.5}, "health.entropy_high"),
-     ({"window": 0}, "health.window")],
+     ({"window": 0}, "health.window"), ({"flat_window": 0}, "health.flat_window"),
+     ({"reward_drop": 1.5}, "health.reward_drop"), ({"reward_lookback": 0}, "health.reward_lookback")],
 )  # fmt: skip
 def test_check_names_the_key(change: dict[str, object], key: str) -> None:
     cfg = HealthConfig(**change)  # type: ignore[arg-type]
