@@ -298,7 +298,7 @@ RULES: dict[str, Rule] = {
 }
 """Every rule by name; `health.rules` lists those a run checks."""
 
-DEFAULT_RULES = tuple(name for name in RULES if name != "reward_fall")
+DEFAULT_RULES: tuple[str, ...] = tuple(name for name in RULES if name != "reward_fall")
 """The rules a recipe checks by default: reward_fall is a candidate on the development worlds (docs/health.md)."""
 
 SIGNALS = (ENTROPY, SEARCH_SHARE, FLAT_SHARE, REPEATS, ANSWER_RATE, GRAD_NORM, KL, REWARD)
