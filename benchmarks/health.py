@@ -21,13 +21,13 @@ at or before the fall). Each collapsed run is trained again with `health.on_alar
 `EVAL_EVERY` steps): it recovered when it rolled back, reached the run's budget and its last validation EM is
 at least half of that best.
 
-Prints the `health-results` block of docs/health.md (`--out`: the figures and a table of the runs; one plot per
-world, health/world_SEED.png beside the page) and, as its last line, one JSON object: `collapsed_runs`,
-`detected_runs` (collapsed runs with an alarm at or before the fall), `median_lead_steps`, `false_alarm_runs`
-(runs without a fall that raised an alarm), `rollback_recovered_runs`, `rollback_runs`, `monitor_share` (the
-monitor's time, `time/health_s`, over the step's, `time/step_s`, mean over runs), `leads` (rule -> leads over
-collapsed runs), `health` (the settings replayed), `world_set`, `runs` (the detail), `seeds`, `smoke`,
-`wall_s` and `provenance`.
+Prints the worlds' block of docs/health.md (`REPORTING`'s, or `health-development`; `--out` another page): the
+figures and a table of the runs, one plot per world (health/world_SEED.png beside the page); and, as its last
+line, one JSON object: `collapsed_runs`, `detected_runs` (collapsed runs with an alarm at or before the fall),
+`median_lead_steps`, `false_alarm_runs` (runs without a fall that raised an alarm), `rollback_recovered_runs`,
+`rollback_runs`, `monitor_share` (the monitor's time, `time/health_s`, over the step's, `time/step_s`, mean over
+runs), `leads` (rule -> leads over collapsed runs), `health` (the settings replayed), `world_set`, `runs` (the
+detail), `seeds`, `smoke`, `wall_s` and `provenance`.
 """
 
 from __future__ import annotations
@@ -64,7 +64,10 @@ ARMS = {
     "lr_x10": Arm(10.0, 60),  # lr 3e-3; world 0: every group flat, reward 0, from step 8
 }
 """Arm -> how it differs from the quickstart's RL recipe (docs/health.md, chosen on world 0)."""
-REPORTING_WORLDS = (101, 102)
+REPORTING: dict[tuple[int, ...], str] = {(101, 102): "health-results", (103, 104): "health-next-results"}
+"""Each pre-registered set of reporting worlds (docs/health.md) -> its block of the page; any other set of
+worlds is a development set and writes `health-development`."""
+REPORTING_WORLDS = (103, 104)  # the next design's (its plan in docs/health.md)
 """The worlds docs/health.md declared before any health run of theirs: no threshold was chosen on them."""
 EVAL_EVERY = 1  # a fall is timed at the step it happens (docs/health.md, the next design)
 VAL_SIZE = 64
@@ -230,7 +233,7 @@ def _summary(worlds: dict[int, dict[str, Any]], args: argparse.Namespace) -> dic
 
 
 def _world_set(seeds: Sequence[int]) -> str:
-    return "reporting" if sorted(seeds) == sorted(REPORTING_WORLDS) else "development"
+    return "reporting" if tuple(sorted(seeds)) in REPORTING else "development"
 
 
 def run_table(runs: list[dict[str, Any]]) -> list[str]:
@@ -245,7 +248,8 @@ def run_table(runs: list[dict[str, Any]]) -> list[str]:
 
 
 def page(figures: dict[str, Any], args: argparse.Namespace) -> dict[str, str]:
-    """The `health-results` block: the figures, the per-run table and each world's plot."""
+    """The worlds' block (`REPORTING`'s, or `health-development`): the figures, the per-run table and each
+    world's plot."""
     del args
     keys = ("collapsed_runs", "detected_runs", "median_lead_steps", "false_alarm_runs", "rollback_recovered_runs",
             "rollback_runs")  # fmt: skip
@@ -261,7 +265,7 @@ def page(figures: dict[str, Any], args: argparse.Namespace) -> dict[str, str]:
         "",
         *(f"![world_{seed}](health/world_{seed}.png)" for seed in figures["seeds"]),
     ]
-    return {"health-results": "\n".join(lines)}
+    return {REPORTING.get(tuple(sorted(figures["seeds"])), "health-development"): "\n".join(lines)}
 
 
 PLOTTED = ("val/em", "reward/mean", "sampling/flat_share", "health/entropy", "rollout/answer_rate")

@@ -24,7 +24,7 @@ def test_em_fall_step_is_the_first_validation_under_half_the_best_before_it() ->
 
 
 def test_first_alarms_replays_the_rules_over_metrics_rows() -> None:
-    cfg = HealthConfig(rules=["no_signal", "answer_drop"], baseline_steps=2, window=2)
+    cfg = HealthConfig(rules=["no_signal", "answer_drop"], baseline_steps=2, window=2, flat_window=2)
     rows = [{"step": s, "sampling/flat_share": f, "rollout/answer_rate": a}
             for s, f, a in [(1, 0.5, 1.0), (2, 0.5, 1.0), (3, 1.0, 1.0), (4, 1.0, 0.2), (5, 1.0, 0.2)]]  # fmt: skip
     # no_signal: window means step 3 0.75, step 4 1.0 >= 0.95; answer_drop: step 5 (0.2+0.2)/2 < 0.5 x 1.0
@@ -32,7 +32,7 @@ def test_first_alarms_replays_the_rules_over_metrics_rows() -> None:
 
 
 def test_judge_reads_the_fall_the_alarms_and_the_rollbacks_outcome() -> None:
-    cfg = HealthConfig(rules=["no_signal"], baseline_steps=1, window=1)
+    cfg = HealthConfig(rules=["no_signal"], baseline_steps=1, window=1, flat_window=1)
     rows = [{"step": s, "val/em": em, "sampling/flat_share": f, "time/step_s": 1.0, "time/health_s": 0.01}
             for s, em, f in [(1, 0.4, 0.5), (2, None, 1.0), (3, 0.1, 1.0)]]  # fmt: skip
     back = {"rows": [{"step": 3, "val/em": 0.3}], "alarms": [{"step": 2, "action": "rolled_back"}]}
@@ -84,6 +84,7 @@ def test_aggregate_replays_finished_records_into_the_page_and_plots_beside_it(tm
         "abc1234",
     )
     page = out.read_text()
+    assert "<!-- health-development -->" in page and "<!-- health-results -->" not in page  # not a reporting block
     assert "Worlds 3 (development), health settings replayed: the defaults. Measured at commit abc1234" in page
     assert "| 3 | lr_x10 | 0.400 / 0.100 | 10 | none | - |" in page and "![world_3](health/world_3.png)" in page
     assert (out.parent / "health" / "world_3.png").is_file()  # beside the page, not in docs/
