@@ -51,8 +51,8 @@ class HealthConfig:
 
     on_alarm: str = setting("warn", "a name in training.health.ON_ALARM: warn | stop | rollback")
     rules: list[str] = setting(
-        default_factory=lambda: list(DEFAULT_RULES),
-        help="the rules checked (names in training.health.RULES; by default all but the candidate reward_fall)",
+        default_factory=lambda: list(RULES),
+        help="the rules checked (names in training.health.RULES)",
     )
     baseline_steps: int = setting(5, "a signal's baseline: the median of its first this many steps; rules wait for it")
     window: int = setting(3, "rules on levels compare the mean of a signal's last this many steps")
@@ -74,10 +74,10 @@ class HealthConfig:
     spike_window: int = setting(20, "steps in that running median")
     kl_floor: float = setting(0.01, "kl_spike: the running median counts as at least this (KL starts at 0)")
     reward_drop: float = setting(
-        0.5,
+        0.1,
         "reward_fall: fires when reward/mean's window mean falls under this share of its best window mean before",
     )
-    reward_window: int = setting(3, "reward_fall: the steps of a window mean of reward/mean")
+    reward_window: int = setting(2, "reward_fall: the steps of a window mean of reward/mean")
     reward_lookback: int = setting(10, "reward_fall: the best window mean is taken over this many steps before")
     reward_floor: float = setting(0.1, "reward_fall: a best window mean under this is nothing to fall from")
     lr_scale: float = setting(0.5, "rollback: the learning rate is multiplied by this at each rollback")
@@ -297,9 +297,6 @@ RULES: dict[str, Rule] = {
     "reward_fall": reward_fall,
 }
 """Every rule by name; `health.rules` lists those a run checks."""
-
-DEFAULT_RULES: tuple[str, ...] = tuple(name for name in RULES if name != "reward_fall")
-"""The rules a recipe checks by default: reward_fall is a candidate on the development worlds (docs/health.md)."""
 
 SIGNALS = (ENTROPY, SEARCH_SHARE, FLAT_SHARE, REPEATS, ANSWER_RATE, GRAD_NORM, KL, REWARD)
 """The metrics the rules read; the monitor keeps nothing else."""

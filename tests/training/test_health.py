@@ -105,13 +105,14 @@ def test_reward_fall_compares_with_the_best_window_before_and_skips_a_best_too_l
     # means 0.45, 0.55: 0.4 >= 0.5 x 0.55. At step 6 the window (0.2, 0.1) means 0.15; the four steps
     # before (0.4, 0.5, 0.6, 0.6) hold window means 0.45, 0.55, 0.6: 0.15 < 0.5 x 0.6 fires, once while it holds.
     rewards = [{"reward/mean": v} for v in [0.4, 0.5, 0.6, 0.6, 0.2, 0.1, 0.1]]
-    cfg = _cfg("reward_fall", reward_window=2, reward_lookback=4)
+    cfg = _cfg("reward_fall", reward_window=2, reward_lookback=4, reward_drop=0.5)
     assert _fire_steps(cfg, rewards) == [(6, "reward_fall")]
     # the same fall from a best under reward_floor is noise, not a collapse
     low = [{"reward/mean": v / 10} for v in [0.4, 0.5, 0.6, 0.6, 0.2, 0.1, 0.1]]
     assert _fire_steps(cfg, low) == []
-    # not a default rule until the development worlds choose it (docs/health.md)
-    assert "reward_fall" not in HealthConfig().rules
+    # chosen on the development worlds (docs/health.md): a default rule, a fall to a tenth within two steps
+    cfg = HealthConfig()
+    assert "reward_fall" in cfg.rules and (cfg.reward_window, cfg.reward_drop) == (2, 0.1)
 
 
 def test_default_entropy_floor_passes_the_development_worlds_healthy_sharpening() -> None:
