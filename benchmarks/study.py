@@ -239,12 +239,12 @@ def write_page(out: Path, title: str, blocks: dict[str, str]) -> None:
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
-    """A Markdown table's lines: `header`, its rule and one line per row of cells."""
+    """A Markdown table's lines: `header`, its rule and one line per row of cells (an empty cell as "| |")."""
     return [_row(header), "|" + "---|" * len(header), *(_row(cells) for cells in rows)]
 
 
 def _row(cells: Sequence[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
+    return "|" + "|".join(f" {cell} " if cell else " " for cell in cells) + "|"
 
 
 def spread(values: Sequence[float], digits: int = 1) -> str:

@@ -140,5 +140,6 @@ def test_a_table_and_a_spread_cell_as_the_pages_write_them() -> None:
     assert study.table(["arm", "bm25"], [["knowing", "1.0"], ["oracle", "2.0"]]) == [
         "| arm | bm25 |", "|---|---|", "| knowing | 1.0 |", "| oracle | 2.0 |"
     ]  # fmt: skip
+    assert study.table(["", "bm25"], []) == ["| | bm25 |", "|---|---|"]  # an empty corner cell, as toolcall's
     assert study.spread([1.0, 3.0]) == "2.0 ± 1.4"  # the sample sd: sqrt(2)
     assert study.spread([5.0], digits=2) == "5.00 ± 0.00" and study.spread([]) == "-"
