@@ -26,7 +26,6 @@ docs/ablations/; as the last line one JSON object: `FIGURES`' keys (EM on BM25, 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import time
@@ -60,8 +59,6 @@ KNOWING_STEPS, KNOWING_BATCH, KNOWING_LR = 400, 32, 1e-3  # the SSRL arm's base:
 LEAK_QUESTIONS = 200  # training questions per leakage probe
 
 # Smoke: every stage for a step or two, as the quickstart's smoke does.
-SMOKE_TRAIN = ["prompts_per_step=2", "rollout.group_size=2", "eval_every=0"]
-SMOKE_EVAL = ["chunk_size=8"]
 # The smoke base rarely searches: 128 questions give outcome labels pairs on 2 questions at least (train
 # and validation), where 32 gave one pair; they may hold no correct trajectory, hence no balance.
 SMOKE_COLLECT = ["max_questions=128", "balance=false"]
@@ -265,9 +262,7 @@ def prepare(seed: int, args: argparse.Namespace, steps: int) -> tuple[Seed, dict
     """Runs (or reuses) the world's quickstart; returns the paths and fingerprints the arms build on."""
     root = args.run_dir / f"world_{seed}"
     qs_dir = Path(args.quickstart_dir.format(seed=seed)) if args.quickstart_dir else root / "quickstart"
-    qs_recipe = load_recipe(
-        QuickstartRecipe, None, [f"run_dir={qs_dir}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}"]
-    )  # the quickstart sets the process's torch threads
+    qs_recipe = study.quickstart_recipe(qs_dir, seed, args)  # the quickstart sets the process's torch threads
     report = quickstart.main(qs_recipe)
     paths = {name: str(qs_dir / "world" / f"{name}.jsonl") for name in ("corpus", "train", "test")}
     paths.update(bm25=str(qs_dir / "index" / "bm25"), dense=str(qs_dir / "index" / "dense"), base=str(qs_dir / "base"))
@@ -347,16 +342,15 @@ def train_arm(ctx: Seed, name: str, arm: Arm) -> str:
         "lr": f"{rl.optim.lr:g}",
     }
     overrides = [
-        f"seed={ctx.seed}", f"run_dir={ctx.root / 'train' / name}", f"policy.model.path={ctx.paths[arm.base]}",
-        f"data.train=[{ctx.paths['train']}]", f"steps={ctx.steps}", "save_every=0",
-        f"search.simulator.generation.model.path={ctx.paths[arm.simulator]}",
+        f"steps={ctx.steps}", "save_every=0", f"search.simulator.generation.model.path={ctx.paths[arm.simulator]}",
         f"search.cache={ctx.root / 'cache' / arm.simulator}.sqlite",
         *(f"search.simulator.{shown}=true" for shown in simulator_told(arm.simulator)),
-        *(SMOKE_TRAIN if ctx.smoke else []),
         *(o.format(**values) for o in arm.overrides),
     ]  # fmt: skip
-    inputs = [ctx.fingerprints[arm.base], ctx.fingerprints[arm.simulator]]
-    return stages.train_stage(RECIPES / "train.yaml", overrides, inputs)
+    return study.train(
+        ctx.root / "train" / name, seed=ctx.seed, base=ctx.paths[arm.base], questions=ctx.paths["train"],
+        inputs=[ctx.fingerprints[arm.base], ctx.fingerprints[arm.simulator]], overrides=overrides, smoke=ctx.smoke,
+    )  # fmt: skip
 
 
 def train_recipe(*overrides: str) -> TrainRecipe:
@@ -378,23 +372,20 @@ def constant_p_noise(p_start: float, p_end: float, base: float, steps: int) -> f
 def evaluate_policy(ctx: Seed, name: str, arm: Arm, policy_fp: str) -> dict[str, float]:
     """eval.yaml for one policy on the held-out questions; returns EM (percent) per engine."""
     model = ctx.paths["knowing"] if name == "knowing_base" else pipeline.final_model(ctx.root / "train" / name)
-    self_search = arm.base == "knowing"
     overrides = [
-        f"run_dir={ctx.root / 'eval' / name}", f"seed={ctx.seed}", f"policy.model.path={model}",
-        f"datasets=[{{name: heldout, path: {ctx.paths['test']}, limit: {SMOKE_LIMIT if ctx.smoke else 0}}}]",
         f"engines.simulator.simulator.generation.model.path={ctx.paths[arm.simulator]}",
-        f"engines.bm25.corpus={ctx.paths['corpus']}", f"engines.bm25.index_dir={ctx.paths['bm25']}",
-        f"engines.dense.corpus={ctx.paths['corpus']}", f"engines.dense.index_dir={ctx.paths['dense']}",
-        "training_run=''", "baselines=[]", "fidelity_size=0",
         *(f"engines.simulator.simulator.{shown}=true" for shown in simulator_told(arm.simulator)),
         *(["engines.self.kind=self", "rollout.template=self-search", f"sampling.max_new_tokens={SELF_SEARCH_TOKENS}"]
-          if self_search else []),
-        *(SMOKE_EVAL if ctx.smoke else []),
+          if arm.base == "knowing" else []),  # a self-search policy
     ]  # fmt: skip
-    inputs = [policy_fp, ctx.fingerprints[arm.simulator], ctx.fingerprints["world"]]
-    stages.eval_stage(RECIPES / "eval.yaml", overrides, inputs)
-    summary = json.loads((ctx.root / "eval" / name / "summary.json").read_text())
-    return {engine: 100.0 * row["average"]["em"] for engine, row in summary["rows"].items()}
+    rows = study.evaluate(
+        ctx.root / "eval" / name, model, seed=ctx.seed, datasets={"heldout": ctx.paths["test"]},
+        limit=SMOKE_LIMIT if ctx.smoke else 0,
+        engines={e: (ctx.paths["corpus"], ctx.paths[e]) for e in ("bm25", "dense")},
+        inputs=[policy_fp, ctx.fingerprints[arm.simulator], ctx.fingerprints["world"]], overrides=overrides,
+        smoke=ctx.smoke,
+    )  # fmt: skip
+    return {engine: 100.0 * row["average"]["em"] for engine, row in rows.items()}
 
 
 # --------------------------------------------------------------------------- answer leakage

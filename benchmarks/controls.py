@@ -75,8 +75,7 @@ KEPT_STAMP = ".checkpoint_mtime_ns"  # in a kept checkpoint copy: its checkpoint
 KNOWING_DESIGN = "mixed"
 """The design the knowing arm runs: the first candidate to pass docs/controls.md's gate (worlds 100-102)."""
 
-SMOKE_TRAIN = ["steps=2", "prompts_per_step=2", "rollout.group_size=2", "save_every=1", "eval_every=0"]
-SMOKE_EVAL = ["chunk_size=8"]
+SMOKE_TRAIN = ["steps=2", "save_every=1"]  # on top of the runner's
 SMOKE_LIMIT = 8  # held-out questions per evaluation (and RL questions per fidelity) in smoke mode
 GATE_SHARE = 0.5  # the gate: the knowing simulator shows the answer at least half as often as today's
 
@@ -151,32 +150,15 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     controls.json keeps what the earlier run recorded of them (commit, times, machine): only what
     ran now is recorded as now.
     """
-    from simsearch.experiments import pipeline, quickstart
-    from simsearch.fingerprints import stage_fingerprint
+    from simsearch.experiments import pipeline
 
     where = provenance()  # the code this world runs, before anything can change it
     root = args.run_dir / f"world_{seed}"
-    qs = quickstart_recipe(root, seed, args)
-    run = Path(qs.run_dir)
-    with keeping_checkpoints(run / "train", root / "kept" / "simulator"):
-        report = quickstart.main(qs)  # sets this process's torch threads
-    paths = {
-        "corpus": str(run / "world" / "corpus.jsonl"),
-        "corpus_known": str(run / "world" / "corpus_known.jsonl"),
-        "train": str(run / "world" / "train.jsonl"),
-        "test": str(run / "world" / "test.jsonl"),
-        "bm25": str(run / "index" / "bm25"),
-        "bm25_known": str(run / "index" / "bm25_known"),
-        "dense": str(run / "index" / "dense"),
-        "base": str(run / "base"),
-        "simulator": str(pipeline.final_model(run / "simulator")),
-    }
-    fingerprints = {stage: stage_fingerprint(run / stage) for stage in ("world", "base", "simulator", "train")}
     previous = json.loads((root / "controls.json").read_text()) if (root / "controls.json").is_file() else {}
-    commit = where["commit"]
-    machine = {**report["machine"], "cpu_capability": where["cpu_capability"]}
-    here = {"commit": commit, "quickstart_wall_s": report["wall_s"], "quickstart_peak_rss_gb": report["peak_rss_gb"],
-            "machine": machine}  # fmt: skip
+    qs, report, paths, fingerprints = run_quickstart(root, seed, args)
+    here = {"commit": where["commit"], "quickstart_wall_s": report["wall_s"],
+            "quickstart_peak_rss_gb": report["peak_rss_gb"],
+            "machine": {**report["machine"], "cpu_capability": where["cpu_capability"]}}  # fmt: skip
     recorded = previous.get("fingerprints", {})
     if {stage: recorded.get(stage) for stage in fingerprints} == fingerprints:  # the quickstart part was reused
         here = {key: previous[key] for key in here}
@@ -189,15 +171,7 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         )  # fmt: skip
         fidelity = {"design": args.knowing, **_fidelity(root, world, paths, args)}
     em = {"base": _real(report["em"]["base"]), "simulator": _real(report["em"]["rl_search"])}
-    arm_runs: dict[str, dict[str, Any]] = {}
-    for arm in args.arms:
-        began = time.perf_counter()
-        policy_fp = train_arm(root, arm, seed, paths, fingerprints, args)
-        em[arm] = evaluate_arm(root, arm, seed, paths, [policy_fp, fingerprints["world"]], args)
-        arm_runs[arm] = {"fingerprint": policy_fp, "commit": commit, "s": round(time.perf_counter() - began, 1)}
-        kept = previous.get("arm_runs", {}).get(arm)
-        if kept and kept["fingerprint"] == policy_fp:  # reused
-            arm_runs[arm] = kept
+    arm_runs = run_arms(root, seed, paths, fingerprints, em, previous.get("arm_runs", {}), where["commit"], args)
     runs = {"simulator": fingerprints["train"], **{arm: run_["fingerprint"] for arm, run_ in arm_runs.items()}}
     step_policies = {arm: fp for arm, fp in runs.items() if arm in STEP_ARMS}
     result = {
@@ -213,9 +187,9 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         "fingerprints": fingerprints,
         # how each policy's first held-out BM25 query names the asked person
         "query_naming": {**report["query_naming"], **_arms_query_naming(qs, root, args.arms)},
-        "sim_rl_searches_by_kind": _searches_by_kind(run / "train"),  # the simulator arm: no other engine
+        "sim_rl_searches_by_kind": _searches_by_kind(root / "quickstart" / "train"),  # the simulator arm's engines
         "answer_in_results": {
-            arm: answer_in_results(root / "train" / arm if arm in ARMS else run / "train")
+            arm: answer_in_results(root / "train" / arm if arm in ARMS else root / "quickstart" / "train")
             for arm in ("simulator", *args.arms)
         },
         "machine": here["machine"],
@@ -227,12 +201,48 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def quickstart_recipe(root: Path, seed: int, args: argparse.Namespace) -> Any:
-    """The quickstart recipe of world `seed` under `root` (its run in root/quickstart), at `args`' threads."""
-    from simsearch.config import QuickstartRecipe, load_recipe
+def run_quickstart(root: Path, seed: int, args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str, str],
+                                                                              dict[str, str]]:  # fmt: skip
+    """World `seed`'s quickstart in root/quickstart, its RL run's checkpoints kept; its recipe, report, the paths
+    the arms read and the fingerprints of its stages."""
+    from simsearch.experiments import pipeline, quickstart
+    from simsearch.fingerprints import stage_fingerprint
 
-    overrides = [f"run_dir={root / 'quickstart'}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}"]
-    return load_recipe(QuickstartRecipe, None, [*overrides, *args.overrides])
+    qs = study.quickstart_recipe(root / "quickstart", seed, args, *args.overrides)
+    run = Path(qs.run_dir)
+    with keeping_checkpoints(run / "train", root / "kept" / "simulator"):
+        report = quickstart.main(qs)  # sets this process's torch threads
+    paths = {name: str(run / "world" / f"{name}.jsonl") for name in ("corpus", "corpus_known", "train", "test")}
+    paths.update({name: str(run / "index" / name) for name in ("bm25", "bm25_known", "dense")})
+    paths.update(base=str(run / "base"), simulator=str(pipeline.final_model(run / "simulator")))
+    fingerprints = {stage: stage_fingerprint(run / stage) for stage in ("world", "base", "simulator", "train")}
+    return qs, report, paths, fingerprints
+
+
+def run_arms(
+    root: Path,
+    seed: int,
+    paths: dict[str, str],
+    fingerprints: dict[str, str],
+    em: dict[str, dict[str, float]],
+    recorded: dict[str, dict[str, Any]],
+    commit: str,
+    args: argparse.Namespace,
+) -> dict[str, dict[str, Any]]:
+    """Each arm of `args.arms` trained and evaluated, its EM into `em`; per arm its run's fingerprint, commit and
+    seconds (as `recorded` holds them when the run was reused)."""
+    from simsearch.experiments import pipeline
+
+    arm_runs: dict[str, dict[str, Any]] = {}
+    for arm in args.arms:
+        began = time.perf_counter()
+        policy_fp = train_arm(root, arm, seed, paths, fingerprints, args)
+        policy = pipeline.final_model(root / "train" / arm)
+        em[arm] = evaluate_policy(root / "eval" / arm, policy, seed, paths, [policy_fp, fingerprints["world"]], args)
+        arm_runs[arm] = {"fingerprint": policy_fp, "commit": commit, "s": round(time.perf_counter() - began, 1)}
+        if recorded.get(arm, {}).get("fingerprint") == policy_fp:  # reused
+            arm_runs[arm] = recorded[arm]
+    return arm_runs
 
 
 def gate(args: argparse.Namespace) -> dict[str, Any]:
@@ -245,7 +255,7 @@ def gate(args: argparse.Namespace) -> dict[str, Any]:
     rows = {}
     for seed in args.seeds:
         root = args.run_dir / f"world_{seed}"
-        qs = quickstart_recipe(root, seed, args)
+        qs = study.quickstart_recipe(root / "quickstart", seed, args, *args.overrides)
         world, paths, fingerprints = pipeline.through_simulator(qs)
         _, paths["knowing"] = knowing_simulator(root, seed, paths, fingerprints, world, design=args.knowing,
                                                 recipes=RECIPES, threads=args.threads, smoke=args.smoke)  # fmt: skip
@@ -407,52 +417,28 @@ def train_arm(
 
     Its checkpoints are kept (`keeping_checkpoints`) when the arm is one of `STEP_ARMS`.
     """
-    from simsearch.experiments.stages import train_stage
-
     overrides = [
-        f"seed={seed}", f"run_dir={root / 'train' / arm}", f"policy.model.path={paths['base']}",
-        f"data.train=[{paths['train']}]", f"threads={args.threads}",
-        f"search.simulator.generation.model.path={paths['simulator']}",
-        f"search.cache={root / 'cache' / arm}.sqlite",
-        *(SMOKE_TRAIN if args.smoke else []),
+        f"threads={args.threads}", f"search.simulator.generation.model.path={paths['simulator']}",
+        f"search.cache={root / 'cache' / arm}.sqlite", *(SMOKE_TRAIN if args.smoke else []),
         *(o.format(**paths) for o in ARMS[arm]),
     ]  # fmt: skip
     inputs = [fingerprints["base"], fingerprints["knowing" if arm == "knowing" else "simulator"]]
     keep = root / "kept" / arm if arm in STEP_ARMS else None
     with keeping_checkpoints(root / "train" / arm, keep) if keep else contextlib.nullcontext():
-        return train_stage(RECIPES / "train.yaml", overrides, inputs)
-
-
-def evaluate_arm(
-    root: Path, arm: str, seed: int, paths: dict[str, str], inputs: list[str], args: argparse.Namespace
-) -> dict[str, float]:
-    """eval.yaml for one arm's final policy, BM25 and dense only; EM (percent) per engine."""
-    from simsearch.experiments import pipeline
-
-    policy = pipeline.final_model(root / "train" / arm)
-    return evaluate_policy(root / "eval" / arm, policy, seed, paths, inputs, args)
+        return study.train(root / "train" / arm, seed=seed, base=paths["base"], questions=paths["train"],
+                           inputs=inputs, overrides=overrides, smoke=args.smoke)  # fmt: skip
 
 
 def evaluate_policy(
     out: Path, policy: Path, seed: int, paths: dict[str, str], inputs: list[str], args: argparse.Namespace
 ) -> dict[str, float]:
     """eval.yaml for the policy at `policy` into `out`, BM25 and dense only; EM (percent) per engine."""
-    from simsearch.experiments.stages import eval_stage
-
-    overrides = [
-        f"run_dir={out}", f"seed={seed}", f"threads={args.threads}", f"policy.model.path={policy}",
-        f"datasets=[{{name: heldout, path: {paths['test']}, limit: {SMOKE_LIMIT if args.smoke else 0}}}]",
-        f"engines.bm25.corpus={paths['corpus']}", f"engines.bm25.index_dir={paths['bm25']}",
-        f"engines.dense.corpus={paths['corpus']}", f"engines.dense.index_dir={paths['dense']}",
-        "training_run=''", "baselines=[]", "fidelity_size=0", *(SMOKE_EVAL if args.smoke else []),
-    ]  # fmt: skip
-
-    def real_engines_only(recipe: Any) -> None:
-        recipe.engines = {name: recipe.engines[name] for name in ENGINES}
-
-    eval_stage(RECIPES / "eval.yaml", overrides, inputs, edit=real_engines_only)
-    summary = json.loads((out / "summary.json").read_text())
-    return {engine: 100.0 * summary["rows"][engine]["average"]["em"] for engine in ENGINES}
+    rows = study.evaluate(
+        out, policy, seed=seed, datasets={"heldout": paths["test"]}, limit=SMOKE_LIMIT if args.smoke else 0,
+        engines={e: (paths["corpus"], paths[e]) for e in ENGINES}, keep={e: e for e in ENGINES}, inputs=inputs,
+        overrides=[f"threads={args.threads}"], smoke=args.smoke,
+    )  # fmt: skip
+    return {engine: 100.0 * rows[engine]["average"]["em"] for engine in ENGINES}
 
 
 def em_at_checkpoints(
@@ -669,15 +655,7 @@ def doc_lines(figures: dict[str, Any]) -> list[str]:
                                                for e in ENGINES)] for row in rows)),
     ]  # fmt: skip
     for arm in ("simulator", "knowing") if "knowing" in rows else ("simulator",):
-        lines += [
-            "",
-            f"The {arm} arm minus each arm, paired by world: mean, and {INTERVAL_METHOD}",
-            '(an interval that holds 0 reads "no measurable difference"):',
-            "",
-            *study.table([f"{arm} arm minus", *ENGINES],
-                         ([other, *(t_cell(_differences(worlds, arm, other, e, controls)) for e in ENGINES)]
-                          for other in _others(arm, rows, controls))),
-        ]  # fmt: skip
+        lines += _difference_lines(worlds, arm, rows, controls)
     lines += _fidelity_lines(worlds)
     lines += _steps_lines(worlds, [arm for arm in STEP_ARMS if arm in rows])
     lines += _per_world_table(
@@ -712,6 +690,19 @@ def doc_lines(figures: dict[str, Any]) -> list[str]:
         f"{figures['wall_s_max'] / 60:.1f} min and {figures['peak_rss_gb_max']:.2f} GB.",
     ]
     return lines
+
+
+def _difference_lines(worlds: dict[str, Any], arm: str, rows: Sequence[str], controls: Sequence[str]) -> list[str]:
+    """`arm` minus each arm it is paired against (`_others`), per engine, with their t-intervals."""
+    return [
+        "",
+        f"The {arm} arm minus each arm, paired by world: mean, and {INTERVAL_METHOD}",
+        '(an interval that holds 0 reads "no measurable difference"):',
+        "",
+        *study.table([f"{arm} arm minus", *ENGINES],
+                     ([other, *(t_cell(_differences(worlds, arm, other, e, controls)) for e in ENGINES)]
+                      for other in _others(arm, rows, controls))),
+    ]  # fmt: skip
 
 
 def _fidelity_lines(worlds: dict[str, Any]) -> list[str]:

@@ -118,7 +118,8 @@ def bench_model(
     }
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring); sets torch's threads when --threads is given."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=32, help="prompts in the batched call")
     parser.add_argument("--prompt-tokens", type=int, default=80, help="tokens per prompt")
@@ -133,7 +134,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    return args
 
+
+def measure(args: argparse.Namespace) -> dict[str, float]:
+    """Every model's figures, keyed `MODEL/figure`, plus torch_threads."""
     rng = random.Random(args.seed)
     tokenizer = train_tokenizer(synthetic_texts(rng, 3000), vocab_size=1000)
     # Prompts of ordinary (non-special) tokens, all the same length.
@@ -148,7 +153,11 @@ def main() -> None:
         figures.update(bench_model(name, model, engine, prompts, args))
         params_m = sum(p.numel() for p in model.parameters()) / 1e6
         figures[f"{name}/params_millions"] = params_m
+    return figures
 
+
+def print_table(args: argparse.Namespace, figures: dict[str, float]) -> None:
+    """One row per model: parameters, the four rates and the two ratios."""
     print(
         f"tokens/s; {args.prompts} prompts x {args.prompt_tokens} tokens, "
         f"{args.new_tokens} new tokens, greedy, best of {args.repeats}, "
@@ -170,8 +179,11 @@ def main() -> None:
             f"{figures[f'{name}/batched_over_sequential']:9.1f}x "
             f"{figures[f'{name}/batched_over_bare_loop']:10.0%}"
         )
-    first = args.models[0]
-    summary = {
+
+
+def summary(first: str, figures: dict[str, float]) -> dict[str, float]:
+    """The final JSON object: the first model's ratios and rates, then every raw figure rounded."""
+    return {
         "batched_over_sequential": figures[f"{first}/batched_over_sequential"],
         "batched_over_bare_loop": figures[f"{first}/batched_over_bare_loop"],
         "batched_tokens_per_s": figures[f"{first}/batched_tokens_per_s"],
@@ -179,7 +191,13 @@ def main() -> None:
         "bare_loop_tokens_per_s": figures[f"{first}/bare_loop_tokens_per_s"],
         **{k: round(v, 3) for k, v in figures.items()},
     }
-    print(json.dumps(summary))
+
+
+def main() -> None:
+    args = parse_args()
+    figures = measure(args)
+    print_table(args, figures)
+    print(json.dumps(summary(args.models[0], figures)))
 
 
 if __name__ == "__main__":

@@ -29,8 +29,7 @@ from typing import Any
 import torch
 
 from benchmarks import study
-from benchmarks.benchlib import RECIPES
-from benchmarks.controls import ARMS, SMOKE_EVAL, SMOKE_LIMIT
+from benchmarks.controls import ARMS, SMOKE_LIMIT
 from simsearch.config import TrainRecipe, load_recipe
 from simsearch.experiments import pipeline, quickstart, stages
 from simsearch.fingerprints import stage_fingerprint
@@ -98,25 +97,19 @@ def probe_policy(root: Path, qs_dir: Path, seed: int, name: str, policy: tuple[P
     `none`, `noisy` (eval.yaml's simulator engine, noise on every search, answers redacted) and `bm25`; its
     run directory."""
     model, fingerprint = policy
-    out = root / "naming" / name
-    limit = SMOKE_LIMIT if smoke else 0
-    world_dir = qs_dir / "world"
+    out, world_dir = root / "naming" / name, qs_dir / "world"
     overrides = [
-        f"run_dir={out}", f"seed={seed}", f"policy.model.path={model}",
-        f"datasets=[{{name: train, path: {world_dir / 'train.jsonl'}, limit: {limit}}}, "
-        f"{{name: heldout, path: {world_dir / 'test.jsonl'}, limit: {limit}}}]",
-        f"engines.bm25.corpus={world_dir / 'corpus.jsonl'}", f"engines.bm25.index_dir={qs_dir / 'index' / 'bm25'}",
         f"engines.simulator.simulator.generation.model.path={pipeline.final_model(qs_dir / 'simulator')}",
-        "engines.simulator.simulator.noisy_answers=redact", "noisy_share=1.0",
-        "training_run=''", "baselines=[]", "fidelity_size=0", *(SMOKE_EVAL if smoke else []),
-    ]  # fmt: skip
-
-    def probe_engines_only(recipe: Any) -> None:
-        engines = recipe.engines
-        recipe.engines = {"none": engines["none"], "noisy": engines["simulator"], "bm25": engines["bm25"]}
-
+        "engines.simulator.simulator.noisy_answers=redact",
+        "noisy_share=1.0",
+    ]
     inputs = [fingerprint, stage_fingerprint(qs_dir / "world"), stage_fingerprint(qs_dir / "simulator")]
-    stages.eval_stage(RECIPES / "eval.yaml", overrides, inputs, edit=probe_engines_only)
+    datasets = {"train": str(world_dir / "train.jsonl"), "heldout": str(world_dir / "test.jsonl")}
+    study.evaluate(
+        out, model, seed=seed, datasets=datasets, limit=SMOKE_LIMIT if smoke else 0,
+        engines={"bm25": (str(world_dir / "corpus.jsonl"), str(qs_dir / "index" / "bm25"))},
+        keep={"none": "none", "noisy": "simulator", "bm25": "bm25"}, inputs=inputs, overrides=overrides, smoke=smoke,
+    )  # fmt: skip
     return out
 
 

@@ -44,20 +44,17 @@ def run_quickstart(run_dir: Path, seed: int, overrides: list[str]) -> dict[str, 
     return json.loads((run_dir / "report.json").read_text())
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one world and base per seed")
     parser.add_argument("--run-dir", default="runs/bench_quickstart", help="parent of the runs; wiped run by run")
     parser.add_argument("--no-rerun", action="store_true", help="skip the second run of the first seed")
     parser.add_argument("overrides", nargs="*", help="quickstart recipe overrides, after --")
-    args = parser.parse_args()
-    root = Path(args.run_dir)
+    return parser.parse_args()
 
-    reports = {seed: run_quickstart(root / f"seed_{seed}", seed, args.overrides) for seed in args.seeds}
-    rerun = (
-        None if args.no_rerun else run_quickstart(root / f"seed_{args.seeds[0]}_rerun", args.seeds[0], args.overrides)
-    )
 
+def print_seed_tables(reports: dict[int, dict[str, Any]]) -> None:
+    """Per seed: the policies x engines EM table and how the held-out queries name the person."""
     print("\nHeld-out EM (%), greedy; the RL policy only searched the simulator in training.")
     for seed, report in reports.items():
         em = report["em"]
@@ -74,18 +71,23 @@ def main() -> None:
               " / ".join(f"{naming['base'][k]['share']:.2f} -> {naming['rl_search'][k]['share']:.2f}"
                          for k in ("exact", "miscopied", "unnamed")))  # fmt: skip
 
-    def gain(report: dict[str, Any], engine: str) -> float:
-        return report["em"]["rl_search"][engine] - report["em"]["base"][engine]
 
+def gain(report: dict[str, Any], engine: str) -> float:
+    return report["em"]["rl_search"][engine] - report["em"]["base"][engine]
+
+
+def gains(reports: dict[int, dict[str, Any]]) -> tuple[list[float], list[float], list[float]]:
+    """Per seed: the gain on BM25, the gain on dense, and rl_search on BM25 over rl_nosearch."""
     gains_bm25 = [gain(r, "bm25") for r in reports.values()]
     gains_dense = [gain(r, "dense") for r in reports.values()]
     over_nosearch = [r["em"]["rl_search"]["bm25"] - r["em"]["rl_nosearch"]["none"] for r in reports.values()]
-    rerun_diff = None
-    if rerun is not None:
-        first = reports[args.seeds[0]]["em"]
-        rerun_diff = max(abs(first[p][e] - rerun["em"][p][e]) for p in POLICIES for e in first[p])
-    all_runs = [*reports.values(), *([rerun] if rerun is not None else [])]
+    return gains_bm25, gains_dense, over_nosearch
 
+
+def print_gains(
+    reports: dict[int, dict[str, Any]], gains_bm25: list[float], gains_dense: list[float], over_nosearch: list[float]
+) -> None:
+    """The per-seed gains table, then each gain's mean ± sd and minimum over the seeds."""
     print("\n| seed | base bm25 | rl_search bm25 | gain bm25 | gain dense | rl_search bm25 - rl_nosearch |")
     print("|---|---|---|---|---|---|")
     for (seed, report), g_bm25, g_dense, g_over in zip(reports.items(), gains_bm25, gains_dense, over_nosearch):
@@ -98,8 +100,15 @@ def main() -> None:
         mean, sd = mean_sd(values)
         print(f"{name}: {mean:.1f} ± {sd:.1f} (min {min(values):.1f}) over {len(values)} seeds")
 
-    figures: dict[str, Any] = {
-        "seeds": args.seeds,
+
+def summary(
+    seeds: list[int], reports: dict[int, dict[str, Any]], rerun: dict[str, Any] | None, rerun_diff: float | None
+) -> dict[str, Any]:
+    """The final JSON object (the module docstring lists its keys)."""
+    gains_bm25, gains_dense, over_nosearch = gains(reports)
+    all_runs = [*reports.values(), *([rerun] if rerun is not None else [])]
+    return {
+        "seeds": seeds,
         "gain_bm25_by_seed": [round(g, 2) for g in gains_bm25],
         "gain_dense_by_seed": [round(g, 2) for g in gains_dense],
         "gain_bm25_min": round(min(gains_bm25), 2),
@@ -119,6 +128,10 @@ def main() -> None:
             for seed, r in reports.items()
         },
     }
+
+
+def print_targets(figures: dict[str, Any], rerun_diff: float | None) -> None:
+    """The quickstart issue's targets: measured, wanted, and whether each is met."""
     targets = [
         ("gain_bm25_min", figures["gain_bm25_min"], ">= 30", figures["gain_bm25_min"] >= 30),
         ("gain_bm25_mean", figures["gain_bm25_mean"], ">= 40", figures["gain_bm25_mean"] >= 40),
@@ -131,6 +144,24 @@ def main() -> None:
     print("\n| target | measured | wanted | met |\n|---|---|---|---|")
     for name, measured, wanted, met in targets:
         print(f"| {name} | {measured} | {wanted} | {'yes' if met else 'NO'} |")
+
+
+def main() -> None:
+    args = parse_args()
+    root = Path(args.run_dir)
+
+    reports = {seed: run_quickstart(root / f"seed_{seed}", seed, args.overrides) for seed in args.seeds}
+    rerun = (
+        None if args.no_rerun else run_quickstart(root / f"seed_{args.seeds[0]}_rerun", args.seeds[0], args.overrides)
+    )
+    print_seed_tables(reports)
+    rerun_diff = None
+    if rerun is not None:
+        first = reports[args.seeds[0]]["em"]
+        rerun_diff = max(abs(first[p][e] - rerun["em"][p][e]) for p in POLICIES for e in first[p])
+    print_gains(reports, *gains(reports))
+    figures = summary(args.seeds, reports, rerun, rerun_diff)
+    print_targets(figures, rerun_diff)
     print(json.dumps(figures))
 
 

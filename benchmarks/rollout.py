@@ -51,10 +51,11 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from simsearch.config import RolloutConfig
 from simsearch.data.chat import tool_call_messages, write_call
@@ -65,7 +66,7 @@ from simsearch.policy.rollout import RolloutResult, RolloutSettings, generate_tr
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.tinyworld.pretrain import pretrain
 from simsearch.tinyworld.traces import make_traces
-from simsearch.tinyworld.world import build_world
+from simsearch.tinyworld.world import World, build_world
 from simsearch.types import Completion, SamplingParams
 
 TEMPLATE_COPIES = 100  # as benchmarks/pretrain_base.py: the prompt's words become single tokens
@@ -165,7 +166,8 @@ def call_figures(result: RolloutResult) -> dict[str, float]:
     }
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line, with the protocol's defaults filled in for --pretrain-steps and --new-tokens."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--questions", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=16)
@@ -180,31 +182,35 @@ def main() -> None:
     pretrain_steps, new_tokens = PROTOCOL_DEFAULTS[args.protocol]
     args.pretrain_steps = pretrain_steps if args.pretrain_steps is None else args.pretrain_steps
     args.new_tokens = new_tokens if args.new_tokens is None else args.new_tokens
-    tool_call = args.protocol == "tool-call"
-    torch.manual_seed(args.seed)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    return args
 
-    # 1. World, retriever, tokenizer and policy.
-    world = build_world(seed=0)
-    search = BM25SearchEngine.build(world.passages, show_progress=False)
+
+def build_policy(
+    args: argparse.Namespace, world: World, search: BM25SearchEngine, tool_call: bool
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, float]:
+    """The model and tokenizer (--model's, or built and briefly pretrained) and the pretraining seconds."""
     if args.model:
         model, tokenizer = load_model(args.model)
-        pretrain_s = 0.0
-    else:
-        tokenizer = build_tokenizer(world.texts_for_tokenizer(), tool_call)
-        model = build_tiny_model(tokenizer, seed=args.seed)
-        began = time.perf_counter()
-        if args.pretrain_steps:
-            n = 16 * args.pretrain_steps
-            traces = make_traces(world, search, tokenizer, n=n, seed=args.seed, protocol=args.protocol)
-            pretrain(model, traces, steps=args.pretrain_steps, batch_size=16, lr=3e-3,
-                     copy_loss_weight=1.0, seed=args.seed, progress=False)  # fmt: skip
-        pretrain_s = time.perf_counter() - began
-    policies = {
-        "on": RecordingEngine(HFEngine(model, tokenizer, batch_size=64, prefix_cache=True)),
-        "off": RecordingEngine(HFEngine(model, tokenizer, batch_size=64, prefix_cache=False)),
-    }
+        return model, tokenizer, 0.0
+    tokenizer = build_tokenizer(world.texts_for_tokenizer(), tool_call)
+    model = build_tiny_model(tokenizer, seed=args.seed)
+    began = time.perf_counter()
+    if args.pretrain_steps:
+        n = 16 * args.pretrain_steps
+        traces = make_traces(world, search, tokenizer, n=n, seed=args.seed, protocol=args.protocol)
+        pretrain(model, traces, steps=args.pretrain_steps, batch_size=16, lr=3e-3,
+                 copy_loss_weight=1.0, seed=args.seed, progress=False)  # fmt: skip
+    return model, tokenizer, time.perf_counter() - began
+
+
+def rollout_runner(
+    args: argparse.Namespace,
+    world: World,
+    search: BM25SearchEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    policies: dict[str, RecordingEngine],
+) -> Callable[[str], Run]:
+    """A function that runs one rollout of the measured job with the mode's engine."""
     rollout_config = RolloutConfig(template="search-r1", max_turns=1, protocol=args.protocol)
     settings = RolloutSettings(rollout_config, top_k=3, rendering="search-r1")
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, seed=args.seed)
@@ -221,23 +227,31 @@ def main() -> None:
         stats = {k: v - before[k] for k, v in policy.engine.stats.items()}
         return Run(result.timings["time/total_s"], result, list(policy.calls), stats)
 
-    # 2. Warm-up, then timed rollouts, the two modes interleaved; medians by total time.
+    return rollout
+
+
+def timed_rollouts(rollout: Callable[[str], Run], repeats: int) -> tuple[dict[str, Run], dict[str, list[Run]]]:
+    """One warm-up rollout per mode, then `repeats` per mode, the modes interleaved."""
     warm = {mode: rollout(mode) for mode in MODES}
-    same = [t.response_ids for t in warm["on"].result.trajectories] == [
-        t.response_ids for t in warm["off"].result.trajectories
-    ]
     runs: dict[str, list[Run]] = {mode: [] for mode in MODES}
-    for r in range(args.repeats):
+    for r in range(repeats):
         for mode in MODES if r % 2 == 0 else MODES[::-1]:
             runs[mode].append(rollout(mode))
-    figures = {mode: mode_figures(runs[mode], policies[mode].engine) for mode in MODES}
-    on, off = figures["on"], figures["off"]
-    speedup = off["total_s"] / on["total_s"]
-    # Paired ratios (run r of each mode ran back to back): how much the load moved the median.
-    paired = sorted(b.total_s / a.total_s for a, b in zip(runs["on"], runs["off"]))
+    return warm, runs
 
-    count = len(warm["on"].result.trajectories)
-    protocol = f", protocol {args.protocol}" if tool_call else ""  # the tag run's output as it was
+
+def print_report(
+    args: argparse.Namespace,
+    count: int,
+    figures: dict[str, dict[str, float]],
+    speedup: float,
+    paired: list[float],
+    same: bool,
+    calls: dict[str, float],
+) -> None:
+    """The time split per stage and mode, the token counts, the speedup and (tool-call) the calls made."""
+    on, off = figures["on"], figures["off"]
+    protocol = f", protocol {args.protocol}" if args.protocol == "tool-call" else ""  # the tag run's output as it was
     print(f"rollout{protocol}: {args.questions} questions x group {args.group_size} = {count} trajectories, "
           f"max_turns=1, {args.new_tokens} new tokens/turn, median of {args.repeats} per mode "
           f"(interleaved), {torch.get_num_threads()} torch threads")  # fmt: skip
@@ -255,12 +269,24 @@ def main() -> None:
     print(f"prefix reuse speedup {speedup:.2f}x (median totals; paired run ratios "
           f"{[round(x, 2) for x in paired]}); same trajectories on/off: {same}; "
           f"searches/traj {on['searches_per_traj']:.2f}, answer rate {on['answer_rate']:.2f}")  # fmt: skip
-    calls = call_figures(median_run(runs["on"]).result) if tool_call else {}
     if calls:
         print(f"tool calls (reuse on): {calls['searched_share']:.0%} of trajectories searched; "
               f"{calls['invalid_turns']} invalid turns, {calls['call_errors']} call errors")  # fmt: skip
 
-    summary: dict[str, object] = {
+
+def summary(
+    args: argparse.Namespace,
+    count: int,
+    figures: dict[str, dict[str, float]],
+    speedup: float,
+    paired: list[float],
+    same: bool,
+    calls: dict[str, float],
+    pretrain_s: float,
+) -> dict[str, object]:
+    """The final JSON object: reuse on's figures, reuse off's main ones suffixed `_off`, and the setup."""
+    on, off = figures["on"], figures["off"]
+    out: dict[str, object] = {
         "trajectories": count,
         **on,
         "prefix_reuse_speedup": speedup,
@@ -280,12 +306,40 @@ def main() -> None:
             )
         },
         "same_trajectories": same,
-        **({"protocol": args.protocol, **calls} if tool_call else {}),
+        **({"protocol": args.protocol, **calls} if args.protocol == "tool-call" else {}),
         "pretrain_s": pretrain_s,
         "torch_threads": torch.get_num_threads(),
         "search_engine": "bm25 (bm25s) over the tiny world, 940 passages",
     }
-    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()}))
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def main() -> None:
+    args = parse_args()
+    tool_call = args.protocol == "tool-call"
+    torch.manual_seed(args.seed)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    world = build_world(seed=0)
+    search = BM25SearchEngine.build(world.passages, show_progress=False)
+    model, tokenizer, pretrain_s = build_policy(args, world, search, tool_call)
+    policies = {
+        "on": RecordingEngine(HFEngine(model, tokenizer, batch_size=64, prefix_cache=True)),
+        "off": RecordingEngine(HFEngine(model, tokenizer, batch_size=64, prefix_cache=False)),
+    }
+    warm, runs = timed_rollouts(rollout_runner(args, world, search, tokenizer, policies), args.repeats)
+    same = [t.response_ids for t in warm["on"].result.trajectories] == [
+        t.response_ids for t in warm["off"].result.trajectories
+    ]
+    figures = {mode: mode_figures(runs[mode], policies[mode].engine) for mode in MODES}
+    speedup = figures["off"]["total_s"] / figures["on"]["total_s"]
+    # Paired ratios (run r of each mode ran back to back): how much the load moved the median.
+    paired = sorted(b.total_s / a.total_s for a, b in zip(runs["on"], runs["off"]))
+    count = len(warm["on"].result.trajectories)
+    calls = call_figures(median_run(runs["on"]).result) if tool_call else {}
+    print_report(args, count, figures, speedup, paired, same, calls)
+    print(json.dumps(summary(args, count, figures, speedup, paired, same, calls, pretrain_s)))
 
 
 if __name__ == "__main__":

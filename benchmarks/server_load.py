@@ -44,8 +44,9 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -54,6 +55,9 @@ import psutil
 
 from simsearch.retrieval.base import SearchEngine
 from simsearch.types import Passage, SearchRequest
+
+if TYPE_CHECKING:
+    import uvicorn
 
 MODULE = "benchmarks.server_load"  # its server and load processes: `python -m MODULE`, started where this one was
 WORDS_PER_PASSAGE = 60
@@ -402,12 +406,25 @@ def measure_server_over_direct(
         `server_failed_requests` (non-200 answers, transport errors or malformed results) and
         `server_requests`.
     """
+    groups = [[SearchRequest(q, top_k=top_k) for q in group] for group in chunked(queries, queries_per_request)]
+    engine.search(groups[0])  # warm-up
+    server, thread, port = serve_in_thread(engine, top_k)
+    try:
+        return alternate_passes(
+            engine, groups, f"http://127.0.0.1:{port}", queries, clients, max_seconds, queries_per_request, repeats
+        )
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def serve_in_thread(engine: SearchEngine, top_k: int) -> tuple[uvicorn.Server, threading.Thread, int]:
+    """`create_app(engine)` served by uvicorn on 127.0.0.1 in a daemon thread of this process, once it has
+    started; returns the server, its thread and its port."""
     import uvicorn
 
     from simsearch.retrieval.server import create_app
 
-    groups = [[SearchRequest(q, top_k=top_k) for q in group] for group in chunked(queries, queries_per_request)]
-    engine.search(groups[0])  # warm-up
     port = free_port()
     app = create_app(engine, default_top_k=top_k)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
@@ -418,34 +435,49 @@ def measure_server_over_direct(
         if time.monotonic() > deadline:
             raise RuntimeError("the benchmark server did not start within 30 s")
         time.sleep(0.01)
+    return server, thread, port
+
+
+def direct_pass(engine: SearchEngine, groups: list[list[SearchRequest]], max_seconds: float) -> tuple[float, float]:
+    """One `engine.search` call per group until `max_seconds`: queries/s and this process's CPU seconds per query."""
+    start, start_cpu = time.perf_counter(), time.process_time()
+    done = 0
+    for group in groups:
+        engine.search(group)
+        done += len(group)
+        if time.perf_counter() - start > max_seconds:
+            break
+    return done / (time.perf_counter() - start), (time.process_time() - start_cpu) / done
+
+
+def alternate_passes(
+    engine: SearchEngine,
+    groups: list[list[SearchRequest]],
+    url: str,
+    queries: list[str],
+    clients: int,
+    max_seconds: float,
+    queries_per_request: int,
+    repeats: int,
+) -> dict[str, float]:
+    """`repeats` direct passes alternating with server passes against `url`; the figures of
+    `measure_server_over_direct`."""
     direct_qps = server_qps = 0.0
     direct_cpu_s = server_cpu_s = math.inf  # CPU seconds per query, this process only
     failed = requests = 0
-    try:
-        for _ in range(repeats):
-            start, start_cpu = time.perf_counter(), time.process_time()
-            done = 0
-            for group in groups:
-                engine.search(group)
-                done += len(group)
-                if time.perf_counter() - start > max_seconds:
-                    break
-            direct_qps = max(direct_qps, done / (time.perf_counter() - start))
-            direct_cpu_s = min(direct_cpu_s, (time.process_time() - start_cpu) / done)
+    for _ in range(repeats):
+        qps, cpu_s = direct_pass(engine, groups, max_seconds)
+        direct_qps = max(direct_qps, qps)
+        direct_cpu_s = min(direct_cpu_s, cpu_s)
 
-            # This process's CPU meanwhile is the server's alone: this thread waits on the child.
-            start_cpu = time.process_time()
-            load = drive_in_subprocess(
-                f"http://127.0.0.1:{port}", queries, clients, max_seconds, len(groups), queries_per_request
-            )
-            answered = len(load["latencies_ms"])
-            server_qps = max(server_qps, answered * queries_per_request / load["wall_s"])
-            server_cpu_s = min(server_cpu_s, (time.process_time() - start_cpu) / max(answered * queries_per_request, 1))
-            failed += load["errors"]
-            requests += answered + load["errors"]
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+        # This process's CPU meanwhile is the server's alone: this thread waits on the child.
+        start_cpu = time.process_time()
+        load = drive_in_subprocess(url, queries, clients, max_seconds, len(groups), queries_per_request)
+        answered = len(load["latencies_ms"])
+        server_qps = max(server_qps, answered * queries_per_request / load["wall_s"])
+        server_cpu_s = min(server_cpu_s, (time.process_time() - start_cpu) / max(answered * queries_per_request, 1))
+        failed += load["errors"]
+        requests += answered + load["errors"]
     return {
         "direct_qps": direct_qps,
         "server_qps": server_qps,
@@ -516,7 +548,7 @@ def curriculum_arms(plain_url: str, plain_pid: int, queries: list[str], args: ar
 # --------------------------------------------------------------------------- main
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, default=200, help="concurrent clients")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of load")
@@ -538,26 +570,39 @@ def main() -> None:
     parser.add_argument("--serve-curriculum", action="store_true", help=argparse.SUPPRESS)  # child mode
     parser.add_argument("--drive", default="", help=argparse.SUPPRESS)  # child mode: the server URL
     parser.add_argument("--queries-file", default="", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.serve:
-        serve(args.serve, args.passages, args.seed, curriculum=args.serve_curriculum)
-        return
-    if args.drive:
-        queries = json.loads(Path(args.queries_file).read_text())
-        load = asyncio.run(
-            drive(
-                args.drive,
-                queries,
-                args.clients,
-                args.duration,
-                args.max_requests,
-                oversize=False,
-                queries_per_request=args.queries_per_request,
-            )
-        )
-        print(json.dumps(load.summary()))
-        return
+    return parser.parse_args()
 
+
+def drive_child(args: argparse.Namespace) -> None:
+    """Load-generator child mode: drives `args.drive` with the queries of `--queries-file`, prints the load's JSON."""
+    queries = json.loads(Path(args.queries_file).read_text())
+    load = asyncio.run(
+        drive(
+            args.drive,
+            queries,
+            args.clients,
+            args.duration,
+            args.max_requests,
+            oversize=False,
+            queries_per_request=args.queries_per_request,
+        )
+    )
+    print(json.dumps(load.summary()))
+
+
+@dataclass
+class LoadRun:
+    """The main load against the plain server, with what was sampled alongside and the curriculum arms."""
+
+    load: Load
+    queries: list[str]
+    rss_mb: list[float]
+    health: dict[str, Any]
+    arms: dict[str, Any]
+
+
+def run_load(args: argparse.Namespace) -> LoadRun:
+    """Starts the plain server, warms it up, drives it while sampling its RSS, then runs the curriculum arms."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = start_server(port, args.passages, args.seed, curriculum=False)
@@ -583,7 +628,6 @@ def main() -> None:
                 queries_per_request=args.queries_per_request,
             )
         )
-        wall_s = load.wall_s
         stop.set()
         sampler.join(timeout=5)
         health = httpx.get(f"{url}/health", timeout=10).json()
@@ -591,11 +635,15 @@ def main() -> None:
             arms = curriculum_arms(url, server.pid, queries, args)
     finally:
         stop_server(server)
+    return LoadRun(load, queries, [mb for _, mb in samples], health, arms)
 
+
+def load_results(args: argparse.Namespace, run: LoadRun) -> dict[str, Any]:
+    """The main load's figures (the JSON line's keys before the server-over-direct ones)."""
+    load, rss, wall_s = run.load, run.rss_mb, run.load.wall_s
     latencies = np.array(load.latencies_ms) if load.latencies_ms else np.array([float("nan")])
     requests = len(load.latencies_ms) + load.errors
-    rss = [mb for _, mb in samples]
-    results: dict[str, Any] = {
+    return {
         "clients": args.clients,
         "duration_s": round(wall_s, 2),
         "requests": requests,
@@ -611,29 +659,36 @@ def main() -> None:
         "rss_max_mb": round(max(rss), 1),
         "oversize_sent": load.oversize_sent,
         "oversize_rejected": load.oversize_rejected,
-        "engine_calls": health["engine_calls"],
+        "engine_calls": run.health["engine_calls"],
         "queries_per_request": args.queries_per_request,
         "passages": args.passages,
-        **arms,
+        **run.arms,
     }
 
-    direct: dict[str, float] = {}
-    if args.direct_queries:
-        from simsearch.retrieval.bm25 import BM25SearchEngine
 
-        corpus, _ = synthetic_corpus(args.passages, args.seed)
-        engine = BM25SearchEngine.build(corpus, show_progress=False)
-        direct = measure_server_over_direct(engine, queries[: args.direct_queries], args.queries_per_request)
-        results |= {k: round(v, 3) for k, v in direct.items()}
+def server_over_direct(args: argparse.Namespace, queries: list[str]) -> dict[str, float]:
+    """`measure_server_over_direct` on BM25 over the same corpus, the first `--direct-queries` queries."""
+    from simsearch.retrieval.bm25 import BM25SearchEngine
 
+    corpus, _ = synthetic_corpus(args.passages, args.seed)
+    engine = BM25SearchEngine.build(corpus, show_progress=False)
+    return measure_server_over_direct(engine, queries[: args.direct_queries], args.queries_per_request)
+
+
+def print_table(args: argparse.Namespace, run: LoadRun, results: dict[str, Any], direct: dict[str, float]) -> None:
+    """The load's table, with the server-over-direct and curriculum-arm rows when they ran."""
+    load, arms = run.load, run.arms
     print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
     print(
         f"| /retrieve, BM25 over {args.passages} passages, topk {TOP_K}, "
         f"{args.queries_per_request} queries per request | |"
     )
     print("|---|---|")
-    print(f"| clients x duration | {args.clients} x {wall_s:.1f} s |")
-    print(f"| requests (per s) | {requests} ({results['requests_per_s']}/s) in {health['engine_calls']} engine calls |")
+    print(f"| clients x duration | {args.clients} x {load.wall_s:.1f} s |")
+    print(
+        f"| requests (per s) | {results['requests']} ({results['requests_per_s']}/s) "
+        f"in {run.health['engine_calls']} engine calls |"
+    )
     print(f"| errors | {load.errors} {load.error_kinds or ''} |")
     print(
         f"| latency p50 / p95 / p99 / max | {results['p50_ms']} / {results['p95_ms']} / {results['p99_ms']} / "
@@ -657,6 +712,23 @@ def main() -> None:
         print(f"| 5xx plain / with the curriculum | {arms['arm_5xx']['plain']} / {arms['arm_5xx']['curriculum']} |")
         cpu = arms["arm_cpu_ms_per_request"]
         print(f"| server CPU per request, plain / with the curriculum | {cpu['plain']} / {cpu['curriculum']} ms |")
+
+
+def main() -> None:
+    args = parse_args()
+    if args.serve:
+        serve(args.serve, args.passages, args.seed, curriculum=args.serve_curriculum)
+        return
+    if args.drive:
+        drive_child(args)
+        return
+    run = run_load(args)
+    results = load_results(args, run)
+    direct: dict[str, float] = {}
+    if args.direct_queries:
+        direct = server_over_direct(args, run.queries)
+        results |= {k: round(v, 3) for k, v in direct.items()}
+    print_table(args, run, results, direct)
     print(json.dumps(results))
 
 

@@ -39,14 +39,17 @@ def _words(rng: random.Random, n: int) -> str:
     return " ".join("".join(rng.choices(string.ascii_lowercase, k=rng.randint(3, 8))) for _ in range(n))
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queries", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--top-k", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def build(args: argparse.Namespace) -> tuple[list[SearchRequest], SimulatedSearchEngine, int, int]:
+    """The requests, the simulator over the tiny model, the first prompt's tokens and the model's parameters."""
     rng = random.Random(0)
     requests = [
         SearchRequest(
@@ -77,6 +80,11 @@ def main() -> None:
         max_new_tokens=args.new_tokens,
         seed=0,
     )
+    return requests, engine, prompt_tokens, sum(p.numel() for p in model.parameters())
+
+
+def best_seconds(engine: SimulatedSearchEngine, requests: list[SearchRequest], repeats: int) -> dict[str, float]:
+    """The fastest of `repeats` interleaved runs of each mode, after a warm-up."""
 
     def batched() -> None:
         engine.search(requests)
@@ -88,16 +96,20 @@ def main() -> None:
     best = {"batched": float("inf"), "per_query": float("inf")}
     with torch.inference_mode():
         engine.search(requests[:2])  # warm-up
-        for _ in range(args.repeats):
+        for _ in range(repeats):
             for name, run in (("batched", batched), ("per_query", per_query)):
                 began = time.perf_counter()
                 run()
                 best[name] = min(best[name], time.perf_counter() - began)
+    return best
 
+
+def report(args: argparse.Namespace, params: int, prompt_tokens: int, best: dict[str, float]) -> None:
+    """The table of seconds and documents/s per mode, then the JSON line."""
     documents = args.queries * args.top_k
     rate = {name: documents / seconds for name, seconds in best.items()}
     print(
-        f"tiny Qwen2 {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
+        f"tiny Qwen2 {params / 1e6:.2f}M params, "
         f"{args.queries} queries x top_k {args.top_k}, prompt ~{prompt_tokens} tokens, "
         f"{args.new_tokens} new tokens, torch threads {torch.get_num_threads()}"
     )
@@ -119,6 +131,13 @@ def main() -> None:
             }
         )
     )
+
+
+def main() -> None:
+    args = parse_args()
+    requests, engine, prompt_tokens, params = build(args)
+    best = best_seconds(engine, requests, args.repeats)
+    report(args, params, prompt_tokens, best)
 
 
 if __name__ == "__main__":

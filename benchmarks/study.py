@@ -28,10 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from benchmarks.benchlib import mean_sd, provenance, replace_block
+from benchmarks.benchlib import RECIPES, mean_sd, provenance, replace_block
 
 Record = dict[str, Any]
 """One world's JSON record, as `Study.world` returns it (the runner adds `provenance`)."""
+
+SMOKE_TRAIN = ("prompts_per_step=2", "rollout.group_size=2", "eval_every=0")  # an RL run's smoke overrides
+SMOKE_EVAL = ("chunk_size=8",)  # an evaluation's
 
 
 def _no_options(parser: argparse.ArgumentParser) -> None:
@@ -253,3 +256,69 @@ def spread(values: Sequence[float], digits: int = 1) -> str:
         return "-"
     mean, sd = mean_sd(list(values))
     return f"{mean:.{digits}f} ± {sd:.{digits}f}"
+
+
+# --------------------------------------------------------------------------- the runs the studies share
+
+
+def quickstart_recipe(run_dir: Path, seed: int, args: argparse.Namespace, *overrides: str) -> Any:
+    """The quickstart's recipe of world `seed` run in `run_dir`, at `args`' smoke and threads, plus `overrides`."""
+    from simsearch.config import QuickstartRecipe, load_recipe
+
+    settings = [f"run_dir={run_dir}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}"]
+    return load_recipe(QuickstartRecipe, None, [*settings, *overrides])
+
+
+def train(
+    out: Path,
+    *,
+    seed: int,
+    base: str,
+    questions: str,
+    inputs: list[str],
+    overrides: Sequence[str] = (),
+    smoke: bool = False,
+) -> str:
+    """An RL run of the quickstart's train.yaml from the model at `base` on the question file `questions`, into
+    `out`, `SMOKE_TRAIN` then `overrides` on top; its fingerprint (a run finished under it is not run again)."""
+    from simsearch.experiments.stages import train_stage
+
+    settings = [f"seed={seed}", f"run_dir={out}", f"policy.model.path={base}", f"data.train=[{questions}]"]
+    return train_stage(RECIPES / "train.yaml", [*settings, *(SMOKE_TRAIN if smoke else ()), *overrides], inputs)
+
+
+def evaluate(
+    out: Path,
+    policy: str | Path,
+    *,
+    seed: int,
+    datasets: dict[str, str],
+    engines: dict[str, tuple[str, str]],
+    inputs: list[str],
+    overrides: Sequence[str] = (),
+    keep: dict[str, str] | None = None,
+    limit: int = 0,
+    smoke: bool = False,
+    recipe: Path = RECIPES / "eval.yaml",
+) -> dict[str, Any]:
+    """`recipe` (the quickstart's eval.yaml) for the model at `policy` into `out`, greedy, no baselines: on
+    `datasets` (name -> question file, each cut to `limit` questions when > 0) against its engines, `engines`
+    giving a retriever's corpus and index (name -> (corpus, index_dir)) and `keep` the engines kept, each under
+    a name (name -> the recipe's engine; None: every engine); `SMOKE_EVAL` then `overrides` on top. Its
+    summary's rows (engine -> ...); a stage finished under the same fingerprint is not run again."""
+    from simsearch.experiments.stages import eval_stage
+
+    questions = ", ".join(f"{{name: {name}, path: {path}, limit: {limit}}}" for name, path in datasets.items())
+    settings = [
+        f"run_dir={out}", f"seed={seed}", f"policy.model.path={policy}", f"datasets=[{questions}]",
+        *(f"engines.{name}.{key}={value}" for name, (corpus, index) in engines.items()
+          for key, value in (("corpus", corpus), ("index_dir", index))),
+        "training_run=''", "baselines=[]", "fidelity_size=0", *(SMOKE_EVAL if smoke else ()),
+    ]  # fmt: skip
+
+    def kept_engines(loaded: Any) -> None:
+        if keep is not None:
+            loaded.engines = {name: loaded.engines[engine] for name, engine in keep.items()}
+
+    eval_stage(recipe, [*settings, *overrides], inputs, edit=kept_engines)
+    return dict(json.loads((out / "summary.json").read_text())["rows"])

@@ -51,7 +51,6 @@ def _rl_line(result: dict[str, Any]) -> str:
 
 def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """The quickstart with each protocol; the world's record."""
-    from simsearch.config import QuickstartRecipe, load_recipe
     from simsearch.experiments import quickstart
 
     root = args.run_dir / f"world_{seed}"
@@ -63,12 +62,7 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
                               "tags_reused": bool(args.tags_dir)}  # fmt: skip
     here = provenance()["commit"]  # the code this world runs, before anything can change it
     for protocol, run in dirs.items():
-        recipe = load_recipe(
-            QuickstartRecipe, None,
-            [f"run_dir={run}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}",
-             f"protocol={protocol}"],
-        )  # fmt: skip
-        report = quickstart.main(recipe)
+        report = quickstart.main(study.quickstart_recipe(run, seed, args, f"protocol={protocol}"))
         # Reused tag runs are stage by stage what they measured, at the commit they ran at.
         result["commit"][protocol] = args.tags_commit if protocol == "tags" and args.tags_dir else here
         result["em"][protocol] = {policy: report["em"][policy] for policy in POLICIES}

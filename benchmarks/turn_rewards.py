@@ -23,20 +23,17 @@ such a JSON object it recomputes the differences from `by_world` and rewrites th
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from benchmarks import study
-from benchmarks.benchlib import INTERVAL_METHOD, NO_NOISE, RECIPES, difference_cell, paired, timed
-from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
+from benchmarks.benchlib import INTERVAL_METHOD, NO_NOISE, difference_cell, paired, timed
+from simsearch.config import TrainRecipe, load_recipe
 from simsearch.data.qa import write_qa_jsonl
-from simsearch.experiments import pipeline, stages
+from simsearch.experiments import pipeline
 from simsearch.fingerprints import digest
 from simsearch.tinyworld.world import TWO_HOP, World
 from simsearch.training.runlog import read_metrics
@@ -59,8 +56,6 @@ EM_COLUMNS = ("all", *DATASETS)
 # which the quickstart's world stage builds, takes seconds instead of a minute).
 SMOKE_WORLD = ["tinyworld.n_entities=24", "tinyworld.n_train_entities=16", "tinyworld.n_background_entities=48"]
 SMOKE_STEPS = 2
-SMOKE_TRAIN = ["prompts_per_step=2", "rollout.group_size=2", "eval_every=0"]
-SMOKE_EVAL = ["chunk_size=8"]
 SMOKE_LIMIT = 4  # held-out questions per dataset
 
 
@@ -93,11 +88,9 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     root = args.run_dir / f"world_{seed}"
     clock: dict[str, float] = {}
     with timed(clock, "world_and_base"):
-        recipe = load_recipe(
-            QuickstartRecipe, None,
-            [f"run_dir={root / 'world_and_base'}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}",
-             f"tinyworld.two_hop_share={TWO_HOP_SHARE}", f"tinyworld.two_search_share={TWO_SEARCH_SHARE}",
-             *(SMOKE_WORLD if args.smoke else [])],
+        recipe = study.quickstart_recipe(
+            root / "world_and_base", seed, args, f"tinyworld.two_hop_share={TWO_HOP_SHARE}",
+            f"tinyworld.two_search_share={TWO_SEARCH_SHARE}", *(SMOKE_WORLD if args.smoke else []),
         )  # fmt: skip
         world, paths, fingerprints = pipeline.world_and_base(recipe)
     files, fingerprints["data"] = write_data(world, root / "data", seed, limit=SMOKE_LIMIT if args.smoke else 0)
@@ -122,13 +115,12 @@ def _done(record: dict[str, Any]) -> str:
 def train_arm(ctx: Seed, arm: str, extra: tuple[str, ...], steps: int) -> str:
     """One arm's RL run: train.yaml against BM25 with up to MAX_TURNS searches, the same budget as every arm."""
     overrides = [
-        f"seed={ctx.seed}", f"run_dir={ctx.root / 'train' / arm}", f"policy.model.path={ctx.paths['base']}",
-        f"data.train=[{ctx.paths['train']}]", f"steps={steps}", "save_every=0", f"rollout.max_turns={MAX_TURNS}",
-        "search.kind=bm25", f"search.corpus={ctx.paths['corpus']}", f"search.index_dir={ctx.paths['bm25']}",
-        *NO_NOISE, *(SMOKE_TRAIN if ctx.smoke else []), *extra,
+        f"steps={steps}", "save_every=0", f"rollout.max_turns={MAX_TURNS}", "search.kind=bm25",
+        f"search.corpus={ctx.paths['corpus']}", f"search.index_dir={ctx.paths['bm25']}", *NO_NOISE, *extra,
     ]  # fmt: skip
-    inputs = [ctx.fingerprints["base"], ctx.fingerprints["data"]]
-    return stages.train_stage(RECIPES / "train.yaml", overrides, inputs)
+    return study.train(ctx.root / "train" / arm, seed=ctx.seed, base=ctx.paths["base"], questions=ctx.paths["train"],
+                       inputs=[ctx.fingerprints["base"], ctx.fingerprints["data"]], overrides=overrides,
+                       smoke=ctx.smoke)  # fmt: skip
 
 
 def split_questions(world: World, seed: int) -> dict[str, list[Any]]:
@@ -161,28 +153,13 @@ def write_data(world: World, directory: Path, seed: int, *, limit: int) -> tuple
     return files, digest({name: Path(path).read_text() for name, path in files.items()})
 
 
-def write_eval_recipe(path: Path) -> Path:
-    """The quickstart's eval.yaml with BM25 as its only engine (no simulator here), written to `path`."""
-    recipe = OmegaConf.load(RECIPES / "eval.yaml")
-    for engine in ("simulator", "dense", "none"):
-        del recipe.engines[engine]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(recipe, path)
-    return path
-
-
 def evaluate_policy(ctx: Seed, name: str, model: str, policy_fp: str) -> dict[str, float]:
     """Greedy held-out EM (percent) on BM25: per dataset and `all` (their average: the sets are as large)."""
-    recipe = write_eval_recipe(ctx.root / "eval.yaml")
-    datasets = ", ".join(f"{{name: {d}, path: {ctx.paths[d]}}}" for d in DATASETS)
-    overrides = [
-        f"run_dir={ctx.root / 'eval' / name}", f"seed={ctx.seed}", f"policy.model.path={model}",
-        f"datasets=[{datasets}]", f"engines.bm25.corpus={ctx.paths['corpus']}",
-        f"engines.bm25.index_dir={ctx.paths['bm25']}", f"rollout.max_turns={MAX_TURNS}", "training_run=''",
-        "baselines=[]", "fidelity_size=0", *(SMOKE_EVAL if ctx.smoke else []),
-    ]  # fmt: skip
-    stages.eval_stage(recipe, overrides, [policy_fp, ctx.fingerprints["data"]])
-    row = json.loads((ctx.root / "eval" / name / "summary.json").read_text())["rows"]["bm25"]
+    row = study.evaluate(
+        ctx.root / "eval" / name, model, seed=ctx.seed, datasets={d: ctx.paths[d] for d in DATASETS},
+        engines={"bm25": (ctx.paths["corpus"], ctx.paths["bm25"])}, keep={"bm25": "bm25"},
+        inputs=[policy_fp, ctx.fingerprints["data"]], overrides=[f"rollout.max_turns={MAX_TURNS}"], smoke=ctx.smoke,
+    )["bm25"]  # fmt: skip
     return {"all": 100.0 * row["average"]["em"], **{d: 100.0 * row["results"][d]["em"] for d in DATASETS}}
 
 

@@ -351,6 +351,12 @@ def _generation_config_keys(wheel: Wheel) -> list[str]:
 
 
 def check_meanings(wheel: Wheel) -> list[Check]:
+    """The meanings the module docstring lists, in the order of its list."""
+    return check_llm_meanings(wheel) + check_sampling_meanings(wheel) + check_loader_and_downloads(wheel)
+
+
+def check_llm_meanings(wheel: Wheel) -> list[Check]:
+    """`logprobs_mode`, `external_launcher`, the sleep tags and `reset_prefix_cache`'s result."""
     checks = []
     model_src, parallel_src = wheel.source("vllm/config/model.py"), wheel.source("vllm/config/parallel.py")
     checks.append(
@@ -372,7 +378,12 @@ def check_meanings(wheel: Wheel) -> list[Check]:
     reset = llm.get("reset_prefix_cache")
     returns_bool = isinstance(reset, ast.FunctionDef) and ast.unparse(reset.returns or ast.Constant(None)) == "bool"
     checks.append(Check("meaning", "reset_prefix_cache() -> bool", "LLM.reset_prefix_cache", returns_bool))
+    return checks
 
+
+def check_sampling_meanings(wheel: Wheel) -> list[Check]:
+    """The temperature bounds the recipe checks mirror, and that the neutral `top_k` means off."""
+    checks = []
     sampling_src = wheel.source("vllm/sampling_params.py")
     checks.append(
         Check(
@@ -398,7 +409,12 @@ def check_meanings(wheel: Wheel) -> list[Check]:
             "self.top_k < -1" in sampling_src,
         )
     )
+    return checks
 
+
+def check_loader_and_downloads(wheel: Wheel) -> list[Check]:
+    """The weight loader's route, `hf download` in the commands, and the environment variables we set."""
+    checks = []
     serial = wheel.source("vllm/v1/serial_utils.py")
     engine_src = wheel.source("vllm/v1/engine/llm_engine.py")
     worker = wheel.members("vllm/v1/worker/worker_base.py", "WorkerBase")

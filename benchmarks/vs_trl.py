@@ -32,6 +32,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -40,6 +41,9 @@ from simsearch.data.templates import SEARCH_R1_TEMPLATE, render_prompt
 from simsearch.models import EOS_TOKEN, PAD_TOKEN, build_tiny_model, save_tiny, train_tokenizer
 from simsearch.policy.rewards import f1_rewards
 from simsearch.training.runlog import read_metrics
+
+if TYPE_CHECKING:
+    from trl import GRPOConfig
 
 LR = 1e-5
 KL = 0.001
@@ -101,35 +105,11 @@ def run_simsearch(root: Path, model: Path, args: argparse.Namespace) -> dict[str
     }
 
 
-def run_trl(root: Path, model: Path, rows: list[dict], args: argparse.Namespace) -> dict[str, float]:
-    from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+def trl_config(root: Path, args: argparse.Namespace) -> GRPOConfig:
+    """TRL's settings for the job the module docstring describes, on the CPU."""
+    from trl import GRPOConfig
 
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    dataset = Dataset.from_list(
-        [
-            {"prompt": render_prompt(r["question"], template="search-r1"), "golden_answers": r["golden_answers"]}
-            for r in rows
-        ]
-    )
-
-    def f1_reward(completions: list[str], golden_answers: list[list[str]], **_: object) -> list[float]:
-        return f1_rewards(completions, golden_answers)
-
-    class StepClock(TrainerCallback):
-        def __init__(self) -> None:
-            self.ends: list[float] = []
-
-        def on_step_begin(self, *_: object, **__: object) -> None:
-            if not self.ends:
-                self.ends.append(time.perf_counter())
-
-        def on_step_end(self, *_: object, **__: object) -> None:
-            self.ends.append(time.perf_counter())
-
-    clock = StepClock()
-    config = GRPOConfig(
+    return GRPOConfig(
         output_dir=str(root / "trl_run"),
         per_device_train_batch_size=args.prompts * args.group,  # one optimizer step per generation batch
         gradient_accumulation_steps=1,
@@ -160,6 +140,37 @@ def run_trl(root: Path, model: Path, rows: list[dict], args: argparse.Namespace)
         dataloader_num_workers=0,
         disable_tqdm=True,
     )
+
+
+def run_trl(root: Path, model: Path, rows: list[dict], args: argparse.Namespace) -> dict[str, float]:
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    dataset = Dataset.from_list(
+        [
+            {"prompt": render_prompt(r["question"], template="search-r1"), "golden_answers": r["golden_answers"]}
+            for r in rows
+        ]
+    )
+
+    def f1_reward(completions: list[str], golden_answers: list[list[str]], **_: object) -> list[float]:
+        return f1_rewards(completions, golden_answers)
+
+    class StepClock(TrainerCallback):
+        def __init__(self) -> None:
+            self.ends: list[float] = []
+
+        def on_step_begin(self, *_: object, **__: object) -> None:
+            if not self.ends:
+                self.ends.append(time.perf_counter())
+
+        def on_step_end(self, *_: object, **__: object) -> None:
+            self.ends.append(time.perf_counter())
+
+    clock = StepClock()
+    config = trl_config(root, args)
     trainer = GRPOTrainer(
         model=str(model), reward_funcs=f1_reward, args=config, train_dataset=dataset, processing_class=tokenizer,
         callbacks=[clock],
