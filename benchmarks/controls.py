@@ -201,10 +201,12 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def run_quickstart(root: Path, seed: int, args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str, str],
-                                                                              dict[str, str]]:  # fmt: skip
-    """World `seed`'s quickstart in root/quickstart, its RL run's checkpoints kept; its recipe, report, the paths
-    the arms read and the fingerprints of its stages."""
+QuickstartRun = tuple[Any, dict[str, Any], dict[str, str], dict[str, str]]
+"""A world's quickstart: its recipe, its report, the paths the arms read and its stages' fingerprints."""
+
+
+def run_quickstart(root: Path, seed: int, args: argparse.Namespace) -> QuickstartRun:
+    """World `seed`'s quickstart in root/quickstart, its RL run's checkpoints kept (`QuickstartRun`)."""
     from simsearch.experiments import pipeline, quickstart
     from simsearch.fingerprints import stage_fingerprint
 
