@@ -143,3 +143,58 @@ def test_a_table_and_a_spread_cell_as_the_pages_write_them() -> None:
     assert study.table(["", "bm25"], []) == ["| | bm25 |", "|---|---|"]  # an empty corner cell, as toolcall's
     assert study.spread([1.0, 3.0]) == "2.0 ± 1.4"  # the sample sd: sqrt(2)
     assert study.spread([5.0], digits=2) == "5.00 ± 0.00" and study.spread([]) == "-"
+
+
+def _staged(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Any]:
+    """Replaces the experiments' stage runner: each stage's loaded (and edited) recipe is kept, nothing runs,
+    and an evaluation's summary.json is written with one row per engine kept."""
+    import simsearch.experiments.stages as stages
+    from simsearch.config import load_recipe
+
+    loaded: list[Any] = []
+
+    def run_stage(schema: type, recipe_file: Path, overrides: list[str], command: Any, inputs: list[str],
+                  edit: Any = None) -> str:  # fmt: skip
+        recipe = load_recipe(schema, recipe_file, overrides)
+        if edit is not None:
+            edit(recipe)
+        loaded.append(recipe)
+        if schema.__name__ == "EvalRecipe":
+            rows = {name: {"average": {"em": 0.25}} for name in recipe.engines}
+            Path(recipe.run_dir).mkdir(parents=True)
+            (Path(recipe.run_dir) / "summary.json").write_text(json.dumps({"rows": rows}))
+        return "fingerprint"
+
+    monkeypatch.setattr(stages, "run_stage", run_stage)
+    return loaded
+
+
+def test_train_runs_the_quickstart_rl_recipe_on_a_base_with_the_arm_on_top(monkeypatch, tmp_path: Path) -> None:
+    loaded = _staged(monkeypatch, tmp_path)
+    fingerprint = study.train(tmp_path / "arm", seed=7, base="b/base", questions="w/train.jsonl", inputs=["x"],
+                              overrides=["steps=9", "rollout.group_size=4"], smoke=True)  # fmt: skip
+    recipe = loaded[0]
+    assert fingerprint == "fingerprint" and recipe.run_dir == str(tmp_path / "arm") and recipe.seed == 7
+    assert recipe.policy.model.path == "b/base" and recipe.data.train == ["w/train.jsonl"]
+    # the smoke settings first, the arm's last: its group size wins, the smoke's prompts stay
+    assert (recipe.steps, recipe.rollout.group_size, recipe.prompts_per_step) == (9, 4, 2)
+
+
+def test_evaluate_keeps_the_named_engines_and_points_them_at_the_world(monkeypatch, tmp_path: Path) -> None:
+    loaded = _staged(monkeypatch, tmp_path)
+    rows = study.evaluate(
+        tmp_path / "eval", "p/model", seed=3, datasets={"train": "w/train.jsonl", "heldout": "w/test.jsonl"},
+        engines={"bm25": ("w/corpus.jsonl", "i/bm25")}, keep={"noisy": "simulator", "bm25": "bm25"}, limit=5,
+        inputs=["x"],
+    )  # fmt: skip
+    recipe = loaded[0]
+    assert set(rows) == {"noisy", "bm25"} and set(recipe.engines) == {"noisy", "bm25"}
+    assert recipe.engines["noisy"].kind == "simulator"  # kept under its new name
+    assert (recipe.engines["bm25"].corpus, recipe.engines["bm25"].index_dir) == ("w/corpus.jsonl", "i/bm25")
+    assert [(d.name, d.path, d.limit) for d in recipe.datasets] == [("train", "w/train.jsonl", 5),
+                                                                     ("heldout", "w/test.jsonl", 5)]  # fmt: skip
+    assert recipe.baselines == [] and recipe.fidelity_size == 0 and recipe.training_run == ""
+    assert recipe.policy.model.path == "p/model" and recipe.seed == 3
+    everything = study.evaluate(tmp_path / "all", "p/model", seed=3, datasets={"heldout": "w/test.jsonl"},
+                                engines={}, inputs=[])  # fmt: skip
+    assert set(everything) == {"simulator", "bm25", "dense", "none"}  # keep=None: every engine of eval.yaml
