@@ -299,9 +299,8 @@ def evaluate(
     keep: dict[str, str] | None = None,
     limit: int = 0,
     smoke: bool = False,
-    recipe: Path = RECIPES / "eval.yaml",
 ) -> dict[str, Any]:
-    """`recipe` (the quickstart's eval.yaml) for the model at `policy` into `out`, greedy, no baselines: on
+    """The quickstart's eval.yaml for the model at `policy` into `out`, greedy, no baselines: on
     `datasets` (name -> question file, each cut to `limit` questions when > 0) against its engines, `engines`
     giving a retriever's corpus and index (name -> (corpus, index_dir)) and `keep` the engines kept, each under
     a name (name -> the recipe's engine; None: every engine); `SMOKE_EVAL` then `overrides` on top. Its
@@ -320,5 +319,5 @@ def evaluate(
         if keep is not None:
             loaded.engines = {name: loaded.engines[engine] for name, engine in keep.items()}
 
-    eval_stage(recipe, [*settings, *overrides], inputs, edit=kept_engines)
+    eval_stage(RECIPES / "eval.yaml", [*settings, *overrides], inputs, edit=kept_engines)
     return dict(json.loads((out / "summary.json").read_text())["rows"])
