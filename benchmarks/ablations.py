@@ -160,7 +160,7 @@ QUESTIONS = (
             ("constant p_noise, the exponential's mean", "constant"),
             ("no noise", "no_noise"),
             BASE,
-            ("reference: quickstart RL, 250 steps", "quickstart_rl"),
+            ("reference: the quickstart's RL run", "quickstart_rl"),
         ),
         pairs=(("constant", "default"), ("no_noise", "default")),
     ),

@@ -15,10 +15,12 @@ quickstart issue's targets with whether each is met, and as the last line one JS
   searches: trained and evaluated with an engine that finds nothing, Search-R1's "R1");
 - `rerun_max_abs_diff`: the largest EM difference (any policy, any engine) between the two runs
   of the first seed;
+- `wall_s`, `peak_rss_gb`, `stage_s`: the first seed's run (its seconds per stage);
 - `wall_s_max`, `peak_rss_gb_max`, and `by_seed` (each run's `report.json` figures).
 
 Targets: gain_bm25_min >= 30, gain_bm25_mean >= 40, gain_dense_min >= 25,
-over_nosearch_bm25_min >= 20, rerun_max_abs_diff <= 1.0, each run <= 15 min and <= 4 GB.
+over_nosearch_bm25_min >= 20, rerun_max_abs_diff <= 1.0; each run <= 480 s and <= 2 GB idle on a
+2-core machine (the first-hour issue's targets; wall time is only meaningful with nothing else running).
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ def print_seed_tables(reports: dict[int, dict[str, Any]]) -> None:
     print("\nHeld-out EM (%), greedy; the RL policy only searched the simulator in training.")
     for seed, report in reports.items():
         em = report["em"]
-        print(f"\nseed {seed} ({report['wall_s'] / 60:.1f} min, {report['peak_rss_gb']:.2f} GB)\n")
+        print(f"\nseed {seed} ({report['wall_s']:.0f} s, {report['peak_rss_gb']:.2f} GB)")
+        print("stages (s): " + ", ".join(f"{stage} {s:.0f}" for stage, s in report["stage_s"].items()) + "\n")
         print("| policy | " + " | ".join(ENGINES) + " |\n|---|" + "---|" * len(ENGINES))
         for policy in POLICIES:
             print(
@@ -118,6 +121,9 @@ def summary(
         "gain_dense_mean": round(mean_sd(gains_dense)[0], 2),
         "over_nosearch_bm25_min": round(min(over_nosearch), 2),
         "rerun_max_abs_diff": None if rerun_diff is None else round(rerun_diff, 2),
+        "wall_s": reports[seeds[0]]["wall_s"],
+        "peak_rss_gb": reports[seeds[0]]["peak_rss_gb"],
+        "stage_s": reports[seeds[0]]["stage_s"],
         "wall_s_max": max(r["wall_s"] for r in all_runs),
         "peak_rss_gb_max": max(r["peak_rss_gb"] for r in all_runs),
         "by_seed": {
@@ -137,13 +143,13 @@ def print_targets(figures: dict[str, Any], rerun_diff: float | None) -> None:
         ("gain_bm25_mean", figures["gain_bm25_mean"], ">= 40", figures["gain_bm25_mean"] >= 40),
         ("gain_dense_min", figures["gain_dense_min"], ">= 25", figures["gain_dense_min"] >= 25),
         ("over_nosearch_bm25_min", figures["over_nosearch_bm25_min"], ">= 20", figures["over_nosearch_bm25_min"] >= 20),
-        ("rerun_max_abs_diff", rerun_diff, "<= 1.0", rerun_diff is not None and rerun_diff <= 1.0),
-        ("wall_s_max (min)", round(figures["wall_s_max"] / 60, 1), "<= 15 (aim 10)", figures["wall_s_max"] <= 900),
-        ("peak_rss_gb_max", figures["peak_rss_gb_max"], "<= 4", figures["peak_rss_gb_max"] <= 4),
+        ("rerun_max_abs_diff", rerun_diff, "<= 1.0", None if rerun_diff is None else rerun_diff <= 1.0),
+        ("wall_s_max (idle)", round(figures["wall_s_max"]), "<= 480", figures["wall_s_max"] <= 480),
+        ("peak_rss_gb_max", figures["peak_rss_gb_max"], "<= 2", figures["peak_rss_gb_max"] <= 2),
     ]
     print("\n| target | measured | wanted | met |\n|---|---|---|---|")
     for name, measured, wanted, met in targets:
-        print(f"| {name} | {measured} | {wanted} | {'yes' if met else 'NO'} |")
+        print(f"| {name} | {measured} | {wanted} | {'not run' if met is None else 'yes' if met else 'NO'} |")
 
 
 def main() -> None:

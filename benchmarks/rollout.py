@@ -240,16 +240,22 @@ def timed_rollouts(rollout: Callable[[str], Run], repeats: int) -> tuple[dict[st
     return warm, runs
 
 
-def print_report(
-    args: argparse.Namespace,
-    count: int,
-    figures: dict[str, dict[str, float]],
-    speedup: float,
-    paired: list[float],
-    same: bool,
-    calls: dict[str, float],
-) -> None:
+@dataclass
+class Measured:
+    """What the timed rollouts gave: trajectories per rollout, each mode's figures, the speedup of reuse (median
+    totals) and the paired run ratios, whether both modes wrote the same trajectories, the tool-call figures."""
+
+    count: int
+    figures: dict[str, dict[str, float]]
+    speedup: float
+    paired: list[float]
+    same: bool
+    calls: dict[str, float]
+
+
+def print_report(args: argparse.Namespace, m: Measured) -> None:
     """The time split per stage and mode, the token counts, the speedup and (tool-call) the calls made."""
+    count, figures, speedup, paired, same, calls = m.count, m.figures, m.speedup, m.paired, m.same, m.calls
     on, off = figures["on"], figures["off"]
     protocol = f", protocol {args.protocol}" if args.protocol == "tool-call" else ""  # the tag run's output as it was
     print(f"rollout{protocol}: {args.questions} questions x group {args.group_size} = {count} trajectories, "
@@ -274,23 +280,14 @@ def print_report(
               f"{calls['invalid_turns']} invalid turns, {calls['call_errors']} call errors")  # fmt: skip
 
 
-def summary(
-    args: argparse.Namespace,
-    count: int,
-    figures: dict[str, dict[str, float]],
-    speedup: float,
-    paired: list[float],
-    same: bool,
-    calls: dict[str, float],
-    pretrain_s: float,
-) -> dict[str, object]:
+def summary(args: argparse.Namespace, m: Measured, pretrain_s: float) -> dict[str, object]:
     """The final JSON object: reuse on's figures, reuse off's main ones suffixed `_off`, and the setup."""
-    on, off = figures["on"], figures["off"]
+    on, off = m.figures["on"], m.figures["off"]
     out: dict[str, object] = {
-        "trajectories": count,
+        "trajectories": m.count,
         **on,
-        "prefix_reuse_speedup": speedup,
-        "prefix_reuse_paired_median": statistics.median(paired),
+        "prefix_reuse_speedup": m.speedup,
+        "prefix_reuse_paired_median": statistics.median(m.paired),
         **{
             f"{key}_off": off[key]
             for key in (
@@ -305,8 +302,8 @@ def summary(
                 "total_s_spread",
             )
         },
-        "same_trajectories": same,
-        **({"protocol": args.protocol, **calls} if args.protocol == "tool-call" else {}),
+        "same_trajectories": m.same,
+        **({"protocol": args.protocol, **m.calls} if args.protocol == "tool-call" else {}),
         "pretrain_s": pretrain_s,
         "torch_threads": torch.get_num_threads(),
         "search_engine": "bm25 (bm25s) over the tiny world, 940 passages",
@@ -338,8 +335,9 @@ def main() -> None:
     paired = sorted(b.total_s / a.total_s for a, b in zip(runs["on"], runs["off"]))
     count = len(warm["on"].result.trajectories)
     calls = call_figures(median_run(runs["on"]).result) if tool_call else {}
-    print_report(args, count, figures, speedup, paired, same, calls)
-    print(json.dumps(summary(args, count, figures, speedup, paired, same, calls, pretrain_s)))
+    measured = Measured(count, figures, speedup, paired, same, calls)
+    print_report(args, measured)
+    print(json.dumps(summary(args, measured, pretrain_s)))
 
 
 if __name__ == "__main__":
