@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from simsearch.config import (
 from simsearch.data.chat import tool_call_messages
 from simsearch.data.templates import render_prompt
 from simsearch.errors import RecipeError, SimsearchError
+from simsearch.experiments.stages import plan_stage, run_stage
 from simsearch.factory.build import build_search_engine
 from simsearch.fingerprints import STAGE_FILE, claim_stage, digest, finish_stage, stage_fingerprint
 from simsearch.models import TINY_TOOL_TEMPLATE, TOOL_SPECIAL_TOKENS, build_tiny_model, save_tiny, train_tokenizer
@@ -74,34 +75,43 @@ class Pipeline:
     paths: dict[str, str]  # corpus, train and test files, bm25 and dense index directories
 
     def stage(self, name: str, schema: type, command: Any, inputs: list[str], overrides: list[str]) -> str:
-        """Runs one stage's command on its shipped recipe with the run's paths; returns its fingerprint.
+        """Runs one stage's command on its shipped recipe with the run's paths (`run_stage`); returns its
+        fingerprint. One released under that fingerprint (`released_stage`) is installed instead of run."""
 
-        A stage finished under that fingerprint is skipped; an unfinished one resumes; one released
-        under it (`released_stage`) is installed instead of run.
-        """
-        stage, fingerprint = self.plan(name, schema, inputs, overrides)
-        if not claim_stage(Path(stage.run_dir), fingerprint):
-            if not install_released(self.recipe, name, fingerprint, Path(stage.run_dir)):
-                command(stage)
-            finish_stage(Path(stage.run_dir), fingerprint)
-        return fingerprint
+        def install(fingerprint: str, out: Path) -> bool:
+            return install_released(self.recipe, name, fingerprint, out)
+
+        return run_stage(schema, *self._stage_recipe(name, overrides), command, inputs, self._edit(name),
+                         root=self.run, install=install)  # fmt: skip
 
     def plan(self, name: str, schema: type, inputs: list[str], overrides: list[str]) -> tuple[Any, str]:
-        """One stage's recipe (its shipped recipe with the run's paths and the quickstart's settings) and the
-        fingerprint it runs under."""
+        """One stage's recipe and the fingerprint it runs under (`plan_stage`), without running it."""
+        return plan_stage(schema, *self._stage_recipe(name, overrides), inputs, self._edit(name), self.run)
+
+    def _stage_recipe(self, name: str, overrides: list[str]) -> tuple[Path, list[str]]:
+        """The stage's shipped recipe and its overrides: the run's paths, then the quickstart's settings."""
         smoke = SMOKE.get(name.removesuffix("_nosearch"), []) if self.recipe.smoke else []
         # The quickstart's thread count, not the stage recipe's own: it changes the floats, so it is fingerprinted.
         threads = [f"threads={self.recipe.threads}"]
+        protocol = [f"rollout.protocol={self.recipe.protocol}"] if self._tool_call(name) else []
+        return self.recipes / f"{name}.yaml", [*overrides, *smoke, *threads, *protocol]
+
+    def _tool_call(self, name: str) -> bool:
         # Every stage with a rollout; only when not the default, so tags runs keep their fingerprints.
-        tool_call = self.recipe.protocol != "tags" and name != "simulator"
-        protocol = [f"rollout.protocol={self.recipe.protocol}"] if tool_call else []
-        stage: Any = load_recipe(schema, self.recipes / f"{name}.yaml", [*overrides, *smoke, *threads, *protocol])
-        if tool_call:  # the same room for the query and the answer as a tag turn has
+        return self.recipe.protocol != "tags" and name != "simulator"
+
+    def _edit(self, name: str) -> Callable[[Any], None] | None:
+        """For tool calls: the same room for the query and the answer as a tag turn has, and RL's own rate."""
+        if not self._tool_call(name):
+            return None
+        lr = self.recipe.tinyworld.tool_call_lr
+
+        def edit(stage: Any) -> None:
             stage.sampling.max_new_tokens += TOOL_CALL_EXTRA_TOKENS
             if isinstance(stage, TrainRecipe):
-                stage.optim.lr = self.recipe.tinyworld.tool_call_lr
-        recipe = _inside(asdict(stage), str(self.run))
-        return stage, digest({"stage": name, "inputs": inputs, "recipe": recipe})
+                stage.optim.lr = lr
+
+        return edit
 
 
 RELEASED = "released.json"  # in a stage folder installed from the release: where its model was built
@@ -130,17 +140,6 @@ def install_released(recipe: QuickstartRecipe, stage: str, fingerprint: str, out
     print(f"quickstart: {stage}: the default world's released model (built under this very fingerprint; "
           "released=false builds it here)", flush=True)  # fmt: skip
     return True
-
-
-def _inside(value: Any, run: str) -> Any:
-    """`value` (a recipe's dict) with every path under `run` written as `<run_dir>/...`."""
-    if isinstance(value, dict):
-        return {key: _inside(item, run) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_inside(item, run) for item in value]
-    if isinstance(value, str) and (value == run or value.startswith(run + "/")):
-        return "<run_dir>" + value[len(run) :]
-    return value
 
 
 def world_and_base(recipe: QuickstartRecipe) -> tuple[World, dict[str, str], dict[str, str]]:

@@ -1,8 +1,10 @@
 """One command's run as a step of an experiment, for callers that must not import `simsearch.commands`.
 
-`run_stage` runs a command on a recipe file plus overrides under a fingerprint (the resolved recipe and
-its inputs' fingerprints) and skips it when it already finished under that fingerprint;
-`train_stage`, `eval_stage`, `collect_stage` and `finetune_stage` are it for one command each.
+The one stage runner and fingerprint scheme of the quickstart and every study: `plan_stage` loads a
+stage's recipe (a recipe file plus overrides) and gives its fingerprint (the file's name, the inputs'
+fingerprints and the resolved recipe); `run_stage` runs a command on it and skips it when it already
+finished under that fingerprint; `train_stage`, `eval_stage`, `collect_stage` and `finetune_stage` are it
+for one command each.
 `train` and `evaluate` run a loaded recipe with no fingerprint; `examples_file` is where `eval` writes
 one engine's rows. The benchmarks build on these (they import the experiments, never a command).
 """
@@ -27,10 +29,29 @@ __all__ = [
     "evaluate",
     "examples_file",
     "finetune_stage",
+    "plan_stage",
     "run_stage",
     "train",
     "train_stage",
 ]
+
+
+def plan_stage(
+    schema: type,
+    recipe_file: Path,
+    overrides: list[str],
+    inputs: list[str],
+    edit: Callable[[Any], None] | None = None,
+    root: Path | None = None,
+) -> tuple[Any, str]:
+    """A stage's recipe (`recipe_file` plus `overrides`, then `edit` in place: what an override cannot say)
+    and its fingerprint: the recipe file's name, the inputs' fingerprints and the resolved recipe, with every
+    path under `root` written relative to it (so a run directory that moves keeps its fingerprints)."""
+    stage: Any = load_recipe(schema, recipe_file, overrides)
+    if edit is not None:
+        edit(stage)
+    recipe = asdict(stage) if root is None else _relative(asdict(stage), str(root))
+    return stage, digest({"stage": Path(recipe_file).stem, "inputs": inputs, "recipe": recipe})
 
 
 def run_stage(
@@ -40,22 +61,31 @@ def run_stage(
     command: Callable[[Any], Any],
     inputs: list[str],
     edit: Callable[[Any], None] | None = None,
+    *,
+    root: Path | None = None,
+    install: Callable[[str, Path], bool] | None = None,
 ) -> str:
-    """One command on a recipe plus overrides, skipped when it finished under the same fingerprint.
-
-    `edit`, if given, changes the loaded recipe in place before it is fingerprinted and run (what an
-    override cannot say). Returns the fingerprint (resolved recipe and inputs' fingerprints). A
-    directory built from anything else is deleted first, as the quickstart's stages are.
-    """
-    stage: Any = load_recipe(schema, recipe_file, overrides)
-    if edit is not None:
-        edit(stage)
-    fingerprint = digest({"recipe": asdict(stage), "inputs": inputs})
+    """`command` on the stage `plan_stage` gives, skipped when its directory finished under the same
+    fingerprint; returns the fingerprint. A directory built from anything else is deleted first.
+    `install(fingerprint, directory)`, if given, may fill the directory instead of the command (True)."""
+    stage, fingerprint = plan_stage(schema, recipe_file, overrides, inputs, edit, root)
     directory = Path(stage.run_dir)
     if not claim_stage(directory, fingerprint):
-        command(stage)
+        if install is None or not install(fingerprint, directory):
+            command(stage)
         finish_stage(directory, fingerprint)
     return fingerprint
+
+
+def _relative(value: Any, root: str) -> Any:
+    """`value` (a recipe's dict) with every path under `root` written as `<run_dir>/...`."""
+    if isinstance(value, dict):
+        return {key: _relative(item, root) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_relative(item, root) for item in value]
+    if isinstance(value, str) and (value == root or value.startswith(root + "/")):
+        return "<run_dir>" + value[len(root) :]
+    return value
 
 
 def train_stage(

@@ -1,5 +1,5 @@
-"""`simsearch.experiments.stages`: a stage runs its command once per fingerprint, and that fingerprint is
-the one the benchmarks' run directories were built under (resolved recipe and inputs), so they are reused."""
+"""`simsearch.experiments.stages`: a stage runs its command once per fingerprint (the recipe file's name, the
+inputs and the resolved recipe), one scheme for the quickstart's stages and every study's."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_an_edit_changes_the_recipe_before_it_is_fingerprinted_and_run(tmp_path:
     recipe = load_recipe(EvalRecipe, RECIPES / "eval.yaml", overrides)
     bm25_only(recipe)
     assert list(runs[0].engines) == ["bm25"]
-    assert fingerprint == digest({"recipe": asdict(recipe), "inputs": []})
+    assert fingerprint == digest({"stage": "eval", "inputs": [], "recipe": asdict(recipe)})
 
 
 @pytest.mark.parametrize(
@@ -58,4 +58,30 @@ def test_each_helper_runs_its_command_under_the_resolved_recipe_and_inputs(
     fingerprint = helper(RECIPES / file, overrides, ["a", "b"])
     recipe = load_recipe(schema, RECIPES / file, overrides)
     assert runs == [recipe]
-    assert fingerprint == digest({"recipe": asdict(recipe), "inputs": ["a", "b"]})
+    assert fingerprint == digest({"stage": file.removesuffix(".yaml"), "inputs": ["a", "b"], "recipe": asdict(recipe)})
+
+
+def test_under_a_root_a_stage_keeps_its_fingerprint_when_its_run_directory_moves(tmp_path: Path) -> None:
+    def plan(root: Path, relative: bool) -> str:
+        overrides = [f"run_dir={root / 'train'}", f"data.train=[{root / 'world' / 'train.jsonl'}]"]
+        under = root if relative else None
+        return stages.plan_stage(TrainRecipe, RECIPES / "train.yaml", overrides, ["x"], None, under)[1]
+
+    assert plan(tmp_path / "a", True) == plan(tmp_path / "b", True)
+    assert plan(tmp_path / "a", False) != plan(tmp_path / "b", False)
+
+
+def test_an_installed_stage_is_not_run_and_a_refused_install_runs_it(tmp_path: Path) -> None:
+    runs: list[TrainRecipe] = []
+    offered: list[tuple[str, Path]] = []
+
+    def install(fingerprint: str, out: Path) -> bool:
+        offered.append((fingerprint, out))
+        return out.name == "installed"
+
+    for name in ("installed", "built"):
+        overrides = [f"run_dir={tmp_path / name}"]
+        fingerprint = stages.run_stage(TrainRecipe, RECIPES / "train.yaml", overrides, runs.append, [], install=install)
+        assert stage_fingerprint(tmp_path / name) == fingerprint == offered[-1][0]
+    assert [out.name for _, out in offered] == ["installed", "built"]
+    assert [Path(run.run_dir).name for run in runs] == ["built"]
