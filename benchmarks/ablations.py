@@ -37,6 +37,7 @@ from typing import Any
 from benchmarks import study
 from benchmarks.benchlib import INTERVAL_METHOD, NO_NOISE, RECIPES, difference_cell, mean_sd, timed
 from benchmarks.benchlib import paired as paired_figures
+from benchmarks.study import Arm, Of
 from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.curriculum.schedules import exponential
 from simsearch.experiments import pipeline, quickstart, stages
@@ -83,34 +84,23 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
-@dataclass(frozen=True)
-class Arm:
-    """One RL run: overrides on the quickstart's train.yaml, and what it is trained from."""
-
-    overrides: tuple[str, ...]
-    simulator: str = "simulator"  # the quickstart's simulator, or one of VARIANTS (`train_simulator`)
-    base: str = "base"  # the quickstart's base, or "knowing" (`knowing_base_stage`)
-
-
 ARMS: dict[str, Arm] = {
-    "default": Arm(()),  # the quickstart's recipe: exponential curriculum, simulator, query only, GRPO
-    "constant": Arm(("curriculum.kind=constant", "curriculum.p_start={constant_p}")),
-    "no_noise": Arm(("curriculum.p_end=0.0",)),
-    "loop_bm25": Arm(("search.kind=bm25", "search.corpus={corpus}", "search.index_dir={bm25}", *NO_NOISE)),
-    "loop_none": Arm(("search.kind=empty", *NO_NOISE)),
-    **{name: Arm((), simulator=name) for name in VARIANTS},  # the simulator alone differs (`simulator_told`)
-    "reinforce": Arm(("algorithm.estimator=reinforce",)),
-    "ppo": Arm(("algorithm.estimator=ppo", "algorithm.critic_lr={lr}")),
-    "ssrl": Arm(
-        (
-            "rollout.template=self-search",
-            "search.kind=self",
-            f"sampling.max_new_tokens={SELF_SEARCH_TOKENS}",
-            *NO_NOISE,
-        ),
+    "default": Arm(),  # the quickstart's recipe: exponential curriculum, simulator, query only, GRPO
+    "constant": Arm({"curriculum.kind": "constant", "curriculum.p_start": Of("constant_p")}),
+    "no_noise": Arm({"curriculum.p_end": "0.0"}),
+    "loop_bm25": Arm({"search.kind": "bm25", "search.corpus": Of("corpus"), "search.index_dir": Of("bm25"),
+                      **NO_NOISE}),
+    "loop_none": Arm({"search.kind": "empty", **NO_NOISE}),
+    # the simulator alone differs: a VARIANTS' (`train_simulator`, `simulator_told`)
+    **{name: Arm(simulator=name) for name in VARIANTS},
+    "reinforce": Arm({"algorithm.estimator": "reinforce"}),
+    "ppo": Arm({"algorithm.estimator": "ppo", "algorithm.critic_lr": Of("lr")}),
+    "ssrl": Arm(  # from the knowing base (`knowing_base_stage`)
+        {"rollout.template": "self-search", "search.kind": "self", "sampling.max_new_tokens": str(SELF_SEARCH_TOKENS),
+         **NO_NOISE},
         base="knowing",
     ),
-}
+}  # fmt: skip
 
 # JSON key -> (row, engine): EM on BM25 of the arm that answers it.
 FIGURES: dict[str, tuple[str, str]] = {
@@ -345,7 +335,7 @@ def train_arm(ctx: Seed, name: str, arm: Arm) -> str:
         f"steps={ctx.steps}", "save_every=0", f"search.simulator.generation.model.path={ctx.paths[arm.simulator]}",
         f"search.cache={ctx.root / 'cache' / arm.simulator}.sqlite",
         *(f"search.simulator.{shown}=true" for shown in simulator_told(arm.simulator)),
-        *(o.format(**values) for o in arm.overrides),
+        *arm.overrides(values),
     ]  # fmt: skip
     return study.train(
         ctx.root / "train" / name, seed=ctx.seed, base=ctx.paths[arm.base], questions=ctx.paths["train"],

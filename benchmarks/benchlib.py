@@ -25,7 +25,7 @@ RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "quickstart"
 
 # Overrides of the quickstart's train.yaml for an engine other than the simulator: no noise to
 # schedule, and no cache (it would hold the simulator's).
-NO_NOISE = ("curriculum.kind=constant", "curriculum.p_start=0.0", "search.cache=''")
+NO_NOISE = {"curriculum.kind": "constant", "curriculum.p_start": "0.0", "search.cache": "''"}
 
 
 @contextmanager

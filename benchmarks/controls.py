@@ -51,18 +51,22 @@ from benchmarks.benchlib import (
     t_interval,
 )
 from benchmarks.benchlib import difference_cell as t_cell
+from benchmarks.study import Of
 from simsearch.experiments.knowing import KNOWING_DESIGNS, knowing_simulator, measure_fidelity
 
-ARMS: dict[str, tuple[str, ...]] = {
-    "knowing": ("search.simulator.generation.model.path={knowing}",),
-    "oracle": ("search.kind=oracle", "search.corpus={corpus}", "search.index_dir={bm25}", *NO_NOISE),
-    "bm25": ("search.kind=bm25", "search.corpus={corpus}", "search.index_dir={bm25}", *NO_NOISE),
-    "empty": ("search.kind=empty", *NO_NOISE),
-    "random": ("search.kind=random", "search.corpus={corpus}", *NO_NOISE),
-    "noisy": ("curriculum.kind=constant", "curriculum.p_start=1.0"),
-    "answerless": ("search.kind=answerless", "search.corpus={corpus}", "search.index_dir={bm25}", *NO_NOISE),
-}
-"""Arm -> overrides of the quickstart's train.yaml (the simulator arm is the quickstart's RL run), in running order."""
+ARMS: dict[str, study.Arm] = {
+    "knowing": study.Arm({"search.simulator.generation.model.path": Of("knowing")}),
+    "oracle": study.Arm({"search.kind": "oracle", "search.corpus": Of("corpus"), "search.index_dir": Of("bm25"),
+                         **NO_NOISE}),
+    "bm25": study.Arm({"search.kind": "bm25", "search.corpus": Of("corpus"), "search.index_dir": Of("bm25"),
+                       **NO_NOISE}),
+    "empty": study.Arm({"search.kind": "empty", **NO_NOISE}),
+    "random": study.Arm({"search.kind": "random", "search.corpus": Of("corpus"), **NO_NOISE}),
+    "noisy": study.Arm({"curriculum.kind": "constant", "curriculum.p_start": "1.0"}),
+    "answerless": study.Arm({"search.kind": "answerless", "search.corpus": Of("corpus"),
+                             "search.index_dir": Of("bm25"), **NO_NOISE}),
+}  # fmt: skip
+"""Arm -> its edits of the quickstart's train.yaml (the simulator arm is the quickstart's RL run), in running order."""
 SIMULATOR_ARMS = ("noisy",)  # arms whose engine is the quickstart's simulator
 CONTROLS = ("empty", "random", "noisy", "answerless")  # engines not meant to give the answer
 STEP_ARMS = ("simulator", "knowing", "oracle", "bm25")  # evaluated at every checkpoint: EM against steps
@@ -422,7 +426,7 @@ def train_arm(
     overrides = [
         f"threads={args.threads}", f"search.simulator.generation.model.path={paths['simulator']}",
         f"search.cache={root / 'cache' / arm}.sqlite", *(SMOKE_TRAIN if args.smoke else []),
-        *(o.format(**paths) for o in ARMS[arm]),
+        *ARMS[arm].overrides(paths),
     ]  # fmt: skip
     inputs = [fingerprints["base"], fingerprints["knowing" if arm == "knowing" else "simulator"]]
     keep = root / "kept" / arm if arm in STEP_ARMS else None

@@ -22,9 +22,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -35,6 +35,29 @@ Record = dict[str, Any]
 
 SMOKE_TRAIN = ("prompts_per_step=2", "rollout.group_size=2", "eval_every=0")  # an RL run's smoke overrides
 SMOKE_EVAL = ("chunk_size=8",)  # an evaluation's
+
+
+@dataclass(frozen=True)
+class Of:
+    """An edit's value that differs by world, by name: one of its files, indexes or models (`corpus`, `bm25`,
+    `knowing`, ...) or a figure a study computes for it (`constant_p`, `lr`)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One RL run of a study: edits of the quickstart's train.yaml (a dotted key and its value as an override
+    writes it, or `Of` a world's value), and the base and simulator it is trained from (the quickstart's, or one
+    the study builds under that name)."""
+
+    edits: Mapping[str, str | Of] = field(default_factory=dict)
+    simulator: str = "simulator"
+    base: str = "base"
+
+    def overrides(self, values: Mapping[str, Any]) -> list[str]:
+        """The edits as recipe overrides, in order, each `Of` filled in from `values`."""
+        return [f"{key}={values[v.name] if isinstance(v, Of) else v}" for key, v in self.edits.items()]
 
 
 def _no_options(parser: argparse.ArgumentParser) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 
 from benchmarks import study
 from benchmarks.benchlib import INTERVAL_METHOD, NO_NOISE, difference_cell, paired, timed
+from benchmarks.study import Of
 from simsearch.config import TrainRecipe, load_recipe
 from simsearch.data.qa import write_qa_jsonl
 from simsearch.experiments import pipeline
@@ -38,10 +39,10 @@ from simsearch.fingerprints import digest
 from simsearch.tinyworld.world import TWO_HOP, World
 from simsearch.training.runlog import read_metrics
 
-ARMS: dict[str, tuple[str, ...]] = {
-    "grpo": (),
-    "igpo": ("algorithm.estimator=igpo",),
-    "grpo_dynamic": ("algorithm.dynamic_sampling=true",),
+ARMS: dict[str, study.Arm] = {
+    "grpo": study.Arm(),
+    "igpo": study.Arm({"algorithm.estimator": "igpo"}),
+    "grpo_dynamic": study.Arm({"algorithm.dynamic_sampling": "true"}),
 }
 STEPS = 60  # RL steps per arm, see docs/turn_rewards.md
 SEEDS = (0, 1, 2)  # the full run's worlds: reporting worlds (below 100), none tuned on
@@ -99,9 +100,9 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     with timed(clock, "eval_base"):
         em["base"] = evaluate_policy(ctx, "base", paths["base"], fingerprints["base"])
     rl: dict[str, dict[str, float]] = {}
-    for arm, extra in ARMS.items():
+    for arm, spec in ARMS.items():
         with timed(clock, f"rl_{arm}"):
-            policy_fp = train_arm(ctx, arm, extra, steps(args))
+            policy_fp = train_arm(ctx, arm, spec, steps(args))
         rl[arm] = rl_metrics(root / "train" / arm)
         with timed(clock, f"eval_{arm}"):
             em[arm] = evaluate_policy(ctx, arm, str(pipeline.final_model(root / "train" / arm)), policy_fp)
@@ -112,12 +113,14 @@ def _done(record: dict[str, Any]) -> str:
     return "held-out EM on BM25: " + ", ".join(f"{arm} {record['em'][arm]['all']:.1f}" for arm in ARMS)
 
 
-def train_arm(ctx: Seed, arm: str, extra: tuple[str, ...], steps: int) -> str:
+LOOP = study.Arm({"search.kind": "bm25", "search.corpus": Of("corpus"), "search.index_dir": Of("bm25"), **NO_NOISE})
+"""What every arm's RL loop searches: real BM25, no noise."""
+
+
+def train_arm(ctx: Seed, arm: str, spec: study.Arm, steps: int) -> str:
     """One arm's RL run: train.yaml against BM25 with up to MAX_TURNS searches, the same budget as every arm."""
-    overrides = [
-        f"steps={steps}", "save_every=0", f"rollout.max_turns={MAX_TURNS}", "search.kind=bm25",
-        f"search.corpus={ctx.paths['corpus']}", f"search.index_dir={ctx.paths['bm25']}", *NO_NOISE, *extra,
-    ]  # fmt: skip
+    overrides = [f"steps={steps}", "save_every=0", f"rollout.max_turns={MAX_TURNS}", *LOOP.overrides(ctx.paths),
+                 *spec.overrides(ctx.paths)]  # fmt: skip
     return study.train(ctx.root / "train" / arm, seed=ctx.seed, base=ctx.paths["base"], questions=ctx.paths["train"],
                        inputs=[ctx.fingerprints["base"], ctx.fingerprints["data"]], overrides=overrides,
                        smoke=ctx.smoke)  # fmt: skip

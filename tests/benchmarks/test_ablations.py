@@ -105,7 +105,7 @@ def test_each_simulator_arm_changes_one_thing() -> None:
     assert variants["outcome_labels"].collect == ("target=trajectory", "contrast_queries=0")
     assert variants["no_contrast"].collect == ("contrast_queries=0",)
     for name in variants:  # RL and evaluation run each on its own simulator, with no other override
-        assert ablations.ARMS[name] == ablations.Arm((), simulator=name)
+        assert ablations.ARMS[name] == ablations.Arm(simulator=name)
     assert ablations.simulator_told("told_prompt") == ("show_question", "show_answer")
     assert ablations.simulator_told("outcome_labels") == ablations.simulator_told("simulator") == ()
 

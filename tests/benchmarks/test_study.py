@@ -198,3 +198,32 @@ def test_evaluate_keeps_the_named_engines_and_points_them_at_the_world(monkeypat
     everything = study.evaluate(tmp_path / "all", "p/model", seed=3, datasets={"heldout": "w/test.jsonl"},
                                 engines={}, inputs=[])  # fmt: skip
     assert set(everything) == {"simulator", "bm25", "dense", "none"}  # keep=None: every engine of eval.yaml
+
+
+def test_an_arm_writes_its_edits_as_overrides_in_order_with_the_worlds_values_filled_in() -> None:
+    arm = study.Arm({"search.kind": "bm25", "search.corpus": study.Of("corpus"), "curriculum.p_start": "0.0"})
+    assert arm.overrides({"corpus": "w/corpus.jsonl", "bm25": "unused"}) == [
+        "search.kind=bm25", "search.corpus=w/corpus.jsonl", "curriculum.p_start=0.0",
+    ]  # fmt: skip
+    assert (arm.simulator, arm.base) == ("simulator", "base") and study.Arm().overrides({}) == []
+    with pytest.raises(KeyError, match="corpus"):
+        arm.overrides({})
+
+
+@pytest.mark.parametrize("name", ["ablations", "controls", "turn_rewards"])
+def test_every_arm_of_every_study_is_a_valid_edit_of_the_quickstarts_train_recipe(name: str) -> None:
+    import importlib
+
+    from simsearch.config import TrainRecipe, load_recipe
+
+    module = importlib.import_module(f"benchmarks.{name}")
+    values = {key: "x" for key in ("corpus", "bm25", "knowing")} | {"constant_p": "0.1", "lr": "0.001"}
+    for arm_name, arm in module.ARMS.items():
+        overrides = arm.overrides(values)
+        recipe = load_recipe(TrainRecipe, study.RECIPES / "train.yaml", overrides)  # an unknown key is refused
+        for key, value in arm.edits.items():
+            got: Any = recipe
+            for part in key.split("."):
+                got = getattr(got, part)
+            written = values[value.name] if isinstance(value, study.Of) else value
+            assert str(got).lower() == written.strip("'").lower() or float(got) == float(written), (arm_name, key)
