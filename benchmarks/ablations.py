@@ -26,7 +26,6 @@ docs/ablations/; as the last line one JSON object: `FIGURES`' keys (EM on BM25, 
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import time
 from collections.abc import Sequence
@@ -40,17 +39,14 @@ from benchmarks.benchlib import paired as paired_figures
 from benchmarks.study import Arm, Of
 from simsearch.config import QuickstartRecipe, TrainRecipe, load_recipe
 from simsearch.curriculum.schedules import exponential
-from simsearch.experiments import pipeline, quickstart, stages
+from simsearch.experiments import pipeline, probes, quickstart, stages
 from simsearch.factory.build import build_search_engine
 from simsearch.fingerprints import claim_stage, digest, finish_stage, stage_fingerprint
 from simsearch.models import load_model, save_tiny
-from simsearch.retrieval.base import SearchEngine
 from simsearch.retrieval.bm25 import BM25SearchEngine
-from simsearch.simulator.sft_data import contains_answer
 from simsearch.tinyworld.pretrain import pretrain
 from simsearch.tinyworld.traces import make_traces
 from simsearch.tinyworld.world import World
-from simsearch.types import SearchRequest
 
 ENGINES = ("simulator", "bm25", "dense")
 SELF_ENGINES = ("self", *ENGINES)  # a self-search policy also writes its own information
@@ -381,37 +377,6 @@ def evaluate_policy(ctx: Seed, name: str, arm: Arm, policy_fp: str) -> dict[str,
 # --------------------------------------------------------------------------- answer leakage
 
 
-def question_without_name(question: str, name: str) -> str:
-    """The question's words without the entity's name: a query that names no one."""
-    return " ".join(w for w in re.findall(r"[A-Za-z0-9]+", question) if w != name)
-
-
-def answer_leakage(engine: SearchEngine, world: World, *, n: int, top_k: int) -> dict[str, float]:
-    """Shares of result sets holding a gold answer (`contains_answer`) on the first `n` training questions.
-
-    - `no_name`: useful results (num_noisy 0) for the question's words without the entity's
-      name; a real engine finds the answer with such a query only by chance;
-    - `noisy`: noisy results (num_noisy = top_k) for the question itself, which names the entity;
-      the curriculum counts on them not holding the answer.
-
-    One `search` call with every request; the requests carry the question and gold answers, which
-    a simulator shows only when told to. Returns fractions in [0, 1].
-    """
-    examples = world.train[:n]
-
-    def request(query: str, example: Any, num_noisy: int) -> SearchRequest:
-        return SearchRequest(
-            query=query, top_k=top_k, question=example.question, golden_answers=list(example.golden_answers),
-            num_noisy=num_noisy,
-        )  # fmt: skip
-
-    requests = [request(question_without_name(e.question, world.facts[e.id].entity), e, 0) for e in examples]
-    requests += [request(e.question, e, top_k) for e in examples]
-    results = engine.search(requests)
-    hits = [contains_answer(docs, r.golden_answers) for docs, r in zip(results, requests)]
-    return {"no_name": statistics.fmean(hits[:n]), "noisy": statistics.fmean(hits[n:])}
-
-
 def measure_leakage(ctx: Seed, world: World, variants: list[str]) -> dict[str, dict[str, float]]:
     """Leakage of the quickstart's simulator and of the trained `variants`, as the RL runs configured them
     (uncached) but with the noisy documents' answers kept: what each simulator writes, which the RL
@@ -426,10 +391,10 @@ def measure_leakage(ctx: Seed, world: World, variants: list[str]) -> dict[str, d
         ).search  # fmt: skip
         engine = build_search_engine(cfg, seed=ctx.seed)
         assert engine is not None  # kind=simulator
-        leak[key] = answer_leakage(engine, world, n=n, top_k=rl.search.top_k)
+        leak[key] = probes.answer_leakage(engine, world, n=n, top_k=rl.search.top_k)
     bm25 = BM25SearchEngine.build(world.passages, show_progress=False)
     # A real engine has no noisy mode: only its no-name share is a reference.
-    leak["bm25"] = {"no_name": answer_leakage(bm25, world, n=n, top_k=rl.search.top_k)["no_name"]}
+    leak["bm25"] = {"no_name": probes.answer_leakage(bm25, world, n=n, top_k=rl.search.top_k)["no_name"]}
     return leak
 
 

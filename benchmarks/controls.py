@@ -31,11 +31,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import shutil
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +50,7 @@ from benchmarks.benchlib import (
 )
 from benchmarks.benchlib import difference_cell as t_cell
 from benchmarks.study import Of
+from simsearch.experiments import probes
 from simsearch.experiments.knowing import KNOWING_DESIGNS, knowing_simulator, measure_fidelity
 
 ARMS: dict[str, study.Arm] = {
@@ -74,7 +73,6 @@ ROWS = ("base", "simulator", *ARMS)
 ENGINES = ("bm25", "dense")
 REPORTING_WORLDS = (200, 201, 202, 203, 204, 205)
 """The worlds pre-registered in docs/controls.md before any ran: no design choice has seen them."""
-KEPT_STAMP = ".checkpoint_mtime_ns"  # in a kept checkpoint copy: its checkpoint's trainer-state time
 
 KNOWING_DESIGN = "mixed"
 """The design the knowing arm runs: the first candidate to pass docs/controls.md's gate (worlds 100-102)."""
@@ -191,9 +189,10 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         "fingerprints": fingerprints,
         # how each policy's first held-out BM25 query names the asked person
         "query_naming": {**report["query_naming"], **_arms_query_naming(qs, root, args.arms)},
-        "sim_rl_searches_by_kind": _searches_by_kind(root / "quickstart" / "train"),  # the simulator arm's engines
+        # the simulator arm's engines
+        "sim_rl_searches_by_kind": probes.searches_by_kind(root / "quickstart" / "train"),
         "answer_in_results": {
-            arm: answer_in_results(root / "train" / arm if arm in ARMS else root / "quickstart" / "train")
+            arm: probes.answer_in_results(root / "train" / arm if arm in ARMS else root / "quickstart" / "train")
             for arm in ("simulator", *args.arms)
         },
         "machine": here["machine"],
@@ -216,7 +215,7 @@ def run_quickstart(root: Path, seed: int, args: argparse.Namespace) -> Quickstar
 
     qs = study.quickstart_recipe(root / "quickstart", seed, args, *args.overrides)
     run = Path(qs.run_dir)
-    with keeping_checkpoints(run / "train", root / "kept" / "simulator"):
+    with probes.keeping_checkpoints(run / "train", root / "kept" / "simulator"):
         report = quickstart.main(qs)  # sets this process's torch threads
     paths = {name: str(run / "world" / f"{name}.jsonl") for name in ("corpus", "corpus_known", "train", "test")}
     paths.update({name: str(run / "index" / name) for name in ("bm25", "bm25_known", "dense")})
@@ -290,49 +289,6 @@ def gate(args: argparse.Namespace) -> dict[str, Any]:
     return figures
 
 
-@contextlib.contextmanager
-def keeping_checkpoints(train_run: Path, keep: Path, every_s: float = 0.5) -> Iterator[None]:
-    """While the block runs, copies each finished checkpoint's model of `train_run` into `keep`/step_N.
-
-    A training run keeps its last two checkpoints only; this keeps every one for `em_at_checkpoints`.
-    A checkpoint lives for a whole save interval (a minute or more here) before it is pruned, and a
-    watcher looking every `every_s` seconds copies it long before; the last ones are copied on leaving.
-    """
-    from simsearch.training.checkpoint import CHECKPOINTS, STATE_FILE
-
-    stop = threading.Event()
-
-    def copy_new() -> None:
-        for checkpoint in sorted((train_run / CHECKPOINTS).glob("step_*")):
-            target, state = keep / checkpoint.name, checkpoint / STATE_FILE
-            try:  # a copy stamped with its checkpoint's time is that checkpoint (a rebuilt run's is not)
-                stamp = str(state.stat().st_mtime_ns)
-                if (target / KEPT_STAMP).is_file() and (target / KEPT_STAMP).read_text() == stamp:
-                    continue
-                partial = keep / f".{checkpoint.name}"
-                shutil.rmtree(partial, ignore_errors=True)
-                shutil.copytree(checkpoint / "model", partial)
-            except (FileNotFoundError, shutil.Error):  # unfinished, or pruned while being copied
-                continue
-            (partial / KEPT_STAMP).write_text(stamp)
-            shutil.rmtree(target, ignore_errors=True)
-            partial.rename(target)
-
-    def watch() -> None:
-        while not stop.wait(every_s):
-            copy_new()
-
-    keep.mkdir(parents=True, exist_ok=True)
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        watcher.join()
-        copy_new()
-
-
 def _fidelity(root: Path, world: Any, paths: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
     limit = SMOKE_LIMIT if args.smoke else 0
     return measure_fidelity(root, world, paths, design=args.knowing, recipes=RECIPES, limit=limit)
@@ -371,45 +327,12 @@ def carry_arms(result: dict[str, Any], earlier: dict[str, Any], source: str) -> 
                 result.setdefault(key, {})[arm] = earlier[key][arm]
 
 
-def answer_in_results(train_run: Path) -> dict[str, float | int]:
-    """How often an RL run's engine showed the answer: of the searches in its saved trajectories (a
-    sample of its steps), the share whose results hold a gold answer of the question (normalized
-    containment, as the rule reward matches), and their number; of the noisy documents among their
-    results, their number and the share in which the simulator's `REDACTED` stands for an answer."""
-    from simsearch.eval.metrics import substring_exact_match
-    from simsearch.simulator.engine import REDACTED
-
-    searches = shown = noisy = redacted = 0
-    for line in (train_run / "trajectories.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        for turn in row["turns"]:
-            if turn["action"] != "search" or not turn["executed"]:
-                continue
-            searches += 1
-            shown += any(substring_exact_match(doc["text"], row["golden_answers"]) for doc in turn["documents"])
-            noise = [doc for doc in turn["documents"] if doc.get("noisy")]
-            noisy += len(noise)
-            redacted += sum(REDACTED in doc["text"] for doc in noise)
-    return {
-        "share": round(shown / searches, 3) if searches else 0.0,
-        "searches": searches,
-        "noisy_docs": noisy,
-        "noisy_redacted": round(redacted / noisy, 3) if noisy else 0.0,
-    }
-
-
 def _arms_query_naming(qs: Any, root: Path, arms: Sequence[str]) -> dict[str, Any]:
     """The quickstart report's `query_naming` for each control arm's evaluation."""
     from simsearch.experiments import pipeline, quickstart
 
     world = pipeline.recipe_world(qs)  # the quickstart's, in memory
     return {arm: quickstart.evaluation_query_naming(root / "eval" / arm, world) for arm in arms}
-
-
-def _searches_by_kind(train_run: Path) -> dict[str, int]:
-    """An RL run's searches per engine kind, from its cost.json."""
-    engines = json.loads((train_run / "cost.json").read_text())["engines"]
-    return {usage["kind"]: usage["searches"] for usage in engines.values()}
 
 
 def _real(em: dict[str, float]) -> dict[str, float]:
@@ -421,7 +344,7 @@ def train_arm(
 ) -> str:
     """One arm's RL run: the quickstart's train.yaml on its base, the engine swapped; its fingerprint.
 
-    Its checkpoints are kept (`keeping_checkpoints`) when the arm is one of `STEP_ARMS`.
+    Its checkpoints are kept (`probes.keeping_checkpoints`) when the arm is one of `STEP_ARMS`.
     """
     overrides = [
         f"threads={args.threads}", f"search.simulator.generation.model.path={paths['simulator']}",
@@ -430,7 +353,7 @@ def train_arm(
     ]  # fmt: skip
     inputs = [fingerprints["base"], fingerprints["knowing" if arm == "knowing" else "simulator"]]
     keep = root / "kept" / arm if arm in STEP_ARMS else None
-    with keeping_checkpoints(root / "train" / arm, keep) if keep else contextlib.nullcontext():
+    with probes.keeping_checkpoints(root / "train" / arm, keep) if keep else contextlib.nullcontext():
         return study.train(root / "train" / arm, seed=seed, base=paths["base"], questions=paths["train"],
                            inputs=inputs, overrides=overrides, smoke=args.smoke)  # fmt: skip
 
@@ -456,7 +379,7 @@ def em_at_checkpoints(
     args: argparse.Namespace,
 ) -> dict[str, dict[str, dict[str, float]]]:
     """Each arm of `policies` (arm -> its RL run's fingerprint): held-out EM at every checkpoint kept of its run
-    (`keeping_checkpoints`), as {arm: {step: {engine: EM}}}; its last checkpoint is its final policy."""
+    (`probes.keeping_checkpoints`), as {arm: {step: {engine: EM}}}; its last checkpoint is its final policy."""
     from simsearch.fingerprints import digest
 
     curves: dict[str, dict[str, dict[str, float]]] = {}

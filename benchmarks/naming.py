@@ -22,7 +22,6 @@ reward_unnamed), `arm`, `reseed`, `seeds`, `smoke`, `wall_s` and `provenance`.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +30,10 @@ import torch
 from benchmarks import study
 from benchmarks.controls import ARMS, SMOKE_LIMIT
 from simsearch.config import TrainRecipe, load_recipe
-from simsearch.experiments import pipeline, quickstart, stages
+from simsearch.experiments import pipeline, probes, stages
 from simsearch.fingerprints import stage_fingerprint
-from simsearch.tinyworld.diagnostics import query_naming
-from simsearch.tinyworld.world import World
 
 PROBES = tuple((engine, dataset) for engine in ("none", "noisy", "bm25") for dataset in ("train", "heldout"))
-HALVES = ("first_half", "second_half")
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
@@ -72,10 +68,13 @@ def probe_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         runs[f"{args.arm}_seed{reseed}"] = reseed_arm(root, args.arm, reseed)
     policies = {"base": (qs_dir / "base", stage_fingerprint(qs_dir / "base"))}
     policies.update({name: (pipeline.final_model(run), stage_fingerprint(run)) for name, run in runs.items()})
-    probes = {name: probe_policy(root, qs_dir, qs.seed, name, policy, args.smoke) for name, policy in policies.items()}
+    evaluated = {name: probe_policy(root, qs_dir, qs.seed, name, p, args.smoke) for name, p in policies.items()}
     return {
-        "policies": {name: {key: _naming_cells(out, world, key) for key in _keys()} for name, out in probes.items()},
-        "training": {name: training_naming(run, world) for name, run in runs.items()},
+        "policies": {
+            name: {f"{e}/{d}": probes.naming_cells(out, world, e, d) for e, d in PROBES}
+            for name, out in evaluated.items()
+        },
+        "training": {name: probes.training_naming(run, world) for name, run in runs.items()},
     }
 
 
@@ -117,43 +116,6 @@ def _keys() -> list[str]:
     return [f"{engine}/{dataset}" for engine, dataset in PROBES]
 
 
-def _naming_cells(eval_dir: Path, world: World, key: str) -> dict[str, float]:
-    engine, dataset = key.split("/")
-    kinds = quickstart.evaluation_query_naming(eval_dir, world, engine=engine, dataset=dataset)
-    named, rest = kinds["exact"], [kinds[kind] for kind in kinds if kind != "exact"]
-    rest_share = sum(cell["share"] for cell in rest)
-    return {
-        "em": 100.0 * sum(cell["share"] * cell["em"] for cell in kinds.values()),
-        "named_share": named["share"],
-        "em_named": named["em"],
-        "em_unnamed": sum(cell["share"] * cell["em"] for cell in rest) / rest_share if rest_share else 0.0,
-    }
-
-
-def training_naming(train_run: Path, world: World) -> dict[str, dict[str, float | int]]:
-    """From an RL run's saved trajectories, per half of its steps: samples, the share whose first query
-    names the person exactly, and the mean reward of those and of the rest (0 where there are none)."""
-    rows = [json.loads(line) for line in (train_run / "trajectories.jsonl").read_text().splitlines() if line.strip()]
-    last = max((row["step"] for row in rows), default=0)
-    halves: dict[str, dict[str, float | int]] = {}
-    for half in HALVES:
-        mine = [row for row in rows if (row["step"] > last / 2) == (half == "second_half")]
-        naming = [_names(row, world) for row in mine]  # once per row: 32,000 rows for a reseeded run
-        named = [row["reward"] for row, names in zip(mine, naming, strict=True) if names]
-        rest = [row["reward"] for row, names in zip(mine, naming, strict=True) if not names]
-        halves[half] = {
-            "samples": len(mine),
-            "named_share": len(named) / len(mine) if mine else 0.0,
-            "reward_named": sum(named) / len(named) if named else 0.0,
-            "reward_unnamed": sum(rest) / len(rest) if rest else 0.0,
-        }
-    return halves
-
-
-def _names(row: dict[str, Any], world: World) -> bool:
-    return query_naming(quickstart.first_query(row), world.facts[row["id"]].entity) == "exact"
-
-
 def _summary(worlds: dict[int, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     """The figures: each world's probes as its record holds them (the provenance is the figures')."""
     by_world = {str(seed): {k: v for k, v in record.items() if k != "provenance"} for seed, record in worlds.items()}
@@ -177,12 +139,12 @@ def print_world(seed: int | str, result: dict[str, Any]) -> None:
     def half(h: dict[str, float]) -> str:
         return f"{h['samples']}, {100 * h['named_share']:.0f}%, {h['reward_named']:.3f} / {h['reward_unnamed']:.3f}"
 
-    probes = ([name, *map(probe, cells.values())] for name, cells in result["policies"].items())
+    policies = ([name, *map(probe, cells.values())] for name, cells in result["policies"].items())
     runs = ([name, *map(half, halves.values())] for name, halves in result["training"].items())
     print(f"\nWorld {seed}: EM % (share of first queries naming the person; EM of those / of the rest)\n")
-    print("\n".join(study.table(["policy", *_keys()], probes)))
+    print("\n".join(study.table(["policy", *_keys()], policies)))
     print(f"\nWorld {seed}: each RL run's saved trajectories per half: samples, share naming, reward named / rest\n")
-    print("\n".join(study.table(["RL run", *HALVES], runs)))
+    print("\n".join(study.table(["RL run", *probes.HALVES], runs)))
 
 
 STUDY = study.Study(

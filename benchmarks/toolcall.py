@@ -18,7 +18,6 @@ query), printed and in the `results` block of docs/toolcall.md (`--out`); as the
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +50,7 @@ def _rl_line(result: dict[str, Any]) -> str:
 
 def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """The quickstart with each protocol; the world's record."""
-    from simsearch.experiments import quickstart
+    from simsearch.experiments import probes, quickstart
 
     root = args.run_dir / f"world_{seed}"
     # Tool calls first: a reused tag run may still be finishing elsewhere.
@@ -68,7 +67,7 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         result["em"][protocol] = {policy: report["em"][policy] for policy in POLICIES}
         result["wall_s"][protocol] = report["wall_s"]
         result["machine"][protocol] = report["machine"]
-    result["tool_calls"] = tool_call_counts(quickstart_eval(dirs["tool-call"]))
+    result["tool_calls"] = probes.tool_call_counts(quickstart_eval(dirs["tool-call"]))
     return result
 
 
@@ -77,18 +76,6 @@ def quickstart_eval(run: Path) -> Path:
     from simsearch.experiments.stages import examples_file
 
     return examples_file(run / "eval" / "rl_search", "bm25", "heldout")
-
-
-def tool_call_counts(examples: Path) -> dict[str, int]:
-    """Of the held-out trajectories' turns: calls read and run, calls that could not be read, turns."""
-    counts = {"calls": 0, "unreadable_calls": 0, "turns": 0, "invalid_turns": 0}
-    for line in examples.read_text().splitlines():
-        for turn in json.loads(line)["samples"][0]["turns"]:
-            counts["turns"] += 1
-            counts["calls"] += len(turn.get("call_queries", []))
-            counts["unreadable_calls"] += len(turn.get("call_reasons", []))
-            counts["invalid_turns"] += turn["action"] == "invalid"
-    return counts
 
 
 # --------------------------------------------------------------------------- over worlds

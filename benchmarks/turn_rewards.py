@@ -32,12 +32,10 @@ from typing import Any
 from benchmarks import study
 from benchmarks.benchlib import INTERVAL_METHOD, NO_NOISE, difference_cell, paired, timed
 from benchmarks.study import Of
-from simsearch.config import TrainRecipe, load_recipe
 from simsearch.data.qa import write_qa_jsonl
-from simsearch.experiments import pipeline
+from simsearch.experiments import pipeline, probes
 from simsearch.fingerprints import digest
 from simsearch.tinyworld.world import TWO_HOP, World
-from simsearch.training.runlog import read_metrics
 
 ARMS: dict[str, study.Arm] = {
     "grpo": study.Arm(),
@@ -103,7 +101,7 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     for arm, spec in ARMS.items():
         with timed(clock, f"rl_{arm}"):
             policy_fp = train_arm(ctx, arm, spec, steps(args))
-        rl[arm] = rl_metrics(root / "train" / arm)
+        rl[arm] = probes.rl_metrics(root / "train" / arm)
         with timed(clock, f"eval_{arm}"):
             em[arm] = evaluate_policy(ctx, arm, str(pipeline.final_model(root / "train" / arm)), policy_fp)
     return {"em": em, "rl": rl, "stage_s": {k: round(v, 1) for k, v in clock.items()}}
@@ -164,25 +162,6 @@ def evaluate_policy(ctx: Seed, name: str, model: str, policy_fp: str) -> dict[st
         inputs=[policy_fp, ctx.fingerprints["data"]], overrides=[f"rollout.max_turns={MAX_TURNS}"], smoke=ctx.smoke,
     )["bm25"]  # fmt: skip
     return {"all": 100.0 * row["average"]["em"], **{d: 100.0 * row["results"][d]["em"] for d in DATASETS}}
-
-
-def rl_metrics(run: Path) -> dict[str, float]:
-    """A training run's mean over steps of `sampling/flat_share`, `time/step_s`, searches per trajectory and
-    prompts rolled out per step (`sampling/prompts` under dynamic sampling, else `prompts_per_step`)."""
-    rows = read_metrics(run)
-    recipe = load_recipe(TrainRecipe, run / "recipe.yaml")
-
-    def mean(key: str, default: float = float("nan")) -> float:
-        values = [float(r[key]) for r in rows if key in r]
-        return statistics.fmean(values) if values else default
-
-    return {
-        "flat_share": mean("sampling/flat_share"),
-        "step_s": mean("time/step_s"),
-        "searches": mean("search/calls_per_traj"),
-        "prompts_per_step": mean("sampling/prompts", float(recipe.prompts_per_step)),
-        "steps": float(len(rows)),
-    }
 
 
 # --------------------------------------------------------------------------- over worlds, and the page

@@ -12,8 +12,6 @@ import torch
 from PIL import Image
 
 from benchmarks import ablations, benchlib, study
-from simsearch.tinyworld.world import build_world
-from simsearch.types import Document, SearchRequest
 
 KEYS = {
     "curriculum_exp", "curriculum_constant", "curriculum_none", "loop_simulator", "loop_bm25", "loop_none",
@@ -108,29 +106,6 @@ def test_each_simulator_arm_changes_one_thing() -> None:
         assert ablations.ARMS[name] == ablations.Arm(simulator=name)
     assert ablations.simulator_told("told_prompt") == ("show_question", "show_answer")
     assert ablations.simulator_told("outcome_labels") == ablations.simulator_told("simulator") == ()
-
-
-def test_question_without_name_keeps_every_other_word() -> None:
-    assert ablations.question_without_name("In which year was the bakery of Ganlo founded?", "Ganlo") == (
-        "In which year was the bakery of founded"
-    )
-
-
-class _Echo:
-    """Writes the request's first gold answer when it is told it and the query is long, else nothing useful."""
-
-    def search(self, requests: list[SearchRequest]) -> list[list[Document]]:
-        return [
-            [Document("t", r.golden_answers[0] if r.num_noisy == 0 and len(r.query.split()) > 1 else "nothing")]
-            for r in requests
-        ]
-
-
-def test_answer_leakage_counts_sets_holding_the_answer() -> None:
-    world = build_world(seed=0, n_entities=6, n_train_entities=4)
-    leak = ablations.answer_leakage(_Echo(), world, n=4, top_k=3)
-    # Every no-name query still has several words, so each set holds the answer; noisy sets never do.
-    assert leak == {"no_name": 1.0, "noisy": 0.0}
 
 
 def test_table_lines_give_mean_and_sd_over_seeds() -> None:

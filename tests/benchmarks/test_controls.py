@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -150,53 +148,7 @@ def test_the_knowing_arm_against_the_oracle_and_em_against_steps(tmp_path: Path)
     assert (tmp_path / "page" / "em_steps_development.png").stat().st_size > 1000
 
 
-def test_every_checkpoint_is_kept_though_the_run_prunes_all_but_the_last(tmp_path: Path) -> None:
-    from simsearch.training.checkpoint import CHECKPOINTS, STATE_FILE
-
-    run, keep = tmp_path / "train", tmp_path / "kept"
-
-    def save(step: int, weights: str) -> None:
-        checkpoint = run / CHECKPOINTS / f"step_{step:07d}"
-        (checkpoint / "model").mkdir(parents=True)
-        (checkpoint / "model" / "weights").write_text(weights)
-        (checkpoint / STATE_FILE).write_text("done")  # written last: a checkpoint without it is unfinished
-
-    with controls.keeping_checkpoints(run, keep, every_s=0.01):
-        for step in (1, 2, 3):
-            save(step, f"w{step}")
-            time.sleep(0.3)
-            if step > 1:  # the run keeps only its last checkpoint
-                shutil.rmtree(run / CHECKPOINTS / f"step_{step - 1:07d}")
-        (run / CHECKPOINTS / "step_0000004" / "model").mkdir(parents=True)  # unfinished: not kept
-    assert sorted(p.name for p in keep.iterdir()) == [f"step_{s:07d}" for s in (1, 2, 3)]
-    assert (keep / "step_0000002" / "weights").read_text() == "w2"
-    # The run rebuilt: its step 3 is another checkpoint, and replaces the copy.
-    shutil.rmtree(run / CHECKPOINTS / "step_0000003")
-    time.sleep(0.01)
-    save(3, "rebuilt")
-    with controls.keeping_checkpoints(run, keep, every_s=0.01):
-        pass
-    assert (keep / "step_0000003" / "weights").read_text() == "rebuilt"
-
-
-def test_answer_in_results_counts_executed_searches_whose_results_hold_a_gold_answer(tmp_path: Path) -> None:
-    def turn(action: str, texts: list[str], executed: bool = True) -> dict:
-        return {"action": action, "executed": executed, "documents": [{"text": t} for t in texts]}
-
-    rows = [
-        {"golden_answers": ["Glass-blower"], "turns": [turn("search", ["Roru is a glassblower."]),
-                                                      turn("search", ["Roru was born in Ulm."]),
-                                                      turn("answer", ["glassblower"])]},
-        {"golden_answers": ["1859"], "turns": [turn("search", ["In 1859 Kesh founded a bank."], executed=False),
-                                               turn("search", [])]},
-    ]  # fmt: skip
-    noisy = [{"text": "Kesh founded a bank in ___.", "noisy": True}, {"text": "Kesh was a baker.", "noisy": True}]
-    rows[1]["turns"][1]["documents"] = [*noisy, {"text": "Kesh founded a bank in 1860.", "noisy": False}]
-    (tmp_path / "trajectories.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    # Three executed searches; one showed the answer (normalized: the hyphen does not hide it); of the
-    # two noisy documents, one had an answer taken out.
-    shown = {"share": 0.333, "searches": 3, "noisy_docs": 2, "noisy_redacted": 0.5}
-    assert controls.answer_in_results(tmp_path) == shown
+def test_the_page_tabulates_each_arms_answer_in_results_and_query_naming() -> None:
     worlds = {
         s: _world(s, {"base": 10, "simulator": 60, "empty": 5, "random": 8, "noisy": 12, "bm25": 70}) for s in (0, 1)
     }

@@ -56,18 +56,6 @@ def test_the_figures_pair_the_protocols_world_by_world() -> None:
     assert "--threads 1 --tags-dir TAG_RUNS --tags-commit abc`" in first and "/somewhere" not in first
 
 
-def test_unreadable_calls_are_counted_from_the_turn_records(tmp_path: Path) -> None:
-    rows = [
-        {"samples": [{"turns": [{"action": "search", "call_queries": ["a", "b"]},
-                                {"action": "invalid", "call_reasons": ["not valid JSON"]},
-                                {"action": "answer"}]}]},
-        {"samples": [{"turns": [{"action": "invalid"}, {"action": "answer"}]}]},
-    ]  # fmt: skip
-    path = tmp_path / "examples.jsonl"
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    assert toolcall.tool_call_counts(path) == {"calls": 2, "unreadable_calls": 1, "turns": 5, "invalid_turns": 2}
-
-
 def test_reused_tag_runs_need_their_commit() -> None:
     with pytest.raises(SystemExit):
         study.parse(toolcall.STUDY, ["--tags-dir", "runs/controls/world_{seed}/quickstart"])
