@@ -250,6 +250,31 @@ def _record(seed: int, arms: dict[str, float], simulator: str = "s1", base_em: f
             "fingerprints": fingerprints, "query_naming": naming}  # fmt: skip
 
 
+def test_the_reporting_records_render_the_pages_results_and_the_readme_headline_as_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    readme = tmp_path / "README.md"
+    readme.write_text((repo / "README.md").read_text())
+    monkeypatch.setattr(controls, "README", readme)
+    doc = tmp_path / "controls.md"
+    doc.write_text((repo / "docs" / "controls.md").read_text())
+    seeds = [str(seed) for seed in controls.REPORTING_WORLDS]
+    argv = ["--seeds", *seeds, "--aggregate", "--run-dir", str(repo / "docs" / "controls" / "reporting")]
+    figures = controls.main([*argv, "--out", str(doc)])
+    assert figures["world_set"] == "reporting"
+
+    def block(text: str, name: str) -> list[str]:
+        return text.split(f"<!-- {name} -->")[1].split(f"<!-- /{name} -->")[0].splitlines()
+
+    committed = block((repo / "docs" / "controls.md").read_text(), "results")
+    # Every table and sentence as committed; the first line names the commit and machine, in the words of
+    # the runner that renders it.
+    assert block(doc.read_text(), "results")[2:] == committed[2:]
+    assert "Measured at commit f0358f4 on AMD EPYC, AVX2 kernels" in committed[1]
+    assert block(readme.read_text(), "headline") == block((repo / "README.md").read_text(), "headline")
+
+
 def test_arms_not_run_are_carried_from_a_record_of_the_same_world_and_base() -> None:
     earlier = _record(0, {"empty": 5, "random": 8, "noisy": 40, "answerless": 4, "bm25": 70})
     result = _record(0, {"noisy": 12}, simulator="s2")
