@@ -71,7 +71,7 @@ def probe_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     evaluated = {name: probe_policy(root, qs_dir, qs.seed, name, p, args.smoke) for name, p in policies.items()}
     return {
         "policies": {
-            name: {f"{e}/{d}": probes.naming_cells(out, world, e, d) for e, d in PROBES}
+            name: {key: probes.naming_cells(out, world, *key.split("/")) for key in _keys()}
             for name, out in evaluated.items()
         },
         "training": {name: probes.training_naming(run, world) for name, run in runs.items()},
