@@ -51,7 +51,7 @@ from benchmarks.benchlib import (
 from benchmarks.benchlib import difference_cell as t_cell
 from benchmarks.study import Of
 from simsearch.experiments import probes
-from simsearch.experiments.knowing import KNOWING_DESIGNS, knowing_simulator, measure_fidelity
+from simsearch.experiments.knowing import KNOWING_DESIGN, KNOWING_DESIGNS, knowing_simulator, measure_fidelity
 
 ARMS: dict[str, study.Arm] = {
     "knowing": study.Arm({"search.simulator.generation.model.path": Of("knowing")}),
@@ -73,9 +73,6 @@ ROWS = ("base", "simulator", *ARMS)
 ENGINES = ("bm25", "dense")
 REPORTING_WORLDS = (200, 201, 202, 203, 204, 205)
 """The worlds pre-registered in docs/controls.md before any ran: no design choice has seen them."""
-
-KNOWING_DESIGN = "mixed"
-"""The design the knowing arm runs: the first candidate to pass docs/controls.md's gate (worlds 100-102)."""
 
 SMOKE_TRAIN = ["steps=2", "save_every=1"]  # on top of the runner's
 SMOKE_LIMIT = 8  # held-out questions per evaluation (and RL questions per fidelity) in smoke mode

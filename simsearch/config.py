@@ -605,6 +605,10 @@ class ServeRecipe:
             check_positive(name, getattr(self, name))
 
 
+QUICKSTART_SIMULATORS = ("fit", "knowing")
+"""The quickstart's simulators (`QuickstartRecipe.simulator`)."""
+
+
 @dataclass
 class QuickstartRecipe:
     """`simsearch quickstart`: the whole pipeline on a tiny world, offline on CPU.
@@ -627,6 +631,12 @@ class QuickstartRecipe:
         "calls in a ChatML template of its own, models.TINY_TOOL_TEMPLATE)",
     )
     threads: int = _threads()
+    simulator: str = setting(
+        "fit",
+        "the simulator RL searches: fit (fine-tuned on BM25's results for RL's own questions) or knowing (its base "
+        "read the world's passages, as an LLM reads Wikipedia, and it is fine-tuned on other people's: "
+        "docs/controls.md)",
+    )
     released: bool = setting(
         True,
         "a stage built under the very fingerprint of a model shipped with the package (the default world's base and "
@@ -639,6 +649,7 @@ class QuickstartRecipe:
 
     def check(self, key: str) -> None:
         check_choice("protocol", self.protocol, tuple(PROTOCOLS))
+        check_choice("simulator", self.simulator, QUICKSTART_SIMULATORS)
         self.tinyworld.check("tinyworld")
         _check_threads(self.threads)
 

@@ -14,8 +14,7 @@ from typing import Any
 
 from simsearch.config import TrainRecipe, load_recipe
 from simsearch.data.qa import write_qa_jsonl
-from simsearch.experiments import pipeline
-from simsearch.experiments.stages import collect_stage, finetune_stage
+from simsearch.experiments.stages import SMOKE_STAGES, collect_stage, final_model, finetune_stage
 from simsearch.factory.build import build_search_engine
 from simsearch.fingerprints import claim_stage, digest, finish_stage
 from simsearch.simulator.recipe import SearchConfig
@@ -64,6 +63,94 @@ KNOWING_DESIGNS = {
 training); `results`: and half the articles read as results pages; `longer`: and twice the reading."""
 
 SMOKE_READING = Reading(steps=2, batch_size=4, lr=5e-3, articles=1)
+SMOKE_COLLECT = SMOKE_STAGES["collect"]
+SMOKE_SIMULATOR = SMOKE_STAGES["simulator"]
+
+
+KNOWING_DESIGN = "mixed"
+"""The design the quickstart's knowing simulator and the controls' knowing arm are made in: the first candidate
+to pass docs/controls.md's gate (development worlds 100-102)."""
+
+
+def reading_fingerprint(base_fp: str, reading: Reading, threads: int) -> str:
+    """The fingerprint of the knowing base read as `reading` says from the policy's base of `base_fp`."""
+    return digest({"stage": "knowing_base", "inputs": [base_fp], "fit_people": KNOWING_FIT_PEOPLE,
+                   "reading": asdict(reading), "threads": threads})  # fmt: skip
+
+
+def reading_stage(base: Path, out: Path, base_fp: str, world: World, reading: Reading, *, seed: int,
+                  threads: int) -> str:  # fmt: skip
+    """The knowing base in `out`: the policy's base at `base` after reading the training and fit people's and
+    the cities' passages (`reading_passages`); its fingerprint (a finished one is reused)."""
+    fingerprint = reading_fingerprint(base_fp, reading, threads)
+    if not claim_stage(out, fingerprint):
+        passages = reading_passages(world, KNOWING_FIT_PEOPLE)
+        pretrain_knowing_base(base, out, passages, seed=seed, **asdict(reading))
+        finish_stage(out, fingerprint)
+    return fingerprint
+
+
+def fit_paths(out: Path) -> dict[str, Path]:
+    """Where `fit_data` writes in `out`: the fit people's questions, and the corpus and BM25 index of their pairs."""
+    return {"questions": out / "fit.jsonl", "corpus": out / "corpus_fit.jsonl", "index": out / "index_fit"}
+
+
+def fit_data(world: World, out: Path, world_fp: str) -> dict[str, Path]:
+    """The fit people's questions and the corpus and BM25 index their SFT pairs are collected from (no RL person's
+    passage, no held-out person's), written into `out` (`fit_paths`); their paths by name."""
+    files = fit_paths(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_qa_jsonl(fit_questions(world, KNOWING_FIT_PEOPLE), files["questions"])
+    if not claim_stage(files["index"], world_fp):
+        write_corpus(fit_corpus(world), files["corpus"])
+        build_search_engine(SearchConfig(kind="bm25", corpus=str(files["corpus"]), index_dir=str(files["index"])))
+        finish_stage(files["index"], world_fp)
+    return files
+
+
+def collect_overrides(out: Path, base: Path, files: dict[str, Path], seed: int) -> list[str]:
+    """collect.yaml's overrides for the knowing simulator's SFT pairs: the policy's base at `base` (never the
+    knowing base) searching `fit_data`'s corpus for the fit people's questions only, into `out`/collect."""
+    return [
+        f"run_dir={out / 'collect'}", f"seed={seed}", f"policy.model.path={base}",
+        f"data.train=[{files['questions']}]", f"search.corpus={files['corpus']}", f"search.index_dir={files['index']}",
+    ]  # fmt: skip
+
+
+def sft_path(out: Path, design: str) -> Path:
+    """The knowing simulator's SFT file in `out`: the collected pairs, or with the reading mixed in when `design`
+    says so (`write_sft_file`)."""
+    mixed = KNOWING_DESIGNS[design].sft_reading_share
+    return out / f"sft-{design}.jsonl" if mixed else out / "collect" / "train.jsonl"
+
+
+def write_sft_file(out: Path, world: World, design: str, *, reading: Reading, seed: int) -> Path:
+    """`sft_path`, written when the reading is mixed in: the pairs in `out`/collect, then the reading (from the
+    pairs, the reading and the seed alone: `sft_fingerprint`)."""
+    path = sft_path(out, design)
+    share = KNOWING_DESIGNS[design].sft_reading_share
+    if share:
+        passages = reading_passages(world, KNOWING_FIT_PEOPLE)
+        mixed_sft_file(out / "collect" / "train.jsonl", passages, path, share=share, articles=reading.articles,
+                       seed=seed, style=reading.style)  # fmt: skip
+    return path
+
+
+def sft_fingerprint(design: str, reading: Reading, seed: int) -> str:
+    """What `write_sft_file` adds to the collected pairs, as a fingerprint ("" when it adds nothing)."""
+    share = KNOWING_DESIGNS[design].sft_reading_share
+    if not share:
+        return ""
+    return digest({"stage": "sft_mix", "share": share, "articles": reading.articles, "style": reading.style,
+                   "fit_people": KNOWING_FIT_PEOPLE, "seed": seed})  # fmt: skip
+
+
+def finetune_overrides(simulator: Path, base: Path, train_file: Path, val_file: Path, seed: int) -> list[str]:
+    """simulator.yaml's overrides: the knowing base at `base` fine-tuned on `train_file` into `simulator`
+    (validated on `val_file` when it holds pairs or does not exist yet, as when planning)."""
+    has_val = not val_file.is_file() or val_file.stat().st_size > 0
+    return [f"run_dir={simulator}", f"seed={seed}", f"model.path={base}", f"train_file={train_file}",
+            f"val_file={val_file}" if has_val else "val_file=''"]  # fmt: skip
 
 
 def knowing_simulator(
@@ -78,51 +165,28 @@ def knowing_simulator(
     threads: int,
     smoke: bool = False,
 ) -> tuple[str, str]:
-    """The knowing simulator of a world in `design` (`KNOWING_DESIGNS`), built under root/knowing: its base
-    reads, its pairs are collected on the fit people with `recipes`' collect.yaml, it is fine-tuned with their
-    simulator.yaml (with reading mixed into its SFT file if the design says so); its fingerprint and model path.
+    """The knowing simulator of a quickstart world in `design` (`KNOWING_DESIGNS`), built under root/knowing: its
+    base reads (`reading_stage`), its pairs are collected on the fit people with `recipes`' collect.yaml, it is
+    fine-tuned with their simulator.yaml on `write_sft_file`'s; its fingerprint and model path.
 
     `paths` and `fingerprints` are the quickstart's stages' (corpus, base, world...); every stage is
     fingerprinted, so a finished one is reused. `smoke`: a few steps of each."""
     out = root / "knowing"
-    how = KNOWING_DESIGNS[design]
-    reading = SMOKE_READING if smoke else how.reading
-    passages = reading_passages(world, KNOWING_FIT_PEOPLE)
+    reading = SMOKE_READING if smoke else KNOWING_DESIGNS[design].reading
     base = out / ("base" if reading in (_READING, SMOKE_READING) else f"base-{reading.style}-{reading.steps}")
-    base_fp = digest({"stage": "knowing_base", "inputs": [fingerprints["base"]], "fit_people": KNOWING_FIT_PEOPLE,
-                      "reading": asdict(reading), "threads": threads})  # fmt: skip
-    if not claim_stage(base, base_fp):
-        pretrain_knowing_base(Path(paths["base"]), base, passages, seed=seed, **asdict(reading))
-        finish_stage(base, base_fp)
-    write_qa_jsonl(fit_questions(world, KNOWING_FIT_PEOPLE), out / "fit.jsonl")
-    corpus, index = out / "corpus_fit.jsonl", out / "index_fit"
-    if not claim_stage(index, fingerprints["world"]):  # no RL person's passage, no held-out person's
-        write_corpus(fit_corpus(world), corpus)
-        build_search_engine(SearchConfig(kind="bm25", corpus=str(corpus), index_dir=str(index)))
-        finish_stage(index, fingerprints["world"])
-    smoke_stages = pipeline.SMOKE if smoke else {}
-    collect = [
-        f"run_dir={out / 'collect'}", f"seed={seed}", f"threads={threads}", f"policy.model.path={paths['base']}",
-        f"data.train=[{out / 'fit.jsonl'}]",  # the fit people only: never a question RL asks
-        f"search.corpus={corpus}", f"search.index_dir={index}", *smoke_stages.get("collect", []),
-    ]  # fmt: skip
-    inputs = [fingerprints["base"], fingerprints["world"]]  # the policy's base collects, never the knowing base
-    collect_fp = collect_stage(recipes / "collect.yaml", collect, inputs)
-    train_file = out / "collect" / "train.jsonl"
-    if how.sft_reading_share:  # the reading mixed in: a file of its own per design, its bytes fingerprinted
-        train_file = out / f"sft-{design}.jsonl"
-        mixed_sft_file(out / "collect" / "train.jsonl", passages, train_file, share=how.sft_reading_share,
-                       articles=reading.articles, seed=seed, style=reading.style)  # fmt: skip
-    mixed = digest(train_file.read_text(encoding="utf-8")) if how.sft_reading_share else ""
-    val = out / "collect" / "val.jsonl"
+    base_fp = reading_stage(Path(paths["base"]), base, fingerprints["base"], world, reading, seed=seed,
+                            threads=threads)  # fmt: skip
+    files = fit_data(world, out, fingerprints["world"])
+    collect = [*collect_overrides(out, Path(paths["base"]), files, seed), f"threads={threads}",
+               *(SMOKE_COLLECT if smoke else [])]  # fmt: skip
+    collect_fp = collect_stage(recipes / "collect.yaml", collect, [fingerprints["base"], fingerprints["world"]])
+    train_file = write_sft_file(out, world, design, reading=reading, seed=seed)
     simulator = out / ("simulator" if design == "articles" else f"simulator-{design}")
-    finetune = [
-        f"run_dir={simulator}", f"seed={seed}", f"threads={threads}", f"model.path={base}",
-        f"train_file={train_file}", f"val_file={val}" if val.stat().st_size else "val_file=''",
-        *smoke_stages.get("simulator", []),
-    ]  # fmt: skip
-    fingerprint = finetune_stage(recipes / "simulator.yaml", finetune, [collect_fp, base_fp, mixed])
-    return fingerprint, str(pipeline.final_model(simulator))
+    finetune = [*finetune_overrides(simulator, base, train_file, out / "collect" / "val.jsonl", seed),
+                f"threads={threads}", *(SMOKE_SIMULATOR if smoke else [])]  # fmt: skip
+    inputs = [collect_fp, base_fp, sft_fingerprint(design, reading, seed)]
+    fingerprint = finetune_stage(recipes / "simulator.yaml", finetune, inputs)
+    return fingerprint, str(final_model(simulator))
 
 
 def measure_fidelity(

@@ -4,8 +4,9 @@ Stage by stage, each returning its fingerprint (and the artifacts the next one r
 fictional world and its indexes (`world_stage`); pretrain a tiny base LM on copy drills and on traces
 about background entities only (`base_stage`, `pretrain_base`); collect simulator SFT data with it
 and BM25 (`collect_stage`: `simulator collect`); fine-tune a tiny simulator (`simulator_stage`:
-`simulator finetune`); RL the policy against the simulator and without search (`rl_stages`:
-`train`); evaluate one policy (`eval_stage`: `eval`). Stages 3-6 run `recipes/quickstart/` with
+`simulator finetune`), or build the knowing one (`knowing_stages`), as `simulator_stages` chooses; RL
+the policy against the simulator and without search (`rl_stages`: `train`); evaluate one policy
+(`eval_stage`: `eval`). Stages 3-6 run `recipes/quickstart/` with
 their paths pointed into the run directory (`Pipeline.stage`). `world_and_base` and
 `through_simulator` run stages 1-2 and 1-4 alone, as the benchmarks do; `planned_fingerprints`
 computes stages 1-4's fingerprints without running anything. The default world's base and simulator
@@ -38,8 +39,9 @@ from simsearch.config import (
 )
 from simsearch.data.chat import tool_call_messages
 from simsearch.data.templates import render_prompt
-from simsearch.errors import RecipeError, SimsearchError
-from simsearch.experiments.stages import plan_stage, run_stage
+from simsearch.errors import RecipeError
+from simsearch.experiments import knowing
+from simsearch.experiments.stages import SMOKE_STAGES, final_model, plan_stage, run_stage
 from simsearch.factory.build import build_search_engine
 from simsearch.fingerprints import STAGE_FILE, claim_stage, digest, finish_stage, stage_fingerprint
 from simsearch.models import TINY_TOOL_TEMPLATE, TOOL_SPECIAL_TOKENS, build_tiny_model, save_tiny, train_tokenizer
@@ -49,20 +51,11 @@ from simsearch.tinyworld.pretrain import pretrain
 from simsearch.tinyworld.recipe import TinyWorldConfig
 from simsearch.tinyworld.traces import CALL_QUERY_PREFIX, Trace, make_copy_drills, make_traces, tiny_call
 from simsearch.tinyworld.world import YEARS, World, build_world, write_corpus
-from simsearch.training.checkpoint import latest_checkpoint
 from simsearch.types import Passage, QAExample
 
 TOOL_CALL_EXTRA_TOKENS = 12
 """How many more tokens a Hermes call and its end-of-turn token take than `<search> … </search>` with
 the tiny tokenizer: `protocol: tool-call` raises every stage's `sampling.max_new_tokens` by that much."""
-
-# Every stage for a step or two: a check that the pipeline holds together, not a result.
-SMOKE = {
-    "collect": ["max_questions=32"],
-    "simulator": ["steps=2", "eval_every=1", "batch_size=4"],
-    "train": ["steps=2", "prompts_per_step=2", "rollout.group_size=2", "save_every=1", "eval_every=0"],
-    "eval": ["fidelity_size=4", "chunk_size=8"],
-}
 
 
 @dataclass
@@ -90,7 +83,7 @@ class Pipeline:
 
     def _stage_recipe(self, name: str, overrides: list[str]) -> tuple[Path, list[str]]:
         """The stage's shipped recipe and its overrides: the run's paths, then the quickstart's settings."""
-        smoke = SMOKE.get(name.removesuffix("_nosearch"), []) if self.recipe.smoke else []
+        smoke = SMOKE_STAGES.get(name.removesuffix("_nosearch"), []) if self.recipe.smoke else []
         # The quickstart's thread count, not the stage recipe's own: it changes the floats, so it is fingerprinted.
         threads = [f"threads={self.recipe.threads}"]
         protocol = [f"rollout.protocol={self.recipe.protocol}"] if self._tool_call(name) else []
@@ -152,7 +145,7 @@ def through_simulator(recipe: QuickstartRecipe) -> tuple[World, dict[str, str], 
     """Stages 1-4 alone, as `quickstart.main` runs them: `world_and_base`'s, with the simulator's model and
     fingerprint."""
     pipeline, _, world, world_fp, base_fp = first_stages(recipe)
-    simulator_fp = simulator_stage(pipeline, collect_stage(pipeline, base_fp))
+    simulator_fp = simulator_stages(pipeline, world, world_fp, base_fp)
     paths = {**pipeline.paths, "base": str(pipeline.run / "base"),
              "simulator": str(final_model(pipeline.run / "simulator"))}  # fmt: skip
     return world, paths, {"world": world_fp, "base": base_fp, "simulator": simulator_fp}
@@ -252,6 +245,82 @@ def base_stage(pipeline: Pipeline, world: World, world_fp: str, rl_recipe: Train
     return base_fp
 
 
+def simulator_stages(
+    pipeline: Pipeline, world: World, world_fp: str, base_fp: str, announce: Callable[[str, str], None] | None = None
+) -> str:
+    """Stages 3-4: the simulator RL searches, in run/simulator, as the recipe's `simulator` says: `fit`, fine-tuned
+    on BM25's results for RL's own questions (`collect_stage`, `simulator_stage`), or `knowing`
+    (`knowing_stages`). Installed from the release, with nothing before it built, where the release holds this very
+    simulator. Its fingerprint; `announce(key, banner)` as fine-tuning begins."""
+    if pipeline.recipe.simulator == "knowing":
+        return knowing_stages(pipeline, world, world_fp, base_fp, announce)
+    simulator_fp = released_simulator(pipeline, base_fp)  # its SFT data is then not needed here
+    if simulator_fp is None:
+        collect_fp = collect_stage(pipeline, base_fp)
+        if announce is not None:
+            announce("simulator_sft", "4/6 simulator fine-tuning")
+        simulator_fp = simulator_stage(pipeline, collect_fp)
+    return simulator_fp
+
+
+@dataclass(frozen=True)
+class _Knowing:
+    """The knowing simulator's stages in a quickstart run: what they read and the fingerprints known up front."""
+
+    reading: knowing.Reading
+    out: Path  # run/knowing: the knowing base, the fit people's data, their pairs, the SFT file
+    collect: list[str]  # collect.yaml's overrides
+    collect_inputs: list[str]
+    reading_fp: str
+    sft_fp: str
+
+    def finetune(self, run: Path, seed: int) -> list[str]:
+        """simulator.yaml's overrides: the knowing base fine-tuned on the SFT file into run/simulator."""
+        sft = knowing.sft_path(self.out, knowing.KNOWING_DESIGN)
+        return knowing.finetune_overrides(run / "simulator", self.out / "base", sft, self.out / "collect" / "val.jsonl",
+                                          seed)  # fmt: skip
+
+
+def _knowing(pipeline: Pipeline, world_fp: str, base_fp: str) -> _Knowing:
+    recipe, run = pipeline.recipe, pipeline.run
+    design = knowing.KNOWING_DESIGNS[knowing.KNOWING_DESIGN]
+    reading = knowing.SMOKE_READING if recipe.smoke else design.reading
+    out = run / "knowing"
+    return _Knowing(
+        reading=reading,
+        out=out,
+        collect=knowing.collect_overrides(out, run / "base", knowing.fit_paths(out), recipe.seed),
+        collect_inputs=[base_fp, world_fp],  # the policy's base collects, never the knowing base
+        reading_fp=knowing.reading_fingerprint(base_fp, reading, recipe.threads),
+        sft_fp=knowing.sft_fingerprint(knowing.KNOWING_DESIGN, reading, recipe.seed),
+    )
+
+
+def knowing_stages(
+    pipeline: Pipeline, world: World, world_fp: str, base_fp: str, announce: Callable[[str, str], None] | None = None
+) -> str:
+    """Stages 3-4 for `simulator: knowing` (`experiments.knowing`, its design `KNOWING_DESIGN`): the policy's base
+    reads the training and fit people's passages (run/knowing/base), SFT pairs are collected on the fit people
+    (run/knowing/collect), and the knowing base is fine-tuned on them with reading mixed in (run/simulator). It is
+    asked during RL about people it read of and was never fit on; no held-out person's fact is in what it read.
+    Installed from the release, with nothing before it built, where the release holds it. Its fingerprint."""
+    recipe, run = pipeline.recipe, pipeline.run
+    plan = _knowing(pipeline, world_fp, base_fp)
+    _, collect_fp = pipeline.plan("collect", CollectRecipe, plan.collect_inputs, plan.collect)
+    inputs = [collect_fp, plan.reading_fp, plan.sft_fp]
+    _, planned = pipeline.plan("simulator", FinetuneRecipe, inputs, plan.finetune(run, recipe.seed))
+    if released_stage(recipe, "simulator", planned) is None:
+        knowing.reading_stage(run / "base", plan.out / "base", base_fp, world, plan.reading, seed=recipe.seed,
+                              threads=recipe.threads)  # fmt: skip
+        knowing.fit_data(world, plan.out, world_fp)
+        pipeline.stage("collect", CollectRecipe, simulator_collect.main, plan.collect_inputs, plan.collect)
+        if announce is not None:
+            announce("simulator_sft", "4/6 the knowing simulator's fine-tuning (its pairs, with reading mixed in)")
+        knowing.write_sft_file(plan.out, world, knowing.KNOWING_DESIGN, reading=plan.reading, seed=recipe.seed)
+    finetune = plan.finetune(run, recipe.seed)
+    return pipeline.stage("simulator", FinetuneRecipe, simulator_finetune.main, inputs, finetune)
+
+
 def collect_stage(pipeline: Pipeline, base_fp: str) -> str:
     return pipeline.stage("collect", CollectRecipe, simulator_collect.main, [base_fp], _collect_overrides(pipeline))
 
@@ -313,7 +382,13 @@ def planned_fingerprints(recipe: QuickstartRecipe) -> dict[str, str]:
     rl_recipe = load_recipe(TrainRecipe, pipeline.recipes / "train.yaml")
     world_fp = _world_fingerprint(recipe)
     base_fp = _base_fingerprint(recipe, world_fp, rl_recipe)
-    collect_fp, simulator_fp = _planned_collect_and_simulator(pipeline, base_fp)
+    if recipe.simulator == "knowing":
+        plan = _knowing(pipeline, world_fp, base_fp)
+        _, collect_fp = pipeline.plan("collect", CollectRecipe, plan.collect_inputs, plan.collect)
+        inputs = [collect_fp, plan.reading_fp, plan.sft_fp]
+        _, simulator_fp = pipeline.plan("simulator", FinetuneRecipe, inputs, plan.finetune(pipeline.run, recipe.seed))
+    else:
+        collect_fp, simulator_fp = _planned_collect_and_simulator(pipeline, base_fp)
     return {"world": world_fp, "base": base_fp, "collect": collect_fp, "simulator": simulator_fp}
 
 
@@ -449,14 +524,6 @@ def base_settings(recipe: QuickstartRecipe, rl: TrainRecipe) -> dict[str, Any]:
             settings["call_tokens"] = True
     settings["trace_corpus"] = "background people and cities"  # `trace_passages`
     return settings
-
-
-def final_model(train_run: Path) -> Path:
-    """The model of a training run's latest checkpoint (policy or simulator)."""
-    checkpoint = latest_checkpoint(train_run)
-    if checkpoint is None:
-        raise SimsearchError(f"{train_run}: training wrote no checkpoint")
-    return checkpoint / "model"
 
 
 def pretrain_base(

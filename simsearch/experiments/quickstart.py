@@ -2,7 +2,8 @@
 
 Stages: build a fictional world; pretrain a tiny base LM on copy drills and on traces about
 background entities only; collect simulator SFT data with it and BM25 (`simulator collect`);
-fine-tune a tiny simulator (`simulator finetune`); RL the policy against the simulator
+fine-tune a tiny simulator (`simulator finetune`; with `simulator=knowing`, a simulator whose base
+first read the world and whose pairs ask about other people); RL the policy against the simulator
 (`train`), and without search; evaluate both on held-out questions against the simulator,
 BM25, dense retrieval and no search (`eval`), and write `report.json`, `report.md` and plots.
 Stages 3-6 run `recipes/quickstart/` with their paths pointed into the run directory. The stages
@@ -38,6 +39,11 @@ ENGINES = ("simulator", "bm25", "dense", "none")  # none: every search finds not
 # score would be the base's search habit plus 50 steps of noise, not what RL without search learns.
 POLICY_ENGINES = {"base": ENGINES, "rl_search": ENGINES, "rl_nosearch": ("none",)}
 POLICIES = tuple(POLICY_ENGINES)
+COLLECT_BANNERS = {
+    "fit": "3/6 simulator SFT data (base policy x real BM25)",
+    "knowing": "3/6 the knowing simulator: its base reads the world, SFT data on other people (base policy x BM25)",
+}
+"""Stage 3's banner, by `QuickstartRecipe.simulator`."""
 
 
 def main(recipe: QuickstartRecipe) -> dict[str, Any]:
@@ -51,12 +57,8 @@ def main(recipe: QuickstartRecipe) -> dict[str, Any]:
     stages, rl_recipe, world, world_fp, base_fp = pipeline.first_stages(recipe, clock.start)
     run = stages.run
     reading = _base_reading(run / "base", world, rl_recipe, recipe.protocol)
-    clock.start("collect", "3/6 simulator SFT data (base policy x real BM25)")
-    simulator_fp = pipeline.released_simulator(stages, base_fp)  # its SFT data is then not needed here
-    if simulator_fp is None:
-        collect_fp = pipeline.collect_stage(stages, base_fp)
-        clock.start("simulator_sft", "4/6 simulator fine-tuning")
-        simulator_fp = pipeline.simulator_stage(stages, collect_fp)
+    clock.start("collect", COLLECT_BANNERS[recipe.simulator])
+    simulator_fp = pipeline.simulator_stages(stages, world, world_fp, base_fp, clock.start)
     clock.start("rl", "5/6 RL against the simulator, then RL without search")
     policy_fps = {"base": base_fp, **pipeline.rl_stages(stages, base_fp, simulator_fp)}
     clock.start("eval", "6/6 held-out evaluation: simulator, BM25, dense, no search")

@@ -6,7 +6,8 @@ fingerprints and the resolved recipe); `run_stage` runs a command on it and skip
 finished under that fingerprint; `train_stage`, `eval_stage`, `collect_stage` and `finetune_stage` are it
 for one command each.
 `train` and `evaluate` run a loaded recipe with no fingerprint; `examples_file` is where `eval` writes
-one engine's rows. The benchmarks build on these (they import the experiments, never a command).
+one engine's rows; `final_model` is a finished run's model; `SMOKE_STAGES` the quickstart's smoke settings.
+The benchmarks build on these (they import the experiments, never a command).
 """
 
 from __future__ import annotations
@@ -21,19 +22,31 @@ from simsearch.commands import simulator_collect, simulator_finetune
 from simsearch.commands import train as _train
 from simsearch.commands.evaluate import examples_file
 from simsearch.config import CollectRecipe, EvalRecipe, FinetuneRecipe, TrainRecipe, load_recipe
+from simsearch.errors import SimsearchError
 from simsearch.fingerprints import claim_stage, digest, finish_stage
+from simsearch.training.checkpoint import latest_checkpoint
 
 __all__ = [
+    "SMOKE_STAGES",
     "collect_stage",
     "eval_stage",
     "evaluate",
     "examples_file",
+    "final_model",
     "finetune_stage",
     "plan_stage",
     "run_stage",
     "train",
     "train_stage",
 ]
+
+SMOKE_STAGES = {
+    "collect": ["max_questions=32"],
+    "simulator": ["steps=2", "eval_every=1", "batch_size=4"],
+    "train": ["steps=2", "prompts_per_step=2", "rollout.group_size=2", "save_every=1", "eval_every=0"],
+    "eval": ["fidelity_size=4", "chunk_size=8"],
+}
+"""Stage -> the overrides of its run in the quickstart's smoke mode (and of the studies' stages built alike)."""
 
 
 def plan_stage(
@@ -124,3 +137,11 @@ def train(recipe: TrainRecipe) -> dict[str, float]:
 def evaluate(recipe: EvalRecipe) -> dict[str, Any]:
     """`simsearch eval` on `recipe`, with no fingerprint; its summary."""
     return _evaluate.main(recipe)
+
+
+def final_model(train_run: Path) -> Path:
+    """The model of a training run's latest checkpoint (policy or simulator)."""
+    checkpoint = latest_checkpoint(train_run)
+    if checkpoint is None:
+        raise SimsearchError(f"{train_run}: training wrote no checkpoint")
+    return checkpoint / "model"
