@@ -104,7 +104,8 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     from simsearch.experiments import pipeline
 
     root = args.run_dir / f"world_{seed}"
-    overrides = [f"run_dir={root / 'quickstart'}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}"]
+    overrides = [f"run_dir={root / 'quickstart'}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}",
+                 "simulator=fit"]  # fmt: skip
     _, paths, fingerprints = pipeline.through_simulator(load_recipe(QuickstartRecipe, None, overrides))
     runs = []
     for name, arm in ARMS.items():

@@ -285,10 +285,11 @@ def spread(values: Sequence[float], digits: int = 1) -> str:
 
 
 def quickstart_recipe(run_dir: Path, seed: int, args: argparse.Namespace, *overrides: str) -> Any:
-    """The quickstart's recipe of world `seed` run in `run_dir`, at `args`' smoke and threads, plus `overrides`."""
+    """The quickstart's recipe of world `seed` run in `run_dir`, at `args`' smoke and threads, with the fit simulator
+    (the one the studies were designed on, whatever the quickstart's default), plus `overrides`."""
     from simsearch.config import QuickstartRecipe, load_recipe
 
-    settings = [f"run_dir={run_dir}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}"]
+    settings = [f"run_dir={run_dir}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}", "simulator=fit"]
     return load_recipe(QuickstartRecipe, None, [*settings, *overrides])
 
 
