@@ -29,7 +29,9 @@ VOLATILE = {"wall_s", "stage_s", "peak_rss_gb"}
 
 
 def _smoke(run_dir: Path, *overrides: str) -> dict:
-    return quickstart.main(load_recipe(QuickstartRecipe, None, [f"run_dir={run_dir}", "smoke=true", *overrides]))
+    """The smoke quickstart with the fit simulator (the knowing one: tests/experiments/test_quickstart_knowing.py)."""
+    settings = [f"run_dir={run_dir}", "smoke=true", "simulator=fit"]
+    return quickstart.main(load_recipe(QuickstartRecipe, None, [*settings, *overrides]))
 
 
 def _train_metrics(run_dir: Path) -> list[dict]:
