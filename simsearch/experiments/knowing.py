@@ -1,8 +1,11 @@
 """The knowing simulator: a simulator that has read the world, as an LLM has read Wikipedia, and is fit on
 other people than the ones RL asks about (`tinyworld.knowing`); and its fidelity to BM25 before any RL.
 
-`KNOWING_DESIGNS` are the ways it can be made; `knowing_simulator` builds one design's stages for a
-quickstart world (fingerprinted, reused when finished), `measure_fidelity` measures it.
+`KNOWING_DESIGNS` are the ways it can be made. Its stages, each fingerprinted and reused when finished: the
+base reads (`reading_stage`), the fit people's data (`fit_data`), their pairs collected (`collect_overrides`),
+the SFT file (`write_sft_file`) and the fine-tuning (`finetune_overrides`). `knowing_simulator` runs them for a
+study under RUN/knowing; the quickstart's `simulator=knowing` runs them as its stages 3-4
+(`experiments.pipeline.knowing_stages`). `measure_fidelity` measures it against BM25 before any RL.
 """
 
 from __future__ import annotations
