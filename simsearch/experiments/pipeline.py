@@ -110,7 +110,7 @@ class Pipeline:
 RELEASED = "released.json"  # in a stage folder installed from the release: where its model was built
 RELEASE = Path(__file__).resolve().parents[1] / "tinyworld" / "release"
 """The default world's models, shipped with the package: `release.json` gives each released stage (`base`,
-`simulator`) the fingerprint it was built under, the folder here that holds it, and where it was built."""
+`simulator`) the fingerprint it was built under, the folder here that holds it, and where it was built (`built`)."""
 
 
 def released_stage(recipe: QuickstartRecipe, stage: str, fingerprint: str) -> Path | None:
@@ -128,8 +128,8 @@ def install_released(recipe: QuickstartRecipe, stage: str, fingerprint: str, out
     if source is None:
         return False
     shutil.copytree(source, out, dirs_exist_ok=True)
-    index = json.loads((RELEASE / "release.json").read_text())
-    (out / RELEASED).write_text(json.dumps({"stage": stage, **index["built"]}, indent=2) + "\n")
+    built = json.loads((RELEASE / "release.json").read_text())["stages"][stage]["built"]
+    (out / RELEASED).write_text(json.dumps({"stage": stage, **built}, indent=2) + "\n")
     print(f"quickstart: {stage}: the default world's released model (built under this very fingerprint; "
           "released=false builds it here)", flush=True)  # fmt: skip
     return True

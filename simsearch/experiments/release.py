@@ -7,8 +7,14 @@ most of its time on a CPU. So the default recipe's base and simulator ship in
 `simsearch/tinyworld/release/`, each under the fingerprint of the stage that built it; the quickstart
 installs one where its own stage has that very fingerprint (`pipeline.install_released`), as a user
 loads a hub model, and builds every other world or setting itself (`released=false`: every stage).
-`release.json` names the commit, CPU and library versions that built them. The simulator's checkpoint
-ships without its optimizer state: it is a finished stage, never resumed.
+`release.json` names, for each, the commit, CPU and library versions that built it. The simulator's
+checkpoint ships without its optimizer state: it is a finished stage, never resumed.
+
+    python -m simsearch.experiments.release runs/release --keep-released   # the released stages kept, the rest built
+
+`--keep-released` installs each stage the release holds under the very fingerprint the recipe gives it and
+builds the others (a new simulator ships on the same base bytes, which a base built on another CPU would
+not have); each stage keeps the provenance of the machine that built it.
 """
 
 from __future__ import annotations
@@ -31,11 +37,13 @@ BASE_FILES = ("config.json", "generation_config.json", "model.safetensors", "tok
 """What a tiny model folder holds (`models.save_tiny`): the files shipped of each model."""
 
 
-def build(run_dir: Path, release: Path = pipeline.RELEASE) -> dict:
-    """Stages 1-4 of the default quickstart in `run_dir` (every stage built: `released=false`), then their base and
-    simulator copied into `release` with `release.json`; returns what it holds."""
+def build(run_dir: Path, release: Path = pipeline.RELEASE, *, keep_released: bool = False) -> dict:
+    """Stages 1-4 of the default quickstart in `run_dir` (every stage built, or with `keep_released` those the
+    release holds installed), then their base and simulator copied into `release` with `release.json`; returns
+    what it holds."""
     commit = _commit()  # the code that builds them, before anything can change it
-    recipe = load_recipe(QuickstartRecipe, None, [f"run_dir={run_dir}", "released=false"])
+    released = "true" if keep_released else "false"
+    recipe = load_recipe(QuickstartRecipe, None, [f"run_dir={run_dir}", f"released={released}"])
     pipeline.through_simulator(recipe)
     return ship(Path(recipe.run_dir), release, commit=commit)
 
@@ -57,18 +65,23 @@ def ship(run: Path, release: Path, *, commit: str) -> dict:
     state = torch.load(checkpoint / STATE_FILE, weights_only=True)
     torch.save({key: value for key, value in state.items() if key != "optimizer"}, shipped / STATE_FILE)
     shutil.copy2(run / "simulator" / "metrics.jsonl", release / "simulator" / "metrics.jsonl")
+    here = {**quickstart.machine(), "cpu_capability": torch.backends.cpu.get_cpu_capability(), "commit": commit}
     index = {
         "stages": {
-            stage: {"fingerprint": stage_fingerprint(run / stage), "folder": stage} for stage in ("base", "simulator")
-        },
-        "built": {
-            **quickstart.machine(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "commit": commit,
-        },
+            stage: {"fingerprint": stage_fingerprint(run / stage), "folder": stage, "built": _built(run / stage, here)}
+            for stage in ("base", "simulator")
+        }
     }
     (release / "release.json").write_text(json.dumps(index, indent=2) + "\n")
     return index
+
+
+def _built(stage: Path, here: dict) -> dict:
+    """Where the model of the finished `stage` was built: where the release that installed it says, else `here`."""
+    marker = stage / pipeline.RELEASED
+    if not marker.is_file():
+        return here
+    return {key: value for key, value in json.loads(marker.read_text()).items() if key != "stage"}
 
 
 def _commit() -> str:
@@ -88,8 +101,9 @@ def _commit() -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="where the stages are built (kept: a rerun reuses them)")
+    parser.add_argument("--keep-released", action="store_true", help="install the stages the release holds")
     args = parser.parse_args(argv)
-    index = build(args.run_dir)
+    index = build(args.run_dir, keep_released=args.keep_released)
     print(json.dumps(index, indent=2))
 
 

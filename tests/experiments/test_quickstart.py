@@ -267,7 +267,8 @@ def test_a_released_base_and_simulator_are_installed_not_built(smoke_run, tmp_pa
     assert {stage: entry["fingerprint"] for stage, entry in index["stages"].items()} == {
         stage: stage_fingerprint(first_dir / stage) for stage in ("base", "simulator")
     }
-    assert json.loads((release / "release.json").read_text()) == index and index["built"]["commit"] == "abc1234"
+    assert json.loads((release / "release.json").read_text()) == index
+    assert {entry["built"]["commit"] for entry in index["stages"].values()} == {"abc1234"}
     monkeypatch.setattr(pipeline, "RELEASE", release)
     monkeypatch.setattr(pipeline, "pretrain_base", _refuse)
     monkeypatch.setattr(pipeline.simulator_finetune, "main", _refuse)
@@ -281,7 +282,11 @@ def test_a_released_base_and_simulator_are_installed_not_built(smoke_run, tmp_pa
     }
     for model in ("base/model.safetensors", "simulator/checkpoints/step_0000002/model/model.safetensors"):
         assert (tmp_path / "run" / model).read_bytes() == (first_dir / model).read_bytes()
-    assert json.loads((tmp_path / "run" / "base" / pipeline.RELEASED).read_text())["stage"] == "base"
+    installed = json.loads((tmp_path / "run" / "base" / pipeline.RELEASED).read_text())
+    assert installed == {"stage": "base", **index["stages"]["base"]["built"]}
+    # Shipped again from the run that installed it, the base keeps the provenance of the machine that built it.
+    again = release_command.ship(tmp_path / "run", tmp_path / "again", commit="def5678")
+    assert again["stages"]["base"]["built"]["commit"] == "abc1234"
     # released=false builds the base here; another world's base fingerprint is not the released one.
     with pytest.raises(Built):
         _smoke(tmp_path / "built", "released=false")
