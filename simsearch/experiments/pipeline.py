@@ -6,11 +6,11 @@ about background entities only (`base_stage`, `pretrain_base`); collect simulato
 and BM25 (`collect_stage`: `simulator collect`); fine-tune a tiny simulator (`simulator_stage`:
 `simulator finetune`), or build the knowing one (`knowing_stages`), as `simulator_stages` chooses; RL
 the policy against the simulator and without search (`rl_stages`: `train`); evaluate one policy
-(`eval_stage`: `eval`). Stages 3-6 run `recipes/quickstart/` with
-their paths pointed into the run directory (`Pipeline.stage`). `world_and_base` and
-`through_simulator` run stages 1-2 and 1-4 alone, as the benchmarks do; `planned_fingerprints`
-computes stages 1-4's fingerprints without running anything. The default world's base and simulator
-ship in `simsearch/tinyworld/release/` (`RELEASE`), installed where a stage's fingerprint is theirs.
+(`eval_stage`: `eval`). Stages 3-6 run `recipes/quickstart/` with their paths pointed into the run
+directory (`Pipeline.stage`). `world_and_base` and `through_simulator` run stages 1-2 and 1-4 alone,
+as the benchmarks do; `planned_fingerprints` computes stages 1-4's fingerprints without running anything.
+The default world's base and simulator ship in `simsearch/tinyworld/release/` (`RELEASE`), installed where
+a stage's fingerprint is theirs.
 """
 
 from __future__ import annotations
@@ -281,6 +281,15 @@ class _Knowing:
                                           seed)  # fmt: skip
 
 
+def _planned_knowing(pipeline: Pipeline, plan: _Knowing) -> tuple[str, list[str], str]:
+    """The knowing simulator's collect fingerprint, its SFT stage's inputs and fingerprint, without running them."""
+    _, collect_fp = pipeline.plan("collect", CollectRecipe, plan.collect_inputs, plan.collect)
+    inputs = [collect_fp, plan.reading_fp, plan.sft_fp]
+    finetune = plan.finetune(pipeline.run, pipeline.recipe.seed)
+    _, simulator_fp = pipeline.plan("simulator", FinetuneRecipe, inputs, finetune)
+    return collect_fp, inputs, simulator_fp
+
+
 def _knowing(pipeline: Pipeline, world_fp: str, base_fp: str) -> _Knowing:
     recipe, run = pipeline.recipe, pipeline.run
     design = knowing.KNOWING_DESIGNS[knowing.KNOWING_DESIGN]
@@ -306,9 +315,7 @@ def knowing_stages(
     Installed from the release, with nothing before it built, where the release holds it. Its fingerprint."""
     recipe, run = pipeline.recipe, pipeline.run
     plan = _knowing(pipeline, world_fp, base_fp)
-    _, collect_fp = pipeline.plan("collect", CollectRecipe, plan.collect_inputs, plan.collect)
-    inputs = [collect_fp, plan.reading_fp, plan.sft_fp]
-    _, planned = pipeline.plan("simulator", FinetuneRecipe, inputs, plan.finetune(run, recipe.seed))
+    _, inputs, planned = _planned_knowing(pipeline, plan)
     if released_stage(recipe, "simulator", planned) is None:
         knowing.reading_stage(run / "base", plan.out / "base", base_fp, world, plan.reading, seed=recipe.seed,
                               threads=recipe.threads)  # fmt: skip
@@ -383,10 +390,7 @@ def planned_fingerprints(recipe: QuickstartRecipe) -> dict[str, str]:
     world_fp = _world_fingerprint(recipe)
     base_fp = _base_fingerprint(recipe, world_fp, rl_recipe)
     if recipe.simulator == "knowing":
-        plan = _knowing(pipeline, world_fp, base_fp)
-        _, collect_fp = pipeline.plan("collect", CollectRecipe, plan.collect_inputs, plan.collect)
-        inputs = [collect_fp, plan.reading_fp, plan.sft_fp]
-        _, simulator_fp = pipeline.plan("simulator", FinetuneRecipe, inputs, plan.finetune(pipeline.run, recipe.seed))
+        collect_fp, _, simulator_fp = _planned_knowing(pipeline, _knowing(pipeline, world_fp, base_fp))
     else:
         collect_fp, simulator_fp = _planned_collect_and_simulator(pipeline, base_fp)
     return {"world": world_fp, "base": base_fp, "collect": collect_fp, "simulator": simulator_fp}
