@@ -605,7 +605,7 @@ class ServeRecipe:
             check_positive(name, getattr(self, name))
 
 
-QUICKSTART_SIMULATORS = ("fit", "knowing")
+QUICKSTART_SIMULATORS = ("knowing", "fit")
 """The quickstart's simulators (`QuickstartRecipe.simulator`)."""
 
 
@@ -632,10 +632,10 @@ class QuickstartRecipe:
     )
     threads: int = _threads()
     simulator: str = setting(
-        "fit",
-        "the simulator RL searches: fit (fine-tuned on BM25's results for RL's own questions) or knowing (its base "
-        "read the world's passages, as an LLM reads Wikipedia, and it is fine-tuned on other people's: "
-        "docs/controls.md)",
+        "knowing",
+        "the simulator RL searches: knowing (its base read the world's passages, as an LLM reads Wikipedia, and it is "
+        "fine-tuned on BM25's results for other people's questions; the default by docs/controls.md's rule) or fit "
+        "(fine-tuned on BM25's results for RL's own questions)",
     )
     released: bool = setting(
         True,

@@ -13,7 +13,9 @@ runs whose policy is `tests.scripted.ScriptedAgent` (its turns depend on no floa
 same searches with the same noisy counts, train on the same tokens and masks, and log the same
 rewards, curriculum and search counts. After a change meant to alter behaviour, record again on a
 checkout of the change, on each machine: `python -m tests.test_same_behaviour --write` (it replaces
-this machine's record, or adds one, and the portable record; `--only` drops the other machines').
+this machine's record, or adds one, and the portable record; `--only` drops the other machines'). A
+record whose quickstart run a change made stale, on a machine not at hand, keeps its train runs and
+loses its quickstart run, whose test then skips there.
 """
 
 from __future__ import annotations
@@ -254,6 +256,9 @@ def test_train_runs_give_the_recorded_metrics_trajectories_and_weights(recorded,
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_quickstart_smoke_pipeline_gives_the_recorded_files(recorded, tmp_path: Path) -> None:
+    if "quickstart" not in recorded:
+        pytest.skip("this machine's record holds no quickstart run since the quickstart's default changed (the knowing "
+                    "simulator): record one on it with `python -m tests.test_same_behaviour --write`")  # fmt: skip
     now = quickstart_run(tmp_path)
     then = recorded["quickstart"]
     differ = sorted(k for k in now.keys() | then.keys() if now.get(k) != then.get(k))

@@ -44,6 +44,8 @@ COLLECT_BANNERS = {
     "knowing": "3/6 the knowing simulator: its base reads the world, SFT data on other people (base policy x BM25)",
 }
 """Stage 3's banner, by `QuickstartRecipe.simulator`."""
+SIMULATORS = {"knowing": "the knowing one: it read the world, fit on other people", "fit": "fit on RL's own questions"}
+"""How report.md names the simulator, by `QuickstartRecipe.simulator`."""
 
 
 def main(recipe: QuickstartRecipe) -> dict[str, Any]:
@@ -178,13 +180,14 @@ def _report(
         "fidelity": summaries["rl_search"]["fidelity"],
     }
     (run / "report.json").write_text(json.dumps(result, indent=2) + "\n")
-    (run / "report.md").write_text(_report_markdown(recipe.smoke, em, baselines, diagnostics, wall_s, peak_rss_gb))
+    markdown = _report_markdown(recipe, em, baselines, diagnostics, wall_s, peak_rss_gb)
+    (run / "report.md").write_text(markdown)
     _plot_report(run, summaries)
     return result
 
 
 def _report_markdown(
-    smoke: bool,
+    recipe: QuickstartRecipe,
     em: dict[str, dict[str, float]],
     baselines: dict[str, float],
     diagnostics: dict[str, dict[str, Any]],
@@ -193,10 +196,11 @@ def _report_markdown(
 ) -> str:
     """report.md: the held-out exact-match table, the RL policy's baselines and the diagnostics."""
     lines = [
-        "# simsearch quickstart" + (" (smoke: a pipeline check, not a result)" if smoke else ""),
+        "# simsearch quickstart" + (" (smoke: a pipeline check, not a result)" if recipe.smoke else ""),
         "",
-        "Held-out exact match (%), greedy; the RL policy only ever searched the simulator, and the",
-        "no-search policy never got a search result (none: every search finds nothing).",
+        "Held-out exact match (%), greedy; the RL policy only ever searched the simulator",
+        f"({SIMULATORS[recipe.simulator]}), and the no-search policy never got a search result (none: every",
+        "search finds nothing).",
         "",
         "| policy | " + " | ".join(ENGINES) + " |",
         "|---|" + "---|" * len(ENGINES),

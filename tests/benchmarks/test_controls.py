@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks import controls, study
 from benchmarks import naming as naming_probe
+from simsearch.config import QuickstartRecipe, load_recipe
 from simsearch.experiments import knowing
 
 KEYS = {
@@ -273,6 +274,25 @@ def test_the_reporting_records_render_the_pages_results_and_the_readme_headline_
     assert block(doc.read_text(), "results")[2:] == committed[2:]
     assert "Measured at commit f0358f4 on AMD EPYC, AVX2 kernels" in committed[1]
     assert block(readme.read_text(), "headline") == block((repo / "README.md").read_text(), "headline")
+
+
+def test_the_development_records_render_the_pages_block_and_pick_the_quickstarts_simulator(tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    doc = tmp_path / "controls.md"
+    doc.write_text((repo / "docs" / "controls.md").read_text())
+    argv = ["--seeds", "100", "101", "102", "--aggregate", "--run-dir", str(repo / "docs" / "controls" / "development")]
+    figures = controls.main([*argv, "--out", str(doc)])
+    assert figures["world_set"] == "development"
+
+    def block(text: str) -> list[str]:
+        return text.split("<!-- development -->")[1].split("<!-- /development -->")[0].splitlines()
+
+    committed = block((repo / "docs" / "controls.md").read_text())
+    assert block(doc.read_text())[2:] == committed[2:] and "Measured at commit f0358f4" in committed[1]
+    # The rule written before these runs: the knowing simulator is the quickstart's default if its arm's mean
+    # held-out BM25 EM over the development worlds is no more than 5 points below the simulator arm's.
+    knowing_wins = figures["knowing_em_bm25_mean"] >= figures["sim_em_bm25_mean"] - 5
+    assert load_recipe(QuickstartRecipe, None, []).simulator == ("knowing" if knowing_wins else "fit")
 
 
 def test_arms_not_run_are_carried_from_a_record_of_the_same_world_and_base() -> None:

@@ -35,7 +35,7 @@ def knowing_run(tmp_path_factory) -> tuple[Path, dict]:
 
 
 def test_an_unknown_simulator_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(RecipeError, match=r"simulator='oracle' is not one of fit, knowing"):
+    with pytest.raises(RecipeError, match=r"simulator='oracle' is not one of knowing, fit"):
         load_recipe(QuickstartRecipe, None, [f"run_dir={tmp_path}", "simulator=oracle"])
 
 
