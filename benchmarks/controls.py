@@ -506,7 +506,7 @@ def charts(figures: dict[str, Any], out: Path, worlds: Any = None) -> None:
 
 HEADLINE_ROWS = {
     "base": "base, no RL",
-    "simulator": "RL against the quickstart's simulator (fit on RL's own questions)",
+    "simulator": "RL against a simulator fit on RL's own questions (the quickstart's when these ran)",
     "knowing": "RL against a simulator that knows the world (never fit on RL's people)",
     "oracle": "RL against an oracle that shows the answer whatever the query",
     "bm25": "RL against real BM25 (the reference)",
