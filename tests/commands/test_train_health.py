@@ -2,8 +2,8 @@
 
 A deliberately tiny threshold makes an alarm fire at step 2: `entropy_high` with a one-step
 baseline and window, at 1.05 x the first step's entropy. On the toy world at `optim.lr=1e-3` the
-second step's entropy is about 1.5 x the first's (0.34 against 0.22), and after a rollback at half
-the learning rate still about 1.4 x (0.31).
+second step's entropy is 1.07 to 1.5 x the first's, by CPU. The rollback test needs a second alarm
+after the rollback at half the rate, which entropy gives on some CPUs only: it uses `EVERY_CPU`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from tests.toy_world import TRAIN_SETTINGS, build_world
 TINY = {"health.baseline_steps": 1, "health.window": 1, "health.rules": "[entropy_high]",
         "health.entropy_high": 1.05}  # fmt: skip
 """An alarm at step 2 (see the module docstring)."""
+EVERY_CPU = {"health.rules": "[no_signal]", "health.flat_max": 0.0, "health.flat_window": 2}
+"""An alarm at step 2 on any CPU: the mean of a share of flat groups over two steps is always >= 0."""
 
 
 @pytest.fixture(scope="module")
@@ -78,17 +80,17 @@ def test_stop_saves_the_step_and_exits_with_the_health_status(world: Path, tmp_p
 
 def test_rollback_reloads_with_the_lr_scaled_then_stops_past_max_rollbacks(world: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    recipe = _recipe(world, run_dir, steps=3, save_every=1,
+    # Whether entropy_high fires again after the rollback depends on the CPU's floats: a rule that always fires.
+    recipe = _recipe(world, run_dir, steps=3, save_every=1, **EVERY_CPU,
                      **{"health.on_alarm": "rollback", "health.max_rollbacks": 1, "health.lr_scale": 0.5})  # fmt: skip
     with pytest.raises(SystemExit) as stopped:
         train.main(recipe)
     assert stopped.value.code == STOP_STATUS
     first, rolled, second = _health(run_dir)
-    assert (first["step"], first["action"]) == (2, "rollback")
-    # window 1: the values of step 2 came from step 1's weights, so the run goes back before it: the start
+    assert (first["step"], first["rule"], first["action"]) == (2, "no_signal", "rollback")
+    # window 2: the values of steps 1 and 2 came from the weights before each, so the run goes back to the start
     assert (rolled["action"], rolled["to_step"], rolled["lr_scale"]) == ("rolled_back", 0, 0.5)
     assert (second["step"], second["action"]) == (2, "stop")  # fired again after 1 of 1 rollbacks
-    assert second["value"] < first["value"]  # half the learning rate moved the entropy less
     assert (run_dir / "checkpoints" / "rolled_back" / "step_0000001").is_dir()
     rows = read_metrics(run_dir)  # the replayed steps, at half the rate
     assert [r["step"] for r in rows] == [1, 2]
