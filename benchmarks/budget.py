@@ -20,6 +20,7 @@ seconds of RL, mean over worlds), `interval_method`, `by_world` and the runner's
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -39,39 +40,32 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """The quickstart, then the RL stage at each budget and its policy's held-out EM; the world's record."""
     from simsearch.config import TrainRecipe, load_recipe
     from simsearch.experiments import pipeline, quickstart
-    from simsearch.fingerprints import stage_fingerprint
 
-    root = args.run_dir / f"world_{seed}"
-    qs = study.quickstart_recipe(root / "quickstart", seed, args)
+    run = study.Run(seed, args)
+    qs = study.quickstart_recipe(run.root / "quickstart", seed, args)
     report = quickstart.main(qs)  # sets this process's torch threads
-    run = Path(qs.run_dir)
+    qs_dir, (run.paths, run.fingerprints) = Path(qs.run_dir), pipeline.finished_run(Path(qs.run_dir))
     full, em, rl_s = SMOKE_FULL if args.smoke else FULL, {}, {}
     budgets = SMOKE_BUDGETS if args.smoke else BUDGETS
-    if load_recipe(TrainRecipe, run / "train" / "recipe.yaml", []).steps == full:  # the quickstart ran it
+    if load_recipe(TrainRecipe, qs_dir / "train" / "recipe.yaml", []).steps == full:  # the quickstart ran it
         em[str(full)] = {engine: report["em"]["rl_search"][engine] for engine in ENGINES}
-        rl_s[str(full)] = rl_seconds(run / "train")
+        rl_s[str(full)] = rl_seconds(qs_dir / "train")
     else:
         budgets = (*budgets, full)
-    paths = {name: str(run / "world" / f"{name}.jsonl") for name in ("corpus", "train", "test")}
-    paths.update({name: str(run / "index" / name) for name in ENGINES})
-    fingerprints = {stage: stage_fingerprint(run / stage) for stage in ("world", "base", "simulator")}
     for steps in budgets:
-        out = root / "budget" / f"steps_{steps}"
+        cache = run.root / "cache" / f"budget_{steps}.sqlite"
         overrides = [
-            f"steps={steps}", f"threads={args.threads}", f"search.cache={root / 'cache' / f'budget_{steps}'}.sqlite",
-            f"search.simulator.generation.model.path={pipeline.final_model(run / 'simulator')}",
+            f"steps={steps}", f"threads={args.threads}", f"search.cache={cache}",
+            f"search.simulator.generation.model.path={run.paths['simulator']}",
             *(["save_every=1"] if args.smoke else []),  # as the quickstart's smoke
         ]  # fmt: skip
-        policy_fp = study.train(out, seed=seed, base=str(run / "base"), questions=paths["train"],
-                                inputs=[fingerprints["base"], fingerprints["simulator"]], overrides=overrides,
+        out = run.root / "budget" / f"steps_{steps}"
+        policy_fp = study.train(out, seed=seed, base=run.paths["base"], questions=run.paths["train"],
+                                inputs=[run.fingerprints["base"], run.fingerprints["simulator"]], overrides=overrides,
                                 smoke=args.smoke)  # fmt: skip
-        rows = study.evaluate(
-            root / "eval_budget" / f"steps_{steps}", pipeline.final_model(out), seed=seed,
-            datasets={"heldout": paths["test"]}, limit=SMOKE_LIMIT if args.smoke else 0,
-            engines={e: (paths["corpus"], paths[e]) for e in ENGINES}, keep={e: e for e in ENGINES},
-            inputs=[policy_fp, fingerprints["world"]], overrides=[f"threads={args.threads}"], smoke=args.smoke,
-        )  # fmt: skip
-        em[str(steps)] = {engine: 100.0 * rows[engine]["average"]["em"] for engine in ENGINES}
+        em[str(steps)] = run.heldout_em(run.root / "eval_budget" / f"steps_{steps}", pipeline.final_model(out),
+                                        [policy_fp, run.fingerprints["world"]], ENGINES, [f"threads={args.threads}"],
+                                        smoke_limit=SMOKE_LIMIT)  # fmt: skip
         rl_s[str(steps)] = rl_seconds(out)
     return {"full": full, "em": em, "rl_s": rl_s}
 
@@ -171,8 +165,7 @@ STUDY = study.Study(
 )
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    return study.main(STUDY, argv)
+main = functools.partial(study.main, STUDY)
 
 
 if __name__ == "__main__":

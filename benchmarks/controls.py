@@ -3,27 +3,23 @@
     python -m benchmarks.controls --seeds 200 201 202 203 204 205 --jobs 2 --threads 1  # the reporting worlds
     python -m benchmarks.controls --seeds 100 101 102 --jobs 2 --threads 1   # development worlds
     python -m benchmarks.controls --smoke                                    # a pipeline check
-    python -m benchmarks.controls --seeds 100 101 --aggregate                # worlds run in parts, summarized
     python -m benchmarks.controls --seeds 0 1 --arms noisy --borrow docs/controls/avx512  # some arms again
     python -m benchmarks.controls --seeds 0 1 --aggregate --compare docs/controls/avx512  # against earlier runs
 
-Per world (seed): `simsearch quickstart` in RUN_DIR/world_SEED (its RL run is the simulator arm), the
-knowing simulator (`simsearch.experiments.knowing`) and its fidelity to BM25, then one RL run per arm of
-`ARMS` on the same base with `recipes/quickstart/train.yaml`, only the engine in the loop changed (each
-arm's purpose: docs/controls.md). Every policy and the base are evaluated greedily on the held-out
-questions against BM25 and dense; `STEP_ARMS` also at every kept checkpoint. `--arms` runs some arms and
-takes the others from an earlier record of the same world and base (RUN_DIR's, or `--borrow DIR`'s);
-`--compare DIR` pairs each arm whose EM moved with DIR's records of the same worlds. `--gate` runs the
-knowing designs' fidelity gate only.
+Per world: `simsearch quickstart` in RUN_DIR/world_SEED (its RL run is the simulator arm), the knowing
+simulator and its fidelity to BM25 (`simsearch.experiments.knowing`), then one RL run per arm of `ARMS` on the
+same base and recipe, only the engine in the loop changed (each arm's purpose: docs/controls.md); every policy
+evaluated greedily on the held-out questions against BM25 and dense, `STEP_ARMS` at every checkpoint too.
+`--arms` takes the arms not run from an earlier record of the same world and base (RUN_DIR's, or `--borrow`'s);
+`--compare DIR` pairs each arm whose EM moved with DIR's records; `--gate` measures the knowing simulator only.
 
-Prints mean ± sd per arm and paired differences with 95% t-intervals over worlds, and as its last line
-one JSON object: `knowing_em_bm25_mean` / `_min`, `oracle_em_bm25_mean`, `knowing_over_oracle_mean` /
-`_ci_low` / `_ci_high`, `knowing_share_of_bm25_loop_gain`, `sim_em_bm25_mean` / `_min`,
-`sim_over_best_control_mean` / `_ci_low` / `_ci_high` (the best control: per world the highest on BM25
-of `CONTROLS`), `sim_share_of_bm25_loop_gain` ((arm - base) / (bm25 arm - base)), `interval_method`,
-`wall_s_max`, `peak_rss_gb_max`, `world_set` (`world_set`) and the detail per world. docs/controls.md's
-`results` block and the README's headline take the reporting worlds (`REPORTING_WORLDS`, all six),
-its `development` block any other set, a partial set nothing.
+Prints mean ± sd per arm and paired differences with 95% t-intervals over worlds, and as its last line one
+JSON object: `knowing_em_bm25_mean` / `_min`, `oracle_em_bm25_mean`, `knowing_over_oracle_mean` / `_ci_low` /
+`_ci_high`, `knowing_share_of_bm25_loop_gain`, `sim_em_bm25_mean` / `_min`, `sim_over_best_control_mean` /
+`_ci_low` / `_ci_high` (per world the best of `CONTROLS` on BM25), `sim_share_of_bm25_loop_gain` ((arm - base) /
+(bm25 arm - base)), `interval_method`, `wall_s_max`, `peak_rss_gb_max`, `world_set` and the detail per world.
+The reporting worlds (`REPORTING_WORLDS`, all six) write docs/controls.md's `results` block and the README's
+headline, any other set its `development` block, a partial set nothing.
 """
 
 from __future__ import annotations
@@ -54,7 +50,7 @@ from simsearch.experiments import probes
 from simsearch.experiments.knowing import KNOWING_DESIGN, KNOWING_DESIGNS, knowing_simulator, measure_fidelity
 
 ARMS: dict[str, study.Arm] = {
-    "knowing": study.Arm({"search.simulator.generation.model.path": Of("knowing")}),
+    "knowing": study.Arm(simulator="knowing"),
     "oracle": study.Arm({"search.kind": "oracle", "search.corpus": Of("corpus"), "search.index_dir": Of("bm25"),
                          **NO_NOISE}),
     "bm25": study.Arm({"search.kind": "bm25", "search.corpus": Of("corpus"), "search.index_dir": Of("bm25"),
@@ -93,7 +89,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=list(ARMS), help="control arms to run")
     parser.add_argument(
         "--knowing",
         choices=tuple(KNOWING_DESIGNS),
@@ -149,98 +144,92 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     controls.json keeps what the earlier run recorded of them (commit, times, machine): only what
     ran now is recorded as now.
     """
-    from simsearch.experiments import pipeline
+    from simsearch.experiments import pipeline, quickstart
 
     where = provenance()  # the code this world runs, before anything can change it
-    root = args.run_dir / f"world_{seed}"
-    previous = json.loads((root / "controls.json").read_text()) if (root / "controls.json").is_file() else {}
-    qs, report, paths, fingerprints = run_quickstart(root, seed, args)
+    run = study.Run(seed, args)
+    record = run.root / "controls.json"
+    previous = json.loads(record.read_text()) if record.is_file() else {}
+    qs, report = run_quickstart(run)
     here = {"commit": where["commit"], "quickstart_wall_s": report["wall_s"],
             "quickstart_peak_rss_gb": report["peak_rss_gb"],
             "machine": {**report["machine"], "cpu_capability": where["cpu_capability"]}}  # fmt: skip
     recorded = previous.get("fingerprints", {})
-    if {stage: recorded.get(stage) for stage in fingerprints} == fingerprints:  # the quickstart part was reused
+    if all(recorded.get(stage) == fp for stage, fp in run.fingerprints.items()):  # the quickstart part was reused
         here = {key: previous[key] for key in here}
-    world = pipeline.recipe_world(qs)
-    fidelity: dict[str, Any] = {}
-    if "knowing" in args.arms:
-        fingerprints["knowing"], paths["knowing"] = knowing_simulator(
-            root, seed, paths, fingerprints, world, design=args.knowing, recipes=RECIPES, threads=args.threads,
-            smoke=args.smoke,
-        )  # fmt: skip
-        fidelity = {"design": args.knowing, **_fidelity(root, world, paths, args)}
+    world = pipeline.recipe_world(qs)  # the quickstart's, in memory
+    fidelity = knowing_arm(run, world) if "knowing" in args.arms else {}
     em = {"base": _real(report["em"]["base"]), "simulator": _real(report["em"]["rl_search"])}
-    arm_runs = run_arms(root, seed, paths, fingerprints, em, previous.get("arm_runs", {}), where["commit"], args)
-    runs = {"simulator": fingerprints["train"], **{arm: run_["fingerprint"] for arm, run_ in arm_runs.items()}}
-    step_policies = {arm: fp for arm, fp in runs.items() if arm in STEP_ARMS}
+    arm_runs = run_arms(run, em, previous.get("arm_runs", {}), where["commit"])
+    runs = {
+        "simulator": run.fingerprints["train"],
+        **{arm: arm_run["fingerprint"] for arm, arm_run in arm_runs.items()},
+    }
+    naming = {arm: quickstart.evaluation_query_naming(run.root / "eval" / arm, world) for arm in args.arms}
     result = {
         "seed": seed,
         "commit": here["commit"],
         "em": em,
-        "em_steps": em_at_checkpoints(root, seed, paths, fingerprints, step_policies, args),
+        "em_steps": em_at_checkpoints(run, {arm: fp for arm, fp in runs.items() if arm in STEP_ARMS}),
         "fidelity": fidelity or previous.get("fidelity", {}),
         "quickstart_wall_s": here["quickstart_wall_s"],
         "quickstart_peak_rss_gb": here["quickstart_peak_rss_gb"],
-        "arm_s": {arm: run_["s"] for arm, run_ in arm_runs.items()},
+        "arm_s": {arm: arm_run["s"] for arm, arm_run in arm_runs.items()},
         "arm_runs": arm_runs,
-        "fingerprints": fingerprints,
-        # how each policy's first held-out BM25 query names the asked person
-        "query_naming": {**report["query_naming"], **_arms_query_naming(qs, root, args.arms)},
-        # the simulator arm's engines
-        "sim_rl_searches_by_kind": probes.searches_by_kind(root / "quickstart" / "train"),
-        "answer_in_results": {
-            arm: probes.answer_in_results(root / "train" / arm if arm in ARMS else root / "quickstart" / "train")
-            for arm in ("simulator", *args.arms)
-        },
+        "fingerprints": run.fingerprints,
+        "query_naming": {**report["query_naming"], **naming},  # how each policy's first held-out query names the person
+        "sim_rl_searches_by_kind": probes.searches_by_kind(run.root / "quickstart" / "train"),  # the simulator arm's
+        "answer_in_results": {arm: probes.answer_in_results(run.root / "train" / arm if arm in ARMS else
+                                                            run.root / "quickstart" / "train")
+                              for arm in ("simulator", *args.arms)},
         "machine": here["machine"],
-    }
-    borrowed = Path(args.borrow) / f"world_{seed}" / "controls.json"
-    earlier = json.loads(borrowed.read_text()) if args.borrow else previous
-    (root / "controls.json").write_text(json.dumps(result, indent=2) + "\n")  # kept if nothing can be carried
+    }  # fmt: skip
+    earlier = (
+        json.loads((Path(args.borrow) / f"world_{seed}" / "controls.json").read_text()) if args.borrow else previous
+    )
+    record.write_text(json.dumps(result, indent=2) + "\n")  # kept if nothing can be carried
     carry_arms(result, earlier, args.borrow)
     return result
 
 
-QuickstartRun = tuple[Any, dict[str, Any], dict[str, str], dict[str, str]]
-"""A world's quickstart: its recipe, its report, the paths the arms read and its stages' fingerprints."""
-
-
-def run_quickstart(root: Path, seed: int, args: argparse.Namespace) -> QuickstartRun:
-    """World `seed`'s quickstart in root/quickstart, its RL run's checkpoints kept (`QuickstartRun`)."""
+def run_quickstart(run: study.Run) -> tuple[Any, dict[str, Any]]:
+    """The world's quickstart in ROOT/quickstart, its RL run's checkpoints kept; its recipe and report. Sets the
+    paths the arms read and the fingerprints of its stages in `run`."""
     from simsearch.experiments import pipeline, quickstart
-    from simsearch.fingerprints import stage_fingerprint
 
-    qs = study.quickstart_recipe(root / "quickstart", seed, args, *args.overrides)
-    run = Path(qs.run_dir)
-    with probes.keeping_checkpoints(run / "train", root / "kept" / "simulator"):
+    qs = study.quickstart_recipe(run.root / "quickstart", run.seed, run.args, *run.args.overrides)
+    with probes.keeping_checkpoints(Path(qs.run_dir) / "train", run.root / "kept" / "simulator"):
         report = quickstart.main(qs)  # sets this process's torch threads
-    paths = {name: str(run / "world" / f"{name}.jsonl") for name in ("corpus", "corpus_known", "train", "test")}
-    paths.update({name: str(run / "index" / name) for name in ("bm25", "bm25_known", "dense")})
-    paths.update(base=str(run / "base"), simulator=str(pipeline.final_model(run / "simulator")))
-    fingerprints = {stage: stage_fingerprint(run / stage) for stage in ("world", "base", "simulator", "train")}
-    return qs, report, paths, fingerprints
+    run.paths, run.fingerprints = pipeline.finished_run(Path(qs.run_dir))
+    return qs, report
+
+
+def knowing_arm(run: study.Run, world: Any) -> dict[str, Any]:
+    """The knowing simulator in `run.args.knowing`'s design, its fingerprint and model set in `run`; its fidelity
+    to BM25 before RL (`measure_fidelity`, on `SMOKE_LIMIT` questions with --smoke)."""
+    args = run.args
+    run.fingerprints["knowing"], run.paths["knowing"] = knowing_simulator(
+        run.root, run.seed, run.paths, run.fingerprints, world, design=args.knowing, recipes=RECIPES,
+        threads=args.threads, smoke=args.smoke,
+    )  # fmt: skip
+    limit = SMOKE_LIMIT if args.smoke else 0
+    return {"design": args.knowing, **measure_fidelity(run.root, world, run.paths, design=args.knowing,
+                                                       recipes=RECIPES, limit=limit)}  # fmt: skip
 
 
 def run_arms(
-    root: Path,
-    seed: int,
-    paths: dict[str, str],
-    fingerprints: dict[str, str],
-    em: dict[str, dict[str, float]],
-    recorded: dict[str, dict[str, Any]],
-    commit: str,
-    args: argparse.Namespace,
+    run: study.Run, em: dict[str, dict[str, float]], recorded: dict[str, dict[str, Any]], commit: str
 ) -> dict[str, dict[str, Any]]:
-    """Each arm of `args.arms` trained and evaluated, its EM into `em`; per arm its run's fingerprint, commit and
+    """Each arm of --arms trained and evaluated, its EM into `em`; per arm its run's fingerprint, commit and
     seconds (as `recorded` holds them when the run was reused)."""
     from simsearch.experiments import pipeline
 
     arm_runs: dict[str, dict[str, Any]] = {}
-    for arm in args.arms:
+    for arm in run.args.arms:
         began = time.perf_counter()
-        policy_fp = train_arm(root, arm, seed, paths, fingerprints, args)
-        policy = pipeline.final_model(root / "train" / arm)
-        em[arm] = evaluate_policy(root / "eval" / arm, policy, seed, paths, [policy_fp, fingerprints["world"]], args)
+        policy_fp = train_arm(run, arm)
+        policy = pipeline.final_model(run.root / "train" / arm)
+        em[arm] = evaluate_policy(run, run.root / "eval" / arm, policy, [policy_fp, run.fingerprints["world"]])
         arm_runs[arm] = {"fingerprint": policy_fp, "commit": commit, "s": round(time.perf_counter() - began, 1)}
         if recorded.get(arm, {}).get("fingerprint") == policy_fp:  # reused
             arm_runs[arm] = recorded[arm]
@@ -256,39 +245,26 @@ def gate(args: argparse.Namespace) -> dict[str, Any]:
     where = provenance()  # the code the gate runs, before anything can change it
     rows = {}
     for seed in args.seeds:
-        root = args.run_dir / f"world_{seed}"
-        qs = study.quickstart_recipe(root / "quickstart", seed, args, *args.overrides)
-        world, paths, fingerprints = pipeline.through_simulator(qs)
-        _, paths["knowing"] = knowing_simulator(root, seed, paths, fingerprints, world, design=args.knowing,
-                                                recipes=RECIPES, threads=args.threads, smoke=args.smoke)  # fmt: skip
-        rows[seed] = _fidelity(root, world, paths, args)
-    shown = {name: [row[name]["answer_shown"] for row in rows.values()] for name in ("knowing", "simulator", "bm25")}
-    means = {name: sum(values) / len(values) for name, values in shown.items()}
+        run = study.Run(seed, args)
+        world, run.paths, run.fingerprints = pipeline.through_simulator(
+            study.quickstart_recipe(run.root / "quickstart", seed, args, *args.overrides)
+        )
+        rows[seed] = knowing_arm(run, world)
+    names = ("knowing", "simulator", "bm25")
+    means = {name: sum(row[name]["answer_shown"] for row in rows.values()) / len(rows) for name in names}
     print(f"gate: the knowing simulator ({args.knowing}) before RL, a good query for each of RL's questions")
-    print("| world | knowing: answer shown / on topic | today's simulator | BM25 |")
-    print("|---|---|---|---|")
-    for seed, row in rows.items():
-        cells = [f"{row[n]['answer_shown']:.2f} / {row[n]['on_topic']:.2f}" for n in ("knowing", "simulator", "bm25")]
-        print(f"| {seed} | " + " | ".join(cells) + " |")
+    cells = ([seed, *(f"{row[n]['answer_shown']:.2f} / {row[n]['on_topic']:.2f}" for n in names)]
+             for seed, row in rows.items())  # fmt: skip
+    print("\n".join(study.table(["world", "knowing: answer shown / on topic", "today's simulator", "BM25"], cells)))
     ratio = means["knowing"] / means["simulator"] if means["simulator"] else None
     figures = {
-        "design": args.knowing,
-        "worlds": list(rows),
-        "knowing_answer_shown_mean": round(means["knowing"], 4),
-        "simulator_answer_shown_mean": round(means["simulator"], 4),
-        "bm25_answer_shown_mean": round(means["bm25"], 4),
+        "design": args.knowing, "worlds": list(rows),
+        **{f"{name}_answer_shown_mean": round(means[name], 4) for name in names},
         "knowing_over_simulator": None if ratio is None else round(ratio, 3),
-        "passes": ratio is not None and ratio >= GATE_SHARE,
-        **where,
-        "torch_threads": args.threads,
-    }
+        "passes": ratio is not None and ratio >= GATE_SHARE, **where, "torch_threads": args.threads,
+    }  # fmt: skip
     print(json.dumps(figures))
     return figures
-
-
-def _fidelity(root: Path, world: Any, paths: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
-    limit = SMOKE_LIMIT if args.smoke else 0
-    return measure_fidelity(root, world, paths, design=args.knowing, recipes=RECIPES, limit=limit)
 
 
 def carry_arms(result: dict[str, Any], earlier: dict[str, Any], source: str) -> None:
@@ -324,57 +300,29 @@ def carry_arms(result: dict[str, Any], earlier: dict[str, Any], source: str) -> 
                 result.setdefault(key, {})[arm] = earlier[key][arm]
 
 
-def _arms_query_naming(qs: Any, root: Path, arms: Sequence[str]) -> dict[str, Any]:
-    """The quickstart report's `query_naming` for each control arm's evaluation."""
-    from simsearch.experiments import pipeline, quickstart
-
-    world = pipeline.recipe_world(qs)  # the quickstart's, in memory
-    return {arm: quickstart.evaluation_query_naming(root / "eval" / arm, world) for arm in arms}
-
-
 def _real(em: dict[str, float]) -> dict[str, float]:
     return {engine: em[engine] for engine in ENGINES}
 
 
-def train_arm(
-    root: Path, arm: str, seed: int, paths: dict[str, str], fingerprints: dict[str, str], args: argparse.Namespace
-) -> str:
+def train_arm(run: study.Run, arm: str) -> str:
     """One arm's RL run: the quickstart's train.yaml on its base, the engine swapped; its fingerprint.
 
     Its checkpoints are kept (`probes.keeping_checkpoints`) when the arm is one of `STEP_ARMS`.
     """
-    overrides = [
-        f"threads={args.threads}", f"search.simulator.generation.model.path={paths['simulator']}",
-        f"search.cache={root / 'cache' / arm}.sqlite", *(SMOKE_TRAIN if args.smoke else []),
-        *ARMS[arm].overrides(paths),
-    ]  # fmt: skip
-    inputs = [fingerprints["base"], fingerprints["knowing" if arm == "knowing" else "simulator"]]
-    keep = root / "kept" / arm if arm in STEP_ARMS else None
-    with probes.keeping_checkpoints(root / "train" / arm, keep) if keep else contextlib.nullcontext():
-        return study.train(root / "train" / arm, seed=seed, base=paths["base"], questions=paths["train"],
-                           inputs=inputs, overrides=overrides, smoke=args.smoke)  # fmt: skip
+    spec, smoke = ARMS[arm], SMOKE_TRAIN if run.args.smoke else []
+    overrides = [f"threads={run.args.threads}", f"search.simulator.generation.model.path={run.paths[spec.simulator]}",
+                 f"search.cache={run.root / 'cache' / arm}.sqlite", *smoke, *spec.overrides(run.paths)]  # fmt: skip
+    keep = run.root / "kept" / arm if arm in STEP_ARMS else None
+    with probes.keeping_checkpoints(run.root / "train" / arm, keep) if keep else contextlib.nullcontext():
+        return run.train(arm, [run.fingerprints[spec.base], run.fingerprints[spec.simulator]], overrides)
 
 
-def evaluate_policy(
-    out: Path, policy: Path, seed: int, paths: dict[str, str], inputs: list[str], args: argparse.Namespace
-) -> dict[str, float]:
+def evaluate_policy(run: study.Run, out: Path, policy: Path, inputs: list[str]) -> dict[str, float]:
     """eval.yaml for the policy at `policy` into `out`, BM25 and dense only; EM (percent) per engine."""
-    rows = study.evaluate(
-        out, policy, seed=seed, datasets={"heldout": paths["test"]}, limit=SMOKE_LIMIT if args.smoke else 0,
-        engines={e: (paths["corpus"], paths[e]) for e in ENGINES}, keep={e: e for e in ENGINES}, inputs=inputs,
-        overrides=[f"threads={args.threads}"], smoke=args.smoke,
-    )  # fmt: skip
-    return {engine: 100.0 * rows[engine]["average"]["em"] for engine in ENGINES}
+    return run.heldout_em(out, policy, inputs, ENGINES, [f"threads={run.args.threads}"], smoke_limit=SMOKE_LIMIT)
 
 
-def em_at_checkpoints(
-    root: Path,
-    seed: int,
-    paths: dict[str, str],
-    fingerprints: dict[str, str],
-    policies: dict[str, str],
-    args: argparse.Namespace,
-) -> dict[str, dict[str, dict[str, float]]]:
+def em_at_checkpoints(run: study.Run, policies: dict[str, str]) -> dict[str, dict[str, dict[str, float]]]:
     """Each arm of `policies` (arm -> its RL run's fingerprint): held-out EM at every checkpoint kept of its run
     (`probes.keeping_checkpoints`), as {arm: {step: {engine: EM}}}; its last checkpoint is its final policy."""
     from simsearch.fingerprints import digest
@@ -382,11 +330,11 @@ def em_at_checkpoints(
     curves: dict[str, dict[str, dict[str, float]]] = {}
     for arm, run_fp in policies.items():
         curves[arm] = {}
-        for checkpoint in sorted((root / "kept" / arm).glob("step_*")):
+        for checkpoint in sorted((run.root / "kept" / arm).glob("step_*")):
             step = int(checkpoint.name.split("_")[1])
-            inputs = [digest({"policy": run_fp, "step": step}), fingerprints["world"]]
-            curves[arm][str(step)] = evaluate_policy(root / "eval_steps" / arm / checkpoint.name, checkpoint, seed,
-                                                     paths, inputs, args)  # fmt: skip
+            inputs = [digest({"policy": run_fp, "step": step}), run.fingerprints["world"]]
+            out = run.root / "eval_steps" / arm / checkpoint.name
+            curves[arm][str(step)] = evaluate_policy(run, out, checkpoint, inputs)
     return curves
 
 
@@ -737,6 +685,7 @@ STUDY = study.Study(
     check=_check,
     done=_bm25_line,
     charts=charts,
+    arms=ARMS,
 )
 
 

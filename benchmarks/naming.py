@@ -1,27 +1,23 @@
-"""Why a control arm's policy names the person in its queries: a probe of a controls run's policies. A study
-of `benchmarks.study` (its options, workers, --aggregate and --render), with no page: it prints its tables.
+"""Why a control arm's policy names the person in its queries: a probe of a `benchmarks.controls` run's policies,
+with no page: it prints two tables per world (how to read them: docs/controls/naming/README.md).
 
     python -m benchmarks.naming --controls RUNS --seeds 0 1 2 3 4            # every policy RUNS holds
     python -m benchmarks.naming --controls RUNS --seeds 1 --reseed 1 11 12    # the noisy arm trained again
-    python -m benchmarks.naming --controls RUNS --seeds 0 1 --aggregate       # the tables again, nothing run
     python -m benchmarks.naming --smoke --controls SMOKE_RUNS                 # on a `benchmarks.controls --smoke` run
 
-Per world of the `benchmarks.controls` run CONTROLS (`--controls`, required): each policy there (the base,
-the simulator arm, each control arm with a checkpoint) evaluated greedily on the training and held-out
-questions against `PROBES`' engines (`probe_policy`, into CONTROLS/world_SEED/naming/POLICY), and each RL
-run's saved trajectories read by half (`training_naming`); `--reseed S ...` first trains `--arm` (default
-noisy) again with seed S into CONTROLS/world_SEED/train/ARM_seedS, saving every trajectory. Every stage is
-fingerprinted. How to read the tables: docs/controls/naming/README.md.
-
-A world's record is RUN_DIR/world_SEED/naming.json (RUN_DIR: runs/naming by default), its log beside it.
-Prints two tables per world and, as its last line, one JSON object: `by_world` (policy -> "ENGINE/SET" ->
-em, named_share, em_named, em_unnamed; "training" -> RL run -> half -> samples, named_share, reward_named,
-reward_unnamed), `arm`, `reseed`, `seeds`, `smoke`, `wall_s` and `provenance`.
+Per world of the controls run (`--controls`, required): each policy there (the base, the simulator arm, each
+control arm with a checkpoint) evaluated greedily on the training and held-out questions against `PROBES`'
+engines (into CONTROLS/world_SEED/naming/POLICY), and each RL run's saved trajectories read by half;
+`--reseed S ...` first trains `--arm` again with seed S (CONTROLS/world_SEED/train/ARM_seedS), saving every
+trajectory. The last line is one JSON object: `by_world` (policy -> "ENGINE/SET" -> em, named_share, em_named,
+em_unnamed; "training" -> RL run -> half -> samples, named_share, reward_named, reward_unnamed), `arm`, `reseed`,
+`seeds`, `smoke`, `wall_s` and `provenance`.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -61,14 +57,15 @@ def probe_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     root = args.controls / f"world_{seed}"
     qs_dir = root / "quickstart"
     qs = pipeline.saved_recipe(qs_dir)
-    world = pipeline.recipe_world(qs)
+    world, (paths, fingerprints) = pipeline.recipe_world(qs), pipeline.finished_run(qs_dir)
     runs = {"simulator": qs_dir / "train"}
     runs.update({arm: root / "train" / arm for arm in ARMS if (root / "train" / arm / "checkpoints").is_dir()})
     for reseed in args.reseed:
         runs[f"{args.arm}_seed{reseed}"] = reseed_arm(root, args.arm, reseed)
-    policies = {"base": (qs_dir / "base", stage_fingerprint(qs_dir / "base"))}
+    policies = {"base": (Path(paths["base"]), fingerprints["base"])}
     policies.update({name: (pipeline.final_model(run), stage_fingerprint(run)) for name, run in runs.items()})
-    evaluated = {name: probe_policy(root, qs_dir, qs.seed, name, p, args.smoke) for name, p in policies.items()}
+    evaluated = {name: probe_policy(root / "naming" / name, qs.seed, policy, paths, fingerprints, args.smoke)
+                 for name, policy in policies.items()}  # fmt: skip
     return {
         "policies": {
             name: {key: probes.naming_cells(out, world, *key.split("/")) for key in _keys()}
@@ -91,23 +88,20 @@ def reseed_arm(root: Path, arm: str, seed: int) -> Path:
     return out
 
 
-def probe_policy(root: Path, qs_dir: Path, seed: int, name: str, policy: tuple[Path, str], smoke: bool) -> Path:
-    """eval.yaml for one policy (model, its stage fingerprint) on the training and held-out questions against
-    `none`, `noisy` (eval.yaml's simulator engine, noise on every search, answers redacted) and `bm25`; its
-    run directory."""
+def probe_policy(
+    out: Path, seed: int, policy: tuple[Path, str], paths: dict[str, str], fingerprints: dict[str, str], smoke: bool
+) -> Path:
+    """eval.yaml into `out` for one policy (model, its stage fingerprint) on the quickstart run's (`paths`,
+    `fingerprints`: `pipeline.finished_run`) training and held-out questions against `none`, `noisy` (eval.yaml's
+    simulator engine, noise on every search, answers redacted) and `bm25`; `out`."""
     model, fingerprint = policy
-    out, world_dir = root / "naming" / name, qs_dir / "world"
-    overrides = [
-        f"engines.simulator.simulator.generation.model.path={pipeline.final_model(qs_dir / 'simulator')}",
-        "engines.simulator.simulator.noisy_answers=redact",
-        "noisy_share=1.0",
-    ]
-    inputs = [fingerprint, stage_fingerprint(qs_dir / "world"), stage_fingerprint(qs_dir / "simulator")]
-    datasets = {"train": str(world_dir / "train.jsonl"), "heldout": str(world_dir / "test.jsonl")}
+    overrides = [f"engines.simulator.simulator.generation.model.path={paths['simulator']}",
+                 "engines.simulator.simulator.noisy_answers=redact", "noisy_share=1.0"]  # fmt: skip
     study.evaluate(
-        out, model, seed=seed, datasets=datasets, limit=SMOKE_LIMIT if smoke else 0,
-        engines={"bm25": (str(world_dir / "corpus.jsonl"), str(qs_dir / "index" / "bm25"))},
-        keep={"none": "none", "noisy": "simulator", "bm25": "bm25"}, inputs=inputs, overrides=overrides, smoke=smoke,
+        out, model, seed=seed, datasets={"train": paths["train"], "heldout": paths["test"]},
+        engines={"bm25": (paths["corpus"], paths["bm25"])}, keep={"none": "none", "noisy": "simulator", "bm25": "bm25"},
+        inputs=[fingerprint, fingerprints["world"], fingerprints["simulator"]], overrides=overrides,
+        limit=SMOKE_LIMIT if smoke else 0, smoke=smoke,
     )  # fmt: skip
     return out
 
@@ -160,10 +154,7 @@ STUDY = study.Study(
     done=lambda record: f"{len(record['policies'])} policies probed",
     threads=0,
 )
-
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    return study.main(STUDY, argv)
+main = functools.partial(study.main, STUDY)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from benchmarks.benchlib import RECIPES, mean_sd, provenance, replace_block
+from benchmarks.benchlib import RECIPES, difference_cell, mean_sd, provenance, replace_block
 
 Record = dict[str, Any]
 """One world's JSON record, as `Study.world` returns it (the runner adds `provenance`)."""
@@ -90,6 +90,9 @@ class Study:
     done: Callable[[Record], str] = _done  # a world's line when it finishes
     threads: int = 1  # torch threads per world by default (0: every core)
     smoke_seeds: Sequence[int] = (0,)
+    arms: Mapping[str, Arm] = field(default_factory=dict)  # --arms chooses some of these (none: no such option)
+    steps: int = 0  # RL steps an arm by default, set by --steps (0: the study has no such option)
+    smoke_steps: int = 2  # the same with --smoke
     # draws the charts beside the page from the figures and the worlds' records (None with --render)
     charts: Callable[[dict[str, Any], Path, dict[int, Record] | None], None] | None = None
 
@@ -141,9 +144,17 @@ def parse(study: Study, argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--aggregate", action="store_true", help="run nothing: sum up RUN_DIR's finished worlds")
     parser.add_argument("--render", default="", help="run nothing: the page again from a run's printed JSON")
     parser.add_argument("--one-world", type=int, default=None, help=argparse.SUPPRESS)  # a worker's seed
+    if study.arms:
+        arms = list(study.arms)
+        parser.add_argument("--arms", nargs="+", choices=arms, default=arms, help="the arms run (default: all)")
+    if study.steps:
+        steps = f"RL steps an arm (default {study.steps}; smoke {study.smoke_steps})"
+        parser.add_argument("--steps", type=int, default=0, help=steps)
     study.options(parser)
     args = parser.parse_args(argv)
     args.seeds = args.seeds or list(study.smoke_seeds if args.smoke else study.seeds)
+    if study.steps:
+        args.steps = args.steps or (study.smoke_steps if args.smoke else study.steps)
     problem = study.check(args)
     if problem:
         parser.error(problem)
@@ -281,6 +292,79 @@ def spread(values: Sequence[float], digits: int = 1) -> str:
     return f"{mean:.{digits}f} ± {sd:.{digits}f}"
 
 
+Value = Callable[[Record, str, str], float | None]
+"""A world's figure for a table's (row, column), None where that world did not measure it."""
+
+
+def em(record: Record, row: str, column: str) -> float | None:
+    """record["em"][row][column] (None where absent): the studies' usual `Value`."""
+    return record["em"].get(row, {}).get(column)
+
+
+def paired_values(
+    worlds: Iterable[Record], row: str, reference: str, column: str, value: Value = em, scale: float = 1.0
+) -> list[float]:
+    """`scale` x (row's value minus reference's) in `column`, for each world that measured both."""
+    pairs = ((value(world, row, column), value(world, reference, column)) for world in worlds)
+    return [scale * (mine - theirs) for mine, theirs in pairs if mine is not None and theirs is not None]
+
+
+def means_table(
+    header: Sequence[str], worlds: Sequence[Record], rows: Iterable[tuple[str, str]], columns: Sequence[str],
+    value: Value = em, scale: float = 1.0,
+) -> list[str]:  # fmt: skip
+    """A table of each (label, row): `scale` x its value's mean ± sd per column over the worlds that measured it."""
+    values = {
+        (r, c): [scale * v for w in worlds if (v := value(w, r, c)) is not None] for _, r in rows for c in columns
+    }
+    return table(header, ([label, *(spread(values[row, c]) for c in columns)] for label, row in rows))
+
+
+def differences_table(
+    header: Sequence[str], worlds: Sequence[Record], pairs: Iterable[tuple[str, str, str]], columns: Sequence[str],
+    value: Value = em, scale: float = 1.0,
+) -> list[str]:  # fmt: skip
+    """A table of each (label, row, reference): the paired difference per column (`paired_values`, as a
+    `difference_cell`) over the worlds that measured both."""
+    return table(header, ([label, *(difference_cell(paired_values(worlds, row, ref, c, value, scale))
+                                    for c in columns)] for label, row, ref in pairs))  # fmt: skip
+
+
+def measured_block(figures: dict[str, Any]) -> str:
+    """The `measured` block of a study with an RL budget: the commit and machine, then the seeds and steps."""
+    seeds = ", ".join(map(str, figures["seeds"]))
+    return f"{measured(figures['provenance'])}\nSeeds {seeds}; {figures['steps']} RL steps an arm."
+
+
+def bar_chart(
+    path: Path, title: str, groups: Sequence[str], bars: Sequence[tuple[str, Sequence[tuple[float, float]]]]
+) -> Path:
+    """`path`: grouped bars of held-out EM (%), one group per `groups` entry and one bar per (label, (mean, sd)
+    per group), the sd as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, ax = plt.subplots(figsize=(12, 6), dpi=100)
+    width = 0.8 / max(1, len(bars))
+    for i, (label, stats) in enumerate(bars):
+        offsets = [g - 0.4 + width * (i + 0.5) for g in range(len(groups))]
+        drawn = ax.bar(offsets, [m for m, _ in stats], width, yerr=[s for _, s in stats], capsize=3, label=label)
+        ax.bar_label(drawn, labels=[f"{m:.1f}" for m, _ in stats], fontsize="x-small", padding=2)
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylabel("held-out EM (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(title)
+    if bars:
+        ax.legend(fontsize="small", loc="upper left")
+    ax.grid(axis="y", alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)
+    return path
+
+
 # --------------------------------------------------------------------------- the runs the studies share
 
 
@@ -291,6 +375,49 @@ def quickstart_recipe(run_dir: Path, seed: int, args: argparse.Namespace, *overr
 
     settings = [f"run_dir={run_dir}", f"seed={seed}", f"smoke={args.smoke}", f"threads={args.threads}", "simulator=fit"]
     return load_recipe(QuickstartRecipe, None, [*settings, *overrides])
+
+
+@dataclass
+class Run:
+    """One world of a study as its stages see it: its seed, the command's options (run_dir, smoke, threads, ...)
+    and the files and stage fingerprints built so far, by name."""
+
+    seed: int
+    args: argparse.Namespace
+    paths: dict[str, str] = field(default_factory=dict)
+    fingerprints: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def root(self) -> Path:
+        """RUN_DIR/world_SEED: the world's stages and record."""
+        return Path(self.args.run_dir) / f"world_{self.seed}"
+
+    def train(self, name: str, inputs: list[str], overrides: Sequence[str], base: str = "base") -> str:
+        """`train` into ROOT/train/NAME from the model at paths[base] on the questions at paths["train"]."""
+        return train(self.root / "train" / name, seed=self.seed, base=self.paths[base], questions=self.paths["train"],
+                     inputs=inputs, overrides=overrides, smoke=self.args.smoke)  # fmt: skip
+
+    def evaluate(
+        self, out: Path, policy: str | Path, inputs: list[str], datasets: dict[str, str],
+        engines: dict[str, tuple[str, str]], keep: dict[str, str] | None = None, overrides: Sequence[str] = (),
+        smoke_limit: int = 0,
+    ) -> dict[str, Any]:  # fmt: skip
+        """`evaluate` at this world's seed, each dataset cut to `smoke_limit` questions with --smoke."""
+        limit = smoke_limit if self.args.smoke else 0
+        return evaluate(out, policy, seed=self.seed, datasets=datasets, engines=engines, inputs=inputs,
+                        overrides=overrides, keep=keep, limit=limit, smoke=self.args.smoke)  # fmt: skip
+
+    def heldout_em(
+        self, out: Path, policy: str | Path, inputs: list[str], engines: Sequence[str], overrides: Sequence[str] = (),
+        smoke_limit: int = 0,
+    ) -> dict[str, float]:  # fmt: skip
+        """Greedy held-out EM (percent) of the policy at `policy` (`evaluate` into `out`) per engine of `engines`,
+        each a retriever over paths["corpus"] with its index at paths[engine]."""
+        retrievers = {engine: (self.paths["corpus"], self.paths[engine]) for engine in engines}
+        keep = {engine: engine for engine in engines}
+        rows = self.evaluate(out, policy, inputs, {"heldout": self.paths["test"]}, retrievers, keep, overrides,
+                             smoke_limit)  # fmt: skip
+        return {engine: 100.0 * rows[engine]["average"]["em"] for engine in engines}
 
 
 def train(

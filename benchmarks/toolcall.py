@@ -3,21 +3,19 @@
     python -m benchmarks.toolcall --seeds 0 1 2 --jobs 2 --threads 1     # the reporting worlds
     python -m benchmarks.toolcall --tags-dir 'runs/controls/world_{seed}/quickstart' --tags-commit abc1234
     python -m benchmarks.toolcall --smoke                                 # a pipeline check
-    python -m benchmarks.toolcall --seeds 0 1 2 --aggregate               # worlds run in parts, summarized
 
-Per world (seed), `simsearch quickstart` twice in RUN_DIR/world_SEED, `tags/` and `tool-call/`
-(`protocol=tool-call`; how the two differ: docs/toolcall.md); `--tags-dir` reuses tag runs made at `--tags-commit`.
-
-Output: each world's record, RUN_DIR/world_SEED/toolcall.json; per world and as mean ± sd, each protocol's
-held-out EM, their paired difference and the tool-call policy's unreadable calls (bad JSON, another tool, no
-query), printed and in the `results` block of docs/toolcall.md (`--out`); as the last line one JSON object:
-`tags_em_bm25`, `toolcall_em_bm25`, `toolcall_minus_tags_bm25` (mean, ci_low, ci_high), `interval_method`,
-`toolcall_invalid_call_share`, `within_5_points`, `wall_s`, `provenance` and the detail per world.
+Per world, `simsearch quickstart` twice in RUN_DIR/world_SEED, `tags/` and `tool-call/` (`protocol=tool-call`;
+how the two differ: docs/toolcall.md); `--tags-dir` reuses tag runs made at `--tags-commit`. Prints the page's
+`results` block (each protocol's held-out EM per world and as mean ± sd, their paired difference, the tool-call
+policy's unreadable calls) and as its last line one JSON object: `tags_em_bm25`, `toolcall_em_bm25`,
+`toolcall_minus_tags_bm25` (mean, ci_low, ci_high), `interval_method`, `toolcall_invalid_call_share`,
+`within_5_points`, `wall_s`, `provenance` and the detail per world.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -84,24 +82,14 @@ def quickstart_eval(run: Path) -> Path:
 def summarize(worlds: dict[int, dict[str, Any]], args: argparse.Namespace | None = None) -> dict[str, Any]:
     """The JSON figures: per-protocol means, the paired difference with its interval, the invalid calls, and
     the commits each protocol's quickstart runs were made at."""
-    seeds = list(worlds)
-
-    def column(protocol: str, policy: str, engine: str) -> list[float]:
-        return [worlds[s]["em"][protocol][policy][engine] for s in seeds]
-
-    means = {
-        protocol: {
-            policy: {e: round(mean_sd(column(protocol, policy, e))[0], 2) for e in ENGINES} for policy in POLICIES
-        }
-        for protocol in PROTOCOLS
-    }
-    diffs = {
-        e: [t - g for t, g in zip(column("tool-call", "rl_search", e), column("tags", "rl_search", e))] for e in ENGINES
-    }
-    counts = [worlds[s]["tool_calls"] for s in seeds]
-    written = sum(c["calls"] + c["unreadable_calls"] for c in counts)
-    unreadable, invalid, turns = (sum(c[key] for c in counts) for key in ("unreadable_calls", "invalid_turns", "turns"))
-    gap = paired(diffs["bm25"])
+    records = list(worlds.values())
+    means = {protocol: {policy: {e: round(mean_sd([w["em"][protocol][policy][e] for w in records])[0], 2)
+                                 for e in ENGINES} for policy in POLICIES} for protocol in PROTOCOLS}  # fmt: skip
+    diffs = {e: study.paired_values(records, "tool-call", "tags", e, _rl_em) for e in ENGINES}
+    counts = [w["tool_calls"] for w in records]
+    unreadable, invalid, turns, calls = (sum(c[key] for c in counts) for key in ("unreadable_calls", "invalid_turns",
+                                                                                   "turns", "calls"))  # fmt: skip
+    written, gap = calls + unreadable, paired(diffs["bm25"])
     return {
         "tags_em_bm25": means["tags"]["rl_search"]["bm25"],
         "toolcall_em_bm25": means["tool-call"]["rl_search"]["bm25"],
@@ -110,11 +98,16 @@ def summarize(worlds: dict[int, dict[str, Any]], args: argparse.Namespace | None
         "toolcall_invalid_call_share": round(unreadable / written, 4) if written else None,
         "toolcall_invalid_turn_share": round(invalid / turns, 4) if turns else None,
         "within_5_points": abs(gap["mean"]) <= 5.0,
-        "commits": {protocol: sorted({w["commit"][protocol] for w in worlds.values()}) for protocol in PROTOCOLS},
+        "commits": {protocol: sorted({w["commit"][protocol] for w in records}) for protocol in PROTOCOLS},
         "em_mean": means,
         "toolcall_minus_tags": {e: paired(diffs[e]) for e in ENGINES},
-        "by_world": {str(s): worlds[s] for s in seeds},
+        "by_world": {str(s): w for s, w in worlds.items()},
     }
+
+
+def _rl_em(world: dict[str, Any], protocol: str, engine: str) -> float:
+    """The RL policy's held-out EM with `protocol` on `engine` (a `study.Value`)."""
+    return world["em"][protocol]["rl_search"][engine]
 
 
 def page(figures: dict[str, Any], args: argparse.Namespace) -> dict[str, str]:
@@ -135,18 +128,14 @@ def doc_lines(figures: dict[str, Any], args: argparse.Namespace) -> list[str]:
         "",
         "Held-out EM (%), greedy; RL policy (base in brackets), BM25 / dense / simulator:",
         "",
-        "| world | tags | tool-call | tool-call minus tags (BM25) |",
-        "|---|---|---|---|",
     ]
-    for seed, world in worlds.items():
-        cells = [_em_cell(world["em"][protocol]) for protocol in PROTOCOLS]
-        gap = world["em"]["tool-call"]["rl_search"]["bm25"] - world["em"]["tags"]["rl_search"]["bm25"]
-        lines.append(f"| {seed} | {cells[0]} | {cells[1]} | {gap:+.1f} |")
+    gaps = [study.paired_values(worlds.values(), "tool-call", "tags", e, _rl_em) for e in ENGINES]
+    lines += study.table(["world", *PROTOCOLS, "tool-call minus tags (BM25)"],
+                         ([seed, *(_em_cell(w["em"][p]) for p in PROTOCOLS), f"{gap:+.1f}"]
+                          for (seed, w), gap in zip(worlds.items(), gaps[0], strict=True)))  # fmt: skip
     means = [[f"{protocol} {policy}", *(study.spread([w["em"][protocol][policy][e] for w in worlds.values()])
                                          for e in ENGINES)]
              for protocol in PROTOCOLS for policy in POLICIES]  # fmt: skip
-    gaps = [[w["em"]["tool-call"]["rl_search"][e] - w["em"]["tags"]["rl_search"][e] for w in worlds.values()]
-            for e in ENGINES]  # fmt: skip
     lines += ["", *study.table(["", *ENGINES], [*means, ["tool-call minus tags (RL)", *map(difference_cell, gaps)]])]
     lines += ["", f"Tool-call minus tags: the mean over worlds, and {INTERVAL_METHOD}."]
     share = figures["toolcall_invalid_call_share"]
@@ -179,10 +168,7 @@ STUDY = study.Study(
     check=_check,
     done=_rl_line,
 )
-
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    return study.main(STUDY, argv)
+main = functools.partial(study.main, STUDY)
 
 
 if __name__ == "__main__":

@@ -5,32 +5,28 @@
     python -m benchmarks.turn_rewards --smoke          # every arm for two steps, world 0, in a temp dir
     python -m benchmarks.turn_rewards --render docs/turn_rewards/figures.json   # the table again from a record
 
-The runner's other options (--jobs, --threads, --aggregate, ...): `benchmarks/study.py`.
+Per world, in RUN_DIR/world_SEED: the quickstart's world with two-hop questions and its base
+(`TWO_HOP_SHARE`, `TWO_SEARCH_SHARE`), one RL run per arm of `ARMS` against BM25 (`--steps` each), and each
+policy's and the base's greedy held-out EM on BM25, one-hop and two-hop. The design: docs/turn_rewards.md.
 
-Per world (seed), in RUN_DIR/world_SEED: the quickstart's world with two-hop questions and its base
-(`TWO_HOP_SHARE`, `TWO_SEARCH_SHARE`), one RL run per arm of `ARMS` against BM25 (`train_arm`, `--steps`
-each), and each policy's and the base's greedy held-out EM on BM25, one-hop and two-hop. Every stage is
-fingerprinted. The design: docs/turn_rewards.md.
-
-Output: each world's record, RUN_DIR/world_SEED/turn_rewards.json; the `table`, `measured` and `wall`
-blocks of docs/turn_rewards.md (`--out`); as the last line one JSON object: `grpo_em`, `igpo_em`,
-`grpo_dynamic_em` (EM, mean over worlds), `grpo_flat_share`, `igpo_flat_share`, `igpo_s_per_step_over_grpo`,
-`differences` (arm -> EM column -> mean, ci_low, ci_high against grpo), `interval_method`, `provenance`
-and the detail (`by_world`, `steps`, `seeds`, `smoke`, `wall_s`). `--render RECORD` runs nothing: from
-such a JSON object it recomputes the differences from `by_world` and rewrites the `table` block only.
+Prints the page's `table`, `measured` and `wall` blocks and as its last line one JSON object: `grpo_em`,
+`igpo_em`, `grpo_dynamic_em` (EM, mean over worlds), `grpo_flat_share`, `igpo_flat_share`,
+`igpo_s_per_step_over_grpo`, `differences` (arm -> EM column -> mean, ci_low, ci_high against grpo),
+`interval_method`, `provenance`, `by_world`, `steps`, `seeds`, `smoke` and `wall_s`. `--render RECORD`
+rewrites the `table` block alone from such a JSON object, the differences recomputed from `by_world`.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks import study
-from benchmarks.benchlib import INTERVAL_METHOD, NO_NOISE, difference_cell, paired, timed
+from benchmarks.benchlib import INTERVAL_METHOD, NO_NOISE, paired, timed
 from benchmarks.study import Of
 from simsearch.data.qa import write_qa_jsonl
 from simsearch.experiments import pipeline, probes
@@ -42,7 +38,6 @@ ARMS: dict[str, study.Arm] = {
     "igpo": study.Arm({"algorithm.estimator": "igpo"}),
     "grpo_dynamic": study.Arm({"algorithm.dynamic_sampling": "true"}),
 }
-STEPS = 60  # RL steps per arm, see docs/turn_rewards.md
 SEEDS = (0, 1, 2)  # the full run's worlds: reporting worlds (below 100), none tuned on
 REFERENCE = "grpo"  # the arm every other is compared with, paired by world
 MAX_TURNS = 3  # searches before the final answer turn
@@ -54,56 +49,35 @@ EM_COLUMNS = ("all", *DATASETS)
 # Smoke: every stage for a step or two, on the quickstart's smoke base in a small world (its dense index,
 # which the quickstart's world stage builds, takes seconds instead of a minute).
 SMOKE_WORLD = ["tinyworld.n_entities=24", "tinyworld.n_train_entities=16", "tinyworld.n_background_entities=48"]
-SMOKE_STEPS = 2
 SMOKE_LIMIT = 4  # held-out questions per dataset
-
-
-def _options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=0, help=f"RL steps per arm (default {STEPS}; smoke {SMOKE_STEPS})")
-
-
-def steps(args: argparse.Namespace) -> int:
-    """RL steps per arm: --steps, else STEPS (SMOKE_STEPS with --smoke)."""
-    return int(args.steps or (SMOKE_STEPS if args.smoke else STEPS))
 
 
 # --------------------------------------------------------------------------- one world (a worker)
 
 
-@dataclass
-class Seed:
-    """One world's run directory, files and what its stages were built from."""
-
-    seed: int
-    smoke: bool
-    root: Path
-    paths: dict[str, str]  # corpus, bm25 (index), base, and the question files train, one_hop, two_hop
-    fingerprints: dict[str, str]  # world, base, data
-
-
 def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """World, base, data, every arm's RL and every policy's evaluation in RUN_DIR/world_SEED; the world's
     record: EM, RL metrics and stage times."""
-    root = args.run_dir / f"world_{seed}"
-    clock: dict[str, float] = {}
+    run, clock = study.Run(seed, args), {}
     with timed(clock, "world_and_base"):
         recipe = study.quickstart_recipe(
-            root / "world_and_base", seed, args, f"tinyworld.two_hop_share={TWO_HOP_SHARE}",
+            run.root / "world_and_base", seed, args, f"tinyworld.two_hop_share={TWO_HOP_SHARE}",
             f"tinyworld.two_search_share={TWO_SEARCH_SHARE}", *(SMOKE_WORLD if args.smoke else []),
         )  # fmt: skip
-        world, paths, fingerprints = pipeline.world_and_base(recipe)
-    files, fingerprints["data"] = write_data(world, root / "data", seed, limit=SMOKE_LIMIT if args.smoke else 0)
-    ctx = Seed(seed, args.smoke, root, {**paths, **files}, fingerprints)
-    em = {}
+        world, run.paths, run.fingerprints = pipeline.world_and_base(recipe)
+    files, run.fingerprints["data"] = write_data(world, run.root / "data", seed, limit=SMOKE_LIMIT if args.smoke else 0)
+    run.paths.update(files)
     with timed(clock, "eval_base"):
-        em["base"] = evaluate_policy(ctx, "base", paths["base"], fingerprints["base"])
+        em = {"base": evaluate_policy(run, "base", run.paths["base"], run.fingerprints["base"])}
     rl: dict[str, dict[str, float]] = {}
     for arm, spec in ARMS.items():
         with timed(clock, f"rl_{arm}"):
-            policy_fp = train_arm(ctx, arm, spec, steps(args))
-        rl[arm] = probes.rl_metrics(root / "train" / arm)
+            overrides = [f"steps={args.steps}", "save_every=0", f"rollout.max_turns={MAX_TURNS}",
+                         *LOOP.overrides(run.paths), *spec.overrides(run.paths)]  # fmt: skip
+            policy_fp = run.train(arm, [run.fingerprints["base"], run.fingerprints["data"]], overrides)
+        rl[arm] = probes.rl_metrics(run.root / "train" / arm)
         with timed(clock, f"eval_{arm}"):
-            em[arm] = evaluate_policy(ctx, arm, str(pipeline.final_model(root / "train" / arm)), policy_fp)
+            em[arm] = evaluate_policy(run, arm, str(pipeline.final_model(run.root / "train" / arm)), policy_fp)
     return {"em": em, "rl": rl, "stage_s": {k: round(v, 1) for k, v in clock.items()}}
 
 
@@ -112,16 +86,7 @@ def _done(record: dict[str, Any]) -> str:
 
 
 LOOP = study.Arm({"search.kind": "bm25", "search.corpus": Of("corpus"), "search.index_dir": Of("bm25"), **NO_NOISE})
-"""What every arm's RL loop searches: real BM25, no noise."""
-
-
-def train_arm(ctx: Seed, arm: str, spec: study.Arm, steps: int) -> str:
-    """One arm's RL run: train.yaml against BM25 with up to MAX_TURNS searches, the same budget as every arm."""
-    overrides = [f"steps={steps}", "save_every=0", f"rollout.max_turns={MAX_TURNS}", *LOOP.overrides(ctx.paths),
-                 *spec.overrides(ctx.paths)]  # fmt: skip
-    return study.train(ctx.root / "train" / arm, seed=ctx.seed, base=ctx.paths["base"], questions=ctx.paths["train"],
-                       inputs=[ctx.fingerprints["base"], ctx.fingerprints["data"]], overrides=overrides,
-                       smoke=ctx.smoke)  # fmt: skip
+"""What every arm's RL loop searches (with up to MAX_TURNS searches): real BM25, no noise."""
 
 
 def split_questions(world: World, seed: int) -> dict[str, list[Any]]:
@@ -154,24 +119,21 @@ def write_data(world: World, directory: Path, seed: int, *, limit: int) -> tuple
     return files, digest({name: Path(path).read_text() for name, path in files.items()})
 
 
-def evaluate_policy(ctx: Seed, name: str, model: str, policy_fp: str) -> dict[str, float]:
-    """Greedy held-out EM (percent) on BM25: per dataset and `all` (their average: the sets are as large)."""
-    row = study.evaluate(
-        ctx.root / "eval" / name, model, seed=ctx.seed, datasets={d: ctx.paths[d] for d in DATASETS},
-        engines={"bm25": (ctx.paths["corpus"], ctx.paths["bm25"])}, keep={"bm25": "bm25"},
-        inputs=[policy_fp, ctx.fingerprints["data"]], overrides=[f"rollout.max_turns={MAX_TURNS}"], smoke=ctx.smoke,
+def evaluate_policy(run: study.Run, name: str, model: str, policy_fp: str) -> dict[str, float]:
+    """Greedy held-out EM (percent) on BM25: per dataset and `all` (their average: the sets are as large; cut to
+    `SMOKE_LIMIT` questions by `write_data` with --smoke)."""
+    row = run.evaluate(
+        run.root / "eval" / name, model, [policy_fp, run.fingerprints["data"]], {d: run.paths[d] for d in DATASETS},
+        {"bm25": (run.paths["corpus"], run.paths["bm25"])}, keep={"bm25": "bm25"},
+        overrides=[f"rollout.max_turns={MAX_TURNS}"],
     )["bm25"]  # fmt: skip
     return {"all": 100.0 * row["average"]["em"], **{d: 100.0 * row["results"][d]["em"] for d in DATASETS}}
 
 
 # --------------------------------------------------------------------------- over worlds, and the page
 
-ROWS = (
-    ("base, no RL", "base"),
-    ("GRPO", "grpo"),
-    ("IGPO turn rewards", "igpo"),
-    ("GRPO + dynamic sampling", "grpo_dynamic"),
-)
+ROWS = (("base, no RL", "base"), ("GRPO", "grpo"), ("IGPO turn rewards", "igpo"),
+        ("GRPO + dynamic sampling", "grpo_dynamic"))  # fmt: skip
 
 
 def summarize(worlds: dict[int, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
@@ -188,17 +150,12 @@ def summarize(worlds: dict[int, dict[str, Any]], args: argparse.Namespace) -> di
     step_s = {arm: statistics.fmean(r["rl"][arm]["step_s"] for r in records) for arm in ("grpo", "igpo")}
     figures["igpo_s_per_step_over_grpo"] = round(step_s["igpo"] / step_s["grpo"], 4)
     figures["differences"] = {
-        arm: {column: paired(em_differences(worlds, arm, column)) for column in EM_COLUMNS}
+        arm: {column: paired(study.paired_values(records, arm, REFERENCE, column)) for column in EM_COLUMNS}
         for arm in ARMS
         if arm != REFERENCE
     }
-    figures.update(interval_method=INTERVAL_METHOD, steps=steps(args), by_world={str(s): r for s, r in worlds.items()})
+    figures.update(interval_method=INTERVAL_METHOD, steps=args.steps, by_world={str(s): r for s, r in worlds.items()})
     return figures
-
-
-def em_differences(worlds: dict[Any, dict[str, Any]], arm: str, column: str) -> list[float]:
-    """Per world: the arm's held-out EM minus REFERENCE's on the same world, in `column` (all or a dataset)."""
-    return [r["em"][arm][column] - r["em"][REFERENCE][column] for r in worlds.values()]
 
 
 def table_lines(worlds: dict[Any, dict[str, Any]]) -> list[str]:
@@ -215,15 +172,16 @@ def table_lines(worlds: dict[Any, dict[str, Any]]) -> list[str]:
 
     header = ["policy", "EM all", "EM one-hop", "EM two-hop", "flat groups", "s / step", "prompts / step",
               "searches / traj"]  # fmt: skip
-    differences = ([label, *(difference_cell(em_differences(worlds, row, column)) for column in EM_COLUMNS)]
-                   for label, row in ROWS if row in ARMS and row != REFERENCE)  # fmt: skip
+    pairs = [(label, row, REFERENCE) for label, row in ROWS if row in ARMS and row != REFERENCE]
     return [
         *study.table(header, ([label, *cells(row)] for label, row in ROWS)),
         "",
         f"Paired difference in held-out EM against {REFERENCE}, per seed on the same world (EM points): mean, and "
         f"{INTERVAL_METHOD}; an interval that holds 0 is no measurable difference:",
         "",
-        *study.table([f"arm − {REFERENCE}", "EM all", "EM one-hop", "EM two-hop"], differences),
+        *study.differences_table(
+            [f"arm − {REFERENCE}", "EM all", "EM one-hop", "EM two-hop"], records, pairs, EM_COLUMNS
+        ),
     ]
 
 
@@ -238,9 +196,7 @@ def page(figures: dict[str, Any], args: argparse.Namespace) -> dict[str, str]:
     table = "\n".join([head + ".", "", *table_lines(figures["by_world"])])
     if args.render:
         return {"table": table}
-    # Two lines: the runner writes a one-line block inline, and this one stands between lines of its own.
-    measured = study.measured(figures["provenance"]) + f"\nSeeds {seeds}; {figures['steps']} RL steps an arm."
-    return {"measured": measured, "table": table, "wall": f"{figures['wall_s'] / 60:.1f} min"}
+    return {"measured": study.measured_block(figures), "table": table, "wall": f"{figures['wall_s'] / 60:.1f} min"}
 
 
 STUDY = study.Study(
@@ -251,13 +207,10 @@ STUDY = study.Study(
     world=run_world,
     summary=summarize,
     page=page,
-    options=_options,
     done=_done,
+    steps=60,  # RL steps per arm, see docs/turn_rewards.md
 )
-
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    return study.main(STUDY, argv)
+main = functools.partial(study.main, STUDY)
 
 
 if __name__ == "__main__":

@@ -174,13 +174,20 @@ def _pipeline(recipe: QuickstartRecipe, *, save: bool = True) -> Pipeline:
     run = Path(recipe.run_dir)
     if save:
         save_recipe(recipe, run)
+    return Pipeline(recipe, recipes_dir(recipe), run, _world_paths(run))
+
+
+def _world_paths(run: Path) -> dict[str, str]:
     paths = {name: str(run / "world" / f"{name}.jsonl") for name in ("corpus", "train", "test", "corpus_known")}
-    paths.update(
-        bm25=str(run / "index" / "bm25"),
-        dense=str(run / "index" / "dense"),
-        bm25_known=str(run / "index" / "bm25_known"),
-    )
-    return Pipeline(recipe, recipes_dir(recipe), run, paths)
+    paths.update({name: str(run / "index" / name) for name in ("bm25", "dense", "bm25_known")})
+    return paths
+
+
+def finished_run(run: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """A finished quickstart run's files by name (`Pipeline.paths`, `base` and the simulator's model `simulator`)
+    and its stages' fingerprints (world, base, simulator, train): what a study builds on."""
+    paths = {**_world_paths(run), "base": str(run / "base"), "simulator": str(final_model(run / "simulator"))}
+    return paths, {stage: stage_fingerprint(run / stage) for stage in ("world", "base", "simulator", "train")}
 
 
 def recipe_world(recipe: QuickstartRecipe) -> World:

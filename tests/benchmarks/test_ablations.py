@@ -44,25 +44,29 @@ def test_difference_cell_by_hand() -> None:
     # The page's cells are benchlib's t-interval (t(0.975, n - 1) standard errors either side of the mean).
     # 2, 4, 6: mean 4, sd 2, standard error 1.1547, t(0.975, 2) = 4.302653: 4 -+ 4.968, which holds 0 (a
     # percentile bootstrap over three worlds gave their range, +2.0 to +6.0).
-    assert ablations.difference_cell([2.0, 4.0, 6.0]) == "no measurable difference (+4.0; -1.0 to +9.0)"
+    assert benchlib.difference_cell([2.0, 4.0, 6.0]) == "no measurable difference (+4.0; -1.0 to +9.0)"
     # 9, 10, 11: 10 -+ 4.302653 / sqrt(3) = 10 -+ 2.484, clear of 0.
-    assert ablations.difference_cell([9.0, 10.0, 11.0]) == "+10.0 (+7.5 to +12.5)"
+    assert benchlib.difference_cell([9.0, 10.0, 11.0]) == "+10.0 (+7.5 to +12.5)"
     # Two worlds give an interval (one degree of freedom, t = 12.7062): 6 -+ 12.7062 * 1 = 6 -+ 12.706.
-    assert ablations.difference_cell([5.0, 7.0]) == "no measurable difference (+6.0; -6.7 to +18.7)"
-    assert ablations.difference_cell([5.0]) == "+5.0 (1 world: no interval)"
-    assert ablations.difference_cell([]) == "-"
+    assert benchlib.difference_cell([5.0, 7.0]) == "no measurable difference (+6.0; -6.7 to +18.7)"
+    assert benchlib.difference_cell([5.0]) == "+5.0 (1 world: no interval)"
+    assert benchlib.difference_cell([]) == "-"
 
 
 def test_paired_subtracts_per_seed_where_both_were_measured() -> None:
-    results = {
-        0: {"em": {"a": {"bm25": 50.0}, "default": {"bm25": 40.0}}},
-        1: {"em": {"a": {"bm25": 30.0}, "default": {"bm25": 35.0}}},
-        2: {"em": {"default": {"bm25": 10.0}}},  # arm a not run on this seed: no pair
-    }
-    assert ablations.paired(results, "em", "a", "default", "bm25") == [10.0, -5.0]
-    assert ablations.paired(results, "em", "a", "default", "self") == []
-    leak = {0: {"leak": {"x": {"no_name": 0.5}, "y": {"no_name": 0.125}}}}
-    assert ablations.paired(leak, "leak", "x", "y", "no_name", scale=100.0) == [37.5]
+    results = [
+        {"em": {"a": {"bm25": 50.0}, "default": {"bm25": 40.0}}},
+        {"em": {"a": {"bm25": 30.0}, "default": {"bm25": 35.0}}},
+        {"em": {"default": {"bm25": 10.0}}},  # arm a not run on this seed: no pair
+    ]
+    assert study.paired_values(results, "a", "default", "bm25") == [10.0, -5.0]
+    assert study.paired_values(results, "a", "default", "self") == []
+    leak = [{"leak": {"x": {"no_name": 0.5}, "y": {"no_name": 0.125}}}]
+
+    def leaked(record: dict, row: str, probe: str) -> float | None:
+        return record["leak"].get(row, {}).get(probe)
+
+    assert study.paired_values(leak, "x", "y", "no_name", leaked, scale=100.0) == [37.5]
     # One seed: the mean only. 10, -5, 10: mean 5, sd 8.6603, standard error 5, t(0.975, 2) = 4.302653:
     # 5 -+ 21.513.
     assert ablations.paired_figures([10.0]) == {"mean": 10.0, "ci_low": None, "ci_high": None}

@@ -91,8 +91,8 @@ def test_seeds_default_to_three_reporting_worlds_and_smoke_to_one() -> None:
     assert study.parse(turn_rewards.STUDY, []).seeds == [0, 1, 2]
     assert study.parse(turn_rewards.STUDY, ["--smoke"]).seeds == [0]
     assert study.parse(turn_rewards.STUDY, ["--seeds", "0", "1"]).seeds == [0, 1]
-    steps = [turn_rewards.steps(study.parse(turn_rewards.STUDY, argv)) for argv in ([], ["--smoke"], ["--steps", "9"])]
-    assert steps == [turn_rewards.STEPS, turn_rewards.SMOKE_STEPS, 9]
+    steps = [study.parse(turn_rewards.STUDY, argv).steps for argv in ([], ["--smoke"], ["--steps", "9"])]
+    assert steps == [60, 2, 9]  # the runner's --steps: the study's budget, the smoke's, or the one given
 
 
 def _figures(by_world: dict[str, dict], **extra: object) -> dict:
