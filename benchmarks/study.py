@@ -12,6 +12,10 @@ on (`provenance`, taken before the world's work). A world's stages are fingerpri
 again reuses what finished (resume). Then `Study.summary` turns the records into the figures (the JSON
 printed as the last line), `Study.page` into the page's blocks: each is printed and rewritten in the
 page (docs/NAME.md, or in the run directory with --smoke), a missing page or block started bare.
+
+What the studies' worlds and pages share: `Run` (one world's seed, options, files and fingerprints; its RL
+runs and evaluations), `Arm` (one RL run as edits of the quickstart's train.yaml), `means_table`,
+`differences_table` and `bar_chart`.
 """
 
 from __future__ import annotations
