@@ -7,7 +7,7 @@ import math
 import pytest
 from scipy import stats
 
-from benchmarks import ablations, benchlib, controls, toolcall, turn_rewards
+from benchmarks import ablations, benchlib, budget, controls, study, toolcall, turn_rewards
 
 T_1, T_2, T_4 = 12.706205, 4.302653, 2.776445  # Student's t at 0.975 with 1, 2 and 4 degrees of freedom
 
@@ -67,7 +67,8 @@ def test_every_benchmark_uses_the_one_interval() -> None:
     assert method.startswith("95% t-interval") and "scipy.stats.t, n - 1 degrees of freedom" in method
     assert controls.t_cell is benchlib.difference_cell and controls.paired is benchlib.paired
     assert controls.INTERVAL_METHOD is benchlib.INTERVAL_METHOD
-    for module in (ablations, turn_rewards, toolcall):
+    # the runner's tables of paired differences (ablations, turn_rewards) and the pages that write cells themselves
+    for module in (study, toolcall, budget):
         assert module.difference_cell is benchlib.difference_cell, module.__name__
     assert ablations.paired_figures is benchlib.paired
     assert turn_rewards.paired is toolcall.paired is benchlib.paired
