@@ -197,11 +197,11 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     if "ssrl" in args.arms:
         with timed(clock, "eval_knowing_base"):
             em["knowing_base"] = evaluate_policy(ctx, "knowing_base", ARMS["ssrl"], ctx.fingerprints["knowing"])
-    told = {name: (ctx.paths[name], name in VARIANTS and VARIANTS[name].told)
-            for name in ("simulator", *VARIANTS) if name in ctx.fingerprints}  # fmt: skip
+    simulators = {name: (ctx.paths[name], name in VARIANTS and VARIANTS[name].told)
+                  for name in ("simulator", *VARIANTS) if name in ctx.fingerprints}  # fmt: skip
     with timed(clock, "leakage"):
         n = SMOKE_LEAK if args.smoke else LEAK_QUESTIONS
-        leak = variants.leakage(RECIPES / "train.yaml", world, told, n=n, seed=seed)
+        leak = variants.leakage(RECIPES / "train.yaml", world, simulators, n=n, seed=seed)
     wall_s = round(time.perf_counter() - began, 1)
     return {"em": em, "leak": leak, "stage_s": {k: round(v, 1) for k, v in clock.items()}, "wall_s": wall_s,
             "steps": args.steps}  # fmt: skip
