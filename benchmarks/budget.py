@@ -44,7 +44,8 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     run = study.Run(seed, args)
     qs = study.quickstart_recipe(run.root / "quickstart", seed, args)
     report = quickstart.main(qs)  # sets this process's torch threads
-    qs_dir, (run.paths, run.fingerprints) = Path(qs.run_dir), pipeline.finished_run(Path(qs.run_dir))
+    qs_dir = Path(qs.run_dir)
+    run.paths, run.fingerprints = pipeline.finished_run(qs_dir)
     full, em, rl_s = SMOKE_FULL if args.smoke else FULL, {}, {}
     budgets = SMOKE_BUDGETS if args.smoke else BUDGETS
     if load_recipe(TrainRecipe, qs_dir / "train" / "recipe.yaml", []).steps == full:  # the quickstart ran it

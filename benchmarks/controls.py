@@ -3,6 +3,7 @@
     python -m benchmarks.controls --seeds 200 201 202 203 204 205 --jobs 2 --threads 1  # the reporting worlds
     python -m benchmarks.controls --seeds 100 101 102 --jobs 2 --threads 1   # development worlds
     python -m benchmarks.controls --smoke                                    # a pipeline check
+    python -m benchmarks.controls --seeds 100 101 --aggregate                # worlds run in parts, summarized
     python -m benchmarks.controls --seeds 0 1 --arms noisy --borrow docs/controls/avx512  # some arms again
     python -m benchmarks.controls --seeds 0 1 --aggregate --compare docs/controls/avx512  # against earlier runs
 

@@ -3,6 +3,7 @@ with no page: it prints two tables per world (how to read them: docs/controls/na
 
     python -m benchmarks.naming --controls RUNS --seeds 0 1 2 3 4            # every policy RUNS holds
     python -m benchmarks.naming --controls RUNS --seeds 1 --reseed 1 11 12    # the noisy arm trained again
+    python -m benchmarks.naming --controls RUNS --seeds 0 1 --aggregate       # the tables again, nothing run
     python -m benchmarks.naming --smoke --controls SMOKE_RUNS                 # on a `benchmarks.controls --smoke` run
 
 Per world of the controls run (`--controls`, required): each policy there (the base, the simulator arm, each

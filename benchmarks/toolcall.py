@@ -3,6 +3,7 @@
     python -m benchmarks.toolcall --seeds 0 1 2 --jobs 2 --threads 1     # the reporting worlds
     python -m benchmarks.toolcall --tags-dir 'runs/controls/world_{seed}/quickstart' --tags-commit abc1234
     python -m benchmarks.toolcall --smoke                                 # a pipeline check
+    python -m benchmarks.toolcall --seeds 0 1 2 --aggregate               # worlds run in parts, summarized
 
 Per world, `simsearch quickstart` twice in RUN_DIR/world_SEED, `tags/` and `tool-call/` (`protocol=tool-call`;
 how the two differ: docs/toolcall.md); `--tags-dir` reuses tag runs made at `--tags-commit`. Prints the page's
