@@ -9,12 +9,21 @@ on every start would take minutes), so a model or corpus rewritten in place gets
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: stages go unlocked
+    fcntl = None  # type: ignore[assignment]
 
 
 def digest(parts: Any) -> str:
@@ -63,6 +72,28 @@ def claim_stage(directory: Path, fingerprint: str) -> bool:
     directory.mkdir(parents=True)
     _mark(directory, fingerprint, done=False)
     return False
+
+
+@contextlib.contextmanager
+def stage_lock(directory: Path) -> Iterator[None]:
+    """Holds `directory`'s lock, machine-wide, for the block: wrap a stage's `claim_stage` ... `finish_stage` in it,
+    so that a second process building the same stage waits (saying so) and then finds it done, rather than
+    building it alongside. The lock file lives in the temp directory, never among a run's files."""
+    if fcntl is None:
+        yield
+        return
+    locks = Path(tempfile.gettempdir()) / f"simsearch-stage-locks-{os.getuid()}"
+    locks.mkdir(mode=0o700, exist_ok=True)
+    with (locks / f"{digest(str(Path(directory).resolve()))}.lock").open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"{directory}: another process is building this stage; waiting for it", file=sys.stderr, flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def finish_stage(directory: Path, fingerprint: str) -> None:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
-from simsearch.fingerprints import claim_stage, digest, finish_stage, path_identity, stage_fingerprint
+from simsearch.fingerprints import claim_stage, digest, finish_stage, path_identity, stage_fingerprint, stage_lock
 
 
 def test_digest_is_stable_and_order_free() -> None:
@@ -44,3 +49,35 @@ def test_path_identity_changes_when_a_file_is_rewritten(tmp_path: Path) -> None:
     (model / "weights").write_bytes(b"34")
     assert path_identity(model) != before
     assert path_identity(tmp_path / "missing") is None and path_identity("") is None
+
+
+def test_a_second_process_waits_for_a_stage_in_progress_and_finds_it_done(tmp_path: Path, capfd: Any) -> None:
+    stage, started, release = tmp_path / "stage", tmp_path / "started", tmp_path / "release"
+    builder = f"""
+import time
+from pathlib import Path
+from simsearch.fingerprints import claim_stage, finish_stage, stage_lock
+stage = Path({str(stage)!r})
+with stage_lock(stage):
+    assert claim_stage(stage, "one") is False
+    Path({str(started)!r}).write_text("")
+    for _ in range(600):  # at most 60 s
+        if Path({str(release)!r}).exists():
+            break
+        time.sleep(0.1)
+    (stage / "output.txt").write_text("built")
+    finish_stage(stage, "one")
+"""
+    other = subprocess.Popen([sys.executable, "-c", builder])
+    for _ in range(600):
+        if started.exists() or other.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert started.exists(), "the builder never claimed the stage"
+    threading.Timer(1.0, release.write_text, args=("",)).start()
+    with stage_lock(stage):  # waits for the builder, which is still building
+        assert claim_stage(stage, "one") is True  # finished there: nothing to build
+    assert (stage / "output.txt").read_text() == "built"
+    assert other.wait(timeout=60) == 0
+    assert "another process is building this stage; waiting for it" in capfd.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["release", "stage", "started"]  # no lock file here

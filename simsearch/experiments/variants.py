@@ -12,7 +12,7 @@ from simsearch.config import TrainRecipe, load_recipe
 from simsearch.experiments.probes import answer_leakage
 from simsearch.experiments.stages import SMOKE_STAGES, collect_stage, final_model, finetune_stage
 from simsearch.factory.build import build_search_engine
-from simsearch.fingerprints import claim_stage, digest, finish_stage
+from simsearch.fingerprints import claim_stage, digest, finish_stage, stage_lock
 from simsearch.models import load_model, save_tiny
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.tinyworld.pretrain import pretrain
@@ -60,8 +60,16 @@ def self_search_base(
     steps, batch = SMOKE_SELF_SEARCH_BASE if smoke else SELF_SEARCH_BASE
     settings = {"steps": steps, "batch": batch, "lr": SELF_SEARCH_LR, "seed": seed}
     fingerprint = digest({"stage": "knowing_base", "inputs": [base_fp], "settings": settings})
-    if claim_stage(out, fingerprint):
-        return fingerprint
+    with stage_lock(out):
+        if not claim_stage(out, fingerprint):
+            _pretrain_self_search(out, base, world, rl, steps=steps, batch=batch, seed=seed, typed=typed)
+            finish_stage(out, fingerprint)
+    return fingerprint
+
+
+def _pretrain_self_search(
+    out: Path, base: str, world: World, rl: TrainRecipe, *, steps: int, batch: int, seed: int, typed: float
+) -> None:
     model, tokenizer = load_model(base)
     engine = BM25SearchEngine.build(world.passages, show_progress=False)
     traces = make_traces(
@@ -73,8 +81,6 @@ def self_search_base(
         trace.loss_mask[first:] = [1] * (len(trace.loss_mask) - first)
     pretrain(model, traces, steps=steps, batch_size=batch, lr=SELF_SEARCH_LR, copy_loss_weight=0.0, seed=seed)
     save_tiny(model, tokenizer, out)
-    finish_stage(out, fingerprint)
-    return fingerprint
 
 
 def leakage(
