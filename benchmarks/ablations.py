@@ -21,7 +21,6 @@ and as its last line one JSON object: `FIGURES`' keys (EM on BM25, mean over wor
 from __future__ import annotations
 
 import argparse
-import functools
 import statistics
 import time
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import study
-from benchmarks.benchlib import INTERVAL_METHOD, NO_NOISE, RECIPES, mean_sd, timed
+from benchmarks.benchlib import INTERVAL_METHOD, NO_NOISE, RECIPES, mean_sd, rounded_mean, timed
 from benchmarks.benchlib import paired as paired_figures
 from benchmarks.study import Arm, Of
 from simsearch.config import TrainRecipe, load_recipe
@@ -62,9 +61,8 @@ ARMS: dict[str, Arm] = {
     "default": Arm(),  # the quickstart's recipe: exponential curriculum, simulator, query only, GRPO
     "constant": Arm({"curriculum.kind": "constant", "curriculum.p_start": Of("constant_p")}),
     "no_noise": Arm({"curriculum.p_end": "0.0"}),
-    "loop_bm25": Arm({"search.kind": "bm25", "search.corpus": Of("corpus"), "search.index_dir": Of("bm25"),
-                      **NO_NOISE}),
-    "loop_none": Arm({"search.kind": "empty", **NO_NOISE}),
+    "loop_bm25": Arm(study.engine("bm25")),
+    "loop_none": Arm(study.engine("empty", ())),
     **{name: Arm(simulator=name) for name in VARIANTS},  # the simulator alone differs
     "reinforce": Arm({"algorithm.estimator": "reinforce"}),
     "ppo": Arm({"algorithm.estimator": "ppo", "algorithm.critic_lr": Of("lr")}),
@@ -265,16 +263,13 @@ def summarize(results: dict[int, dict[str, Any]], args: argparse.Namespace) -> d
     questions' paired differences, the RL steps and the worlds' records (`by_seed`)."""
     del args
 
-    def mean(values: list[float]) -> float | None:
-        return round(statistics.fmean(values), 2) if values else None
-
     figures: dict[str, Any] = {}
     for key, (row, engine) in FIGURES.items():
-        figures[key] = mean([r["em"][row][engine] for r in results.values() if row in r["em"]])
+        figures[key] = rounded_mean([r["em"][row][engine] for r in results.values() if row in r["em"]])
     for key, simulator in LEAK_FIGURES.items():
         for probe, prefix in (("no_name", "leak_"), ("noisy", "leak_noisy_")):
             values = [100.0 * r["leak"][simulator][probe] for r in results.values() if simulator in r["leak"]]
-            figures[prefix + key.removeprefix("leak_")] = mean(values)
+            figures[prefix + key.removeprefix("leak_")] = rounded_mean(values)
     budgets = {r["steps"] for r in results.values()}
     if len(budgets) != 1:
         raise SystemExit(f"ablations: the worlds ran different --steps ({sorted(budgets)}); sum up one budget")
@@ -309,15 +304,13 @@ def page(figures: dict[str, Any], args: argparse.Namespace) -> dict[str, str]:
     a render prints holds the intervals this code computes."""
     results = _records(figures)
     figures.update(differences=differences(results), interval_method=INTERVAL_METHOD)
-    seeds = ", ".join(str(s) for s in figures["seeds"])
-    smoke = " (smoke: a pipeline check, not a result)" if figures["smoke"] else ""
     minutes = sorted(round(r["wall_s"] / 60) for r in results.values())
     blocks = {
         "measured": study.measured_block(figures),
         "wall": f"{minutes[0]}-{minutes[-1]} min" if minutes[0] != minutes[-1] else f"{minutes[0]} min",
     }
     for q in QUESTIONS:
-        head = f"Held-out EM (%), greedy, mean ± sd over seeds {seeds}; {figures['steps']} RL steps an arm{smoke}."
+        head = f"Held-out EM (%), greedy, {study.over_seeds(figures)}."
         chart = f"![{q.title}]({args.out.with_suffix('').name}/{q.key}.png)"
         blocks[f"table:{q.key}"] = "\n".join([head, "", *table_lines(q, results), "", chart])
     return blocks
@@ -368,10 +361,6 @@ def charts(figures: dict[str, Any], out: Path, worlds: Any = None) -> None:
         study.bar_chart(out.with_suffix("") / f"{q.key}.png", q.title, q.engines, bars)
 
 
-def _done(record: dict[str, Any]) -> str:
-    return "BM25 EM: " + ", ".join(f"{name} {em['bm25']:.1f}" for name, em in record["em"].items() if "bm25" in em)
-
-
 STUDY = study.Study(
     name="ablations",
     description=__doc__ or "",
@@ -381,12 +370,12 @@ STUDY = study.Study(
     summary=summarize,
     page=page,
     options=_options,
-    done=_done,
+    done=study.bm25_line,
     charts=charts,
     arms=ARMS,
     steps=60,  # RL steps per arm (the quickstart runs 50), see docs/ablations.md
 )
-main = functools.partial(study.main, STUDY)
+main = STUDY.main
 
 
 if __name__ == "__main__":

@@ -47,6 +47,11 @@ def mean_sd(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
+def rounded_mean(values: Sequence[float], digits: int = 2) -> float | None:
+    """The mean of `values` rounded to `digits` (a figure for the JSON), None for none."""
+    return round(statistics.fmean(values), digits) if values else None
+
+
 def replace_block(text: str, name: str, content: str) -> str:
     """`text` with what stands between `<!-- name -->` and `<!-- /name -->` replaced by `content`."""
     begin, end = f"<!-- {name} -->", f"<!-- /{name} -->"

@@ -20,7 +20,6 @@ seconds of RL, mean over worlds), `interval_method`, `by_world` and the runner's
 from __future__ import annotations
 
 import argparse
-import functools
 from pathlib import Path
 from typing import Any
 
@@ -166,7 +165,7 @@ STUDY = study.Study(
 )
 
 
-main = functools.partial(study.main, STUDY)
+main = STUDY.main
 
 
 if __name__ == "__main__":

@@ -35,33 +35,21 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import study
-from benchmarks.benchlib import (
-    INTERVAL_METHOD,
-    NO_NOISE,
-    RECIPES,
-    mean_sd,
-    paired,
-    provenance,
-    replace_block,
-    t_interval,
-)
+from benchmarks.benchlib import INTERVAL_METHOD, RECIPES, mean_sd, paired, provenance, replace_block, t_interval
 from benchmarks.benchlib import difference_cell as t_cell
-from benchmarks.study import Of
-from simsearch.experiments import probes
+from simsearch.experiments import pipeline, probes, quickstart
 from simsearch.experiments.knowing import KNOWING_DESIGN, KNOWING_DESIGNS, knowing_simulator, measure_fidelity
+from simsearch.fingerprints import digest
 
 ARMS: dict[str, study.Arm] = {
     "knowing": study.Arm(simulator="knowing"),
-    "oracle": study.Arm({"search.kind": "oracle", "search.corpus": Of("corpus"), "search.index_dir": Of("bm25"),
-                         **NO_NOISE}),
-    "bm25": study.Arm({"search.kind": "bm25", "search.corpus": Of("corpus"), "search.index_dir": Of("bm25"),
-                       **NO_NOISE}),
-    "empty": study.Arm({"search.kind": "empty", **NO_NOISE}),
-    "random": study.Arm({"search.kind": "random", "search.corpus": Of("corpus"), **NO_NOISE}),
+    "oracle": study.Arm(study.engine("oracle")),
+    "bm25": study.Arm(study.engine("bm25")),
+    "empty": study.Arm(study.engine("empty", ())),
+    "random": study.Arm(study.engine("random", ("corpus",))),
     "noisy": study.Arm({"curriculum.kind": "constant", "curriculum.p_start": "1.0"}),
-    "answerless": study.Arm({"search.kind": "answerless", "search.corpus": Of("corpus"),
-                             "search.index_dir": Of("bm25"), **NO_NOISE}),
-}  # fmt: skip
+    "answerless": study.Arm(study.engine("answerless")),
+}
 """Arm -> its edits of the quickstart's train.yaml (the simulator arm is the quickstart's RL run), in running order."""
 SIMULATOR_ARMS = ("noisy",)  # arms whose engine is the quickstart's simulator
 CONTROLS = ("empty", "random", "noisy", "answerless")  # engines not meant to give the answer
@@ -112,10 +100,6 @@ def _check(args: argparse.Namespace) -> str:
     return ""
 
 
-def _bm25_line(result: dict[str, Any]) -> str:
-    return "BM25 EM " + ", ".join(f"{r} {result['em'][r]['bm25']:.1f}" for r in ROWS if r in result["em"])
-
-
 def world_commits(worlds: dict[int, dict[str, Any]]) -> str:
     """The commit each world ran at, as one phrase: "abc1234", or "abc1234 (worlds 0, 1), def5678 (world 2)";
     an arm run at another commit than its world's quickstart is named: "abc1234 + the answerless arm at def5678"."""
@@ -129,12 +113,6 @@ def world_commits(worlds: dict[int, dict[str, Any]]) -> str:
     return study.by_world(worlds, commits)
 
 
-def world_cpus(worlds: dict[int, dict[str, Any]]) -> str:
-    """The CPU each world ran on (its record's `machine`), with its kernels' vector instructions where recorded,
-    as one phrase."""
-    return study.by_world(worlds, lambda world: study.cpu_phrase(world.get("machine", {})))
-
-
 # --------------------------------------------------------------------------- one world (a worker)
 
 
@@ -145,8 +123,6 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     controls.json keeps what the earlier run recorded of them (commit, times, machine): only what
     ran now is recorded as now.
     """
-    from simsearch.experiments import pipeline, quickstart
-
     where = provenance()  # the code this world runs, before anything can change it
     run = study.Run(seed, args)
     record = run.root / "controls.json"
@@ -169,12 +145,10 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     naming = {arm: quickstart.evaluation_query_naming(run.root / "eval" / arm, world) for arm in args.arms}
     result = {
         "seed": seed,
-        "commit": here["commit"],
+        **here,  # commit, quickstart_wall_s, quickstart_peak_rss_gb, machine: as first recorded when reused
         "em": em,
         "em_steps": em_at_checkpoints(run, {arm: fp for arm, fp in runs.items() if arm in STEP_ARMS}),
         "fidelity": fidelity or previous.get("fidelity", {}),
-        "quickstart_wall_s": here["quickstart_wall_s"],
-        "quickstart_peak_rss_gb": here["quickstart_peak_rss_gb"],
         "arm_s": {arm: arm_run["s"] for arm, arm_run in arm_runs.items()},
         "arm_runs": arm_runs,
         "fingerprints": run.fingerprints,
@@ -183,7 +157,6 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         "answer_in_results": {arm: probes.answer_in_results(run.root / "train" / arm if arm in ARMS else
                                                             run.root / "quickstart" / "train")
                               for arm in ("simulator", *args.arms)},
-        "machine": here["machine"],
     }  # fmt: skip
     earlier = (
         json.loads((Path(args.borrow) / f"world_{seed}" / "controls.json").read_text()) if args.borrow else previous
@@ -196,8 +169,6 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
 def run_quickstart(run: study.Run) -> tuple[Any, dict[str, Any]]:
     """The world's quickstart in ROOT/quickstart, its RL run's checkpoints kept; its recipe and report. Sets the
     paths the arms read and the fingerprints of its stages in `run`."""
-    from simsearch.experiments import pipeline, quickstart
-
     qs = study.quickstart_recipe(run.root / "quickstart", run.seed, run.args, *run.args.overrides)
     with probes.keeping_checkpoints(Path(qs.run_dir) / "train", run.root / "kept" / "simulator"):
         report = quickstart.main(qs)  # sets this process's torch threads
@@ -223,8 +194,6 @@ def run_arms(
 ) -> dict[str, dict[str, Any]]:
     """Each arm of --arms trained and evaluated, its EM into `em`; per arm its run's fingerprint, commit and
     seconds (as `recorded` holds them when the run was reused)."""
-    from simsearch.experiments import pipeline
-
     arm_runs: dict[str, dict[str, Any]] = {}
     for arm in run.args.arms:
         began = time.perf_counter()
@@ -241,8 +210,6 @@ def gate(args: argparse.Namespace) -> dict[str, Any]:
     """docs/controls.md's gate: per world, the quickstart's stages 1-4, the knowing simulator in `args.knowing`'s
     design and both simulators' fidelity (no RL); passes when, in mean over the worlds, the knowing simulator shows
     the answer for at least `GATE_SHARE` of what today's simulator does. Prints a table, then one JSON line."""
-    from simsearch.experiments import pipeline
-
     where = provenance()  # the code the gate runs, before anything can change it
     rows = {}
     for seed in args.seeds:
@@ -326,8 +293,6 @@ def evaluate_policy(run: study.Run, out: Path, policy: Path, inputs: list[str]) 
 def em_at_checkpoints(run: study.Run, policies: dict[str, str]) -> dict[str, dict[str, dict[str, float]]]:
     """Each arm of `policies` (arm -> its RL run's fingerprint): held-out EM at every checkpoint kept of its run
     (`probes.keeping_checkpoints`), as {arm: {step: {engine: EM}}}; its last checkpoint is its final policy."""
-    from simsearch.fingerprints import digest
-
     curves: dict[str, dict[str, dict[str, float]]] = {}
     for arm, run_fp in policies.items():
         curves[arm] = {}
@@ -353,6 +318,7 @@ def summarize(worlds: dict[int, dict[str, Any]], args: argparse.Namespace) -> di
         arm: {o: paired(_differences(worlds, arm, o, "bm25", controls)) for o in _others(arm, rows, controls)}
         for arm in ("simulator", "knowing") if arm in rows
     }  # fmt: skip
+    cpus = study.by_world(worlds, lambda world: study.cpu_phrase(world.get("machine", {})))  # each world's machine
     figures: dict[str, Any] = {
         "seeds": seeds,
         "world_set": world_set(seeds),
@@ -364,13 +330,13 @@ def summarize(worlds: dict[int, dict[str, Any]], args: argparse.Namespace) -> di
         "sim_share_of_bm25_loop_gain": _share_of_loop_gain(mean, "simulator"),
     }
     if controls:
-        figures.update(_keys("sim_over_best_control", minus["simulator"]["best control"]))
+        figures.update({f"sim_over_best_control_{k}": v for k, v in minus["simulator"]["best control"].items()})
     if "knowing" in rows:
         figures["knowing_em_bm25_mean"] = round(mean["knowing"], 2)
         figures["knowing_em_bm25_min"] = round(min(em["knowing"]["bm25"]), 2)
         figures["knowing_share_of_bm25_loop_gain"] = _share_of_loop_gain(mean, "knowing")
         if "oracle" in rows:
-            figures.update(_keys("knowing_over_oracle", minus["knowing"]["oracle"]))
+            figures.update({f"knowing_over_oracle_{k}": v for k, v in minus["knowing"]["oracle"].items()})
     if "oracle" in rows:
         figures["oracle_em_bm25_mean"] = round(mean["oracle"], 2)
     return {
@@ -384,7 +350,7 @@ def summarize(worlds: dict[int, dict[str, Any]], args: argparse.Namespace) -> di
         "minus": minus,
         "sim_minus": minus["simulator"],
         "by_world": {str(s): worlds[s] for s in seeds},
-        "provenance": {"commit": world_commits(worlds), "cpu": world_cpus(worlds), "aggregated": args.aggregate},
+        "provenance": {"commit": world_commits(worlds), "cpu": cpus, "aggregated": args.aggregate},
         **({"versus": versus(worlds, args.compare)} if args.compare else {}),
     }
 
@@ -393,11 +359,6 @@ def _others(arm: str, rows: Sequence[str], controls: Sequence[str]) -> list[str]
     """What `arm` is paired against: each control, the best control (when any), the other step arms, the base."""
     best = ["best control"] if controls else []
     return [*controls, *best, *(o for o in (*STEP_ARMS, "base") if o != arm and o in rows)]
-
-
-def _keys(prefix: str, difference: dict[str, float | None]) -> dict[str, float | None]:
-    return {f"{prefix}_mean": difference["mean"], f"{prefix}_ci_low": difference["ci_low"],
-            f"{prefix}_ci_high": difference["ci_high"]}  # fmt: skip
 
 
 def _share_of_loop_gain(mean: dict[str, float], arm: str) -> float | None:
@@ -473,16 +434,15 @@ def write_headline(figures: dict[str, Any]) -> None:
 def headline(figures: dict[str, Any]) -> list[str]:
     """The README's headline from the reporting worlds' figures: the arms' EM and the pre-registered sentences."""
     worlds, mean, sd = figures["by_world"], figures["em_mean"], figures["em_sd"]
-    controls = figures.get("controls", CONTROLS)
+    controls = figures["controls"]
     lines = [
         f"Held-out exact match (%) on real retrievers, mean ± sd over the {len(worlds)} pre-registered worlds "
         f"({', '.join(worlds)}), each policy trained from the same base with the same recipe and budget, "
         "differing only in the engine in the RL loop:",
         "",
-        "| policy (engine in the RL loop) | BM25 | dense |",
-        "|---|---|---|",
-        *(f"| {label} | " + " | ".join(f"{mean[row][e]:.1f} ± {sd[row][e]:.1f}" for e in ENGINES) + " |"
-          for row, label in HEADLINE_ROWS.items() if row in mean),
+        *study.table(["policy (engine in the RL loop)", "BM25", "dense"],
+                     ([label, *(f"{mean[row][e]:.1f} ± {sd[row][e]:.1f}" for e in ENGINES)]
+                      for row, label in HEADLINE_ROWS.items() if row in mean)),
         "",
     ]  # fmt: skip
     if "knowing" not in mean or "oracle" not in mean:
@@ -509,16 +469,14 @@ def doc_lines(figures: dict[str, Any]) -> list[str]:
     """The results as Markdown: provenance, per world, mean ± sd per arm, and the paired differences."""
     worlds = figures["by_world"]
     seeds = list(worlds)
-    rows, controls = figures.get("rows", ROWS), figures.get("controls", CONTROLS)
-    where = figures.get("provenance")
-    jobs = where.get("jobs", 1) if where else 1
+    rows, controls, where = figures["rows"], figures["controls"], figures["provenance"]
+    jobs = where.get("jobs", 1)
     command = f"python -m benchmarks.controls --seeds {' '.join(seeds)} --jobs {jobs} --threads {figures['threads']}"
-    if where and where.get("aggregated"):
+    if where.get("aggregated"):
         command += "`, the worlds run in parts, then the same with `--aggregate"
     smoke = ", smoke: a pipeline check, not a result" if figures["smoke"] else ""
     lines = [
-        f"Command: `{command}` ({figures['world_set']} worlds{smoke}). "
-        + (study.measured(where) if where else "Commit and machine: not recorded by this run."),
+        f"Command: `{command}` ({figures['world_set']} worlds{smoke}). {study.measured(where)}",
         "",
         "Held-out EM (%), greedy, 300 questions per world:",
         "",
@@ -684,7 +642,7 @@ STUDY = study.Study(
     page=page,
     options=_options,
     check=_check,
-    done=_bm25_line,
+    done=study.bm25_line,
     charts=charts,
     arms=ARMS,
 )

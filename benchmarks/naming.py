@@ -18,7 +18,6 @@ em_unnamed; "training" -> RL run -> half -> samples, named_share, reward_named, 
 from __future__ import annotations
 
 import argparse
-import functools
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from simsearch.config import TrainRecipe, load_recipe
 from simsearch.experiments import pipeline, probes, stages
 from simsearch.fingerprints import stage_fingerprint
 
-PROBES = tuple((engine, dataset) for engine in ("none", "noisy", "bm25") for dataset in ("train", "heldout"))
+PROBES = [f"{engine}/{dataset}" for engine in ("none", "noisy", "bm25") for dataset in ("train", "heldout")]
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
@@ -69,7 +68,7 @@ def probe_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
                  for name, policy in policies.items()}  # fmt: skip
     return {
         "policies": {
-            name: {key: probes.naming_cells(out, world, *key.split("/")) for key in _keys()}
+            name: {key: probes.naming_cells(out, world, *key.split("/")) for key in PROBES}
             for name, out in evaluated.items()
         },
         "training": {name: probes.training_naming(run, world) for name, run in runs.items()},
@@ -107,10 +106,6 @@ def probe_policy(
     return out
 
 
-def _keys() -> list[str]:
-    return [f"{engine}/{dataset}" for engine, dataset in PROBES]
-
-
 def _summary(worlds: dict[int, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     """The figures: each world's probes as its record holds them (the provenance is the figures')."""
     by_world = {str(seed): {k: v for k, v in record.items() if k != "provenance"} for seed, record in worlds.items()}
@@ -137,7 +132,7 @@ def print_world(seed: int | str, result: dict[str, Any]) -> None:
     policies = ([name, *map(probe, cells.values())] for name, cells in result["policies"].items())
     runs = ([name, *map(half, halves.values())] for name, halves in result["training"].items())
     print(f"\nWorld {seed}: EM % (share of first queries naming the person; EM of those / of the rest)\n")
-    print("\n".join(study.table(["policy", *_keys()], policies)))
+    print("\n".join(study.table(["policy", *PROBES], policies)))
     print(f"\nWorld {seed}: each RL run's saved trajectories per half: samples, share naming, reward named / rest\n")
     print("\n".join(study.table(["RL run", *probes.HALVES], runs)))
 
@@ -155,7 +150,7 @@ STUDY = study.Study(
     done=lambda record: f"{len(record['policies'])} policies probed",
     threads=0,
 )
-main = functools.partial(study.main, STUDY)
+main = STUDY.main
 
 
 if __name__ == "__main__":

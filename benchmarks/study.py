@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from benchmarks.benchlib import RECIPES, difference_cell, mean_sd, provenance, replace_block
+from benchmarks.benchlib import NO_NOISE, RECIPES, difference_cell, mean_sd, provenance, replace_block
 
 Record = dict[str, Any]
 """One world's JSON record, as `Study.world` returns it (the runner adds `provenance`)."""
@@ -62,6 +62,13 @@ class Arm:
     def overrides(self, values: Mapping[str, Any]) -> list[str]:
         """The edits as recipe overrides, in order, each `Of` filled in from `values`."""
         return [f"{key}={values[v.name] if isinstance(v, Of) else v}" for key, v in self.edits.items()]
+
+
+def engine(kind: str, files: Sequence[str] = ("corpus", "bm25")) -> dict[str, str | Of]:
+    """An arm's edits that put the engine `kind` in the RL loop, on the world's `files` (its corpus, its BM25 index),
+    with no noise to schedule and no cache (`NO_NOISE`)."""
+    keys = {"corpus": "search.corpus", "bm25": "search.index_dir"}
+    return {"search.kind": kind, **{keys[name]: Of(name) for name in files}, **NO_NOISE}
 
 
 def _no_options(parser: argparse.ArgumentParser) -> None:
@@ -99,6 +106,10 @@ class Study:
     smoke_steps: int = 2  # the same with --smoke
     # draws the charts beside the page from the figures and the worlds' records (None with --render)
     charts: Callable[[dict[str, Any], Path, dict[int, Record] | None], None] | None = None
+
+    def main(self, argv: Sequence[str] | None = None) -> dict[str, Any]:
+        """`main` of this study: the command's entry point."""
+        return main(self, argv)
 
 
 def main(study: Study, argv: Sequence[str] | None = None, args: argparse.Namespace | None = None) -> dict[str, Any]:
@@ -332,6 +343,17 @@ def differences_table(
     `difference_cell`) over the worlds that measured both."""
     return table(header, ([label, *(difference_cell(paired_values(worlds, row, ref, c, value, scale))
                                     for c in columns)] for label, row, ref in pairs))  # fmt: skip
+
+
+def bm25_line(record: Record) -> str:
+    """A world's line when it finishes (`Study.done`): each row's held-out EM on BM25."""
+    return "BM25 EM: " + ", ".join(f"{row} {em['bm25']:.1f}" for row, em in record["em"].items() if "bm25" in em)
+
+
+def over_seeds(figures: dict[str, Any]) -> str:
+    """A page's phrase for the worlds and budget of the figures: "mean ± sd over seeds 0, 1, 2; 60 RL steps an arm"."""
+    smoke = " (smoke: a pipeline check, not a result)" if figures["smoke"] else ""
+    return f"mean ± sd over seeds {', '.join(map(str, figures['seeds']))}; {figures['steps']} RL steps an arm{smoke}"
 
 
 def measured_block(figures: dict[str, Any]) -> str:

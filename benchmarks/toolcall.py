@@ -16,12 +16,13 @@ policy's unreadable calls) and as its last line one JSON object: `tags_em_bm25`,
 from __future__ import annotations
 
 import argparse
-import functools
 from pathlib import Path
 from typing import Any
 
 from benchmarks import study
 from benchmarks.benchlib import INTERVAL_METHOD, difference_cell, mean_sd, paired, provenance
+from simsearch.experiments import probes, quickstart
+from simsearch.experiments.stages import examples_file
 
 PROTOCOLS = ("tags", "tool-call")
 POLICIES = ("base", "rl_search")
@@ -49,8 +50,6 @@ def _rl_line(result: dict[str, Any]) -> str:
 
 def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """The quickstart with each protocol; the world's record."""
-    from simsearch.experiments import probes, quickstart
-
     root = args.run_dir / f"world_{seed}"
     # Tool calls first: a reused tag run may still be finishing elsewhere.
     dirs = {"tool-call": root / "tool-call",
@@ -66,15 +65,9 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         result["em"][protocol] = {policy: report["em"][policy] for policy in POLICIES}
         result["wall_s"][protocol] = report["wall_s"]
         result["machine"][protocol] = report["machine"]
-    result["tool_calls"] = probes.tool_call_counts(quickstart_eval(dirs["tool-call"]))
+    rows = examples_file(dirs["tool-call"] / "eval" / "rl_search", "bm25", "heldout")  # the RL policy's, held out
+    result["tool_calls"] = probes.tool_call_counts(rows)
     return result
-
-
-def quickstart_eval(run: Path) -> Path:
-    """The held-out BM25 rows of a quickstart run's RL policy."""
-    from simsearch.experiments.stages import examples_file
-
-    return examples_file(run / "eval" / "rl_search", "bm25", "heldout")
 
 
 # --------------------------------------------------------------------------- over worlds
@@ -169,7 +162,7 @@ STUDY = study.Study(
     check=_check,
     done=_rl_line,
 )
-main = functools.partial(study.main, STUDY)
+main = STUDY.main
 
 
 if __name__ == "__main__":

@@ -19,24 +19,23 @@ rewrites the `table` block alone from such a JSON object, the differences recomp
 from __future__ import annotations
 
 import argparse
-import functools
 import random
 import statistics
 from pathlib import Path
 from typing import Any
 
 from benchmarks import study
-from benchmarks.benchlib import INTERVAL_METHOD, NO_NOISE, paired, timed
-from benchmarks.study import Of
+from benchmarks.benchlib import INTERVAL_METHOD, paired, rounded_mean, timed
 from simsearch.data.qa import write_qa_jsonl
 from simsearch.experiments import pipeline, probes
 from simsearch.fingerprints import digest
 from simsearch.tinyworld.world import TWO_HOP, World
 
+LOOP = study.engine("bm25")  # what every arm's RL loop searches (with up to MAX_TURNS searches): real BM25, no noise
 ARMS: dict[str, study.Arm] = {
-    "grpo": study.Arm(),
-    "igpo": study.Arm({"algorithm.estimator": "igpo"}),
-    "grpo_dynamic": study.Arm({"algorithm.dynamic_sampling": "true"}),
+    "grpo": study.Arm(LOOP),
+    "igpo": study.Arm({**LOOP, "algorithm.estimator": "igpo"}),
+    "grpo_dynamic": study.Arm({**LOOP, "algorithm.dynamic_sampling": "true"}),
 }
 SEEDS = (0, 1, 2)  # the full run's worlds: reporting worlds (below 100), none tuned on
 REFERENCE = "grpo"  # the arm every other is compared with, paired by world
@@ -73,7 +72,7 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     for arm, spec in ARMS.items():
         with timed(clock, f"rl_{arm}"):
             overrides = [f"steps={args.steps}", "save_every=0", f"rollout.max_turns={MAX_TURNS}",
-                         *LOOP.overrides(run.paths), *spec.overrides(run.paths)]  # fmt: skip
+                         *spec.overrides(run.paths)]  # fmt: skip
             policy_fp = run.train(arm, [run.fingerprints["base"], run.fingerprints["data"]], overrides)
         rl[arm] = probes.rl_metrics(run.root / "train" / arm)
         with timed(clock, f"eval_{arm}"):
@@ -83,10 +82,6 @@ def run_world(seed: int, args: argparse.Namespace) -> dict[str, Any]:
 
 def _done(record: dict[str, Any]) -> str:
     return "held-out EM on BM25: " + ", ".join(f"{arm} {record['em'][arm]['all']:.1f}" for arm in ARMS)
-
-
-LOOP = study.Arm({"search.kind": "bm25", "search.corpus": Of("corpus"), "search.index_dir": Of("bm25"), **NO_NOISE})
-"""What every arm's RL loop searches (with up to MAX_TURNS searches): real BM25, no noise."""
 
 
 def split_questions(world: World, seed: int) -> dict[str, list[Any]]:
@@ -141,12 +136,9 @@ def summarize(worlds: dict[int, dict[str, Any]], args: argparse.Namespace) -> di
     the paired differences against REFERENCE, `steps` and `by_world` (the runner adds the rest)."""
     records = list(worlds.values())
 
-    def over_worlds(values: list[float]) -> float | None:
-        return round(statistics.fmean(values), 4) if values else None
-
-    figures: dict[str, Any] = {f"{arm}_em": over_worlds([r["em"][arm]["all"] for r in records]) for arm in ARMS}
+    figures: dict[str, Any] = {f"{arm}_em": rounded_mean([r["em"][arm]["all"] for r in records], 4) for arm in ARMS}
     for arm in ("grpo", "igpo"):
-        figures[f"{arm}_flat_share"] = over_worlds([r["rl"][arm]["flat_share"] for r in records])
+        figures[f"{arm}_flat_share"] = rounded_mean([r["rl"][arm]["flat_share"] for r in records], 4)
     step_s = {arm: statistics.fmean(r["rl"][arm]["step_s"] for r in records) for arm in ("grpo", "igpo")}
     figures["igpo_s_per_step_over_grpo"] = round(step_s["igpo"] / step_s["grpo"], 4)
     figures["differences"] = {
@@ -188,12 +180,8 @@ def table_lines(worlds: dict[Any, dict[str, Any]]) -> list[str]:
 def page(figures: dict[str, Any], args: argparse.Namespace) -> dict[str, str]:
     """The page's blocks: `table` from `by_world`; with --render that alone, else `measured` (the commit and
     machine, worlds and steps) and `wall` (the run's minutes) too."""
-    seeds = ", ".join(str(s) for s in figures["seeds"])
-    head = (
-        f"Held-out EM (%) on BM25, greedy, and the RL runs' means over steps; mean ± sd over seeds {seeds}; "
-        f"{figures['steps']} RL steps an arm" + (" (smoke: a pipeline check, not a result)" if figures["smoke"] else "")
-    )
-    table = "\n".join([head + ".", "", *table_lines(figures["by_world"])])
+    head = f"Held-out EM (%) on BM25, greedy, and the RL runs' means over steps; {study.over_seeds(figures)}."
+    table = "\n".join([head, "", *table_lines(figures["by_world"])])
     if args.render:
         return {"table": table}
     return {"measured": study.measured_block(figures), "table": table, "wall": f"{figures['wall_s'] / 60:.1f} min"}
@@ -210,7 +198,7 @@ STUDY = study.Study(
     done=_done,
     steps=60,  # RL steps per arm, see docs/turn_rewards.md
 )
-main = functools.partial(study.main, STUDY)
+main = STUDY.main
 
 
 if __name__ == "__main__":
