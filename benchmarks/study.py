@@ -347,7 +347,7 @@ def differences_table(
 
 def bm25_line(record: Record) -> str:
     """A world's line when it finishes (`Study.done`): each row's held-out EM on BM25."""
-    return "BM25 EM: " + ", ".join(f"{row} {em['bm25']:.1f}" for row, em in record["em"].items() if "bm25" in em)
+    return "BM25 EM: " + ", ".join(f"{row} {by['bm25']:.1f}" for row, by in record["em"].items() if "bm25" in by)
 
 
 def over_seeds(figures: dict[str, Any]) -> str:

@@ -76,9 +76,9 @@ def claim_stage(directory: Path, fingerprint: str) -> bool:
 
 @contextlib.contextmanager
 def stage_lock(directory: Path) -> Iterator[None]:
-    """Holds `directory`'s lock, machine-wide, for the block: wrap a stage's `claim_stage` ... `finish_stage` in it,
-    so that a second process building the same stage waits (saying so) and then finds it done, rather than
-    building it alongside. The lock file lives in the temp directory, never among a run's files."""
+    """Holds `directory`'s lock, machine-wide, for the block (`building` takes it around a stage's claim and
+    finish), so that a second process building the same stage waits (saying so) and then finds it done, rather
+    than building it alongside. The lock file lives in the temp directory, never among a run's files."""
     if fcntl is None:
         yield
         return
@@ -94,6 +94,18 @@ def stage_lock(directory: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def building(directory: Path, fingerprint: str) -> Iterator[bool]:
+    """A stage built under its lock (`stage_lock`): yields False when `directory` finished under `fingerprint`
+    (nothing to build), else claims it (`claim_stage`), yields True and marks it finished when the block ends
+    without an error."""
+    with stage_lock(directory):
+        todo = not claim_stage(directory, fingerprint)
+        yield todo
+        if todo:
+            finish_stage(directory, fingerprint)
 
 
 def finish_stage(directory: Path, fingerprint: str) -> None:

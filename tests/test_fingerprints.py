@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from simsearch.fingerprints import claim_stage, digest, finish_stage, path_identity, stage_fingerprint, stage_lock
+import pytest
+
+from simsearch.fingerprints import building, claim_stage, digest, finish_stage, path_identity, stage_fingerprint
 
 
 def test_digest_is_stable_and_order_free() -> None:
@@ -51,22 +53,33 @@ def test_path_identity_changes_when_a_file_is_rewritten(tmp_path: Path) -> None:
     assert path_identity(tmp_path / "missing") is None and path_identity("") is None
 
 
+def test_a_stage_built_with_an_error_is_not_marked_finished(tmp_path: Path) -> None:
+    stage = tmp_path / "stage"
+    with pytest.raises(RuntimeError), building(stage, "one") as todo:
+        assert todo
+        raise RuntimeError("the build failed")
+    with building(stage, "one") as todo:
+        assert todo  # claimed, never finished: built again
+    with building(stage, "one") as todo:
+        assert not todo  # finished by the block before
+    assert stage_fingerprint(stage) == "one"
+
+
 def test_a_second_process_waits_for_a_stage_in_progress_and_finds_it_done(tmp_path: Path, capfd: Any) -> None:
     stage, started, release = tmp_path / "stage", tmp_path / "started", tmp_path / "release"
     builder = f"""
 import time
 from pathlib import Path
-from simsearch.fingerprints import claim_stage, finish_stage, stage_lock
+from simsearch.fingerprints import building
 stage = Path({str(stage)!r})
-with stage_lock(stage):
-    assert claim_stage(stage, "one") is False
+with building(stage, "one") as todo:
+    assert todo
     Path({str(started)!r}).write_text("")
     for _ in range(600):  # at most 60 s
         if Path({str(release)!r}).exists():
             break
         time.sleep(0.1)
     (stage / "output.txt").write_text("built")
-    finish_stage(stage, "one")
 """
     other = subprocess.Popen([sys.executable, "-c", builder])
     for _ in range(600):
@@ -75,8 +88,8 @@ with stage_lock(stage):
         time.sleep(0.1)
     assert started.exists(), "the builder never claimed the stage"
     threading.Timer(1.0, release.write_text, args=("",)).start()
-    with stage_lock(stage):  # waits for the builder, which is still building
-        assert claim_stage(stage, "one") is True  # finished there: nothing to build
+    with building(stage, "one") as todo:  # waits for the builder, which is still building
+        assert not todo  # finished there: nothing to build
     assert (stage / "output.txt").read_text() == "built"
     assert other.wait(timeout=60) == 0
     assert "another process is building this stage; waiting for it" in capfd.readouterr().err

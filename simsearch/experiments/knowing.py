@@ -19,7 +19,7 @@ from simsearch.config import TrainRecipe, load_recipe
 from simsearch.data.qa import write_qa_jsonl
 from simsearch.experiments.stages import SMOKE_STAGES, collect_stage, final_model, finetune_stage
 from simsearch.factory.build import build_search_engine
-from simsearch.fingerprints import claim_stage, digest, finish_stage, stage_lock
+from simsearch.fingerprints import building, digest
 from simsearch.simulator.recipe import SearchConfig
 from simsearch.tinyworld.knowing import (
     fit_corpus,
@@ -86,11 +86,10 @@ def reading_stage(base: Path, out: Path, base_fp: str, world: World, reading: Re
     """The knowing base in `out`: the policy's base at `base` after reading the training and fit people's and
     the cities' passages (`reading_passages`); its fingerprint (a finished one is reused)."""
     fingerprint = reading_fingerprint(base_fp, reading, threads)
-    with stage_lock(out):
-        if not claim_stage(out, fingerprint):
+    with building(out, fingerprint) as todo:
+        if todo:
             passages = reading_passages(world, KNOWING_FIT_PEOPLE)
             pretrain_knowing_base(base, out, passages, seed=seed, **asdict(reading))
-            finish_stage(out, fingerprint)
     return fingerprint
 
 
@@ -105,11 +104,10 @@ def fit_data(world: World, out: Path, world_fp: str) -> dict[str, Path]:
     files = fit_paths(out)
     out.mkdir(parents=True, exist_ok=True)
     write_qa_jsonl(fit_questions(world, KNOWING_FIT_PEOPLE), files["questions"])
-    with stage_lock(files["index"]):
-        if not claim_stage(files["index"], world_fp):
+    with building(files["index"], world_fp) as todo:
+        if todo:
             write_corpus(fit_corpus(world), files["corpus"])
             build_search_engine(SearchConfig(kind="bm25", corpus=str(files["corpus"]), index_dir=str(files["index"])))
-            finish_stage(files["index"], world_fp)
     return files
 
 

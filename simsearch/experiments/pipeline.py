@@ -43,7 +43,7 @@ from simsearch.errors import RecipeError
 from simsearch.experiments import knowing
 from simsearch.experiments.stages import SMOKE_STAGES, final_model, plan_stage, run_stage
 from simsearch.factory.build import build_search_engine
-from simsearch.fingerprints import STAGE_FILE, claim_stage, digest, finish_stage, stage_fingerprint, stage_lock
+from simsearch.fingerprints import STAGE_FILE, building, digest, stage_fingerprint
 from simsearch.models import TINY_TOOL_TEMPLATE, TOOL_SPECIAL_TOKENS, build_tiny_model, save_tiny, train_tokenizer
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.simulator.prompts import render as render_simulator_prompt
@@ -218,9 +218,8 @@ def world_stage(pipeline: Pipeline) -> tuple[World, str]:
     recipe, run, paths = pipeline.recipe, pipeline.run, pipeline.paths
     world = recipe_world(recipe)
     world_fp = _world_fingerprint(recipe)
-    with stage_lock(run / "world"):  # the one lock of both folders
-        claimed = [claim_stage(run / folder, world_fp) for folder in ("world", "index")]
-        if not all(claimed):
+    with building(run / "world", world_fp) as world_todo, building(run / "index", world_fp) as index_todo:
+        if world_todo or index_todo:
             world.write(run / "world")
             # What the simulator's SFT data is collected from: the corpus less the held-out people, whom
             # a name-less query would otherwise bring into its pairs.
@@ -231,8 +230,6 @@ def world_stage(pipeline: Pipeline) -> tuple[World, str]:
                 ("bm25", "corpus_known", "bm25_known"),
             ):  # built once here: later stages only load them
                 build_search_engine(SearchConfig(kind=kind, corpus=paths[corpus], index_dir=paths[index]))
-            for folder in ("world", "index"):
-                finish_stage(run / folder, world_fp)
     return world, world_fp
 
 
@@ -244,13 +241,11 @@ def base_stage(pipeline: Pipeline, world: World, world_fp: str, rl_recipe: Train
     """The pretrained base policy in run/base; returns its fingerprint."""
     base = pipeline.run / "base"
     base_fp = _base_fingerprint(pipeline.recipe, world_fp, rl_recipe)
-    with stage_lock(base):
-        if not claim_stage(base, base_fp):
-            if not install_released(pipeline.recipe, "base", base_fp, base):
-                # The base LM learns from questions about the background entities, the simulator from
-                # the training questions (the world RL asks about); test entities stay unseen by both.
-                pretrain_base(pipeline.recipe, world, world.background or world.train, rl_recipe, base)
-            finish_stage(base, base_fp)
+    with building(base, base_fp) as todo:
+        if todo and not install_released(pipeline.recipe, "base", base_fp, base):
+            # The base LM learns from questions about the background entities, the simulator from
+            # the training questions (the world RL asks about); test entities stay unseen by both.
+            pretrain_base(pipeline.recipe, world, world.background or world.train, rl_recipe, base)
     return base_fp
 
 

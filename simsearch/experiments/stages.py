@@ -23,7 +23,7 @@ from simsearch.commands import train as _train
 from simsearch.commands.evaluate import examples_file
 from simsearch.config import CollectRecipe, EvalRecipe, FinetuneRecipe, TrainRecipe, load_recipe
 from simsearch.errors import SimsearchError
-from simsearch.fingerprints import claim_stage, digest, finish_stage, stage_lock
+from simsearch.fingerprints import building, digest
 from simsearch.training.checkpoint import latest_checkpoint
 
 __all__ = [
@@ -80,15 +80,13 @@ def run_stage(
 ) -> str:
     """`command` on the stage `plan_stage` gives, skipped when its directory finished under the same
     fingerprint; returns the fingerprint. A directory built from anything else is deleted first; a second
-    process on the same directory waits for the first (`stage_lock`).
+    process on the same directory waits for the first (`fingerprints.building`).
     `install(fingerprint, directory)`, if given, may fill the directory instead of the command (True)."""
     stage, fingerprint = plan_stage(schema, recipe_file, overrides, inputs, edit, root)
     directory = Path(stage.run_dir)
-    with stage_lock(directory):
-        if not claim_stage(directory, fingerprint):
-            if install is None or not install(fingerprint, directory):
-                command(stage)
-            finish_stage(directory, fingerprint)
+    with building(directory, fingerprint) as todo:
+        if todo and (install is None or not install(fingerprint, directory)):
+            command(stage)
     return fingerprint
 
 

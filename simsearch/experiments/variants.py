@@ -12,7 +12,7 @@ from simsearch.config import TrainRecipe, load_recipe
 from simsearch.experiments.probes import answer_leakage
 from simsearch.experiments.stages import SMOKE_STAGES, collect_stage, final_model, finetune_stage
 from simsearch.factory.build import build_search_engine
-from simsearch.fingerprints import claim_stage, digest, finish_stage, stage_lock
+from simsearch.fingerprints import building, digest
 from simsearch.models import load_model, save_tiny
 from simsearch.retrieval.bm25 import BM25SearchEngine
 from simsearch.tinyworld.pretrain import pretrain
@@ -60,10 +60,9 @@ def self_search_base(
     steps, batch = SMOKE_SELF_SEARCH_BASE if smoke else SELF_SEARCH_BASE
     settings = {"steps": steps, "batch": batch, "lr": SELF_SEARCH_LR, "seed": seed}
     fingerprint = digest({"stage": "knowing_base", "inputs": [base_fp], "settings": settings})
-    with stage_lock(out):
-        if not claim_stage(out, fingerprint):
+    with building(out, fingerprint) as todo:
+        if todo:
             _pretrain_self_search(out, base, world, rl, steps=steps, batch=batch, seed=seed, typed=typed)
-            finish_stage(out, fingerprint)
     return fingerprint
 
 
